@@ -1,0 +1,60 @@
+"""stepwarden: durable multi-step operations on the Scheduler-Agent-Supervisor pattern."""
+
+from __future__ import annotations
+
+from .agent import Agent, Call, Operation
+from .app import App, TaskTransaction, TaskView
+from .errors import (
+    ConfigurationError,
+    NonDeterminismError,
+    PayloadError,
+    PermanentError,
+    ResultTimeout,
+    SchemaVersionError,
+    StepFailed,
+    StepwardenError,
+    StoreError,
+    TaskFailed,
+    TaskNotFound,
+    UnknownNameError,
+)
+from .retry import Backoff, Retry
+from .states import StepState, TaskState
+from .store.base import EventRecord, StepRecord, TaskRecord
+from .worker import Worker, WorkerOptions
+from .workflow import Context, Workflow
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "App",
+    "Backoff",
+    "Call",
+    "ConfigurationError",
+    "Context",
+    "EventRecord",
+    "NonDeterminismError",
+    "Operation",
+    "PayloadError",
+    "PermanentError",
+    "ResultTimeout",
+    "Retry",
+    "SchemaVersionError",
+    "StepFailed",
+    "StepRecord",
+    "StepState",
+    "StepwardenError",
+    "StoreError",
+    "TaskFailed",
+    "TaskNotFound",
+    "TaskRecord",
+    "TaskState",
+    "TaskTransaction",
+    "TaskView",
+    "UnknownNameError",
+    "Worker",
+    "WorkerOptions",
+    "Workflow",
+    "__version__",
+]

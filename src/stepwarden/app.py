@@ -1,0 +1,307 @@
+"""The App: where workflows and agents are declared, and tasks are submitted and followed.
+
+Every call comes in two forms: a blocking one (`submit`, `status`, `result`, ...) for ordinary
+code, and a coroutine (`submit_async`, ...) for code already running in an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from . import _json
+from .agent import Agent, Operation
+from .errors import (
+    ConfigurationError,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    UnknownNameError,
+)
+from .retry import Retry
+from .states import FINISHED_TASK_STATES, TaskState
+from .store import Store, open_store
+from .store.base import EventRecord, NewTask, StepRecord, TaskRecord, Transaction
+from .workflow import Workflow, WorkflowFn
+
+T = TypeVar("T")
+MAX_TASK_ID = 200
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """A task with its steps and its history, as `show` prints it."""
+
+    task: TaskRecord
+    steps: list[StepRecord]
+    events: list[EventRecord]
+
+
+class App:
+    """Declares workflows and agents, and talks to the state store on the application's
+    behalf. `store` is `sqlite:///path.db` (the embedded default) or `postgresql://...`."""
+
+    def __init__(self, name: str, *, store: str, auto_migrate: bool = True) -> None:
+        self.name = name
+        self.store_url = store
+        open_store(store)  # validate the URL now, not at first use
+        self.auto_migrate = auto_migrate
+        self.workflows: dict[str, Workflow] = {}
+        self.agents: dict[str, Agent] = {}
+        self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._portal: _Portal | None = None
+
+    # -- declarations ---------------------------------------------------------------------
+    def agent(self, name: str, *, retry: Retry | None = None) -> Agent:
+        if name in self.agents:
+            raise ConfigurationError(f"agent {name!r} is already declared")
+        agent = Agent(name, retry=retry)
+        self.agents[name] = agent
+        return agent
+
+    def workflow(
+        self,
+        fn: WorkflowFn | None = None,
+        *,
+        name: str | None = None,
+        complete_within: timedelta = timedelta(seconds=30),
+        max_failures: int = 3,
+    ) -> Any:
+        """Declare a workflow: an async function `(ctx, input) -> result`.
+
+        `complete_within` bounds each claim of the task (its complete_by) and is the default
+        deadline of each step; `max_failures` is how many expiries the supervisor tolerates
+        before it sets the task to Error.
+        """
+
+        def register(fn: WorkflowFn) -> WorkflowFn:
+            if not asyncio.iscoroutinefunction(fn):
+                raise ConfigurationError(f"workflow {fn.__name__!r} must be an async function")
+            wf_name = name or fn.__name__
+            if wf_name in self.workflows:
+                raise ConfigurationError(f"workflow {wf_name!r} is already declared")
+            self.workflows[wf_name] = Workflow(wf_name, fn, complete_within, max_failures)
+            fn.__stepwarden_workflow__ = wf_name  # type: ignore[attr-defined]
+            return fn
+
+        return register(fn) if fn is not None else register
+
+    def find_workflow(self, workflow: str | WorkflowFn) -> Workflow:
+        wf_name = (
+            workflow
+            if isinstance(workflow, str)
+            else getattr(
+                workflow, "__stepwarden_workflow__", getattr(workflow, "__name__", repr(workflow))
+            )
+        )
+        try:
+            return self.workflows[wf_name]
+        except KeyError:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise UnknownNameError(f"unknown workflow {wf_name!r} (declared: {known})") from None
+
+    def find_operation(self, qualname: str) -> Operation:
+        agent_name, _, op_name = qualname.partition(".")
+        agent = self.agents.get(agent_name)
+        if agent is None or op_name not in agent.operations:
+            raise UnknownNameError(f"unknown operation {qualname!r}")
+        return agent.operations[op_name]
+
+    # -- the store, per event loop --------------------------------------------------------
+    async def store(self) -> Store:
+        """The store opened for the running event loop (opened on first use)."""
+        loop = asyncio.get_running_loop()
+        store = self._stores.get(loop)
+        if store is None:
+            store = open_store(self.store_url)
+            await store.open(migrate=self.auto_migrate)
+            await store.listen()
+            self._stores[loop] = store
+        return store
+
+    async def aclose(self) -> None:
+        store = self._stores.pop(asyncio.get_running_loop(), None)
+        if store is not None:
+            await store.close()
+
+    def close(self) -> None:
+        if self._portal is not None:
+            self._portal.call(self.aclose())
+            self._portal.stop()
+            self._portal = None
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._portal is None:
+            self._portal = _Portal()
+        return self._portal.call(coro)
+
+    # -- submitting -----------------------------------------------------------------------
+    def new_task(
+        self,
+        workflow: str | WorkflowFn,
+        input: Any = None,
+        *,
+        task_id: str | None = None,
+        priority: int = 0,
+    ) -> NewTask:
+        """Validate a submission and build its record, without writing anything."""
+        wf = self.find_workflow(workflow)
+        if task_id is None:
+            task_id = uuid.uuid4().hex
+        if not isinstance(task_id, str) or not task_id or len(task_id) > MAX_TASK_ID:
+            raise ConfigurationError(f"task_id must be a string of 1 to {MAX_TASK_ID} characters")
+        if any(ord(ch) < 32 for ch in task_id):
+            raise ConfigurationError("task_id must not contain control characters")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be an integer, not {priority!r}")
+        return NewTask(
+            task_id=task_id,
+            workflow=wf.name,
+            input=_json.dumps(input, what="the task input"),
+            priority=priority,
+            complete_within=wf.complete_within.total_seconds(),
+            max_failures=wf.max_failures,
+        )
+
+    async def submit_async(
+        self,
+        workflow: str | WorkflowFn,
+        input: Any = None,
+        *,
+        task_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Submit a task; returns its id. A task_id already submitted is not created again."""
+        task = self.new_task(workflow, input, task_id=task_id, priority=priority)
+        await (await self.store()).submit([task])
+        return task.task_id
+
+    def submit(
+        self,
+        workflow: str | WorkflowFn,
+        input: Any = None,
+        *,
+        task_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        return self._call(self.submit_async(workflow, input, task_id=task_id, priority=priority))
+
+    async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
+        """Submit tasks built with `new_task` in one transaction; True where created."""
+        return await (await self.store()).submit(tasks)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[TaskTransaction]:
+        """A transaction in which the application writes its own rows and submits tasks, so
+        that both commit together or neither does (the pattern's order submission)."""
+        store = await self.store()
+        async with store.transaction() as tx:
+            yield TaskTransaction(self, tx)
+
+    # -- following ------------------------------------------------------------------------
+    async def status_async(self, task_id: str) -> TaskRecord:
+        task = await (await self.store()).get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        return task
+
+    def status(self, task_id: str) -> TaskRecord:
+        return self._call(self.status_async(task_id))
+
+    async def result_async(self, task_id: str, *, timeout: float | None = None) -> Any:
+        """Wait until the task finishes; its result, or TaskFailed if it ended in Error."""
+        store = await self.store()
+        await self.status_async(task_id)
+        try:
+            async with asyncio.timeout(timeout):
+                async for task in store.watch_states(task_id, poll=store.default_poll_interval):
+                    if task.process_state in FINISHED_TASK_STATES:
+                        if task.process_state == TaskState.ERROR:
+                            raise TaskFailed(task_id, task.error)
+                        return task.result
+        except TimeoutError:
+            raise ResultTimeout(f"task {task_id!r} did not finish within {timeout}s") from None
+        raise TaskNotFound(f"no task {task_id!r}")  # the task was deleted meanwhile
+
+    def result(self, task_id: str, *, timeout: float | None = None) -> Any:
+        return self._call(self.result_async(task_id, timeout=timeout))
+
+    async def show_async(self, task_id: str) -> TaskView:
+        store = await self.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        return TaskView(task, await store.get_steps(task_id), await store.events(task_id=task_id))
+
+    def show(self, task_id: str) -> TaskView:
+        return self._call(self.show_async(task_id))
+
+    async def tasks_async(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        wanted = TaskState(state) if state is not None else None
+        return await (await self.store()).list_tasks(state=wanted, workflow=workflow, limit=limit)
+
+    def tasks(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        return self._call(self.tasks_async(state=state, workflow=workflow, limit=limit))
+
+    def __repr__(self) -> str:
+        return f"<App {self.name} store={self.store_url!r}>"
+
+
+class TaskTransaction:
+    """The application's side of `App.transaction()`."""
+
+    def __init__(self, app: App, tx: Transaction) -> None:
+        self._app = app
+        self._tx = tx
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        await self._tx.execute(sql, params)
+
+    async def submit(
+        self,
+        workflow: str | WorkflowFn,
+        input: Any = None,
+        *,
+        task_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        task = self._app.new_task(workflow, input, task_id=task_id, priority=priority)
+        await self._tx.submit([task])
+        return task.task_id
+
+
+class _Portal:
+    """An event loop in a thread of its own, for the blocking forms of the App's calls."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="stepwarden-portal"
+        )
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

@@ -1,0 +1,417 @@
+"""The command line: run workers, submit and inspect tasks, migrate the store.
+
+Every option also reads an environment variable, named in its help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from .app import App, TaskView
+from .errors import StepwardenError
+from .retry import Backoff
+from .states import TaskState
+from .store import open_store
+from .store.base import TaskRecord
+from .worker import ROLES, Worker, WorkerOptions, parse_roles
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Ctx:
+    def __init__(self, app_ref: str | None, store: str | None) -> None:
+        self.app_ref = app_ref
+        self.store = store
+
+    def app(self, ref: str | None = None) -> App:
+        ref = ref or self.app_ref
+        if not ref:
+            raise click.UsageError(
+                "name the application: --app MODULE:ATTRIBUTE (or STEPWARDEN_APP)"
+            )
+        app = load_app(ref)
+        if self.store:
+            try:
+                open_store(self.store)  # validate before anything else happens
+            except StepwardenError as exc:
+                raise click.BadParameter(str(exc), param_hint="--store") from exc
+            app.store_url = self.store
+        return app
+
+    def store_url(self) -> str:
+        if self.store:
+            return self.store
+        if self.app_ref:
+            return load_app(self.app_ref).store_url
+        raise click.UsageError(
+            "name the store (--store URL or STEPWARDEN_STORE) or the application (--app)"
+        )
+
+
+def load_app(ref: str) -> App:
+    """Import `module:attribute` (the current directory is importable) and return the App."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise click.UsageError(f"invalid application {ref!r}: expected MODULE:ATTRIBUTE")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise click.UsageError(f"{ref!r} is not a stepwarden.App")
+    return app
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except StepwardenError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
+    """An option that also reads `envvar`, and says so in its help."""
+    return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@_opt(
+    "--app",
+    "app_ref",
+    envvar="STEPWARDEN_APP",
+    metavar="MODULE:ATTR",
+    help="The application, e.g. shop:app.",
+)
+@_opt(
+    "--store",
+    envvar="STEPWARDEN_STORE",
+    metavar="URL",
+    help="The store URL, overriding the application's (sqlite:///path.db, postgresql://...).",
+)
+@_opt(
+    "--log-level",
+    envvar="STEPWARDEN_LOG_LEVEL",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Logging level.",
+)
+@click.version_option(package_name="stepwarden")
+@click.pass_context
+def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: str) -> None:
+    """stepwarden: durable multi-step operations (Scheduler-Agent-Supervisor)."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    ctx.obj = _Ctx(app_ref, store)
+
+
+@cli.command()
+@click.argument("app_ref", required=False, metavar="[MODULE:ATTR]")
+@_opt(
+    "--roles",
+    envvar="STEPWARDEN_ROLES",
+    default=",".join(ROLES),
+    show_default=True,
+    help="Comma-separated roles to run in this process: scheduler, agents, supervisor.",
+)
+@_opt(
+    "--agents",
+    envvar="STEPWARDEN_AGENTS",
+    default=None,
+    help="Comma-separated agents to run (default: all of the application's agents).",
+)
+@_opt(
+    "--concurrency",
+    envvar="STEPWARDEN_CONCURRENCY",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Workflows the scheduler drives at once.",
+)
+@_opt(
+    "--agent-concurrency",
+    envvar="STEPWARDEN_AGENT_CONCURRENCY",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Calls each agent makes at once.",
+)
+@_opt(
+    "--poll-interval",
+    envvar="STEPWARDEN_POLL_INTERVAL",
+    default=None,
+    type=click.FloatRange(min=0.001),
+    help="Seconds between polls when no wake-up arrives [default: 0.05 SQLite, 0.5 PostgreSQL].",
+)
+@_opt(
+    "--supervisor-interval",
+    envvar="STEPWARDEN_SUPERVISOR_INTERVAL",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between sweeps.",
+)
+@_opt(
+    "--lease-ttl",
+    envvar="STEPWARDEN_LEASE_TTL",
+    default=None,
+    type=click.FloatRange(min=0.1),
+    help="Seconds a supervisor's leadership lasts unless renewed [default: max(5, 3 x interval)].",
+)
+@_opt(
+    "--backoff-initial",
+    envvar="STEPWARDEN_BACKOFF_INITIAL",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds a reset task waits after its first failure.",
+)
+@_opt(
+    "--backoff-max",
+    envvar="STEPWARDEN_BACKOFF_MAX",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Longest wait of a reset task.",
+)
+@_opt(
+    "--drain-timeout",
+    envvar="STEPWARDEN_DRAIN_TIMEOUT",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds given to work under way on SIGTERM.",
+)
+@click.pass_obj
+def worker(
+    obj: _Ctx,
+    app_ref: str | None,
+    roles: str,
+    agents: str | None,
+    concurrency: int,
+    agent_concurrency: int,
+    poll_interval: float | None,
+    supervisor_interval: float,
+    lease_ttl: float | None,
+    backoff_initial: float,
+    backoff_max: float,
+    drain_timeout: float,
+) -> None:
+    """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
+    app = obj.app(app_ref)
+    try:
+        options = WorkerOptions(
+            roles=parse_roles(roles.split(",")),
+            agents=frozenset(a.strip() for a in agents.split(",") if a.strip()) if agents else None,
+            concurrency=concurrency,
+            agent_concurrency=agent_concurrency,
+            poll_interval=poll_interval,
+            supervisor_interval=supervisor_interval,
+            lease_ttl=lease_ttl,
+            backoff=Backoff(initial=backoff_initial, maximum=max(backoff_max, backoff_initial)),
+            drain_timeout=drain_timeout,
+        )
+        Worker(app, options).run_forever()
+    except StepwardenError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cli.command()
+@click.argument("workflow")
+@click.argument("input_json", required=False, default="null", metavar="[INPUT_JSON]")
+@_opt(
+    "--task-id",
+    envvar="STEPWARDEN_TASK_ID",
+    default=None,
+    help="The task id (default: a random one). Submitting an id again creates nothing.",
+)
+@_opt(
+    "--priority",
+    envvar="STEPWARDEN_PRIORITY",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Higher runs first.",
+)
+@click.pass_obj
+def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, priority: int) -> None:
+    """Submit a task of WORKFLOW with INPUT_JSON as its input; prints the task id."""
+    try:
+        value = orjson.loads(input_json)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="INPUT_JSON") from exc
+    app = obj.app()
+
+    async def go() -> str:
+        try:
+            return await app.submit_async(workflow, value, task_id=task_id, priority=priority)
+        finally:
+            await app.aclose()
+
+    click.echo(_run(go()))
+
+
+@cli.command()
+@_opt(
+    "--state",
+    envvar="STEPWARDEN_STATE",
+    default=None,
+    type=click.Choice([s.value for s in TaskState]),
+    help="Only tasks in this state.",
+)
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="At most this many tasks.",
+)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_obj
+def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_json: bool) -> None:
+    """List tasks, oldest first, with a count per state."""
+    url = obj.store_url()
+
+    async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
+        store = open_store(url)
+        await store.open(migrate=False)
+        try:
+            found = await store.list_tasks(
+                state=TaskState(state) if state else None, workflow=workflow, limit=limit
+            )
+            return found, await store.count_tasks()
+        finally:
+            await store.close()
+
+    found, counts = _run(go())
+    if as_json:
+        for t in found:
+            click.echo(orjson.dumps(_task_dict(t)).decode())
+        return
+    click.echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
+    if found:
+        click.echo(f"{'TASK':<28} {'WORKFLOW':<18} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  UPDATED")
+    for t in found:
+        click.echo(
+            f"{t.task_id:<28} {t.workflow:<18} {t.process_state.value:<11} "
+            f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}"
+        )
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
+    """Show a task: its state, each step with its attempts, errors and times, its history."""
+    url = obj.store_url()
+
+    async def go() -> TaskView | None:
+        store = open_store(url)
+        await store.open(migrate=False)
+        try:
+            task = await store.get_task(task_id)
+            if task is None:
+                return None
+            return TaskView(
+                task, await store.get_steps(task_id), await store.events(task_id=task_id)
+            )
+        finally:
+            await store.close()
+
+    view = _run(go())
+    if view is None:
+        raise click.ClickException(f"no task {task_id!r}")
+    if as_json:
+        data = _task_dict(view.task)
+        data["steps"] = [
+            {k: _plain(getattr(s, k)) for k in s.__dataclass_fields__} for s in view.steps
+        ]
+        data["events"] = [
+            {"id": e.id, "at": _plain(e.at), "kind": e.kind, "detail": e.detail}
+            for e in view.events
+        ]
+        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        return
+    t = view.task
+    click.echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
+    click.echo(f"  process_state  {t.process_state.value}")
+    click.echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
+    click.echo(f"  attempt        {t.attempt}")
+    click.echo(f"  locked_by      {t.locked_by or '-'}")
+    click.echo(f"  complete_by    {_time(t.complete_by)}")
+    click.echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
+    click.echo(f"  input          {orjson.dumps(t.input).decode()}")
+    if t.result is not None:
+        click.echo(f"  result         {orjson.dumps(t.result).decode()}")
+    if t.error:
+        click.echo(f"  error          {t.error}")
+    click.echo("steps:")
+    for s in view.steps:
+        click.echo(
+            f"  {s.seq:>3} {s.name:<24} {s.state.value:<11} attempt {s.attempt} "
+            f"tries {s.tries}  key {s.idempotency_key}"
+        )
+        click.echo(
+            f"      dispatched {_time(s.created_at)}  claimed {_time(s.claimed_at)}  "
+            f"finished {_time(s.finished_at)}  complete_by {_time(s.complete_by)}"
+        )
+        if s.error:
+            click.echo(f"      error: {s.error}")
+    if view.events:
+        click.echo("history:")
+        for e in view.events:
+            click.echo(f"  {_time(e.at)}  {e.kind:<12} {orjson.dumps(e.detail).decode()}")
+
+
+@cli.command()
+@click.pass_obj
+def migrate(obj: _Ctx) -> None:
+    """Create or upgrade the store's schema; prints the version in place."""
+    url = obj.store_url()
+
+    async def go() -> int:
+        store = open_store(url)
+        await store.open(migrate=True)
+        try:
+            return await store.schema_version()
+        finally:
+            await store.close()
+
+    click.echo(f"schema version {_run(go())}")
+
+
+def _time(value: datetime | None) -> str:
+    return value.isoformat(timespec="milliseconds") if value else "-"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _task_dict(t: TaskRecord) -> dict[str, Any]:
+    return {k: _plain(getattr(t, k)) for k in t.__dataclass_fields__}
+
+
+def main() -> None:
+    cli(prog_name="stepwarden")

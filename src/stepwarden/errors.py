@@ -1,0 +1,75 @@
+"""The exception tree of stepwarden.
+
+StepwardenError
+├── ConfigurationError        bad store URL, unknown role, bad option
+├── PayloadError              a value that is not JSON, or too large
+├── UnknownNameError          an unknown workflow, agent or operation
+├── StoreError                the database failed; the driver's error is the __cause__
+│   └── SchemaVersionError    the database schema is newer than this code
+├── TaskNotFound
+├── TaskFailed                a task ended in Error; raised by App.result
+├── ResultTimeout             App.result gave up waiting
+├── NonDeterminismError       a resumed workflow asked for a different step
+├── StepFailed                a step failed permanently; raised inside the workflow
+└── PermanentError            raised by an operation: do not retry, report the failure
+"""
+
+from __future__ import annotations
+
+
+class StepwardenError(Exception):
+    """Base class of every error stepwarden raises."""
+
+
+class ConfigurationError(StepwardenError):
+    """The configuration is invalid."""
+
+
+class PayloadError(StepwardenError):
+    """A payload is not JSON-serialisable, or breaks a size or depth limit."""
+
+
+class UnknownNameError(StepwardenError):
+    """No workflow, agent or operation is registered under this name."""
+
+
+class StoreError(StepwardenError):
+    """The state store failed."""
+
+
+class SchemaVersionError(StoreError):
+    """The database schema is newer than this version of stepwarden understands."""
+
+
+class TaskNotFound(StepwardenError):
+    """No task has this id."""
+
+
+class TaskFailed(StepwardenError):
+    """The task ended in Error."""
+
+    def __init__(self, task_id: str, error: str | None) -> None:
+        super().__init__(f"task {task_id!r} ended in error: {error}")
+        self.task_id = task_id
+        self.error = error
+
+
+class ResultTimeout(StepwardenError):
+    """The task did not finish in the time given."""
+
+
+class NonDeterminismError(StepwardenError):
+    """A resumed workflow asked for a step other than the one recorded at that position."""
+
+
+class StepFailed(StepwardenError):
+    """A step of the workflow failed permanently."""
+
+    def __init__(self, step: str, error: str | None) -> None:
+        super().__init__(f"step {step!r} failed: {error}")
+        self.step = step
+        self.error = error
+
+
+class PermanentError(StepwardenError):
+    """Raise from an operation when retrying cannot help: the step fails at once."""

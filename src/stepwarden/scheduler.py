@@ -1,0 +1,263 @@
+"""The scheduler: claims pending tasks, drives their workflows, dispatches their steps.
+
+One Scheduler instance runs many workflows concurrently as coroutines in one event loop. Step
+records and task outcomes of concurrent workflows are written together (group commit), and
+step results arrive by wake-up (in-process, or LISTEN/NOTIFY on PostgreSQL) with polling as the
+fallback. A scheduler that no longer holds a task (its complete_by passed, or the supervisor
+reset it) stops that workflow and writes nothing: its writes are fenced by the task attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from . import _json
+from ._aio import first, sleep_unless
+from ._batch import Batcher
+from .errors import PayloadError, StepFailed, StoreError
+from .states import StepState, TaskState
+from .store.base import (
+    CHANNEL_RESULTS,
+    CHANNEL_TASKS,
+    ClaimedTask,
+    DispatchedStep,
+    StepDispatch,
+    StepRecord,
+    Store,
+    TaskOutcome,
+    step_key,
+)
+from .workflow import Abandon, Context, Workflow
+
+logger = logging.getLogger("stepwarden.scheduler")
+
+RESULT_SLACK = 0.25
+"""Seconds a scheduler waits past a step's complete_by for word of its result."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A task this scheduler holds under one attempt."""
+
+    task_id: str
+    attempt: int
+    workflow: str
+    priority: int
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        workflows: dict[str, Workflow],
+        *,
+        instance: str,
+        concurrency: int = 1000,
+        poll_interval: float | None = None,
+    ) -> None:
+        self.store = store
+        self.workflows = workflows
+        self.instance = instance
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval or store.default_poll_interval
+        self._running: set[asyncio.Task[None]] = set()
+        self._room = asyncio.Event()
+        self._waiting: dict[str, tuple[tuple[str, int], asyncio.Future[StepRecord]]] = {}
+        self._dispatches: Batcher[StepDispatch, DispatchedStep | None] = Batcher(
+            store.dispatch_steps
+        )
+        self._finishes: Batcher[TaskOutcome, bool] = Batcher(store.finish_tasks)
+
+    def workflow_of(self, held: _Held) -> Workflow:
+        return self.workflows[held.workflow]
+
+    # -- the loops ------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event, *, drain_timeout: float = 30.0) -> None:
+        """Claim and drive tasks until `stop` is set, then let the workflows under way finish
+        (up to `drain_timeout` seconds)."""
+        results = asyncio.create_task(self._watch_results())
+        try:
+            await self._claim_loop(stop)
+            if self._running:
+                await asyncio.wait(set(self._running), timeout=drain_timeout)
+            for task in set(self._running):
+                task.cancel()
+            if self._running:
+                await asyncio.wait(set(self._running))
+            await self._finishes.drain()
+        finally:
+            results.cancel()
+            await asyncio.gather(results, return_exceptions=True)
+
+    async def _claim_loop(self, stop: asyncio.Event) -> None:
+        sub = self.store.subscribe(CHANNEL_TASKS)
+        names = sorted(self.workflows)
+        failures = 0
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._running)
+                if free <= 0:
+                    self._room.clear()
+                    await first(stop.wait(), self._room.wait())
+                    continue
+                limit = min(free, 200)
+                try:
+                    claimed = await self.store.claim_tasks(self.instance, names, limit)
+                    failures = 0
+                except StoreError as exc:
+                    failures += 1
+                    logger.warning("scheduler: cannot claim tasks: %s", exc)
+                    await sleep_unless(stop, min(5.0, 0.1 * 2**failures))
+                    continue
+                for c in claimed:
+                    task = asyncio.create_task(self._drive(c))
+                    self._running.add(task)
+                    task.add_done_callback(self._done)
+                if len(claimed) < limit:
+                    await first(stop.wait(), sub.wait(self.poll_interval))
+        finally:
+            self.store.unsubscribe(CHANNEL_TASKS, sub)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._room.set()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("scheduler: driving a task failed", exc_info=task.exception())
+
+    async def _watch_results(self) -> None:
+        """Resolve the steps workflows wait for: at once on a wake-up naming them, and by a
+        full poll every so often for results whose wake-up did not reach this process."""
+        sub = self.store.subscribe(CHANNEL_RESULTS)
+        loop = asyncio.get_running_loop()
+        full_every = max(self.poll_interval, 0.2)
+        last_full = loop.time()
+        try:
+            while True:
+                payloads = await sub.wait(full_every)
+                if not self._waiting:
+                    last_full = loop.time()
+                    continue
+                if payloads is None or loop.time() - last_full >= full_every:
+                    wanted = list(self._waiting)
+                    last_full = loop.time()
+                else:
+                    wanted = [k for k in payloads if k in self._waiting]
+                if not wanted:
+                    continue
+                try:
+                    found = await self.store.finished_steps(
+                        [self._waiting[k][0] for k in wanted if k in self._waiting]
+                    )
+                except StoreError as exc:
+                    logger.warning("scheduler: cannot read step results: %s", exc)
+                    await asyncio.sleep(min(1.0, full_every))
+                    continue
+                for record in found:
+                    entry = self._waiting.get(step_key(record.task_id, record.seq))
+                    if entry is not None and not entry[1].done():
+                        entry[1].set_result(record)
+        finally:
+            self.store.unsubscribe(CHANNEL_RESULTS, sub)
+
+    # -- one task -------------------------------------------------------------------------
+    async def _drive(self, claimed: ClaimedTask) -> None:
+        task = claimed.task
+        workflow = self.workflows[task.workflow]
+        held = _Held(task.task_id, task.attempt, task.workflow, task.priority)
+        ctx = Context(self, held, claimed.steps)
+        loop = asyncio.get_running_loop()
+        state: TaskState
+        result: str | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
+                value = await workflow.fn(ctx, task.input)
+            result = _json.dumps(value, what=f"the result of workflow {task.workflow!r}")
+            state = TaskState.PROCESSED
+        except Abandon:
+            return
+        except TimeoutError as exc:
+            if deadline.expired():
+                logger.info(
+                    "task %s: complete_by passed, leaving it to the supervisor", task.task_id
+                )
+                return
+            state, error = TaskState.ERROR, _describe(exc)
+        except (StepFailed, PayloadError) as exc:
+            state, error = TaskState.ERROR, str(exc)
+        except Exception as exc:
+            logger.warning(
+                "task %s: workflow %s raised", task.task_id, task.workflow, exc_info=True
+            )
+            state, error = TaskState.ERROR, _describe(exc)
+        outcome = TaskOutcome(
+            task_id=task.task_id,
+            attempt=task.attempt,
+            scheduler=self.instance,
+            state=state,  # type: ignore[arg-type]
+            result=result,
+            error=error,
+        )
+        try:
+            applied = await self._finishes.submit(outcome)
+        except StoreError as exc:
+            logger.warning("task %s: cannot record its outcome: %s", task.task_id, exc)
+            return
+        if not applied:
+            logger.info("task %s: outcome discarded, the task is no longer held", task.task_id)
+        elif state == TaskState.ERROR:
+            logger.error("ALERT task %s (%s) is in error: %s", task.task_id, task.workflow, error)
+
+    async def run_step(
+        self,
+        held: _Held,
+        dispatch: StepDispatch,
+        step_name: str,
+        *,
+        fallback: StepDispatch | None = None,
+    ) -> Any:
+        """Record and queue a step (or take over / re-dispatch a recorded one), then wait for
+        its result until its complete_by."""
+        where = (held.task_id, dispatch.seq)
+        key = step_key(*where)
+        future: asyncio.Future[StepRecord] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = (where, future)
+        try:
+            try:
+                got = await self._dispatches.submit(dispatch)
+                if got is None and fallback is not None:
+                    got = await self._dispatches.submit(fallback)
+                if got is None:
+                    # Fenced out, or the step finished meanwhile: only the latter lets us go on.
+                    record = await self._finished(where)
+                else:
+                    try:
+                        async with asyncio.timeout(max(0.0, got.remaining) + RESULT_SLACK):
+                            record = await future
+                    except TimeoutError:
+                        record = await self._finished(where)
+            except StoreError as exc:
+                logger.warning(
+                    "task %s: store unavailable (%s), leaving it to the supervisor",
+                    held.task_id,
+                    exc,
+                )
+                raise Abandon from exc
+        finally:
+            self._waiting.pop(key, None)
+        if record.state == StepState.COMPLETED:
+            return record.result
+        raise StepFailed(step_name, record.error)
+
+    async def _finished(self, where: tuple[str, int]) -> StepRecord:
+        found = await self.store.finished_steps([where])
+        if not found:
+            raise Abandon
+        return found[0]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

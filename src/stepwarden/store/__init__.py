@@ -1,0 +1,34 @@
+"""The state store: one interface (`base.Store`), one SQLite and one PostgreSQL implementation."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Store
+
+
+def open_store(url: str) -> Store:
+    """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..."""
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"a store URL must be a non-empty string, not {url!r}")
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from .postgres import PostgresStore
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise ConfigurationError(
+                "PostgreSQL support needs the postgres extra: pip install 'stepwarden[postgres]'"
+            ) from exc
+        store: Store = PostgresStore(url)
+        return store
+    raise ConfigurationError(
+        f"invalid store URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
+    )
+
+
+__all__ = ["Store", "open_store"]

@@ -1,0 +1,386 @@
+"""The Store interface: the only door to the database.
+
+Every method is one transaction. Writes that change a task or step state are conditional
+updates naming the expected state and attempt (the fencing token), and report whether they
+took effect. Methods that take a sequence apply a batch in a single commit, so that many
+concurrent workflows share one commit (group commit).
+
+Payloads (inputs, results) are written as JSON text and read back as Python values.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from ..states import StepState, TaskState
+
+CHANNEL_TASKS = "tasks"
+"""Woken when tasks become pending."""
+CHANNEL_REQUESTS = "requests"
+"""Woken when step requests are queued for agents; payloads are agent names."""
+CHANNEL_RESULTS = "results"
+"""Woken when steps finish; payloads are step keys (see `step_key`)."""
+CHANNEL_TASK_DONE = "task_done"
+"""Woken when tasks finish; payloads are task ids."""
+
+
+def step_key(task_id: str, seq: int) -> str:
+    return f"{task_id}\x1f{seq}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewTask:
+    task_id: str
+    workflow: str
+    input: str  # JSON text
+    priority: int
+    complete_within: float
+    max_failures: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRecord:
+    task_id: str
+    workflow: str
+    input: Any
+    process_state: TaskState
+    locked_by: str | None
+    complete_by: datetime | None
+    failure_count: int
+    max_failures: int
+    attempt: int
+    priority: int
+    complete_within: float
+    result: Any
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    task_id: str
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    state: StepState
+    attempt: int
+    task_attempt: int
+    complete_by: datetime
+    idempotency_key: str
+    input: Any
+    result: Any
+    error: str | None
+    locked_by: str | None
+    tries: int
+    created_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedTask:
+    task: TaskRecord
+    steps: list[StepRecord]
+    remaining: float
+    """Seconds until the task's complete_by, by the database clock at claim time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepDispatch:
+    """A scheduler's request to record (and so queue) one step of a task it holds.
+
+    `kind` is "new" for a step not yet recorded, "redispatch" for a recorded step whose
+    complete_by passed (its attempt rises, the stable idempotency key stays), and "adopt" for a
+    recorded step still in time that an earlier attempt of the task dispatched.
+    """
+
+    kind: Literal["new", "redispatch", "adopt"]
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    input: str  # JSON text; ignored unless kind == "new"
+    priority: int
+    complete_within: float
+    expected_attempt: int = 0  # the step attempt seen; ignored for kind == "new"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchedStep:
+    task_id: str
+    seq: int
+    attempt: int
+    remaining: float
+    """Seconds until the step's complete_by, by the database clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """A step claimed by an agent instance: what the remote call needs."""
+
+    task_id: str
+    seq: int
+    attempt: int
+    agent: str
+    operation: str
+    input: Any
+    idempotency_key: str
+    complete_by: datetime
+    remaining: float
+    """Seconds until complete_by, by the database clock at claim time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    task_id: str
+    seq: int
+    attempt: int
+    agent_instance: str
+    state: Literal[StepState.COMPLETED, StepState.FAILED]
+    result: str | None  # JSON text
+    error: str | None
+    tries: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOutcome:
+    task_id: str
+    attempt: int
+    scheduler: str
+    state: Literal[TaskState.PROCESSED, TaskState.ERROR]
+    result: str | None  # JSON text
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expired:
+    """What one supervisor sweep did to one task."""
+
+    task_id: str
+    seq: int | None  # the expired step, or None when the task itself expired
+    failure_count: int
+    process_state: TaskState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    id: int
+    task_id: str | None
+    at: datetime
+    kind: str
+    detail: Any
+
+
+class Subscription:
+    """Wake-ups for one channel. Payloads pile up between waits; `wait` drains them."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._payloads: list[str] = []
+
+    def push(self, payloads: Sequence[str]) -> None:
+        self._payloads.extend(payloads)
+        self._event.set()
+
+    async def wait(self, timeout: float) -> list[str] | None:
+        """Payloads received since the last call, or None when `timeout` passed first."""
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
+            except TimeoutError:
+                return None
+        self._event.clear()
+        payloads, self._payloads = self._payloads, []
+        return payloads
+
+
+class Notifier:
+    """In-process fan-out of wake-ups; stores feed it after each commit."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, list[Subscription]] = {}
+
+    def subscribe(self, channel: str) -> Subscription:
+        sub = Subscription()
+        self._subscribers.setdefault(channel, []).append(sub)
+        return sub
+
+    def unsubscribe(self, channel: str, sub: Subscription) -> None:
+        subs = self._subscribers.get(channel, [])
+        if sub in subs:
+            subs.remove(sub)
+
+    def publish(self, channel: str, payloads: Sequence[str]) -> None:
+        for sub in self._subscribers.get(channel, ()):
+            sub.push(payloads)
+
+
+class Transaction(abc.ABC):
+    """An open transaction in which the application writes its own rows and submits tasks,
+    so that both commit together or neither does."""
+
+    @abc.abstractmethod
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one SQL statement of the application's own, in the driver's parameter style
+        (`?` for SQLite, `%s` for PostgreSQL)."""
+
+    @abc.abstractmethod
+    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+        """Record tasks in this transaction; True for each task that was created."""
+
+
+class Store(abc.ABC):
+    """The durable state store."""
+
+    dialect: str
+    default_poll_interval: float
+
+    def __init__(self) -> None:
+        self.notifier = Notifier()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def open(self, *, migrate: bool = True) -> None:
+        """Connect; apply pending migrations when `migrate`; check the schema version."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def migrate(self) -> int:
+        """Apply pending migrations; return the schema version now in place."""
+
+    @abc.abstractmethod
+    async def schema_version(self) -> int:
+        """The version of the schema in the database, 0 when none."""
+
+    async def __aenter__(self) -> Store:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the application ------------------------------------------------------------------
+    @abc.abstractmethod
+    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+        """Record pending tasks; a task_id already present is left as it is (False)."""
+
+    @abc.abstractmethod
+    def transaction(self) -> Any:
+        """An async context manager yielding a `Transaction`."""
+
+    @abc.abstractmethod
+    async def get_task(self, task_id: str) -> TaskRecord | None: ...
+
+    @abc.abstractmethod
+    async def get_steps(self, task_id: str) -> list[StepRecord]: ...
+
+    @abc.abstractmethod
+    async def list_tasks(
+        self, *, state: TaskState | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[TaskRecord]: ...
+
+    @abc.abstractmethod
+    async def count_tasks(self) -> dict[TaskState, int]: ...
+
+    @abc.abstractmethod
+    async def events(
+        self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]: ...
+
+    # -- the scheduler --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def claim_tasks(
+        self, scheduler: str, workflows: Sequence[str], limit: int
+    ) -> list[ClaimedTask]:
+        """Claim up to `limit` eligible pending tasks, by priority then age, exclusively:
+        set locked_by, a new attempt, complete_by = now + complete_within, processing."""
+
+    @abc.abstractmethod
+    async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
+        """Record and queue steps, each only if its task is still processing under the
+        given attempt (and, for re-dispatch and adoption, the step under the expected one).
+        None for each dispatch that was fenced out."""
+
+    @abc.abstractmethod
+    async def finished_steps(self, keys: Sequence[tuple[str, int]]) -> list[StepRecord]:
+        """Of the given (task_id, seq), the steps that are completed or failed."""
+
+    @abc.abstractmethod
+    async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
+        """Set processed or error (the latter with an alert event), each only if the task
+        is still processing under the given attempt and scheduler."""
+
+    # -- the agents -----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def claim_requests(
+        self, instance: str, agent: str, operations: Sequence[str], limit: int
+    ) -> list[Request]:
+        """Claim up to `limit` queued requests in time for these operations: the steps go
+        from not_started to running, locked_by the agent instance."""
+
+    @abc.abstractmethod
+    async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
+        """Record results, each only if the step is still running under the given attempt,
+        locked by the given instance, and its complete_by has not passed."""
+
+    # -- the supervisor -------------------------------------------------------------------
+    @abc.abstractmethod
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        """Take or renew the lease `name`; its term when held, None when another holds it.
+        The term rises whenever the lease changes hands or lapses; it never falls."""
+
+    @abc.abstractmethod
+    async def release_lease(self, name: str, holder: str) -> None: ...
+
+    @abc.abstractmethod
+    async def sweep(
+        self,
+        *,
+        lease: str,
+        holder: str,
+        term: int,
+        limit: int,
+        backoff_initial: float,
+        backoff_maximum: float,
+    ) -> list[Expired]:
+        """Under the lease (holder, term), find processing tasks whose complete_by passed and
+        open steps of the current attempt whose complete_by passed; increment failure_count,
+        and reset each task to pending (after a backoff) or, at max_failures, set error and
+        record an alert. Nothing is written when the lease is no longer held at `term`."""
+
+    # -- wake-ups -------------------------------------------------------------------------
+    def subscribe(self, channel: str) -> Subscription:
+        return self.notifier.subscribe(channel)
+
+    def unsubscribe(self, channel: str, sub: Subscription) -> None:
+        self.notifier.unsubscribe(channel, sub)
+
+    async def listen(self) -> None:  # noqa: B027 - a store without cross-process wake-ups
+        """Start receiving wake-ups from other processes, where the database offers them."""
+
+    # -- helpers for callers --------------------------------------------------------------
+    async def watch_states(self, task_id: str, poll: float) -> AsyncIterator[TaskRecord]:
+        """Yield the task each time it is read, waking on task completions."""
+        sub = self.subscribe(CHANNEL_TASK_DONE)
+        try:
+            while True:
+                task = await self.get_task(task_id)
+                if task is not None:
+                    yield task
+                await sub.wait(poll)
+        finally:
+            self.unsubscribe(CHANNEL_TASK_DONE, sub)

@@ -1,0 +1,317 @@
+-- name: migration_lock
+-- Serialise migrations of this database across processes, until the transaction ends.
+SELECT pg_advisory_xact_lock(7318421900536115001)
+
+-- name: create_schema_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS stepwarden_schema (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: schema_table_exists
+-- Whether the record of migrations exists (in the search path).
+SELECT to_regclass('stepwarden_schema') IS NOT NULL AS present
+
+-- name: schema_version
+-- The newest applied migration, 0 when none.
+SELECT coalesce(max(version), 0) AS version FROM stepwarden_schema
+
+-- name: record_migration
+-- Note one applied migration.
+INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: insert_tasks
+-- Record pending tasks in one statement; an existing task_id is left untouched.
+INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
+                              eligible_at, created_at, updated_at)
+SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
+       now(), now(), now()
+FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[], %(priority)s::int[],
+            %(complete_within)s::float8[], %(max_failures)s::int[])
+     AS d(task_id, workflow, input, priority, complete_within, max_failures)
+ON CONFLICT (task_id) DO NOTHING
+RETURNING task_id
+
+-- name: notify
+-- Wake other processes: one notification per (channel, payload), delivered on commit.
+SELECT pg_notify(n.channel, n.payload)
+FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
+
+-- name: claim_tasks
+-- Claim eligible pending tasks by priority then age, skipping rows other claimers hold.
+UPDATE stepwarden_tasks
+SET locked_by = %(scheduler)s, process_state = 'processing', attempt = attempt + 1,
+    complete_by = now() + make_interval(secs => complete_within), updated_at = now()
+WHERE task_id IN (
+    SELECT task_id FROM stepwarden_tasks
+    WHERE process_state = 'pending' AND eligible_at <= now()
+      AND workflow = ANY(%(workflows)s::text[])
+    ORDER BY priority DESC, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+  AND process_state = 'pending'
+RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: steps_of_tasks
+-- The recorded steps of the given tasks.
+SELECT * FROM stepwarden_steps
+WHERE task_id = ANY(%(task_ids)s::text[])
+ORDER BY task_id, seq
+
+-- name: dispatch_new
+-- Record steps while their tasks are held under these attempts (task rows share-locked).
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
+                         %(scheduler)s::text[], %(name)s::text[], %(agent)s::text[],
+                         %(operation)s::text[], %(priority)s::int[],
+                         %(complete_within)s::float8[], %(idempotency_key)s::text[],
+                         %(input)s::text[], %(ord)s::int[])
+        AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
+             complete_within, idempotency_key, input, ord)
+), t AS MATERIALIZED (
+    SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    ORDER BY task_id
+    FOR SHARE
+), c AS MATERIALIZED (
+    -- Of the dispatches of one step that pass the fence, the first (as one at a time).
+    SELECT DISTINCT ON (d.task_id, d.seq) d.*, t.complete_by AS task_complete_by
+    FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
+                 AND t.locked_by = d.scheduler
+    ORDER BY d.task_id, d.seq, d.ord
+), ins AS (
+    INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
+                                  task_attempt, priority, complete_by, idempotency_key, input,
+                                  created_at, dispatched_at)
+    SELECT task_id, seq, name, agent, operation, 'not_started', 1, task_attempt, priority,
+           LEAST(now() + make_interval(secs => complete_within), task_complete_by),
+           idempotency_key, input::json, now(), now()
+    FROM c
+    ORDER BY ord
+    ON CONFLICT (task_id, seq) DO NOTHING
+    RETURNING task_id, seq, attempt, complete_by
+)
+SELECT c.ord, ins.attempt, extract(epoch FROM ins.complete_by - now())::float8 AS remaining
+FROM ins JOIN c ON c.task_id = ins.task_id AND c.seq = ins.seq
+
+-- name: dispatch_again
+-- Re-dispatch expired steps: a new attempt, the same idempotency key, back in the queue.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
+                         %(scheduler)s::text[], %(expected_attempt)s::int[],
+                         %(complete_within)s::float8[], %(ord)s::int[])
+        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, complete_within, ord)
+), t AS MATERIALIZED (
+    SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    ORDER BY task_id
+    FOR SHARE
+)
+UPDATE stepwarden_steps s
+SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
+    locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
+    complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by)
+FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
+             AND t.locked_by = d.scheduler
+WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.expected_attempt
+  AND s.state IN ('not_started', 'running')
+RETURNING d.ord, s.attempt, extract(epoch FROM s.complete_by - now())::float8 AS remaining
+
+-- name: dispatch_adopt
+-- Take over steps an earlier attempt of the task dispatched, while they are still in time.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
+                         %(scheduler)s::text[], %(expected_attempt)s::int[], %(ord)s::int[])
+        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, ord)
+), t AS MATERIALIZED (
+    SELECT task_id, attempt, locked_by FROM stepwarden_tasks
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    ORDER BY task_id
+    FOR SHARE
+)
+UPDATE stepwarden_steps s
+SET task_attempt = d.task_attempt
+FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
+             AND t.locked_by = d.scheduler
+WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.expected_attempt
+  AND s.state IN ('not_started', 'running') AND s.complete_by > now()
+RETURNING d.ord, s.attempt, extract(epoch FROM s.complete_by - now())::float8 AS remaining
+
+-- name: finished_steps
+-- Of the given (task_id, seq), the steps that are completed or failed.
+SELECT * FROM stepwarden_steps
+WHERE (task_id, seq) IN (SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[]))
+  AND state IN ('completed', 'failed')
+
+-- name: finish_tasks
+-- processing -> processed | error under the holding attempt and scheduler; alert on error.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
+                         %(state)s::text[], %(result)s::text[], %(error)s::text[],
+                         %(ord)s::int[])
+        AS d(task_id, attempt, scheduler, state, result, error, ord)
+), u AS (
+    UPDATE stepwarden_tasks t
+    SET process_state = d.state, result = d.result::json, error = d.error, locked_by = NULL,
+        complete_by = NULL, finished_at = now(), updated_at = now()
+    FROM d
+    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
+      AND t.process_state = 'processing'
+    RETURNING d.ord, d.task_id, d.state, d.error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'alert', json_build_object('reason', 'task_error', 'error', error)
+    FROM u WHERE state = 'error'
+    ORDER BY ord
+)
+SELECT ord FROM u
+
+-- name: claim_requests
+-- Claim queued requests in time: not_started -> running, skipping rows others hold.
+UPDATE stepwarden_steps
+SET state = 'running', locked_by = %(instance)s, claimed_at = now()
+WHERE (task_id, seq) IN (
+    SELECT task_id, seq FROM stepwarden_steps
+    WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
+      AND operation = ANY(%(operations)s::text[])
+    ORDER BY priority DESC, dispatched_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+  AND state = 'not_started'
+RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by, priority,
+          dispatched_at, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: complete_steps
+-- running -> completed | failed for the current attempt, its agent, before complete_by.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
+                         %(instance)s::text[], %(state)s::text[], %(result)s::text[],
+                         %(error)s::text[], %(tries)s::int[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, state, result, error, tries, ord)
+), u AS (
+    UPDATE stepwarden_steps s
+    SET state = d.state, result = d.result::json, error = d.error, tries = d.tries,
+        finished_at = now()
+    FROM d
+    WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
+      AND s.state = 'running' AND s.locked_by = d.instance AND s.complete_by > now()
+    RETURNING d.ord, d.task_id, d.seq, d.attempt, d.state, d.error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'step_failed',
+           json_build_object('seq', seq, 'attempt', attempt, 'error', error)
+    FROM u WHERE state = 'failed'
+    ORDER BY ord
+)
+SELECT ord FROM u
+
+-- name: acquire_lease
+-- Take or renew a lease: the term stays while its holder renews in time, else it rises.
+INSERT INTO stepwarden_leases AS l (name, holder, term, expires_at)
+VALUES (%(name)s, %(holder)s, 1, now() + make_interval(secs => %(ttl)s::float8))
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder, expires_at = excluded.expires_at,
+    term = CASE WHEN l.expires_at > now() THEN l.term ELSE l.term + 1 END
+WHERE l.holder = excluded.holder OR l.expires_at <= now()
+RETURNING term
+
+-- name: release_lease
+-- Let the lease lapse at once, so that the next taker gets a new term.
+UPDATE stepwarden_leases SET expires_at = 'epoch'
+WHERE name = %(name)s AND holder = %(holder)s
+
+-- name: lock_lease
+-- The sweep's fence: the lease row, locked until the sweep commits, when held at this term.
+SELECT term FROM stepwarden_leases
+WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s AND expires_at > now()
+FOR UPDATE
+
+-- name: expired_steps
+-- Open steps of the current attempt of processing tasks whose complete_by passed.
+-- (The lateral LIMIT 1 keeps the plan a walk of the expiry index with one task lookup each.)
+SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, s.seq
+FROM stepwarden_steps s
+CROSS JOIN LATERAL (
+    SELECT task_id, attempt, failure_count, max_failures FROM stepwarden_tasks
+    WHERE task_id = s.task_id AND process_state = 'processing' AND attempt = s.task_attempt
+    LIMIT 1) t
+WHERE s.state IN ('not_started', 'running') AND s.complete_by < now()
+ORDER BY s.complete_by
+LIMIT %(limit)s
+
+-- name: expired_tasks
+-- Processing tasks whose complete_by passed.
+SELECT task_id, attempt, failure_count, max_failures, NULL::integer AS seq
+FROM stepwarden_tasks
+WHERE process_state = 'processing' AND complete_by < now()
+ORDER BY complete_by
+LIMIT %(limit)s
+
+-- name: reset_tasks
+-- The supervisor's recovery: processing -> pending after a backoff, or error at max_failures.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
+                         %(ord)s::int[])
+        AS d(task_id, attempt, seq, ord)
+), u AS (
+    UPDATE stepwarden_tasks t
+    SET failure_count = t.failure_count + 1, locked_by = NULL, complete_by = NULL,
+        process_state = CASE WHEN t.failure_count + 1 >= t.max_failures
+                             THEN 'error' ELSE 'pending' END,
+        error = CASE WHEN t.failure_count + 1 >= t.max_failures
+                     THEN 'complete_by passed ' || (t.failure_count + 1)
+                          || ' time(s), the last time on '
+                          || CASE WHEN d.seq IS NULL THEN 'the task' ELSE 'step ' || d.seq END
+                          || '; max_failures reached'
+                     ELSE t.error END,
+        finished_at = CASE WHEN t.failure_count + 1 >= t.max_failures THEN now() END,
+        eligible_at = now() + make_interval(secs => LEAST(
+            %(maximum)s::float8,
+            %(initial)s::float8 * power(2.0::float8, LEAST(t.failure_count, 60)))),
+        updated_at = now()
+    FROM d
+    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = 'processing'
+    RETURNING d.ord, t.task_id, d.attempt, d.seq, t.failure_count, t.process_state, t.error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT u.task_id, now(), x.kind, x.detail
+    FROM u CROSS JOIN LATERAL (VALUES
+        (1, 'expired', json_build_object('seq', u.seq, 'attempt', u.attempt,
+                                         'failure_count', u.failure_count)),
+        (2, 'alert', CASE WHEN u.process_state = 'error'
+                          THEN json_build_object('reason', 'max_failures', 'error', u.error)
+                     END)) AS x(k, kind, detail)
+    WHERE x.detail IS NOT NULL
+    ORDER BY u.ord, x.k
+)
+SELECT ord, task_id, seq, failure_count, process_state FROM u ORDER BY ord
+
+-- name: get_task
+-- One task.
+SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s
+
+-- name: get_steps
+-- The steps of one task, in order.
+SELECT * FROM stepwarden_steps WHERE task_id = %(task_id)s ORDER BY seq
+
+-- name: list_tasks
+-- Tasks, optionally of one state and one workflow, oldest first (run unprepared).
+SELECT * FROM stepwarden_tasks
+WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_at, task_id
+LIMIT %(limit)s
+
+-- name: count_tasks
+-- The number of tasks in each state.
+SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
+
+-- name: events
+-- Events, optionally of one task and one kind, in order (run unprepared).
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE (%(task_id)s::text IS NULL OR task_id = %(task_id)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY id
+LIMIT %(limit)s

@@ -1,0 +1,166 @@
+-- name: insert_task
+-- Record a pending task; an existing task_id is left untouched.
+INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
+                              eligible_at, created_at, updated_at)
+VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :now, :now, :now)
+ON CONFLICT (task_id) DO NOTHING
+
+-- name: any_pending
+-- A cheap read before taking the write lock.
+SELECT 1 FROM stepwarden_tasks
+WHERE process_state = 'pending' AND eligible_at <= :now
+  AND workflow IN (SELECT value FROM json_each(:workflows))
+LIMIT 1
+
+-- name: claim_tasks
+-- Claim eligible pending tasks by priority then age: pending -> processing, a new attempt.
+UPDATE stepwarden_tasks
+SET locked_by = :scheduler, process_state = 'processing', attempt = attempt + 1,
+    complete_by = :now + complete_within, updated_at = :now
+WHERE task_id IN (
+    SELECT task_id FROM stepwarden_tasks
+    WHERE process_state = 'pending' AND eligible_at <= :now
+      AND workflow IN (SELECT value FROM json_each(:workflows))
+    ORDER BY priority DESC, created_at
+    LIMIT :limit)
+  AND process_state = 'pending'
+RETURNING *
+
+-- name: steps_of_tasks
+SELECT * FROM stepwarden_steps
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY task_id, seq
+
+-- name: dispatch_new
+-- Record a step and queue its request, only while the task is held under this attempt.
+-- The step's complete_by never passes the task's.
+INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
+                              priority, complete_by, idempotency_key, input, created_at,
+                              dispatched_at)
+SELECT :task_id, :seq, :name, :agent, :operation, 'not_started', 1, :task_attempt, :priority,
+       MIN(:now + :complete_within, t.complete_by), :idempotency_key, :input, :now, :now
+FROM stepwarden_tasks t
+WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
+  AND t.process_state = 'processing'
+ON CONFLICT (task_id, seq) DO NOTHING
+RETURNING attempt, complete_by
+
+-- name: dispatch_again
+-- Re-dispatch an expired step: a new attempt, the same idempotency key.
+UPDATE stepwarden_steps
+SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
+    locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
+    complete_by = MIN(:now + :complete_within,
+                      (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id))
+WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
+  AND state IN ('not_started', 'running')
+  AND EXISTS (SELECT 1 FROM stepwarden_tasks t
+              WHERE t.task_id = :task_id AND t.attempt = :task_attempt
+                AND t.locked_by = :scheduler AND t.process_state = 'processing')
+RETURNING attempt, complete_by
+
+-- name: dispatch_adopt
+-- Take over a step an earlier attempt of the task dispatched, while it is still in time.
+UPDATE stepwarden_steps
+SET task_attempt = :task_attempt
+WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
+  AND state IN ('not_started', 'running') AND complete_by > :now
+  AND EXISTS (SELECT 1 FROM stepwarden_tasks t
+              WHERE t.task_id = :task_id AND t.attempt = :task_attempt
+                AND t.locked_by = :scheduler AND t.process_state = 'processing')
+RETURNING attempt, complete_by
+
+-- name: finished_steps
+SELECT * FROM stepwarden_steps
+WHERE (task_id, seq) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                         FROM json_each(:keys))
+  AND state IN ('completed', 'failed')
+
+-- name: finish_task
+-- processing -> processed | error, only under the attempt and scheduler that hold the task.
+UPDATE stepwarden_tasks
+SET process_state = :state, result = :result, error = :error, locked_by = NULL,
+    complete_by = NULL, finished_at = :now, updated_at = :now
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+  AND process_state = 'processing'
+
+-- name: any_request
+SELECT 1 FROM stepwarden_steps
+WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
+  AND operation IN (SELECT value FROM json_each(:operations))
+LIMIT 1
+
+-- name: claim_requests
+-- Claim queued requests in time: not_started -> running, locked_by the agent instance.
+UPDATE stepwarden_steps
+SET state = 'running', locked_by = :instance, claimed_at = :now
+WHERE (task_id, seq) IN (
+    SELECT task_id, seq FROM stepwarden_steps
+    WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
+      AND operation IN (SELECT value FROM json_each(:operations))
+    ORDER BY priority DESC, dispatched_at
+    LIMIT :limit)
+  AND state = 'not_started'
+RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by
+
+-- name: complete_step
+-- running -> completed | failed, only for the current attempt, its agent, before complete_by.
+UPDATE stepwarden_steps
+SET state = :state, result = :result, error = :error, tries = :tries, finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
+  AND locked_by = :instance AND complete_by > :now
+
+-- name: insert_event
+INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now, :kind, :detail)
+
+-- name: get_lease
+SELECT holder, term, expires_at FROM stepwarden_leases WHERE name = :name
+
+-- name: put_lease
+INSERT INTO stepwarden_leases (name, holder, term, expires_at)
+VALUES (:name, :holder, :term, :expires_at)
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at
+
+-- name: release_lease
+UPDATE stepwarden_leases SET expires_at = 0 WHERE name = :name AND holder = :holder
+
+-- name: holds_lease
+SELECT 1 FROM stepwarden_leases
+WHERE name = :name AND holder = :holder AND term = :term AND expires_at > :now
+
+-- name: expired_tasks
+SELECT task_id, attempt, failure_count, max_failures, NULL AS seq
+FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
+WHERE process_state = 'processing' AND complete_by < :now
+ORDER BY complete_by
+LIMIT :limit
+
+-- name: expired_steps
+SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, s.seq
+FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
+JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
+  AND t.process_state = 'processing' AND s.task_attempt = t.attempt
+ORDER BY s.complete_by
+LIMIT :limit
+
+-- name: reset_task
+-- The supervisor's recovery: processing -> pending after a backoff, or error at max_failures.
+UPDATE stepwarden_tasks
+SET failure_count = failure_count + 1, locked_by = NULL, complete_by = NULL,
+    process_state = CASE WHEN failure_count + 1 >= max_failures THEN 'error' ELSE 'pending' END,
+    error = CASE WHEN failure_count + 1 >= max_failures THEN :error ELSE error END,
+    finished_at = CASE WHEN failure_count + 1 >= max_failures THEN :now ELSE NULL END,
+    eligible_at = :eligible_at, updated_at = :now
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = 'processing'
+RETURNING failure_count, process_state
+
+-- name: get_task
+SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: get_steps
+SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
+
+-- name: count_tasks
+SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state

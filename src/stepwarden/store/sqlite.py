@@ -1,0 +1,703 @@
+"""The embedded store: SQLite in WAL mode, for one machine and any number of processes.
+
+One connection per Store, used from one thread: each Store method runs as a single
+transaction in that thread, so a call costs one thread hop, not one per statement. Writes
+take the database lock up front (`BEGIN IMMEDIATE`), which makes each claim exclusive across
+processes. Times come from this machine's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from .._json import loads
+from ..errors import ConfigurationError, SchemaVersionError, StoreError
+from ..states import StepState, TaskState
+from . import _sql
+from .base import (
+    CHANNEL_REQUESTS,
+    CHANNEL_RESULTS,
+    CHANNEL_TASK_DONE,
+    CHANNEL_TASKS,
+    ClaimedTask,
+    DispatchedStep,
+    EventRecord,
+    Expired,
+    NewTask,
+    Request,
+    StepDispatch,
+    StepOutcome,
+    StepRecord,
+    Store,
+    TaskOutcome,
+    TaskRecord,
+    Transaction,
+    step_key,
+)
+
+T = TypeVar("T")
+Q = _sql.queries("sqlite")
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _dt_required(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def task_record(row: sqlite3.Row) -> TaskRecord:
+    return TaskRecord(
+        task_id=row["task_id"],
+        workflow=row["workflow"],
+        input=loads(row["input"]),
+        process_state=TaskState(row["process_state"]),
+        locked_by=row["locked_by"],
+        complete_by=_dt(row["complete_by"]),
+        failure_count=row["failure_count"],
+        max_failures=row["max_failures"],
+        attempt=row["attempt"],
+        priority=row["priority"],
+        complete_within=row["complete_within"],
+        result=loads(row["result"]),
+        error=row["error"],
+        created_at=_dt_required(row["created_at"]),
+        updated_at=_dt_required(row["updated_at"]),
+        finished_at=_dt(row["finished_at"]),
+    )
+
+
+def step_record(row: sqlite3.Row) -> StepRecord:
+    return StepRecord(
+        task_id=row["task_id"],
+        seq=row["seq"],
+        name=row["name"],
+        agent=row["agent"],
+        operation=row["operation"],
+        state=StepState(row["state"]),
+        attempt=row["attempt"],
+        task_attempt=row["task_attempt"],
+        complete_by=_dt_required(row["complete_by"]),
+        idempotency_key=row["idempotency_key"],
+        input=loads(row["input"]),
+        result=loads(row["result"]),
+        error=row["error"],
+        locked_by=row["locked_by"],
+        tries=row["tries"],
+        created_at=_dt_required(row["created_at"]),
+        claimed_at=_dt(row["claimed_at"]),
+        finished_at=_dt(row["finished_at"]),
+    )
+
+
+def _insert_tasks(conn: sqlite3.Connection, tasks: Sequence[NewTask], now: float) -> list[bool]:
+    created = []
+    for t in tasks:
+        cur = conn.execute(
+            Q["insert_task"],
+            {
+                "task_id": t.task_id,
+                "workflow": t.workflow,
+                "input": t.input,
+                "priority": t.priority,
+                "complete_within": t.complete_within,
+                "max_failures": t.max_failures,
+                "now": now,
+            },
+        )
+        created.append(cur.rowcount == 1)
+    return created
+
+
+def _event(
+    conn: sqlite3.Connection, task_id: str | None, kind: str, detail: Any, now: float
+) -> None:
+    conn.execute(
+        Q["insert_event"],
+        {"task_id": task_id, "kind": kind, "detail": orjson.dumps(detail).decode(), "now": now},
+    )
+
+
+class SQLiteStore(Store):
+    dialect = "sqlite"
+    default_poll_interval = 0.05
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.path, self.synchronous = self._parse(url)
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = asyncio.Lock()
+
+    @staticmethod
+    def _parse(url: str) -> tuple[str, str]:
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc not in ("", "localhost"):
+            raise ConfigurationError(
+                f"invalid SQLite store URL {url!r}: expected sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise ConfigurationError(f"invalid SQLite store URL {url!r}: no database path")
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(options) - {"synchronous"}
+        if unknown:
+            raise ConfigurationError(
+                f"unknown SQLite store option(s): {', '.join(sorted(unknown))}"
+            )
+        sync = options.get("synchronous", "full").lower()
+        if sync not in _SYNCHRONOUS:
+            raise ConfigurationError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}")
+        return path, _SYNCHRONOUS[sync]
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            parent = Path(self.path).parent
+            if not parent.exists():
+                raise ConfigurationError(
+                    f"the folder of SQLite database {self.path!r} does not exist"
+                )
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.row_factory = sqlite3.Row
+        # Switching a new file to WAL does not wait on the busy handler: when another process
+        # opens the same new file at the same moment, try again for a while.
+        for delay in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 0.0):
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError:
+                if not delay:
+                    raise
+                time.sleep(delay)
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None or self._executor is None:
+            raise StoreError("the store is not open")
+        conn = self._conn
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            try:
+                return await loop.run_in_executor(self._executor, fn, conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite error: {exc}") from exc
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def tx(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self._run(tx)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def open(self, *, migrate: bool = True) -> None:
+        if self._conn is not None:
+            return
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="stepwarden-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            self._conn = await loop.run_in_executor(self._executor, self._connect)
+        except sqlite3.Error as exc:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise StoreError(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+        if migrate:
+            await self.migrate()
+        await self._check_version()
+
+    async def _check_version(self) -> None:
+        found, known = await self.schema_version(), _sql.latest_version(self.dialect)
+        if found > known:
+            raise SchemaVersionError(
+                f"the database schema is at version {found}, newer than this stepwarden "
+                f"understands ({known}); upgrade stepwarden"
+            )
+        if found < known:
+            raise SchemaVersionError(
+                f"the database schema is at version {found}, older than this stepwarden "
+                f"needs ({known}); run `stepwarden migrate`"
+            )
+
+    async def close(self) -> None:
+        if self._conn is None or self._executor is None:
+            return
+        conn, executor = self._conn, self._executor
+        self._conn = None
+        self._executor = None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, conn.close)
+        executor.shutdown(wait=True)
+
+    async def schema_version(self) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stepwarden_schema'"
+            ).fetchone()
+            if not exists:
+                return 0
+            row = conn.execute("SELECT max(version) FROM stepwarden_schema").fetchone()
+            return int(row[0] or 0)
+
+        return await self._run(read)
+
+    async def migrate(self) -> int:
+        def apply(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS stepwarden_schema "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            current = conn.execute("SELECT max(version) FROM stepwarden_schema").fetchone()[0] or 0
+            for m in _sql.migrations(self.dialect):
+                if m.version > current:
+                    for statement in _statements(m.sql):
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO stepwarden_schema VALUES (?, ?, ?)",
+                        (m.version, m.name, time.time()),
+                    )
+                    current = m.version
+            return int(current)
+
+        return await self._write(apply)
+
+    # -- the application ------------------------------------------------------------------
+    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+        created = await self._write(lambda conn: _insert_tasks(conn, tasks, time.time()))
+        if any(created):
+            self.notifier.publish(CHANNEL_TASKS, [""])
+        return created
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        if self._conn is None or self._executor is None:
+            raise StoreError("the store is not open")
+        async with self._lock:
+            tx = _SQLiteTransaction(self._conn, self._executor)
+            await tx.run(lambda conn: conn.execute("BEGIN IMMEDIATE"))
+            try:
+                yield tx
+            except BaseException:
+                await tx.run(lambda conn: conn.execute("ROLLBACK"))
+                raise
+            await tx.run(lambda conn: conn.execute("COMMIT"))
+        if tx.created:
+            self.notifier.publish(CHANNEL_TASKS, [""])
+
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        def read(conn: sqlite3.Connection) -> TaskRecord | None:
+            row = conn.execute(Q["get_task"], {"task_id": task_id}).fetchone()
+            return task_record(row) if row else None
+
+        return await self._run(read)
+
+    async def get_steps(self, task_id: str) -> list[StepRecord]:
+        def read(conn: sqlite3.Connection) -> list[StepRecord]:
+            return [step_record(r) for r in conn.execute(Q["get_steps"], {"task_id": task_id})]
+
+        return await self._run(read)
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, workflow: str | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        def read(conn: sqlite3.Connection) -> list[TaskRecord]:
+            sql = "SELECT * FROM stepwarden_tasks WHERE 1 = 1"
+            params: list[Any] = []
+            if state is not None:
+                sql += " AND process_state = ?"
+                params.append(str(state))
+            if workflow is not None:
+                sql += " AND workflow = ?"
+                params.append(workflow)
+            sql += " ORDER BY created_at, task_id LIMIT ?"
+            params.append(limit)
+            return [task_record(r) for r in conn.execute(sql, params)]
+
+        return await self._run(read)
+
+    async def count_tasks(self) -> dict[TaskState, int]:
+        def read(conn: sqlite3.Connection) -> dict[TaskState, int]:
+            counts = {s: 0 for s in TaskState}
+            for row in conn.execute(Q["count_tasks"]):
+                counts[TaskState(row["process_state"])] = row["n"]
+            return counts
+
+        return await self._run(read)
+
+    async def events(
+        self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]:
+        def read(conn: sqlite3.Connection) -> list[EventRecord]:
+            sql = "SELECT * FROM stepwarden_events WHERE 1 = 1"
+            params: list[Any] = []
+            if task_id is not None:
+                sql += " AND task_id = ?"
+                params.append(task_id)
+            if kind is not None:
+                sql += " AND kind = ?"
+                params.append(kind)
+            sql += " ORDER BY id LIMIT ?"
+            params.append(limit)
+            return [
+                EventRecord(
+                    id=r["id"],
+                    task_id=r["task_id"],
+                    at=_dt_required(r["at"]),
+                    kind=r["kind"],
+                    detail=loads(r["detail"]),
+                )
+                for r in conn.execute(sql, params)
+            ]
+
+        return await self._run(read)
+
+    # -- the scheduler --------------------------------------------------------------------
+    async def claim_tasks(
+        self, scheduler: str, workflows: Sequence[str], limit: int
+    ) -> list[ClaimedTask]:
+        names = orjson.dumps(list(workflows)).decode()
+
+        def peek(conn: sqlite3.Connection) -> bool:
+            return bool(
+                conn.execute(Q["any_pending"], {"now": time.time(), "workflows": names}).fetchone()
+            )
+
+        if limit <= 0 or not await self._run(peek):
+            return []
+
+        def claim(conn: sqlite3.Connection) -> list[ClaimedTask]:
+            now = time.time()
+            rows = conn.execute(
+                Q["claim_tasks"],
+                {"scheduler": scheduler, "now": now, "workflows": names, "limit": limit},
+            ).fetchall()
+            if not rows:
+                return []
+            ids = orjson.dumps([r["task_id"] for r in rows]).decode()
+            steps: dict[str, list[StepRecord]] = {}
+            for s in conn.execute(Q["steps_of_tasks"], {"task_ids": ids}):
+                steps.setdefault(s["task_id"], []).append(step_record(s))
+            claimed = []
+            for r in sorted(rows, key=lambda r: (-r["priority"], r["created_at"])):
+                task = task_record(r)
+                claimed.append(
+                    ClaimedTask(
+                        task=task,
+                        steps=steps.get(task.task_id, []),
+                        remaining=r["complete_by"] - now,
+                    )
+                )
+            return claimed
+
+        return await self._write(claim)
+
+    async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
+        def dispatch(conn: sqlite3.Connection) -> list[DispatchedStep | None]:
+            now = time.time()
+            out: list[DispatchedStep | None] = []
+            for d in batch:
+                params: dict[str, Any] = {
+                    "task_id": d.task_id,
+                    "seq": d.seq,
+                    "task_attempt": d.task_attempt,
+                    "scheduler": d.scheduler,
+                    "complete_within": d.complete_within,
+                    "now": now,
+                }
+                if d.kind == "new":
+                    params.update(
+                        name=d.name,
+                        agent=d.agent,
+                        operation=d.operation,
+                        priority=d.priority,
+                        idempotency_key=f"{d.task_id}/{d.seq}",
+                        input=d.input,
+                    )
+                    row = conn.execute(Q["dispatch_new"], params).fetchone()
+                else:
+                    params["expected_attempt"] = d.expected_attempt
+                    query = Q["dispatch_again"] if d.kind == "redispatch" else Q["dispatch_adopt"]
+                    row = conn.execute(query, params).fetchone()
+                out.append(
+                    DispatchedStep(
+                        task_id=d.task_id,
+                        seq=d.seq,
+                        attempt=row["attempt"],
+                        remaining=row["complete_by"] - now,
+                    )
+                    if row
+                    else None
+                )
+            return out
+
+        out = await self._write(dispatch)
+        agents = sorted(
+            {d.agent for d, o in zip(batch, out, strict=True) if o and d.kind != "adopt"}
+        )
+        if agents:
+            self.notifier.publish(CHANNEL_REQUESTS, agents)
+        return out
+
+    async def finished_steps(self, keys: Sequence[tuple[str, int]]) -> list[StepRecord]:
+        def read(conn: sqlite3.Connection) -> list[StepRecord]:
+            found: list[StepRecord] = []
+            for i in range(0, len(keys), 500):
+                chunk = orjson.dumps([list(k) for k in keys[i : i + 500]]).decode()
+                found.extend(
+                    step_record(r) for r in conn.execute(Q["finished_steps"], {"keys": chunk})
+                )
+            return found
+
+        return await self._run(read) if keys else []
+
+    async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
+        def finish(conn: sqlite3.Connection) -> list[bool]:
+            now = time.time()
+            done = []
+            for o in batch:
+                cur = conn.execute(
+                    Q["finish_task"],
+                    {
+                        "task_id": o.task_id,
+                        "attempt": o.attempt,
+                        "scheduler": o.scheduler,
+                        "state": str(o.state),
+                        "result": o.result,
+                        "error": o.error,
+                        "now": now,
+                    },
+                )
+                ok = cur.rowcount == 1
+                if ok and o.state == TaskState.ERROR:
+                    _event(
+                        conn, o.task_id, "alert", {"reason": "task_error", "error": o.error}, now
+                    )
+                done.append(ok)
+            return done
+
+        done = await self._write(finish)
+        ids = [o.task_id for o, ok in zip(batch, done, strict=True) if ok]
+        if ids:
+            self.notifier.publish(CHANNEL_TASK_DONE, ids)
+        return done
+
+    # -- the agents -----------------------------------------------------------------------
+    async def claim_requests(
+        self, instance: str, agent: str, operations: Sequence[str], limit: int
+    ) -> list[Request]:
+        ops = orjson.dumps(list(operations)).decode()
+
+        def peek(conn: sqlite3.Connection) -> bool:
+            params = {"agent": agent, "operations": ops, "now": time.time()}
+            return bool(conn.execute(Q["any_request"], params).fetchone())
+
+        if limit <= 0 or not await self._run(peek):
+            return []
+
+        def claim(conn: sqlite3.Connection) -> list[Request]:
+            now = time.time()
+            rows = conn.execute(
+                Q["claim_requests"],
+                {
+                    "instance": instance,
+                    "agent": agent,
+                    "operations": ops,
+                    "limit": limit,
+                    "now": now,
+                },
+            ).fetchall()
+            return [
+                Request(
+                    task_id=r["task_id"],
+                    seq=r["seq"],
+                    attempt=r["attempt"],
+                    agent=r["agent"],
+                    operation=r["operation"],
+                    input=loads(r["input"]),
+                    idempotency_key=r["idempotency_key"],
+                    complete_by=_dt_required(r["complete_by"]),
+                    remaining=r["complete_by"] - now,
+                )
+                for r in rows
+            ]
+
+        return await self._write(claim)
+
+    async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
+        def complete(conn: sqlite3.Connection) -> list[bool]:
+            now = time.time()
+            done = []
+            for o in batch:
+                cur = conn.execute(
+                    Q["complete_step"],
+                    {
+                        "task_id": o.task_id,
+                        "seq": o.seq,
+                        "attempt": o.attempt,
+                        "instance": o.agent_instance,
+                        "state": str(o.state),
+                        "result": o.result,
+                        "error": o.error,
+                        "tries": o.tries,
+                        "now": now,
+                    },
+                )
+                ok = cur.rowcount == 1
+                if ok and o.state == StepState.FAILED:
+                    detail = {"seq": o.seq, "attempt": o.attempt, "error": o.error}
+                    _event(conn, o.task_id, "step_failed", detail, now)
+                done.append(ok)
+            return done
+
+        done = await self._write(complete)
+        keys = [step_key(o.task_id, o.seq) for o, ok in zip(batch, done, strict=True) if ok]
+        if keys:
+            self.notifier.publish(CHANNEL_RESULTS, keys)
+        return done
+
+    # -- the supervisor -------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        def acquire(conn: sqlite3.Connection) -> int | None:
+            now = time.time()
+            row = conn.execute(Q["get_lease"], {"name": name}).fetchone()
+            if row is None:
+                term = 1
+            elif row["holder"] == holder and row["expires_at"] > now:
+                term = row["term"]
+            elif row["expires_at"] <= now:
+                term = row["term"] + 1
+            else:
+                return None
+            conn.execute(
+                Q["put_lease"],
+                {"name": name, "holder": holder, "term": term, "expires_at": now + ttl},
+            )
+            return int(term)
+
+        return await self._write(acquire)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._write(
+            lambda conn: conn.execute(Q["release_lease"], {"name": name, "holder": holder})
+        )
+
+    async def sweep(
+        self,
+        *,
+        lease: str,
+        holder: str,
+        term: int,
+        limit: int,
+        backoff_initial: float,
+        backoff_maximum: float,
+    ) -> list[Expired]:
+        def sweep(conn: sqlite3.Connection) -> list[Expired]:
+            now = time.time()
+            held = {"name": lease, "holder": holder, "term": term, "now": now}
+            if not conn.execute(Q["holds_lease"], held).fetchone():
+                return []
+            found: dict[str, sqlite3.Row] = {}
+            for query in ("expired_steps", "expired_tasks"):
+                for r in conn.execute(Q[query], {"now": now, "limit": limit}):
+                    found.setdefault(r["task_id"], r)
+            return _reset(conn, list(found.values())[:limit], now, backoff_initial, backoff_maximum)
+
+        expired = await self._write(sweep)
+        if any(e.process_state == TaskState.PENDING for e in expired):
+            self.notifier.publish(CHANNEL_TASKS, [""])
+        done = [e.task_id for e in expired if e.process_state == TaskState.ERROR]
+        if done:
+            self.notifier.publish(CHANNEL_TASK_DONE, done)
+        return expired
+
+
+def _reset(
+    conn: sqlite3.Connection, rows: list[sqlite3.Row], now: float, initial: float, maximum: float
+) -> list[Expired]:
+    expired = []
+    for r in rows:
+        count = r["failure_count"] + 1
+        what = f"step {r['seq']}" if r["seq"] is not None else "the task"
+        error = f"complete_by passed {count} time(s), the last time on {what}; max_failures reached"
+        got = conn.execute(
+            Q["reset_task"],
+            {
+                "task_id": r["task_id"],
+                "attempt": r["attempt"],
+                "error": error,
+                "now": now,
+                "eligible_at": now + min(maximum, initial * 2 ** (count - 1)),
+            },
+        ).fetchone()
+        if got is None:
+            continue
+        state = TaskState(got["process_state"])
+        detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": got["failure_count"]}
+        _event(conn, r["task_id"], "expired", detail, now)
+        if state == TaskState.ERROR:
+            _event(conn, r["task_id"], "alert", {"reason": "max_failures", "error": error}, now)
+        expired.append(
+            Expired(
+                task_id=r["task_id"],
+                seq=r["seq"],
+                failure_count=got["failure_count"],
+                process_state=state,
+            )
+        )
+    return expired
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (no semicolons inside our literals)."""
+    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+class _SQLiteTransaction(Transaction):
+    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+        self._conn = conn
+        self._executor = executor
+        self.created = False
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error: {exc}") from exc
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        await self.run(lambda conn: conn.execute(sql, params))
+
+    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+        created = await self.run(lambda conn: _insert_tasks(conn, tasks, time.time()))
+        self.created = self.created or any(created)
+        return created

@@ -1,0 +1,99 @@
+"""The supervisor: periodically finds work whose complete_by passed and requests recovery.
+
+It knows nothing of the business operations: it reads the state kept by the schedulers,
+increments failure_count, and resets each expired task to pending (a scheduler picks it up
+again after a backoff) or, at the task's max_failures, sets Error and records an alert.
+Several supervisors may run; one is active at a time, by a lease with a term number in the
+store, and every write of a sweep is fenced by that term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ._aio import sleep_unless
+from .retry import Backoff
+from .states import TaskState
+from .store.base import Expired, Store
+
+logger = logging.getLogger("stepwarden.supervisor")
+
+LEASE = "supervisor"
+
+
+class Supervisor:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        instance: str,
+        interval: float = 1.0,
+        lease_ttl: float | None = None,
+        batch: int = 500,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.store = store
+        self.instance = instance
+        self.interval = interval
+        self.lease_ttl = lease_ttl if lease_ttl is not None else max(5.0, 3 * interval)
+        self.batch = batch
+        self.backoff = backoff or Backoff()
+        self.term: int | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    await self.tick()
+                except Exception as exc:  # the store is down: try again next interval
+                    logger.warning("supervisor: %s", exc)
+                await sleep_unless(stop, self.interval)
+        finally:
+            if self.term is not None:
+                try:
+                    await self.store.release_lease(LEASE, self.instance)
+                except Exception as exc:
+                    logger.warning("supervisor: cannot release the lease: %s", exc)
+
+    async def tick(self) -> list[Expired]:
+        """Take or renew the lease, and sweep if it is held. Returns what was recovered."""
+        term = await self.store.acquire_lease(LEASE, self.instance, self.lease_ttl)
+        if term != self.term:
+            if term is None:
+                logger.info("supervisor %s: lease lost (term %s)", self.instance, self.term)
+            else:
+                logger.info("supervisor %s: leader at term %d", self.instance, term)
+        self.term = term
+        if term is None:
+            return []
+        recovered: list[Expired] = []
+        while True:
+            expired = await self.store.sweep(
+                lease=LEASE,
+                holder=self.instance,
+                term=term,
+                limit=self.batch,
+                backoff_initial=self.backoff.initial,
+                backoff_maximum=self.backoff.maximum,
+            )
+            for e in expired:
+                where = f"step {e.seq}" if e.seq is not None else "task"
+                if e.process_state == TaskState.ERROR:
+                    logger.error(
+                        "ALERT task %s: %s expired, failure_count %d reached "
+                        "max_failures: set to error",
+                        e.task_id,
+                        where,
+                        e.failure_count,
+                    )
+                else:
+                    logger.warning(
+                        "task %s: %s expired (failure_count %d), reset to pending",
+                        e.task_id,
+                        where,
+                        e.failure_count,
+                    )
+            recovered.extend(expired)
+            if len(expired) < self.batch:
+                return recovered

@@ -1,0 +1,159 @@
+"""A worker process: runs some or all of the roles of an App, and drains on SIGTERM.
+
+Each process gets one instance id (random, never a host name); it is what `locked_by` holds
+for the tasks and steps this process has claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .agent import AgentRunner
+from .app import App
+from .errors import ConfigurationError, UnknownNameError
+from .retry import Backoff
+from .scheduler import Scheduler
+from .store import Store, open_store
+from .supervisor import Supervisor
+
+logger = logging.getLogger("stepwarden.worker")
+
+ROLES = ("scheduler", "agents", "supervisor")
+
+
+@dataclass(kw_only=True)
+class WorkerOptions:
+    roles: frozenset[str] = frozenset(ROLES)
+    agents: frozenset[str] | None = None
+    """Which agents to run (all when None)."""
+    concurrency: int = 1000
+    """Workflows a scheduler drives at once."""
+    agent_concurrency: int = 100
+    """Calls each agent makes at once."""
+    poll_interval: float | None = None
+    supervisor_interval: float = 1.0
+    lease_ttl: float | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    drain_timeout: float = 30.0
+    store_url: str | None = None
+    migrate: bool = True
+
+
+def parse_roles(roles: Iterable[str]) -> frozenset[str]:
+    chosen = frozenset(r.strip() for r in roles if r.strip())
+    unknown = chosen - set(ROLES)
+    if unknown or not chosen:
+        raise ConfigurationError(
+            f"unknown role(s) {', '.join(sorted(unknown)) or '(none given)'}; "
+            f"choose from {', '.join(ROLES)}"
+        )
+    return chosen
+
+
+class Worker:
+    def __init__(self, app: App, options: WorkerOptions | None = None) -> None:
+        self.app = app
+        self.options = options or WorkerOptions()
+        self.instance = uuid.uuid4().hex[:16]
+        self.stop = asyncio.Event()
+        opts = self.options
+        if opts.agents is not None:
+            missing = opts.agents - set(app.agents)
+            if missing:
+                raise UnknownNameError(f"unknown agent(s): {', '.join(sorted(missing))}")
+
+    async def run(self) -> None:
+        """Run the roles until `stop` is set (or SIGTERM/SIGINT when run by `run_forever`)."""
+        opts = self.options
+        store: Store = open_store(opts.store_url or self.app.store_url)
+        await store.open(migrate=opts.migrate)
+        try:
+            await store.listen()
+            await self._run_roles(store)
+        finally:
+            await store.close()
+
+    async def _run_roles(self, store: Store) -> None:
+        # On stop the scheduler drains first, while this process's agents keep serving the
+        # steps its workflows still dispatch; then the agents and the supervisor stop.
+        opts = self.options
+        later = asyncio.Event()
+        first_roles: list[asyncio.Task[None]] = []
+        other_roles: list[asyncio.Task[None]] = []
+        runners: list[AgentRunner] = []
+        if "scheduler" in opts.roles and self.app.workflows:
+            scheduler = Scheduler(
+                store,
+                self.app.workflows,
+                instance=f"scheduler-{self.instance}",
+                concurrency=opts.concurrency,
+                poll_interval=opts.poll_interval,
+            )
+            first_roles.append(
+                asyncio.create_task(scheduler.run(self.stop, drain_timeout=opts.drain_timeout))
+            )
+        if "agents" in opts.roles:
+            for name, agent in sorted(self.app.agents.items()):
+                if opts.agents is not None and name not in opts.agents:
+                    continue
+                runner = AgentRunner(
+                    store,
+                    agent,
+                    instance=f"agent-{self.instance}",
+                    concurrency=opts.agent_concurrency,
+                    poll_interval=opts.poll_interval,
+                )
+                runners.append(runner)
+                other_roles.append(asyncio.create_task(runner.run(later)))
+        if "supervisor" in opts.roles:
+            supervisor = Supervisor(
+                store,
+                instance=f"supervisor-{self.instance}",
+                interval=opts.supervisor_interval,
+                lease_ttl=opts.lease_ttl,
+                backoff=opts.backoff,
+            )
+            other_roles.append(asyncio.create_task(supervisor.run(later)))
+        logger.info("worker %s running %s", self.instance, ", ".join(sorted(opts.roles)))
+        roles = first_roles + other_roles
+        try:
+            stopping = asyncio.create_task(self.stop.wait())
+            await asyncio.wait([stopping, *roles], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            crashed = [r for r in roles if r.done() and not r.cancelled() and r.exception()]
+            if crashed:
+                self.stop.set()
+                raise crashed[0].exception()  # type: ignore[misc]
+            await asyncio.gather(*first_roles)
+            later.set()
+            await asyncio.gather(*other_roles)
+        finally:
+            later.set()
+            for runner in runners:
+                await runner.drain(opts.drain_timeout)
+            for role in roles:
+                role.cancel()
+            await asyncio.gather(*roles, return_exceptions=True)
+        logger.info("worker %s stopped", self.instance)
+
+    def run_forever(self) -> None:
+        """Run in a new event loop until SIGTERM or SIGINT, then drain and return."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            await self.run()
+
+        asyncio.run(main())
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self.stop.is_set():
+            return
+        logger.info("worker %s: %s received, draining", self.instance, sig.name)
+        self.stop.set()

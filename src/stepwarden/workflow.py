@@ -1,0 +1,120 @@
+"""Workflows: the business logic, kept apart from the scheduler's machinery.
+
+A workflow is an async function `(ctx, input) -> result` whose remote work goes through
+`ctx.step(operation, *args)`. When a task is resumed (by a restarted or different scheduler),
+the workflow runs again from the top: steps already completed return their recorded result at
+once, so its code must take the same steps in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import _json
+from .errors import ConfigurationError, NonDeterminismError, StepFailed
+from .states import StepState
+from .store.base import StepDispatch, StepRecord
+
+if TYPE_CHECKING:
+    from .agent import Operation
+    from .scheduler import Scheduler, _Held
+
+WorkflowFn = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    name: str
+    fn: WorkflowFn
+    complete_within: timedelta
+    max_failures: int
+
+    def __post_init__(self) -> None:
+        if self.complete_within <= timedelta(0):
+            raise ConfigurationError(f"workflow {self.name!r}: complete_within must be positive")
+        if self.max_failures < 1:
+            raise ConfigurationError(f"workflow {self.name!r}: max_failures must be at least 1")
+
+
+class Abandon(BaseException):
+    """The scheduler no longer holds the task (complete_by passed, or it was reset): the
+    workflow stops and writes nothing, like an agent whose complete_by has passed."""
+
+
+class Context:
+    """Handed to a workflow: records and dispatches its steps, replays the recorded ones."""
+
+    def __init__(self, scheduler: Scheduler, held: _Held, steps: list[StepRecord]) -> None:
+        self._scheduler = scheduler
+        self._held = held
+        self._recorded = {s.seq: s for s in steps}
+        self._next_seq = 1
+
+    @property
+    def task_id(self) -> str:
+        return self._held.task_id
+
+    @property
+    def attempt(self) -> int:
+        """How many times a scheduler has claimed this task."""
+        return self._held.attempt
+
+    async def step(
+        self,
+        operation: Operation,
+        *args: Any,
+        complete_within: timedelta | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Run `operation(*args)` through its agent and return its result.
+
+        The step is recorded (with its complete_by) before its request is queued. On resume,
+        a completed step returns its recorded result without running again; a failed one
+        raises StepFailed.
+        """
+        seq = self._next_seq
+        self._next_seq += 1
+        step_name = name or operation.qualname
+        if complete_within is not None and complete_within <= timedelta(0):
+            raise ConfigurationError(f"step {step_name!r}: complete_within must be positive")
+        within = complete_within or self._scheduler.workflow_of(self._held).complete_within
+        recorded = self._recorded.get(seq)
+        first = StepDispatch(
+            kind="new",
+            task_id=self._held.task_id,
+            task_attempt=self._held.attempt,
+            scheduler=self._scheduler.instance,
+            seq=seq,
+            name=step_name,
+            agent=operation.agent.name,
+            operation=operation.name,
+            input="",
+            priority=self._held.priority,
+            complete_within=within.total_seconds(),
+        )
+        if recorded is None:
+            payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
+            return await self._scheduler.run_step(
+                self._held, replace(first, input=payload), step_name
+            )
+        wanted = (step_name, operation.agent.name, operation.name)
+        found = (recorded.name, recorded.agent, recorded.operation)
+        if wanted != found:
+            raise NonDeterminismError(
+                f"task {self._held.task_id!r} step {seq}: the workflow asked for "
+                f"{wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the recorded step is "
+                f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
+                "in the same order when it is resumed"
+            )
+        if recorded.state == StepState.COMPLETED:
+            return recorded.result
+        if recorded.state == StepState.FAILED:
+            raise StepFailed(step_name, recorded.error)
+        # Open step dispatched by an earlier attempt: take it over while it is in time,
+        # otherwise dispatch it again under a new attempt and the same idempotency key.
+        adopt = replace(first, kind="adopt", expected_attempt=recorded.attempt)
+        again = replace(first, kind="redispatch", expected_attempt=recorded.attempt)
+        return await self._scheduler.run_step(self._held, adopt, step_name, fallback=again)

@@ -1,0 +1,313 @@
+"""A quick self-check of the PostgreSQL store beyond the shared contract: wake-ups across
+processes, concurrent migrations, the sweep's plan, batches with duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from stepwarden.errors import ConfigurationError, SchemaVersionError, StoreError
+from stepwarden.states import StepState, TaskState
+from stepwarden.store import _sql, open_store
+from stepwarden.store.base import (
+    CHANNEL_REQUESTS,
+    CHANNEL_RESULTS,
+    CHANNEL_TASK_DONE,
+    CHANNEL_TASKS,
+    NewTask,
+    StepDispatch,
+    StepOutcome,
+    TaskOutcome,
+    step_key,
+)
+from stepwarden.store.postgres import PostgresStore, _chunks
+
+
+def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
+    return NewTask(
+        task_id=task_id,
+        workflow="wf",
+        input='{"n": 1}',
+        priority=priority,
+        complete_within=within,
+        max_failures=max_failures,
+    )
+
+
+def dispatch(task_id: str, attempt: int, seq: int = 1, **kw: object) -> StepDispatch:
+    args: dict[str, object] = dict(
+        kind="new",
+        task_id=task_id,
+        task_attempt=attempt,
+        scheduler="s1",
+        seq=seq,
+        name="pay.charge",
+        agent="pay",
+        operation="charge",
+        input='{"amount": 5}',
+        priority=0,
+        complete_within=10,
+    )
+    args.update(kw)
+    return StepDispatch(**args)  # type: ignore[arg-type]
+
+
+def outcome(task_id: str, attempt: int, seq: int = 1, **kw: object) -> StepOutcome:
+    args: dict[str, object] = dict(
+        task_id=task_id,
+        seq=seq,
+        attempt=attempt,
+        agent_instance="a1",
+        state=StepState.COMPLETED,
+        result='{"ok": true}',
+        error=None,
+        tries=1,
+    )
+    args.update(kw)
+    return StepOutcome(**args)  # type: ignore[arg-type]
+
+
+def test_url_options() -> None:
+    s = PostgresStore("postgres://u@h:5433/db?pool_size=3&sslmode=disable")
+    assert s.pool_size == 3
+    assert "pool_size" not in s.conninfo and "sslmode=disable" in s.conninfo
+    assert PostgresStore("postgresql://u@h/db").pool_size == 10
+    with pytest.raises(ConfigurationError):
+        PostgresStore("postgresql://u@h/db?pool_size=zero")
+
+
+def test_chunks_stay_under_the_limit() -> None:
+    items = [f"task-{i:05d}\x1f{i}" for i in range(2000)]
+    chunks = _chunks(items)
+    assert len(chunks) > 1
+    assert all(len(c.encode()) <= 7000 for c in chunks)
+    assert [x for c in chunks for x in c.split("\n")] == items
+
+
+async def test_unreachable_server_is_a_quick_store_error() -> None:
+    store = open_store("postgresql://postgres@127.0.0.1:1/test")
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at 127\.0\.0\.1:1"):
+        await store.open()
+    assert time.monotonic() - started < 5
+    await store.close()
+
+
+async def test_concurrent_migrations_and_versions(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("DROP TABLE stepwarden_events, stepwarden_leases, stepwarden_steps")
+        db.execute("DROP TABLE stepwarden_tasks, stepwarden_schema")
+    # Opening without migrating refuses an old schema.
+    with pytest.raises(SchemaVersionError, match="older"):
+        await PostgresStore(pg_url).open(migrate=False)
+
+    async def migrate(s: PostgresStore) -> int:
+        await s.open(migrate=True)
+        try:
+            return await s.migrate()
+        finally:
+            await s.close()
+
+    latest = _sql.latest_version("postgres")
+    versions = await asyncio.gather(*(migrate(PostgresStore(pg_url)) for _ in range(4)))
+    assert versions == [latest] * 4
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("INSERT INTO stepwarden_schema (version, name) VALUES (%s, 'x')", (latest + 1,))
+    with pytest.raises(SchemaVersionError, match="newer"):
+        await PostgresStore(pg_url).open()
+
+
+async def test_listen_wakes_another_store(pg_url: str) -> None:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.open()
+    await b.open()
+    try:
+        await a.listen()
+        await a.listen()  # idempotent
+        tasks, requests = a.subscribe(CHANNEL_TASKS), a.subscribe(CHANNEL_REQUESTS)
+        results, done = a.subscribe(CHANNEL_RESULTS), a.subscribe(CHANNEL_TASK_DONE)
+        assert await b.submit([task("t1"), task("t2")]) == [True, True]
+        assert await tasks.wait(5) == [""]
+        claimed = await b.claim_tasks("s1", ["wf"], 2)
+        await b.dispatch_steps([dispatch(c.task.task_id, c.task.attempt) for c in claimed])
+        assert await requests.wait(5) == ["pay"]
+        reqs = await b.claim_requests("a1", "pay", ["charge"], 10)
+        assert len(reqs) == 2
+        assert await b.complete_steps([outcome(r.task_id, r.attempt) for r in reqs]) == [True] * 2
+        assert sorted(await results.wait(5) or []) == [step_key("t1", 1), step_key("t2", 1)]
+        outcomes = [
+            TaskOutcome(
+                task_id=c.task.task_id,
+                attempt=c.task.attempt,
+                scheduler="s1",
+                state=TaskState.PROCESSED,
+                result="1",
+                error=None,
+            )
+            for c in claimed
+        ]
+        assert await b.finish_tasks(outcomes) == [True, True]
+        assert sorted(await done.wait(5) or []) == ["t1", "t2"]
+        # A store's own writes reach its subscribers once (locally), not again by NOTIFY.
+        await a.submit([task("t3")])
+        assert await tasks.wait(1) == [""]
+        assert await tasks.wait(0.5) is None
+        # An application transaction notifies on commit only.
+        async with b.transaction() as tx:
+            await tx.execute("CREATE TABLE orders (id text primary key)")
+            await tx.execute("INSERT INTO orders VALUES (%s)", ["o1"])
+            assert await tx.submit([task("t4")]) == [True]
+            assert await tasks.wait(0.3) is None
+        assert await tasks.wait(5) == [""]
+        with pytest.raises(RuntimeError):
+            async with b.transaction() as tx:
+                await tx.execute("INSERT INTO orders VALUES (%s)", ["o2"])
+                await tx.submit([task("t5")])
+                raise RuntimeError
+        assert await b.get_task("t5") is None
+        with pytest.raises(StoreError):
+            async with b.transaction() as tx:
+                await tx.execute("INSERT INTO orders VALUES (%s)", ["o1"])
+        # The listener comes back after its connection is cut.
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            cut = db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
+            ).fetchall()
+        assert cut == [(True,)]
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            await b.submit([task(f"again-{_}")])
+            if await tasks.wait(0.05):
+                break
+        else:
+            raise AssertionError("no wake-up after the listener's connection was cut")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_claims_carry_steps_and_batches_with_duplicates(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        assert await store.submit([task("t1"), task("t1"), task("t2")]) == [
+            True,
+            False,
+            True,
+        ]
+        [c1, c2] = await store.claim_tasks("s1", ["wf"], 5)
+        a1 = c1.task.attempt
+        got = await store.dispatch_steps(
+            [dispatch("t1", a1), dispatch("t1", a1), dispatch("t1", a1, 2, complete_within=0.05)]
+        )
+        assert got[0] is not None and got[1] is None and got[2] is not None
+        assert got[2].remaining <= 0.05
+        await asyncio.sleep(0.1)
+        term = await store.acquire_lease("sup", "me", 10)
+        assert term is not None
+        [e] = await store.sweep(
+            lease="sup", holder="me", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+        )
+        assert (e.task_id, e.seq, e.process_state) == ("t1", 2, TaskState.PENDING)
+        [again] = await store.claim_tasks("s2", ["wf"], 5)
+        assert [s.seq for s in again.steps] == [1, 2]
+        a2 = again.task.attempt
+        # Adopt step 1 (still in time), re-dispatch step 2 twice in one batch: once applies.
+        got = await store.dispatch_steps(
+            [
+                dispatch("t1", a2, 1, kind="adopt", expected_attempt=1, scheduler="s2"),
+                dispatch("t1", a2, 2, kind="redispatch", expected_attempt=1, scheduler="s2"),
+                dispatch("t1", a2, 2, kind="redispatch", expected_attempt=1, scheduler="s2"),
+                dispatch("t1", a1, 3),  # the old attempt is fenced out
+            ]
+        )
+        assert got[0] is not None and got[0].attempt == 1
+        assert got[1] is not None and got[1].attempt == 2
+        assert got[2] is None and got[3] is None
+        steps = {s.seq: s for s in await store.get_steps("t1")}
+        assert steps[1].task_attempt == a2 and steps[2].state == StepState.NOT_STARTED
+        reqs = await store.claim_requests("a1", "pay", ["charge"], 10)
+        assert sorted((r.seq, r.attempt) for r in reqs) == [(1, 1), (2, 2)]
+        failed = outcome("t1", 2, 2, state=StepState.FAILED, result=None, error="no")
+        assert await store.complete_steps([failed, failed]) == [True, False]
+        [ev] = await store.events(task_id="t1", kind="step_failed")
+        assert ev.detail == {"seq": 2, "attempt": 2, "error": "no"}
+        assert [s.seq for s in await store.finished_steps([("t1", 2), ("t1", 2), ("t1", 1)])] == [2]
+        assert [t.task_id for t in await store.list_tasks(state=TaskState.PROCESSING)] == [
+            "t1",
+            "t2",
+        ]
+        assert c2.task.task_id == "t2"
+        # Of two dispatches of one new step, the one that passes the fence is recorded.
+        a = c2.task.attempt
+        got = await store.dispatch_steps(
+            [dispatch("t2", a, 5, scheduler="other"), dispatch("t2", a, 5), dispatch("t2", a, 5)]
+        )
+        assert got[0] is None and got[1] is not None and got[2] is None
+    finally:
+        await store.close()
+
+
+async def test_lease_takeover_waits_for_a_running_sweep(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        term = await store.acquire_lease("sup", "a", 0.2)
+        assert term is not None
+        assert await store.acquire_lease("sup", "a", 0.2) == term
+        assert await store.acquire_lease("sup", "b", 0.2) is None
+        await asyncio.sleep(0.25)
+        assert await store.acquire_lease("sup", "a", 5) == term + 1
+        with psycopg.connect(pg_url) as db:  # a transaction holding the lease row
+            db.execute("SELECT * FROM stepwarden_leases FOR UPDATE")
+            db.execute("UPDATE stepwarden_leases SET expires_at = now()")
+            waiting = asyncio.create_task(store.acquire_lease("sup", "b", 5))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        assert await waiting == term + 2
+    finally:
+        await store.close()
+
+
+async def test_sweep_reads_only_the_expiry_indexes(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute(
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            " complete_within) SELECT 't' || i, 'wf', '{}', 'processed', 3, 30"
+            " FROM generate_series(1, 20000) i"
+        )
+        db.execute(
+            "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+            " task_attempt, priority, complete_by, idempotency_key, input)"
+            " SELECT 't' || i, 1, 'n', 'a', 'o', 'completed', 1, 1, 0, now(), 'k', '{}'"
+            " FROM generate_series(1, 20000) i"
+        )
+        # In flight: processing tasks and open steps still in time, and a few expired.
+        db.execute(
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            " complete_within, attempt, complete_by) SELECT 'p' || i, 'wf', '{}', 'processing',"
+            " 3, 30, 1, now() + make_interval(secs => 30 - (i < 10)::int * 60)"
+            " FROM generate_series(1, 2000) i"
+        )
+        db.execute(
+            "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+            " task_attempt, priority, complete_by, idempotency_key, input)"
+            " SELECT 'p' || i, 1, 'n', 'a', 'o', 'running', 1, 1, 0,"
+            " now() + make_interval(secs => 30 - (i < 20)::int * 60), 'k', '{}'"
+            " FROM generate_series(1, 2000) i"
+        )
+        db.execute("ANALYZE")
+        queries = _sql.queries("postgres")
+        for name, index in [
+            ("expired_tasks", "stepwarden_tasks_expiry"),
+            ("expired_steps", "stepwarden_steps_expiry"),
+        ]:
+            plan = "\n".join(
+                r[0] for r in db.execute("EXPLAIN " + queries[name], {"limit": 100}).fetchall()
+            )
+            assert index in plan, plan
+            assert "Seq Scan" not in plan, plan

@@ -1,0 +1,110 @@
+"""Units that need no store: retry policy, group commit, states, the public surface."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+import stepwarden as sw
+from stepwarden._batch import Batcher
+from stepwarden.states import STEP_TRANSITIONS, TASK_TRANSITIONS, StepState, TaskState
+
+
+def test_public_names_are_all_exported() -> None:
+    public = {n for n in dir(sw) if not n.startswith("_")} - {
+        "agent",
+        "app",
+        "errors",
+        "retry",
+        "scheduler",
+        "states",
+        "store",
+        "supervisor",
+        "worker",
+        "workflow",
+        "annotations",
+    }
+    assert public == set(sw.__all__) - {"__version__"}
+    for name in sw.__all__:
+        assert hasattr(sw, name), name
+
+
+def test_retry_delays_grow_and_stay_bounded() -> None:
+    r = sw.Retry(initial=0.1, maximum=1.0, multiplier=2.0, jitter=False)
+    assert [r.delay(n) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    jittered = sw.Retry(initial=0.1, maximum=1.0)
+    for n in range(1, 10):
+        assert 0 <= jittered.delay(n) <= min(1.0, 0.1 * 2 ** (n - 1))
+
+
+def test_retry_knows_permanent_errors() -> None:
+    r = sw.Retry(permanent=(KeyError,))
+    assert r.is_permanent(sw.PermanentError("x"))
+    assert r.is_permanent(KeyError("x"))
+    assert not r.is_permanent(ConnectionError("x"))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_attempts": 0}, {"initial": 2, "maximum": 1}, {"multiplier": 0.5}, {"initial": -1}],
+)
+def test_retry_refuses_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(sw.ConfigurationError):
+        sw.Retry(**kwargs)  # type: ignore[arg-type]
+
+
+def test_backoff_escalates_to_its_maximum() -> None:
+    b = sw.Backoff(initial=0.5, maximum=3)
+    assert [b.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3, 3]
+
+
+def test_finished_states_go_nowhere() -> None:
+    assert TASK_TRANSITIONS[TaskState.PROCESSED] == frozenset()
+    assert TASK_TRANSITIONS[TaskState.ERROR] == frozenset()
+    assert STEP_TRANSITIONS[StepState.COMPLETED] == frozenset()
+    assert TaskState.PENDING in TASK_TRANSITIONS[TaskState.PROCESSING]
+
+
+async def test_batcher_writes_concurrent_items_in_one_flush() -> None:
+    flushes: list[list[int]] = []
+
+    async def flush(items: Sequence[int]) -> list[int]:
+        flushes.append(list(items))
+        await asyncio.sleep(0)
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(flush)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(50)))
+    assert results == [i * 10 for i in range(50)]
+    assert flushes == [list(range(50))]
+
+
+async def test_batcher_hands_a_failure_to_each_caller_of_the_batch() -> None:
+    async def flush(items: Sequence[int]) -> list[int]:
+        raise sw.StoreError("down")
+
+    batcher: Batcher[int, int] = Batcher(flush)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, sw.StoreError) for r in results)
+
+
+def test_declarations_refuse_duplicates_and_bad_names() -> None:
+    app = sw.App("x", store="sqlite:///unused.db")
+    agent = app.agent("pay")
+    with pytest.raises(sw.ConfigurationError):
+        app.agent("pay")
+    with pytest.raises(sw.ConfigurationError):
+        app.agent("bad name!")
+
+    @agent.operation
+    def charge(call: sw.Call) -> None: ...
+
+    assert agent.charge is charge
+    with pytest.raises(sw.ConfigurationError):
+        agent.operation(charge.fn)
+    with pytest.raises(AttributeError):
+        _ = agent.refund
+    with pytest.raises(sw.ConfigurationError, match="async"):
+        app.workflow(lambda ctx, x: None)
