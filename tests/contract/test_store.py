@@ -396,3 +396,46 @@ async def test_sweep_finds_expired_steps_of_the_current_attempt_only(store: Stor
         )
         == []
     )
+
+
+async def test_a_finished_task_leaves_no_request_behind(store: Store) -> None:
+    # Two tasks with two open steps each: one finished in error by its scheduler, one set to
+    # error by the supervisor at max_failures. No agent may claim or complete their steps.
+    await store.submit([new_task("by-scheduler"), new_task("by-supervisor", max_failures=1)])
+    claimed = await store.claim_tasks("s1", ["wf"], 2)
+    att = {c.task.task_id: c.task.attempt for c in claimed}
+    for task_id in att:
+        await store.dispatch_steps(
+            [dispatch(task_id, att[task_id], seq=1), dispatch(task_id, att[task_id], seq=2)]
+        )
+    claimed_requests = await store.claim_requests("a1", "pay", ["charge"], 10)
+    assert len(claimed_requests) == 4  # all running now, under agent instance a1
+    running = next(r for r in claimed_requests if (r.task_id, r.seq) == ("by-scheduler", 1))
+    error = TaskOutcome(
+        task_id="by-scheduler",
+        attempt=att["by-scheduler"],
+        scheduler="s1",
+        state=TaskState.ERROR,
+        result=None,
+        error="card declined",
+    )  # type: ignore[arg-type]
+    assert await store.finish_tasks([error]) == [True]
+    # The other task's step 1 expires (the step's own deadline) while step 2 still has time.
+    await store.dispatch_steps(
+        [dispatch("by-supervisor", att["by-supervisor"], seq=3, within=0.05)]
+    )
+    term = await store.acquire_lease("supervisor", "sup", 30)
+    assert term is not None
+    await asyncio.sleep(0.1)
+    [swept] = await store.sweep(
+        lease="supervisor", holder="sup", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+    )
+    assert (swept.task_id, swept.process_state) == ("by-supervisor", TaskState.ERROR)
+
+    for task_id in att:
+        steps = await store.get_steps(task_id)
+        assert [s.state for s in steps] == [StepState.FAILED] * len(steps)
+        assert all("abandoned" in (s.error or "") for s in steps)
+    assert await store.claim_requests("a2", "pay", ["charge"], 10) == []
+    # The answer of the step that was running when its task finished changes nothing.
+    assert await store.complete_steps([outcome("by-scheduler", running.attempt)]) == [False]

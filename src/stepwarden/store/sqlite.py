@@ -496,6 +496,8 @@ class SQLiteStore(Store):
                     },
                 )
                 ok = cur.rowcount == 1
+                if ok:
+                    _close_open_steps(conn, o.task_id, o.state, now)
                 if ok and o.state == TaskState.ERROR:
                     _event(
                         conn, o.task_id, "alert", {"reason": "task_error", "error": o.error}, now
@@ -663,6 +665,7 @@ def _reset(
         detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": got["failure_count"]}
         _event(conn, r["task_id"], "expired", detail, now)
         if state == TaskState.ERROR:
+            _close_open_steps(conn, r["task_id"], state, now)
             _event(conn, r["task_id"], "alert", {"reason": "max_failures", "error": error}, now)
         expired.append(
             Expired(
@@ -673,6 +676,12 @@ def _reset(
             )
         )
     return expired
+
+
+def _close_open_steps(conn: sqlite3.Connection, task_id: str, state: TaskState, now: float) -> None:
+    """A finished task leaves no request behind for an agent to claim."""
+    params = {"task_id": task_id, "error": f"abandoned: the task is {state}", "now": now}
+    conn.execute(Q["close_open_steps"], params)
 
 
 def _statements(script: str) -> list[str]:

@@ -165,6 +165,13 @@ WITH d AS (
     SELECT task_id, now(), 'alert', json_build_object('reason', 'task_error', 'error', error)
     FROM u WHERE state = 'error'
     ORDER BY ord
+), c AS (
+    -- A finished task leaves no request behind: its open steps are closed.
+    UPDATE stepwarden_steps s
+    SET state = 'failed', error = 'abandoned: the task is ' || u.state, locked_by = NULL,
+        finished_at = now()
+    FROM u
+    WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
 SELECT ord FROM u
 
@@ -285,6 +292,14 @@ WITH d AS (
                      END)) AS x(k, kind, detail)
     WHERE x.detail IS NOT NULL
     ORDER BY u.ord, x.k
+), c AS (
+    -- A task in error leaves no request behind: its open steps are closed.
+    UPDATE stepwarden_steps s
+    SET state = 'failed', error = 'abandoned: the task is error', locked_by = NULL,
+        finished_at = now()
+    FROM u
+    WHERE u.process_state = 'error' AND s.task_id = u.task_id
+      AND s.state IN ('not_started', 'running')
 )
 SELECT ord, task_id, seq, failure_count, process_state FROM u ORDER BY ord
 

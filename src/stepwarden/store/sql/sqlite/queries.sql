@@ -84,6 +84,13 @@ SET process_state = :state, result = :result, error = :error, locked_by = NULL,
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
   AND process_state = 'processing'
 
+-- name: close_open_steps
+-- A finished task leaves no request behind: its open steps are closed, so no agent claims them
+-- and a late answer to one changes nothing.
+UPDATE stepwarden_steps
+SET state = 'failed', error = :error, locked_by = NULL, finished_at = :now
+WHERE task_id = :task_id AND state IN ('not_started', 'running')
+
 -- name: any_request
 SELECT 1 FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
