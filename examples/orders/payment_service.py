@@ -4,8 +4,9 @@ It de-duplicates by idempotency key and logs every effect it applies in a ledger
 file), so a run can be checked afterwards: each order charged at most once, whatever the
 retries, re-dispatches and crashes.
 
-    POST /charge  {"order_id", "amount", "idempotency_key"}  -> {"receipt", "duplicate"}
-    POST /refund  {"order_id", "idempotency_key"}            -> {"refund", "duplicate"}
+    POST /charge  {"order_id", "amount", "card", "idempotency_key"}  -> {"charge", "duplicate"}
+                  a card "declined" gets a 402 and no effect
+    POST /refund  {"order_id", "idempotency_key"}                    -> {"refund", "duplicate"}
     GET  /stats   effects applied, duplicates prevented, orders charged more than once
     POST /faults  replace the fault settings (same fields as the command-line flags)
 
@@ -134,6 +135,8 @@ class Service:
             amount = float(body.get("amount", 0))
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": "bad request"}, status=400)
+        if kind == "charge" and body.get("card") == "declined":
+            return web.json_response({"error": "card declined"}, status=402)
         f = self.faults
         if self._in_outage():
             return web.json_response({"error": "outage"}, status=503)

@@ -1,0 +1,302 @@
+"""Run the orders example end to end, with faults on and a worker killed mid-run.
+
+What it does:
+1. starts the payment service (a real HTTP server) with faults: 503s, answers slower than the
+   charge's complete_by, answers dropped after the charge is applied, an outage window, and
+   crashes (the service is restarted each time it dies, on the same port and ledger);
+2. starts several worker processes (`stepwarden worker examples.orders.shop:app`), each with
+   a scheduler, the agents and a supervisor;
+3. places the orders: each order row and its task are committed in one transaction;
+4. kills one worker with SIGKILL once part of the orders are done, and starts a replacement;
+5. waits until every order is processed or in Error, then prints a summary: submitted,
+   processed, error, lost, retries, deadlines missed, duplicate effects prevented by the
+   idempotency keys and duplicate effects applied. It exits 1 if an order was lost or a
+   charge applied twice.
+
+    python -m examples.orders.demo [--orders 300] [--workers 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from examples.orders import payment_service
+
+ROOT = Path(__file__).resolve().parents[2]
+ITEMS = ["book", "lamp", "mug", "pen", "shirt", "tea"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m examples.orders.demo", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--orders", type=int, default=300, help="orders to place (default 300)")
+    p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    p.add_argument("--store", help="store URL (default: an SQLite file in --workdir)")
+    p.add_argument("--workdir", help="where the store, ledger and logs go (default: a new tmp dir)")
+    p.add_argument("--declined", type=float, default=0.03, help="share of declined cards")
+    p.add_argument("--kill-at", type=float, default=0.3, help="kill a worker at this progress")
+    p.add_argument("--no-kill", action="store_true", help="kill no worker")
+    p.add_argument("--no-faults", action="store_true", help="a payment service without faults")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    args = p.parse_args(argv)
+    if args.orders < 1 or args.workers < 1:
+        p.error("--orders and --workers must be at least 1")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Processes:
+    """The demo's child processes: the payment service, kept alive, and the workers."""
+
+    workdir: Path
+    env: dict[str, str]
+    service_args: list[str]
+    seed: int
+    service: subprocess.Popen[bytes] | None = None
+    service_restarts: int = 0
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workers_killed: int = 0
+    _logs: list[Any] = field(default_factory=list)
+
+    def _log(self, name: str) -> Any:
+        f = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._logs.append(f)
+        return f
+
+    def start_service(self) -> None:
+        # A restarted service draws new faults: the same seed would crash it at the same point.
+        seed = ["--seed", str(self.seed + self.service_restarts)]
+        cmd = [sys.executable, "-m", "examples.orders.payment_service", *self.service_args, *seed]
+        log = self._log("payment-service")
+        self.service = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
+
+    def service_died(self) -> bool:
+        return self.service is not None and self.service.poll() is not None
+
+    def start_worker(self) -> None:
+        n = len(self.workers) + 1
+        cmd = [
+            sys.executable,
+            "-c",
+            "from stepwarden.cli import main; main()",
+            "--app",
+            "examples.orders.shop:app",
+            "worker",
+            "--supervisor-interval",
+            "0.5",
+            "--lease-ttl",
+            "3",
+            "--backoff-initial",
+            "0.2",
+            "--backoff-max",
+            "2",
+        ]
+        log = self._log(f"worker-{n}")
+        self.workers.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=log))
+
+    def kill_worker(self) -> int:
+        victim = next(w for w in self.workers if w.poll() is None)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        self.workers_killed += 1
+        return victim.pid
+
+    def stop(self) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        if self.service is not None and self.service.poll() is None:
+            self.service.terminate()
+            self.service.wait()
+        for f in self._logs:
+            f.close()
+
+
+def make_orders(n: int, declined: float, rng: random.Random) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"{i:05d}",
+            "amount": round(rng.uniform(5, 200), 2),
+            "card": "declined" if rng.random() < declined else "ok",
+            "items": rng.sample(ITEMS, rng.randint(1, 3)),
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+async def wait_for_service(url: str, procs: Processes, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                if (await client.get(f"{url}/stats", timeout=1)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if procs.service_died() or time.monotonic() > deadline:
+                raise SystemExit(f"the payment service did not start: see {procs.workdir}")
+            await asyncio.sleep(0.05)
+
+
+async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str, Any]:
+    from examples.orders import shop  # reads STEPWARDEN_STORE and PAYMENTS_URL
+
+    orders = make_orders(args.orders, args.declined, random.Random(args.seed))
+    store = await shop.app.store()
+    await shop.create_orders_table()
+    for _ in range(args.workers):
+        procs.start_worker()
+
+    started = time.monotonic()
+    task_ids: list[str] = []
+    kill_when = None if args.no_kill else max(1, int(args.orders * args.kill_at))
+    killed_pid = None
+    bar = tqdm(total=len(orders), unit="order", desc="orders", disable=None, file=sys.stderr)
+    done = 0
+    next_order = 0
+    while done < len(orders):
+        if procs.service_died():
+            procs.service_restarts += 1
+            procs.start_service()
+        # Orders arrive in small bursts while the workers run.
+        for order in orders[next_order : next_order + 25]:
+            task_ids.append(await shop.place_order(order))
+        next_order += 25
+        counts = await store.count_tasks()
+        now_done = counts.get(shop.stepwarden.TaskState.PROCESSED, 0) + counts.get(
+            shop.stepwarden.TaskState.ERROR, 0
+        )
+        bar.update(now_done - done)
+        done = now_done
+        if kill_when is not None and killed_pid is None and done >= kill_when:
+            killed_pid = procs.kill_worker()
+            bar.write(
+                f"killed worker pid {killed_pid} with SIGKILL; started a replacement",
+                file=sys.stderr,
+            )
+            procs.start_worker()
+        if time.monotonic() - started > args.timeout:
+            bar.write(f"gave up after {args.timeout:.0f}s", file=sys.stderr)
+            break
+        await asyncio.sleep(0.1)
+    elapsed = time.monotonic() - started
+    bar.close()
+    procs.stop()
+    summary = await summarise(store, task_ids, procs, elapsed)
+    await shop.app.aclose()
+    return summary
+
+
+async def summarise(
+    store: Any, task_ids: list[str], procs: Processes, elapsed: float
+) -> dict[str, Any]:
+    from stepwarden import TaskState
+
+    states: dict[str, int] = {"processed": 0, "error": 0}
+    retries = 0
+    unfinished = 0
+    for task_id in task_ids:
+        task = await store.get_task(task_id)
+        if task is None or task.process_state not in (TaskState.PROCESSED, TaskState.ERROR):
+            unfinished += 1
+            continue
+        states[str(task.process_state)] += 1
+        for step in await store.get_steps(task_id):
+            retries += (step.attempt - 1) + max(0, step.tries - 1)
+    ledger = payment_service.read_stats(str(procs.workdir / "ledger.db"))
+    expired = await store.events(kind="expired", limit=1_000_000)
+    return {
+        "submitted": len(task_ids),
+        "processed": states["processed"],
+        "error": states["error"],
+        "lost": unfinished,
+        "retries": retries,
+        "deadlines_missed": len(expired),
+        "duplicate_effects_prevented": ledger["duplicates_prevented"],
+        "duplicate_effects_applied": ledger["orders_charged_twice"],
+        "charges_applied": ledger["charges"],
+        "workers_killed": procs.workers_killed,
+        "payment_service_crashes": procs.service_restarts,
+        "seconds": round(elapsed, 1),
+        "workdir": str(procs.workdir),
+    }
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    width = max(len(k) for k in summary)
+    print()
+    for key, value in summary.items():
+        print(f"  {key.replace('_', ' '):<{width}}  {value}")
+    ok = summary["lost"] == 0 and summary["duplicate_effects_applied"] == 0
+    print("\n  " + ("OK: nothing lost, nothing applied twice" if ok else "FAILED"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="stepwarden-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = args.store or f"sqlite:///{workdir / 'shop.db'}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    faults = (
+        []
+        if args.no_faults
+        else [
+            "--transient", "0.1",
+            "--slow", "0.03", "--slow-for", "3",
+            "--lost", "0.03",
+            "--crash", "0.004",
+            "--outage-start", "4", "--outage-for", "2",
+        ]
+    )  # fmt: skip
+    service_args = ["--port", str(port), "--ledger", str(workdir / "ledger.db"), *faults]
+    os.environ["STEPWARDEN_STORE"] = store
+    os.environ["PAYMENTS_URL"] = url
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = Processes(workdir=workdir, env=env, service_args=service_args, seed=args.seed)
+    try:
+        procs.start_service()
+        asyncio.run(wait_for_service(url, procs))
+        summary = asyncio.run(run(args, procs, url))
+    finally:
+        procs.stop()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_table(summary)
+    return 1 if summary["lost"] or summary["duplicate_effects_applied"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

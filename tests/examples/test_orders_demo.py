@@ -1,0 +1,41 @@
+"""The orders demo, as `make demo` runs it but smaller: faults on, a worker killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_loses_nothing_and_applies_nothing_twice(store_url: str, tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "examples.orders.demo",
+        "--orders", "60",
+        "--workers", "2",
+        "--kill-at", "0.2",
+        "--declined", "0.1",
+        "--store", store_url,
+        "--workdir", str(tmp_path),
+        "--timeout", "120",
+        "--json",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("*.log")))
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
+    summary = json.loads(run.stdout)  # stdout is the JSON summary and nothing else
+    assert summary["submitted"] == 60
+    assert summary["lost"] == 0
+    assert summary["processed"] + summary["error"] == 60
+    assert summary["duplicate_effects_applied"] == 0
+    assert summary["workers_killed"] == 1
+    # Each processed order was charged exactly once; declined cards were never charged.
+    assert summary["charges_applied"] == summary["processed"]
+    assert summary["error"] >= 1
