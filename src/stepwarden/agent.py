@@ -42,6 +42,8 @@ class Call:
     """The same for every retry and re-dispatch of this step: pass it to the remote service."""
     complete_by: datetime
     _deadline: float
+    compensates_key: str | None = None
+    """On a compensation: the idempotency key of the step it undoes."""
 
     def remaining(self) -> float:
         """Seconds left before complete_by."""
@@ -200,6 +202,11 @@ class AgentRunner:
                 idempotency_key=request.idempotency_key,
                 complete_by=request.complete_by,
                 _deadline=deadline,
+                compensates_key=(
+                    None
+                    if request.compensates is None
+                    else f"{request.task_id}/{request.compensates}"
+                ),
             )
             try:
                 async with asyncio.timeout_at(deadline):

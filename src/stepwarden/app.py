@@ -25,7 +25,7 @@ from .errors import (
     UnknownNameError,
 )
 from .retry import Retry
-from .states import FINISHED_TASK_STATES, TaskState
+from .states import FINISHED_TASK_STATES, OnFailure, TaskState
 from .store import Store, open_store
 from .store.base import EventRecord, NewTask, StepRecord, TaskRecord, Transaction
 from .workflow import Workflow, WorkflowFn
@@ -72,13 +72,24 @@ class App:
         name: str | None = None,
         complete_within: timedelta = timedelta(seconds=30),
         max_failures: int = 3,
+        on_failure: OnFailure | str = OnFailure.COMPENSATE,
     ) -> Any:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
         `complete_within` bounds each claim of the task (its complete_by) and is the default
         deadline of each step; `max_failures` is how many expiries the supervisor tolerates
-        before it sets the task to Error.
+        before the task is given up. `on_failure` says what a task that cannot succeed
+        does: "compensate" (undo its completed steps, the default), "retry" (at
+        max_failures, wait for the fault to clear with a growing backoff) or "stop" (Error,
+        for the operator).
         """
+        try:
+            policy = OnFailure(on_failure)
+        except ValueError:
+            choices = ", ".join(p.value for p in OnFailure)
+            raise ConfigurationError(
+                f"on_failure must be one of {choices}, not {on_failure!r}"
+            ) from None
 
         def register(fn: WorkflowFn) -> WorkflowFn:
             if not asyncio.iscoroutinefunction(fn):
@@ -86,7 +97,9 @@ class App:
             wf_name = name or fn.__name__
             if wf_name in self.workflows:
                 raise ConfigurationError(f"workflow {wf_name!r} is already declared")
-            self.workflows[wf_name] = Workflow(wf_name, fn, complete_within, max_failures)
+            self.workflows[wf_name] = Workflow(
+                wf_name, fn, complete_within, max_failures, on_failure=policy
+            )
             fn.__stepwarden_workflow__ = wf_name  # type: ignore[attr-defined]
             return fn
 
@@ -149,6 +162,7 @@ class App:
         *,
         task_id: str | None = None,
         priority: int = 0,
+        reply_to: str | None = None,
     ) -> NewTask:
         """Validate a submission and build its record, without writing anything."""
         wf = self.find_workflow(workflow)
@@ -160,6 +174,8 @@ class App:
             raise ConfigurationError("task_id must not contain control characters")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigurationError(f"priority must be an integer, not {priority!r}")
+        if reply_to is not None and (not isinstance(reply_to, str) or not reply_to.strip()):
+            raise ConfigurationError("reply_to must be a non-empty channel name")
         return NewTask(
             task_id=task_id,
             workflow=wf.name,
@@ -167,6 +183,8 @@ class App:
             priority=priority,
             complete_within=wf.complete_within.total_seconds(),
             max_failures=wf.max_failures,
+            on_failure=str(wf.on_failure),
+            reply_to=reply_to,
         )
 
     async def submit_async(
@@ -222,8 +240,8 @@ class App:
             async with asyncio.timeout(timeout):
                 async for task in store.watch_states(task_id, poll=store.default_poll_interval):
                     if task.process_state in FINISHED_TASK_STATES:
-                        if task.process_state == TaskState.ERROR:
-                            raise TaskFailed(task_id, task.error)
+                        if task.process_state != TaskState.PROCESSED:
+                            raise TaskFailed(task_id, task.error, str(task.process_state))
                         return task.result
         except TimeoutError:
             raise ResultTimeout(f"task {task_id!r} did not finish within {timeout}s") from None

@@ -46,12 +46,14 @@ class TaskNotFound(StepwardenError):
 
 
 class TaskFailed(StepwardenError):
-    """The task ended in Error."""
+    """The task did not succeed: it ended in error, compensated, compensation_failed or
+    cancelled (`state`)."""
 
-    def __init__(self, task_id: str, error: str | None) -> None:
-        super().__init__(f"task {task_id!r} ended in error: {error}")
+    def __init__(self, task_id: str, error: str | None, state: str = "error") -> None:
+        super().__init__(f"task {task_id!r} ended {state}: {error}")
         self.task_id = task_id
         self.error = error
+        self.state = state
 
 
 class ResultTimeout(StepwardenError):

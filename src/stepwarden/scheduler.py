@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .errors import PayloadError, StepFailed, StoreError
-from .states import StepState, TaskState
+from .states import ABANDONED, StepState, TaskState
 from .store.base import (
     CHANNEL_RESULTS,
     CHANNEL_TASKS,
@@ -165,6 +165,9 @@ class Scheduler:
     # -- one task -------------------------------------------------------------------------
     async def _drive(self, claimed: ClaimedTask) -> None:
         task = claimed.task
+        if task.process_state == TaskState.COMPENSATING:
+            await self._drive_compensation(claimed)
+            return
         workflow = self.workflows[task.workflow]
         held = _Held(task.task_id, task.attempt, task.workflow, task.priority)
         ctx = Context(self, held, claimed.steps)
@@ -193,9 +196,14 @@ class Scheduler:
                 "task %s: workflow %s raised", task.task_id, task.workflow, exc_info=True
             )
             state, error = TaskState.ERROR, _describe(exc)
+        await self._finish(task.task_id, task.attempt, state, result, error)
+
+    async def _finish(
+        self, task_id: str, attempt: int, state: TaskState, result: str | None, error: str | None
+    ) -> None:
         outcome = TaskOutcome(
-            task_id=task.task_id,
-            attempt=task.attempt,
+            task_id=task_id,
+            attempt=attempt,
             scheduler=self.instance,
             state=state,  # type: ignore[arg-type]
             result=result,
@@ -204,12 +212,67 @@ class Scheduler:
         try:
             applied = await self._finishes.submit(outcome)
         except StoreError as exc:
-            logger.warning("task %s: cannot record its outcome: %s", task.task_id, exc)
+            logger.warning("task %s: cannot record its outcome: %s", task_id, exc)
             return
         if not applied:
-            logger.info("task %s: outcome discarded, the task is no longer held", task.task_id)
-        elif state == TaskState.ERROR:
-            logger.error("ALERT task %s (%s) is in error: %s", task.task_id, task.workflow, error)
+            logger.info("task %s: outcome discarded, the task is no longer held", task_id)
+        elif state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
+            logger.error("ALERT task %s: %s: %s", task_id, state, error)
+
+    async def _drive_compensation(self, claimed: ClaimedTask) -> None:
+        """Run the compensations of the task's steps that took (or may have taken) effect,
+        newest first, each as a recorded step of its own; resume those already recorded."""
+        task = claimed.task
+        held = _Held(task.task_id, task.attempt, task.workflow, task.priority)
+        workflow = self.workflows[task.workflow]
+        recorded = {s.compensates: s for s in claimed.steps if s.compensates is not None}
+        next_seq = max((s.seq for s in claimed.steps), default=0) + 1
+        to_undo = [s for s in reversed(claimed.steps) if needs_compensation(s)]
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
+                for step in to_undo:
+                    done = recorded.get(step.seq)
+                    if done is not None and done.state == StepState.COMPLETED:
+                        continue
+                    if done is not None and done.state == StepState.FAILED:
+                        raise StepFailed(done.name, done.error)
+                    assert step.compensation is not None
+                    agent, _, operation = step.compensation.partition(".")
+                    dispatch = StepDispatch(
+                        kind="new",
+                        task_id=task.task_id,
+                        task_attempt=task.attempt,
+                        scheduler=self.instance,
+                        seq=next_seq if done is None else done.seq,
+                        name=f"compensate {step.name}",
+                        agent=agent,
+                        operation=operation,
+                        input=_json.dumps(step.compensation_input, what="a compensation input"),
+                        priority=task.priority,
+                        complete_within=workflow.complete_within.total_seconds(),
+                        compensates=step.seq,
+                    )
+                    if done is None:
+                        next_seq += 1
+                        await self.run_step(held, dispatch, dispatch.name)
+                    else:
+                        adopt = replace(dispatch, kind="adopt", expected_attempt=done.attempt)
+                        again = replace(adopt, kind="redispatch")
+                        await self.run_step(held, adopt, dispatch.name, fallback=again)
+        except Abandon:
+            return
+        except TimeoutError:
+            if deadline.expired():
+                return  # the supervisor releases it
+            raise
+        except StepFailed as exc:
+            error = f"{task.error}; then the compensation failed: {exc}"
+            await self._finish(
+                task.task_id, task.attempt, TaskState.COMPENSATION_FAILED, None, error
+            )
+            return
+        await self._finish(task.task_id, task.attempt, TaskState.COMPENSATED, None, task.error)
 
     async def run_step(
         self,
@@ -261,3 +324,14 @@ class Scheduler:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def needs_compensation(step: StepRecord) -> bool:
+    """A step is undone if it has a compensation and took effect, or may have: it completed,
+    or its task gave it up while it was still open (abandoned). A step that failed on its
+    own (a permanent error) did nothing to undo."""
+    if step.compensation is None or step.compensates is not None:
+        return False
+    if step.state == StepState.COMPLETED:
+        return True
+    return step.state == StepState.FAILED and (step.error or "").startswith(ABANDONED)

@@ -7,13 +7,19 @@ Task (the pattern's ProcessState)::
 
     pending ──claim──▶ processing ──workflow returns──▶ processed
        ▲                   │ │
-       └──supervisor reset─┘ └──permanent error / max_failures reached──▶ error
+       └──supervisor reset─┘ └──permanent error / max_failures──▶ compensating ──▶ compensated
+                                  (on_failure="stop": error)            └──▶ compensation_failed
+
+A compensating task is held like a processing one (claimed by a scheduler, which runs the
+compensations of its steps in reverse order; reset by the supervisor when it expires). With
+on_failure="retry", max_failures sends the task back to pending with an escalating backoff.
+An operator may pause and resume, cancel, compensate and retry (see `app.py`).
 
 Step::
 
     not_started ──agent claims──▶ running ──result──▶ completed
          ▲   │                      │
-         │   └──────────────────────┴──permanent error──▶ failed
+         │   └──────────────────────┴──permanent error, or its task finished──▶ failed
          └── re-dispatch (attempt + 1) by a scheduler resuming the task after expiry
 """
 
@@ -27,6 +33,24 @@ class TaskState(StrEnum):
     PROCESSING = "processing"
     PROCESSED = "processed"
     ERROR = "error"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+
+
+class OnFailure(StrEnum):
+    """What a workflow's task does when it cannot succeed (a permanent error, or the
+    supervisor's max_failures reached)."""
+
+    COMPENSATE = "compensate"
+    """Undo the steps done, in reverse order, with their compensations (the default)."""
+    RETRY = "retry"
+    """At max_failures, wait for the fault to clear: back to pending, with a backoff that
+    keeps growing (up to its maximum). A permanent error is compensated."""
+    STOP = "stop"
+    """Stop in Error for the operator."""
 
 
 class StepState(StrEnum):
@@ -37,10 +61,28 @@ class StepState(StrEnum):
 
 
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.PENDING: frozenset({TaskState.PROCESSING}),
-    TaskState.PROCESSING: frozenset({TaskState.PENDING, TaskState.PROCESSED, TaskState.ERROR}),
+    TaskState.PENDING: frozenset(
+        {TaskState.PROCESSING, TaskState.PAUSED, TaskState.CANCELLED, TaskState.COMPENSATING}
+    ),
+    TaskState.PROCESSING: frozenset(
+        {
+            TaskState.PENDING,
+            TaskState.PROCESSED,
+            TaskState.ERROR,
+            TaskState.COMPENSATING,
+            TaskState.PAUSED,
+            TaskState.CANCELLED,
+        }
+    ),
+    TaskState.COMPENSATING: frozenset(
+        {TaskState.COMPENSATED, TaskState.COMPENSATION_FAILED, TaskState.COMPENSATING}
+    ),
+    TaskState.PAUSED: frozenset({TaskState.PENDING, TaskState.CANCELLED, TaskState.COMPENSATING}),
+    TaskState.ERROR: frozenset({TaskState.PENDING, TaskState.COMPENSATING, TaskState.CANCELLED}),
+    TaskState.COMPENSATION_FAILED: frozenset({TaskState.COMPENSATING, TaskState.CANCELLED}),
     TaskState.PROCESSED: frozenset(),
-    TaskState.ERROR: frozenset(),
+    TaskState.COMPENSATED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
 }
 
 STEP_TRANSITIONS: dict[StepState, frozenset[StepState]] = {
@@ -50,5 +92,49 @@ STEP_TRANSITIONS: dict[StepState, frozenset[StepState]] = {
     StepState.FAILED: frozenset(),
 }
 
-FINISHED_TASK_STATES = frozenset({TaskState.PROCESSED, TaskState.ERROR})
+FINISHED_TASK_STATES = frozenset(
+    {
+        TaskState.PROCESSED,
+        TaskState.ERROR,
+        TaskState.COMPENSATED,
+        TaskState.COMPENSATION_FAILED,
+        TaskState.CANCELLED,
+    }
+)
+"""States in which no scheduler will take the task up again unless an operator acts."""
+HELD_TASK_STATES = frozenset({TaskState.PROCESSING, TaskState.COMPENSATING})
 OPEN_STEP_STATES = frozenset({StepState.NOT_STARTED, StepState.RUNNING})
+ABANDONED = "abandoned: "
+"""How the error of a step closed because its task finished begins."""
+
+
+def next_after_expiry(
+    held_as: TaskState,
+    on_failure: str,
+    failure_count: int,
+    max_failures: int,
+    compensable: bool = True,
+) -> tuple[TaskState, int, bool]:
+    """Where the supervisor sends a held task whose complete_by passed, the failure_count it
+    then has, and whether an alert is raised. `failure_count` already counts this expiry;
+    `compensable` says whether any step of the task has something to undo."""
+    if held_as == TaskState.COMPENSATING:
+        if failure_count >= max_failures:
+            return TaskState.COMPENSATION_FAILED, failure_count, True
+        return TaskState.COMPENSATING, failure_count, False
+    if failure_count < max_failures:
+        return TaskState.PENDING, failure_count, False
+    if on_failure == OnFailure.STOP:
+        return TaskState.ERROR, failure_count, True
+    if on_failure == OnFailure.COMPENSATE and not compensable:
+        return TaskState.ERROR, failure_count, True
+    if on_failure == OnFailure.RETRY:  # wait for the fault to clear; alert once
+        return TaskState.PENDING, failure_count, failure_count == max_failures
+    return TaskState.COMPENSATING, 0, True
+
+
+def expiry_error(failure_count: int, seq: int | None) -> str:
+    what = "the task" if seq is None else f"step {seq}"
+    return (
+        f"complete_by passed {failure_count} time(s), the last time on {what}; max_failures reached"
+    )

@@ -9,7 +9,13 @@ import pytest
 
 import stepwarden as sw
 from stepwarden._batch import Batcher
-from stepwarden.states import STEP_TRANSITIONS, TASK_TRANSITIONS, StepState, TaskState
+from stepwarden.states import (
+    STEP_TRANSITIONS,
+    TASK_TRANSITIONS,
+    StepState,
+    TaskState,
+    next_after_expiry,
+)
 
 
 def test_public_names_are_all_exported() -> None:
@@ -60,11 +66,36 @@ def test_backoff_escalates_to_its_maximum() -> None:
     assert [b.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3, 3]
 
 
-def test_finished_states_go_nowhere() -> None:
+def test_only_an_operator_takes_a_finished_task_up_again() -> None:
     assert TASK_TRANSITIONS[TaskState.PROCESSED] == frozenset()
-    assert TASK_TRANSITIONS[TaskState.ERROR] == frozenset()
+    assert TASK_TRANSITIONS[TaskState.COMPENSATED] == frozenset()
+    assert TASK_TRANSITIONS[TaskState.CANCELLED] == frozenset()
     assert STEP_TRANSITIONS[StepState.COMPLETED] == frozenset()
     assert TaskState.PENDING in TASK_TRANSITIONS[TaskState.PROCESSING]
+
+
+@pytest.mark.parametrize(
+    ("held_as", "on_failure", "count", "compensable", "expected"),
+    [
+        (TaskState.PROCESSING, "compensate", 1, True, (TaskState.PENDING, 1, False)),
+        (TaskState.PROCESSING, "compensate", 3, True, (TaskState.COMPENSATING, 0, True)),
+        (TaskState.PROCESSING, "compensate", 3, False, (TaskState.ERROR, 3, True)),
+        (TaskState.PROCESSING, "stop", 3, True, (TaskState.ERROR, 3, True)),
+        # Waiting for the fault to clear: pending again, one alert when the threshold is met.
+        (TaskState.PROCESSING, "retry", 3, True, (TaskState.PENDING, 3, True)),
+        (TaskState.PROCESSING, "retry", 4, True, (TaskState.PENDING, 4, False)),
+        (TaskState.COMPENSATING, "compensate", 2, True, (TaskState.COMPENSATING, 2, False)),
+        (TaskState.COMPENSATING, "compensate", 3, True, (TaskState.COMPENSATION_FAILED, 3, True)),
+    ],
+)
+def test_where_the_supervisor_sends_an_expired_task(
+    held_as: TaskState,
+    on_failure: str,
+    count: int,
+    compensable: bool,
+    expected: tuple[TaskState, int, bool],
+) -> None:
+    assert next_after_expiry(held_as, on_failure, count, 3, compensable) == expected
 
 
 async def test_batcher_writes_concurrent_items_in_one_flush() -> None:

@@ -41,6 +41,8 @@ class NewTask:
     priority: int
     complete_within: float
     max_failures: int
+    on_failure: str = "compensate"
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +63,8 @@ class TaskRecord:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    on_failure: str = "compensate"
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +87,11 @@ class StepRecord:
     created_at: datetime
     claimed_at: datetime | None
     finished_at: datetime | None
+    compensation: str | None = None
+    """The operation ("agent.operation") that undoes this step, recorded with it."""
+    compensation_input: Any = None
+    compensates: int | None = None
+    """On a compensation step: the seq of the step it undoes."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +123,9 @@ class StepDispatch:
     priority: int
     complete_within: float
     expected_attempt: int = 0  # the step attempt seen; ignored for kind == "new"
+    compensation: str | None = None  # "agent.operation"; only for kind == "new"
+    compensation_input: str | None = None  # JSON text; only for kind == "new"
+    compensates: int | None = None  # the seq undone, on a compensation step
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +151,7 @@ class Request:
     complete_by: datetime
     remaining: float
     """Seconds until complete_by, by the database clock at claim time."""
+    compensates: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,12 +168,28 @@ class StepOutcome:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskOutcome:
+    """How a scheduler ends its hold of a task: processed or error (the workflow ran),
+    compensated or compensation_failed (its compensations ran). An error becomes
+    compensating unless the task's on_failure is "stop"."""
+
     task_id: str
     attempt: int
     scheduler: str
-    state: Literal[TaskState.PROCESSED, TaskState.ERROR]
+    state: Literal[
+        TaskState.PROCESSED,
+        TaskState.ERROR,
+        TaskState.COMPENSATED,
+        TaskState.COMPENSATION_FAILED,
+    ]
     result: str | None  # JSON text
     error: str | None
+
+    @property
+    def held_as(self) -> TaskState:
+        """The state the task must be in for this outcome to apply."""
+        if self.state in (TaskState.PROCESSED, TaskState.ERROR):
+            return TaskState.PROCESSING
+        return TaskState.COMPENSATING
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,8 +335,9 @@ class Store(abc.ABC):
     async def claim_tasks(
         self, scheduler: str, workflows: Sequence[str], limit: int
     ) -> list[ClaimedTask]:
-        """Claim up to `limit` eligible pending tasks, by priority then age, exclusively:
-        set locked_by, a new attempt, complete_by = now + complete_within, processing."""
+        """Claim up to `limit` eligible tasks, by priority then age, exclusively: pending ones
+        become processing, compensating ones not held stay compensating; each gets locked_by,
+        a new attempt and complete_by = now + complete_within."""
 
     @abc.abstractmethod
     async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
@@ -321,8 +351,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
-        """Set processed or error (the latter with an alert event), each only if the task
-        is still processing under the given attempt and scheduler."""
+        """End the hold of each task, only if it is still held (`TaskOutcome.held_as`) under
+        the given attempt and scheduler: processed; error, with an alert event, which becomes
+        compensating (eligible once its open steps' complete_by has passed) unless its
+        on_failure is "stop"; compensated; compensation_failed, with an alert event. The
+        task's open steps are closed (failed, abandoned)."""
 
     # -- the agents -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -357,10 +390,13 @@ class Store(abc.ABC):
         backoff_initial: float,
         backoff_maximum: float,
     ) -> list[Expired]:
-        """Under the lease (holder, term), find processing tasks whose complete_by passed and
-        open steps of the current attempt whose complete_by passed; increment failure_count,
-        and reset each task to pending (after a backoff) or, at max_failures, set error and
-        record an alert. Nothing is written when the lease is no longer held at `term`."""
+        """Under the lease (holder, term), find held tasks whose complete_by passed and open
+        steps of the current attempt whose complete_by passed; increment failure_count and
+        release each task (processing: back to pending after a backoff; compensating: stays
+        compensating after a backoff). At max_failures, with an alert: a processing task goes
+        by its on_failure (compensate: compensating; retry: pending, the backoff growing on;
+        stop: error), a compensating one to compensation_failed. Nothing is written when the
+        lease is no longer held at `term`."""
 
     # -- wake-ups -------------------------------------------------------------------------
     def subscribe(self, channel: str) -> Subscription:

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .._json import loads
 from ..errors import ConfigurationError, SchemaVersionError, StoreError
-from ..states import StepState, TaskState
+from ..states import FINISHED_TASK_STATES, StepState, TaskState, expiry_error, next_after_expiry
 from . import _sql
 from .base import (
     CHANNEL_REQUESTS,
@@ -92,6 +92,8 @@ def task_record(row: DictRow) -> TaskRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
+        on_failure=row["on_failure"],
+        reply_to=row["reply_to"],
     )
 
 
@@ -115,6 +117,9 @@ def step_record(row: DictRow) -> StepRecord:
         created_at=row["created_at"],
         claimed_at=row["claimed_at"],
         finished_at=row["finished_at"],
+        compensation=row["compensation"],
+        compensation_input=loads(row["compensation_input"]),
+        compensates=row["compensates"],
     )
 
 
@@ -515,6 +520,9 @@ class PostgresStore(Store):
                     "idempotency_key": [f"{d.task_id}/{d.seq}" for d in ds],
                     "input": [d.input for d in ds],
                     "ord": new,
+                    "compensation": [d.compensation for d in ds],
+                    "compensation_input": [d.compensation_input for d in ds],
+                    "compensates": [d.compensates for d in ds],
                 }
                 cursors.append(await self._queue(conn, Q["dispatch_new"], params))
             for kind, positions in (("redispatch", again), ("adopt", adopt)):
@@ -567,17 +575,22 @@ class PostgresStore(Store):
             "attempt": [o.attempt for o in os_],
             "scheduler": [o.scheduler for o in os_],
             "state": [str(o.state) for o in os_],
+            "held_as": [str(o.held_as) for o in os_],
             "result": [o.result for o in os_],
             "error": [o.error for o in os_],
             "ord": keep,
         }
         notices = _Notices()
         async with self._transaction() as conn:
-            applied = {r["ord"] for r in await self._rows(conn, Q["finish_tasks"], params)}
+            rows = await self._rows(conn, Q["finish_tasks"], params)
+            applied = {r["ord"]: TaskState(r["process_state"]) for r in rows}
             done = [i in applied for i in range(len(batch))]
             ids = [o.task_id for o, ok in zip(batch, done, strict=True) if ok]
             if ids:
                 notices.listed(CHANNEL_TASK_DONE, ids)
+            if TaskState.COMPENSATING in applied.values():
+                notices.tasks()
+            if ids:
                 await notices.send(conn)
         notices.publish(self)
         return done
@@ -607,6 +620,7 @@ class PostgresStore(Store):
                 idempotency_key=r["idempotency_key"],
                 complete_by=r["complete_by"],
                 remaining=r["remaining"],
+                compensates=r["compensates"],
             )
             for r in rows
         ]
@@ -678,13 +692,47 @@ class PostgresStore(Store):
             rows = list(found.values())[:limit]
             if not rows:
                 return []
+            ids = [r["task_id"] for r in rows]
+            compensable = {
+                r["task_id"] for r in await self._rows(conn, Q["compensable"], {"task_ids": ids})
+            }
+            plans = [
+                next_after_expiry(
+                    TaskState(r["process_state"]),
+                    r["on_failure"],
+                    r["failure_count"] + 1,
+                    r["max_failures"],
+                    r["task_id"] in compensable,
+                )
+                for r in rows
+            ]
+            counts = [r["failure_count"] + 1 for r in rows]
             params = {
                 "task_id": [r["task_id"] for r in rows],
                 "attempt": [r["attempt"] for r in rows],
                 "seq": [r["seq"] for r in rows],
+                "held_as": [r["process_state"] for r in rows],
+                "state": [str(p[0]) for p in plans],
+                "failure_count": [p[1] for p in plans],
+                "error": [
+                    expiry_error(n, r["seq"]) if p[2] else None
+                    for r, p, n in zip(rows, plans, counts, strict=True)
+                ],
+                "backoff": [
+                    min(backoff_maximum, backoff_initial * 2 ** min(n - 1, 60)) for n in counts
+                ],
+                "finished": [p[0] in FINISHED_TASK_STATES for p in plans],
+                "alert": [
+                    (
+                        None
+                        if not p[2]
+                        else "max_failures"
+                        if r["process_state"] == TaskState.PROCESSING
+                        else "compensation_failed"
+                    )
+                    for r, p in zip(rows, plans, strict=True)
+                ],
                 "ord": list(range(len(rows))),
-                "initial": float(backoff_initial),
-                "maximum": float(backoff_maximum),
             }
             for r in await self._rows(conn, Q["reset_tasks"], params):
                 expired.append(
@@ -695,9 +743,9 @@ class PostgresStore(Store):
                         process_state=TaskState(r["process_state"]),
                     )
                 )
-            if any(e.process_state == TaskState.PENDING for e in expired):
+            if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
                 notices.tasks()
-            done = [e.task_id for e in expired if e.process_state == TaskState.ERROR]
+            done = [e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES]
             if done:
                 notices.listed(CHANNEL_TASK_DONE, done)
             await notices.send(conn)
@@ -771,6 +819,8 @@ async def _insert_tasks(conn: Conn, tasks: Sequence[NewTask]) -> list[bool]:
             "priority": [t.priority for t in tasks],
             "complete_within": [float(t.complete_within) for t in tasks],
             "max_failures": [t.max_failures for t in tasks],
+            "on_failure": [t.on_failure for t in tasks],
+            "reply_to": [t.reply_to for t in tasks],
         },
     )
     inserted = {r["task_id"] for r in await cur.fetchall()}

@@ -23,7 +23,13 @@ import orjson
 
 from .._json import loads
 from ..errors import ConfigurationError, SchemaVersionError, StoreError
-from ..states import StepState, TaskState
+from ..states import (
+    FINISHED_TASK_STATES,
+    StepState,
+    TaskState,
+    expiry_error,
+    next_after_expiry,
+)
 from . import _sql
 from .base import (
     CHANNEL_REQUESTS,
@@ -77,6 +83,8 @@ def task_record(row: sqlite3.Row) -> TaskRecord:
         created_at=_dt_required(row["created_at"]),
         updated_at=_dt_required(row["updated_at"]),
         finished_at=_dt(row["finished_at"]),
+        on_failure=row["on_failure"],
+        reply_to=row["reply_to"],
     )
 
 
@@ -100,6 +108,9 @@ def step_record(row: sqlite3.Row) -> StepRecord:
         created_at=_dt_required(row["created_at"]),
         claimed_at=_dt(row["claimed_at"]),
         finished_at=_dt(row["finished_at"]),
+        compensation=row["compensation"],
+        compensation_input=loads(row["compensation_input"]),
+        compensates=row["compensates"],
     )
 
 
@@ -115,6 +126,8 @@ def _insert_tasks(conn: sqlite3.Connection, tasks: Sequence[NewTask], now: float
                 "priority": t.priority,
                 "complete_within": t.complete_within,
                 "max_failures": t.max_failures,
+                "on_failure": t.on_failure,
+                "reply_to": t.reply_to,
                 "now": now,
             },
         )
@@ -440,6 +453,9 @@ class SQLiteStore(Store):
                         priority=d.priority,
                         idempotency_key=f"{d.task_id}/{d.seq}",
                         input=d.input,
+                        compensation=d.compensation,
+                        compensation_input=d.compensation_input,
+                        compensates=d.compensates,
                     )
                     row = conn.execute(Q["dispatch_new"], params).fetchone()
                 else:
@@ -479,37 +495,44 @@ class SQLiteStore(Store):
         return await self._run(read) if keys else []
 
     async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
-        def finish(conn: sqlite3.Connection) -> list[bool]:
+        def finish(conn: sqlite3.Connection) -> list[TaskState | None]:
             now = time.time()
-            done = []
+            done: list[TaskState | None] = []
             for o in batch:
-                cur = conn.execute(
+                compensable = o.state == TaskState.ERROR and _compensable(conn, o.task_id)
+                row = conn.execute(
                     Q["finish_task"],
                     {
                         "task_id": o.task_id,
                         "attempt": o.attempt,
                         "scheduler": o.scheduler,
                         "state": str(o.state),
+                        "held_as": str(o.held_as),
+                        "compensable": compensable,
                         "result": o.result,
                         "error": o.error,
                         "now": now,
                     },
-                )
-                ok = cur.rowcount == 1
-                if ok:
-                    _close_open_steps(conn, o.task_id, o.state, now)
-                if ok and o.state == TaskState.ERROR:
-                    _event(
-                        conn, o.task_id, "alert", {"reason": "task_error", "error": o.error}, now
-                    )
-                done.append(ok)
+                ).fetchone()
+                if row is None:
+                    done.append(None)
+                    continue
+                state = TaskState(row["process_state"])
+                _close_open_steps(conn, o.task_id, state, now)
+                if o.state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
+                    reason = "task_error" if o.state == TaskState.ERROR else str(o.state)
+                    detail = {"reason": reason, "error": o.error, "then": str(state)}
+                    _event(conn, o.task_id, "alert", detail, now)
+                done.append(state)
             return done
 
-        done = await self._write(finish)
-        ids = [o.task_id for o, ok in zip(batch, done, strict=True) if ok]
+        states = await self._write(finish)
+        ids = [o.task_id for o, st in zip(batch, states, strict=True) if st is not None]
         if ids:
             self.notifier.publish(CHANNEL_TASK_DONE, ids)
-        return done
+        if TaskState.COMPENSATING in states:
+            self.notifier.publish(CHANNEL_TASKS, [""])
+        return [st is not None for st in states]
 
     # -- the agents -----------------------------------------------------------------------
     async def claim_requests(
@@ -547,6 +570,7 @@ class SQLiteStore(Store):
                     idempotency_key=r["idempotency_key"],
                     complete_by=_dt_required(r["complete_by"]),
                     remaining=r["complete_by"] - now,
+                    compensates=r["compensates"],
                 )
                 for r in rows
             ]
@@ -633,9 +657,9 @@ class SQLiteStore(Store):
             return _reset(conn, list(found.values())[:limit], now, backoff_initial, backoff_maximum)
 
         expired = await self._write(sweep)
-        if any(e.process_state == TaskState.PENDING for e in expired):
+        if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
             self.notifier.publish(CHANNEL_TASKS, [""])
-        done = [e.task_id for e in expired if e.process_state == TaskState.ERROR]
+        done = [e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES]
         if done:
             self.notifier.publish(CHANNEL_TASK_DONE, done)
         return expired
@@ -647,35 +671,43 @@ def _reset(
     expired = []
     for r in rows:
         count = r["failure_count"] + 1
-        what = f"step {r['seq']}" if r["seq"] is not None else "the task"
-        error = f"complete_by passed {count} time(s), the last time on {what}; max_failures reached"
+        held_as = TaskState(r["process_state"])
+        state, failure_count, alert = next_after_expiry(
+            held_as, r["on_failure"], count, r["max_failures"], _compensable(conn, r["task_id"])
+        )
+        error = expiry_error(count, r["seq"]) if alert else None
         got = conn.execute(
             Q["reset_task"],
             {
                 "task_id": r["task_id"],
                 "attempt": r["attempt"],
+                "held_as": str(held_as),
+                "state": str(state),
+                "failure_count": failure_count,
                 "error": error,
                 "now": now,
+                "finished_at": now if state in FINISHED_TASK_STATES else None,
                 "eligible_at": now + min(maximum, initial * 2 ** (count - 1)),
             },
         ).fetchone()
         if got is None:
             continue
-        state = TaskState(got["process_state"])
-        detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": got["failure_count"]}
+        detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": count}
         _event(conn, r["task_id"], "expired", detail, now)
-        if state == TaskState.ERROR:
+        if state != held_as and state not in (TaskState.PENDING, TaskState.PROCESSING):
             _close_open_steps(conn, r["task_id"], state, now)
-            _event(conn, r["task_id"], "alert", {"reason": "max_failures", "error": error}, now)
+        if alert:
+            reason = "max_failures" if held_as == TaskState.PROCESSING else "compensation_failed"
+            detail = {"reason": reason, "error": error, "then": str(state)}
+            _event(conn, r["task_id"], "alert", detail, now)
         expired.append(
-            Expired(
-                task_id=r["task_id"],
-                seq=r["seq"],
-                failure_count=got["failure_count"],
-                process_state=state,
-            )
+            Expired(task_id=r["task_id"], seq=r["seq"], failure_count=count, process_state=state)
         )
     return expired
+
+
+def _compensable(conn: sqlite3.Connection, task_id: str) -> bool:
+    return bool(conn.execute(Q["compensable"], {"task_id": task_id}).fetchone()[0])
 
 
 def _close_open_steps(conn: sqlite3.Connection, task_id: str, state: TaskState, now: float) -> None:

@@ -25,12 +25,14 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 -- name: insert_tasks
 -- Record pending tasks in one statement; an existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
-                              eligible_at, created_at, updated_at)
+                              on_failure, reply_to, eligible_at, created_at, updated_at)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
-       now(), now(), now()
+       d.on_failure, d.reply_to, now(), now(), now()
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[], %(priority)s::int[],
-            %(complete_within)s::float8[], %(max_failures)s::int[])
-     AS d(task_id, workflow, input, priority, complete_within, max_failures)
+            %(complete_within)s::float8[], %(max_failures)s::int[], %(on_failure)s::text[],
+            %(reply_to)s::text[])
+     AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
+          reply_to)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -40,18 +42,33 @@ SELECT pg_notify(n.channel, n.payload)
 FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
 
 -- name: claim_tasks
--- Claim eligible pending tasks by priority then age, skipping rows other claimers hold.
-UPDATE stepwarden_tasks
-SET locked_by = %(scheduler)s, process_state = 'processing', attempt = attempt + 1,
-    complete_by = now() + make_interval(secs => complete_within), updated_at = now()
-WHERE task_id IN (
-    SELECT task_id FROM stepwarden_tasks
+-- Claim eligible tasks by priority then age, skipping rows other claimers hold: pending ones
+-- (-> processing) and compensating ones no scheduler holds; a new attempt each.
+WITH p AS (
+    SELECT task_id, priority, created_at FROM stepwarden_tasks
     WHERE process_state = 'pending' AND eligible_at <= now()
       AND workflow = ANY(%(workflows)s::text[])
     ORDER BY priority DESC, created_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-  AND process_state = 'pending'
+    FOR UPDATE SKIP LOCKED
+), c AS (
+    SELECT task_id, priority, created_at FROM stepwarden_tasks
+    WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= now()
+      AND workflow = ANY(%(workflows)s::text[])
+    ORDER BY priority DESC, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), pick AS (
+    SELECT task_id FROM (SELECT * FROM p UNION ALL SELECT * FROM c) AS x
+    ORDER BY priority DESC, created_at
+    LIMIT %(limit)s
+)
+UPDATE stepwarden_tasks
+SET locked_by = %(scheduler)s, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
+    complete_by = now() + make_interval(secs => complete_within), updated_at = now()
+WHERE task_id IN (SELECT task_id FROM pick)
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
 
 -- name: steps_of_tasks
@@ -67,12 +84,14 @@ WITH d AS (
                          %(scheduler)s::text[], %(name)s::text[], %(agent)s::text[],
                          %(operation)s::text[], %(priority)s::int[],
                          %(complete_within)s::float8[], %(idempotency_key)s::text[],
-                         %(input)s::text[], %(ord)s::int[])
+                         %(input)s::text[], %(ord)s::int[], %(compensation)s::text[],
+                         %(compensation_input)s::text[], %(compensates)s::int[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
-             complete_within, idempotency_key, input, ord)
+             complete_within, idempotency_key, input, ord, compensation, compensation_input,
+             compensates)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
-    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
     ORDER BY task_id
     FOR SHARE
 ), c AS MATERIALIZED (
@@ -84,10 +103,12 @@ WITH d AS (
 ), ins AS (
     INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
                                   task_attempt, priority, complete_by, idempotency_key, input,
-                                  created_at, dispatched_at)
+                                  created_at, dispatched_at, compensation, compensation_input,
+                                  compensates)
     SELECT task_id, seq, name, agent, operation, 'not_started', 1, task_attempt, priority,
            LEAST(now() + make_interval(secs => complete_within), task_complete_by),
-           idempotency_key, input::json, now(), now()
+           idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
+           compensates
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -105,7 +126,7 @@ WITH d AS (
         AS d(task_id, seq, task_attempt, scheduler, expected_attempt, complete_within, ord)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
-    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
     ORDER BY task_id
     FOR SHARE
 )
@@ -127,7 +148,7 @@ WITH d AS (
         AS d(task_id, seq, task_attempt, scheduler, expected_attempt, ord)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by FROM stepwarden_tasks
-    WHERE task_id IN (SELECT task_id FROM d) AND process_state = 'processing'
+    WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
     ORDER BY task_id
     FOR SHARE
 )
@@ -146,34 +167,61 @@ WHERE (task_id, seq) IN (SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[
   AND state IN ('completed', 'failed')
 
 -- name: finish_tasks
--- processing -> processed | error under the holding attempt and scheduler; alert on error.
+-- End the hold of tasks under the holding attempt and scheduler (in the state held_as).
+-- An error becomes compensating unless on_failure is 'stop', eligible once the open steps'
+-- complete_by has passed (an agent still calling may apply its effect until then). Alerts on
+-- error and compensation_failed; the open steps of each task are closed (abandoned).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
-                         %(state)s::text[], %(result)s::text[], %(error)s::text[],
-                         %(ord)s::int[])
-        AS d(task_id, attempt, scheduler, state, result, error, ord)
+                         %(state)s::text[], %(held_as)s::text[], %(result)s::text[],
+                         %(error)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, scheduler, state, held_as, result, error, ord)
+), o AS MATERIALIZED (
+    SELECT s.task_id, max(s.complete_by) AS open_until FROM stepwarden_steps s
+    WHERE s.task_id IN (SELECT task_id FROM d) AND s.state IN ('not_started', 'running')
+    GROUP BY s.task_id
+), k AS MATERIALIZED (
+    -- The tasks with a step to undo: one with a compensation that took effect or may have.
+    SELECT DISTINCT s.task_id FROM stepwarden_steps s
+    WHERE s.task_id IN (SELECT task_id FROM d WHERE state = 'error')
+      AND s.compensation IS NOT NULL AND s.compensates IS NULL
+      AND (s.state IN ('completed', 'not_started', 'running')
+           OR (s.state = 'failed' AND s.error LIKE 'abandoned:%%'))
 ), u AS (
     UPDATE stepwarden_tasks t
-    SET process_state = d.state, result = d.result::json, error = d.error, locked_by = NULL,
-        complete_by = NULL, finished_at = now(), updated_at = now()
+    SET process_state = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
+                                  AND t.task_id IN (SELECT task_id FROM k)
+                             THEN 'compensating' ELSE d.state END,
+        failure_count = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
+                                  AND t.task_id IN (SELECT task_id FROM k)
+                             THEN 0 ELSE t.failure_count END,
+        eligible_at = GREATEST(now(), (SELECT o.open_until FROM o WHERE o.task_id = t.task_id)),
+        finished_at = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
+                                AND t.task_id IN (SELECT task_id FROM k)
+                           THEN NULL ELSE now() END,
+        result = d.result::json, error = d.error, locked_by = NULL, complete_by = NULL,
+        updated_at = now()
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
-      AND t.process_state = 'processing'
-    RETURNING d.ord, d.task_id, d.state, d.error
+      AND t.process_state = d.held_as
+    RETURNING d.ord, d.task_id, d.state AS outcome, t.process_state, d.error
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
-    SELECT task_id, now(), 'alert', json_build_object('reason', 'task_error', 'error', error)
-    FROM u WHERE state = 'error'
+    SELECT task_id, now(), 'alert',
+           json_build_object('reason', CASE WHEN outcome = 'error' THEN 'task_error'
+                                            ELSE outcome END,
+                             'error', error, 'then', process_state)
+    FROM u WHERE outcome IN ('error', 'compensation_failed')
     ORDER BY ord
 ), c AS (
     -- A finished task leaves no request behind: its open steps are closed.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = 'abandoned: the task is ' || u.state, locked_by = NULL,
-        finished_at = now()
+    SET state = 'failed', error = 'abandoned: the task is ' || u.process_state,
+        locked_by = NULL, finished_at = now()
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
-SELECT ord FROM u
+SELECT ord, process_state FROM u
 
 -- name: claim_requests
 -- Claim queued requests in time: not_started -> running, skipping rows others hold.
@@ -188,7 +236,8 @@ WHERE (task_id, seq) IN (
     FOR UPDATE SKIP LOCKED)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by, priority,
-          dispatched_at, extract(epoch FROM complete_by - now())::float8 AS remaining
+          dispatched_at, compensates,
+          extract(epoch FROM complete_by - now())::float8 AS remaining
 
 -- name: complete_steps
 -- running -> completed | failed for the current attempt, its agent, before complete_by.
@@ -236,72 +285,80 @@ WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s AND expires_at
 FOR UPDATE
 
 -- name: expired_steps
--- Open steps of the current attempt of processing tasks whose complete_by passed.
+-- Open steps of the current attempt of held tasks whose complete_by passed.
 -- (The lateral LIMIT 1 keeps the plan a walk of the expiry index with one task lookup each.)
-SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, s.seq
+SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
+       s.seq
 FROM stepwarden_steps s
 CROSS JOIN LATERAL (
-    SELECT task_id, attempt, failure_count, max_failures FROM stepwarden_tasks
-    WHERE task_id = s.task_id AND process_state = 'processing' AND attempt = s.task_attempt
+    SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure
+    FROM stepwarden_tasks
+    WHERE task_id = s.task_id AND process_state IN ('processing', 'compensating')
+      AND attempt = s.task_attempt
     LIMIT 1) t
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < now()
 ORDER BY s.complete_by
 LIMIT %(limit)s
 
 -- name: expired_tasks
--- Processing tasks whose complete_by passed.
-SELECT task_id, attempt, failure_count, max_failures, NULL::integer AS seq
+-- Held tasks (processing, compensating) whose complete_by passed.
+SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure,
+       NULL::integer AS seq
 FROM stepwarden_tasks
-WHERE process_state = 'processing' AND complete_by < now()
+WHERE complete_by < now() AND process_state IN ('processing', 'compensating')
 ORDER BY complete_by
 LIMIT %(limit)s
 
+-- name: compensable
+-- Of the given tasks, those with a step to undo: one with a compensation that took effect
+-- or may have (completed, open, or abandoned while open).
+SELECT DISTINCT task_id FROM stepwarden_steps
+WHERE task_id = ANY(%(task_ids)s::text[]) AND compensation IS NOT NULL AND compensates IS NULL
+  AND (state IN ('completed', 'not_started', 'running')
+       OR (state = 'failed' AND error LIKE 'abandoned:%%'))
+
 -- name: reset_tasks
--- The supervisor's recovery: processing -> pending after a backoff, or error at max_failures.
+-- The supervisor's recovery of expired tasks into the states worked out by the caller from
+-- the rows read in this transaction, each fenced by the attempt and state it read.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
-                         %(ord)s::int[])
-        AS d(task_id, attempt, seq, ord)
+                         %(held_as)s::text[], %(state)s::text[], %(failure_count)s::int[],
+                         %(error)s::text[], %(backoff)s::float8[], %(finished)s::bool[],
+                         %(alert)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, seq, held_as, state, failure_count, error, backoff, finished,
+             alert, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
-    SET failure_count = t.failure_count + 1, locked_by = NULL, complete_by = NULL,
-        process_state = CASE WHEN t.failure_count + 1 >= t.max_failures
-                             THEN 'error' ELSE 'pending' END,
-        error = CASE WHEN t.failure_count + 1 >= t.max_failures
-                     THEN 'complete_by passed ' || (t.failure_count + 1)
-                          || ' time(s), the last time on '
-                          || CASE WHEN d.seq IS NULL THEN 'the task' ELSE 'step ' || d.seq END
-                          || '; max_failures reached'
-                     ELSE t.error END,
-        finished_at = CASE WHEN t.failure_count + 1 >= t.max_failures THEN now() END,
-        eligible_at = now() + make_interval(secs => LEAST(
-            %(maximum)s::float8,
-            %(initial)s::float8 * power(2.0::float8, LEAST(t.failure_count, 60)))),
-        updated_at = now()
+    SET failure_count = d.failure_count, locked_by = NULL, complete_by = NULL,
+        process_state = d.state, error = coalesce(d.error, t.error),
+        finished_at = CASE WHEN d.finished THEN now() END,
+        eligible_at = now() + make_interval(secs => d.backoff), updated_at = now()
     FROM d
-    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = 'processing'
-    RETURNING d.ord, t.task_id, d.attempt, d.seq, t.failure_count, t.process_state, t.error
+    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = d.held_as
+    RETURNING d.ord, t.task_id, d.attempt, d.seq, d.held_as, d.failure_count AS count,
+              t.process_state, t.error, d.alert
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT u.task_id, now(), x.kind, x.detail
     FROM u CROSS JOIN LATERAL (VALUES
         (1, 'expired', json_build_object('seq', u.seq, 'attempt', u.attempt,
-                                         'failure_count', u.failure_count)),
-        (2, 'alert', CASE WHEN u.process_state = 'error'
-                          THEN json_build_object('reason', 'max_failures', 'error', u.error)
+                                         'failure_count', u.count)),
+        (2, 'alert', CASE WHEN u.alert IS NOT NULL
+                          THEN json_build_object('reason', u.alert, 'error', u.error,
+                                                 'then', u.process_state)
                      END)) AS x(k, kind, detail)
     WHERE x.detail IS NOT NULL
     ORDER BY u.ord, x.k
 ), c AS (
-    -- A task in error leaves no request behind: its open steps are closed.
+    -- A task leaving the held states leaves no request behind.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = 'abandoned: the task is error', locked_by = NULL,
-        finished_at = now()
+    SET state = 'failed', error = 'abandoned: the task is ' || u.process_state,
+        locked_by = NULL, finished_at = now()
     FROM u
-    WHERE u.process_state = 'error' AND s.task_id = u.task_id
+    WHERE u.process_state NOT IN ('pending', u.held_as) AND s.task_id = u.task_id
       AND s.state IN ('not_started', 'running')
 )
-SELECT ord, task_id, seq, failure_count, process_state FROM u ORDER BY ord
+SELECT ord, task_id, seq, count AS failure_count, process_state FROM u ORDER BY ord
 
 -- name: get_task
 -- One task.

@@ -1,8 +1,9 @@
 -- name: insert_task
 -- Record a pending task; an existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
-                              eligible_at, created_at, updated_at)
-VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :now, :now, :now)
+                              on_failure, reply_to, eligible_at, created_at, updated_at)
+VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
+        :reply_to, :now, :now, :now)
 ON CONFLICT (task_id) DO NOTHING
 
 -- name: any_pending
@@ -10,20 +11,31 @@ ON CONFLICT (task_id) DO NOTHING
 SELECT 1 FROM stepwarden_tasks
 WHERE process_state = 'pending' AND eligible_at <= :now
   AND workflow IN (SELECT value FROM json_each(:workflows))
+UNION ALL
+SELECT 1 FROM stepwarden_tasks
+WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= :now
+  AND workflow IN (SELECT value FROM json_each(:workflows))
 LIMIT 1
 
 -- name: claim_tasks
--- Claim eligible pending tasks by priority then age: pending -> processing, a new attempt.
+-- Claim eligible tasks by priority then age, a new attempt each: pending -> processing, and
+-- compensating tasks no scheduler holds.
 UPDATE stepwarden_tasks
-SET locked_by = :scheduler, process_state = 'processing', attempt = attempt + 1,
+SET locked_by = :scheduler, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
     complete_by = :now + complete_within, updated_at = :now
 WHERE task_id IN (
-    SELECT task_id FROM stepwarden_tasks
-    WHERE process_state = 'pending' AND eligible_at <= :now
-      AND workflow IN (SELECT value FROM json_each(:workflows))
+    SELECT task_id FROM (
+        SELECT task_id, priority, created_at FROM stepwarden_tasks
+        WHERE process_state = 'pending' AND eligible_at <= :now
+          AND workflow IN (SELECT value FROM json_each(:workflows))
+        UNION ALL
+        SELECT task_id, priority, created_at FROM stepwarden_tasks
+        WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= :now
+          AND workflow IN (SELECT value FROM json_each(:workflows)))
     ORDER BY priority DESC, created_at
     LIMIT :limit)
-  AND process_state = 'pending'
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *
 
 -- name: steps_of_tasks
@@ -36,12 +48,13 @@ ORDER BY task_id, seq
 -- The step's complete_by never passes the task's.
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
-                              dispatched_at)
+                              dispatched_at, compensation, compensation_input, compensates)
 SELECT :task_id, :seq, :name, :agent, :operation, 'not_started', 1, :task_attempt, :priority,
-       MIN(:now + :complete_within, t.complete_by), :idempotency_key, :input, :now, :now
+       MIN(:now + :complete_within, t.complete_by), :idempotency_key, :input, :now, :now,
+       :compensation, :compensation_input, :compensates
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
-  AND t.process_state = 'processing'
+  AND t.process_state IN ('processing', 'compensating')
 ON CONFLICT (task_id, seq) DO NOTHING
 RETURNING attempt, complete_by
 
@@ -55,8 +68,8 @@ SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
 WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND state IN ('not_started', 'running')
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
-              WHERE t.task_id = :task_id AND t.attempt = :task_attempt
-                AND t.locked_by = :scheduler AND t.process_state = 'processing')
+              WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
+                AND t.process_state IN ('processing', 'compensating'))
 RETURNING attempt, complete_by
 
 -- name: dispatch_adopt
@@ -66,8 +79,8 @@ SET task_attempt = :task_attempt
 WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND state IN ('not_started', 'running') AND complete_by > :now
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
-              WHERE t.task_id = :task_id AND t.attempt = :task_attempt
-                AND t.locked_by = :scheduler AND t.process_state = 'processing')
+              WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
+                AND t.process_state IN ('processing', 'compensating'))
 RETURNING attempt, complete_by
 
 -- name: finished_steps
@@ -77,12 +90,23 @@ WHERE (task_id, seq) IN (SELECT json_extract(value, '$[0]'), json_extract(value,
   AND state IN ('completed', 'failed')
 
 -- name: finish_task
--- processing -> processed | error, only under the attempt and scheduler that hold the task.
+-- End the hold of a task, only under the attempt and scheduler that hold it in :held_as.
+-- An error becomes compensating (unless on_failure is 'stop'), eligible once the open steps'
+-- complete_by has passed: an agent still calling may yet apply its effect until then.
 UPDATE stepwarden_tasks
-SET process_state = :state, result = :result, error = :error, locked_by = NULL,
-    complete_by = NULL, finished_at = :now, updated_at = :now
+SET process_state = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
+                         THEN 'compensating' ELSE :state END,
+    result = :result, error = :error, locked_by = NULL, complete_by = NULL, updated_at = :now,
+    failure_count = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
+                         THEN 0 ELSE failure_count END,
+    eligible_at = MAX(:now, coalesce((SELECT max(complete_by) FROM stepwarden_steps s
+                                      WHERE s.task_id = :task_id
+                                        AND s.state IN ('not_started', 'running')), 0)),
+    finished_at = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
+                       THEN NULL ELSE :now END
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
-  AND process_state = 'processing'
+  AND process_state = :held_as
+RETURNING process_state
 
 -- name: close_open_steps
 -- A finished task leaves no request behind: its open steps are closed, so no agent claims them
@@ -90,6 +114,15 @@ WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
 UPDATE stepwarden_steps
 SET state = 'failed', error = :error, locked_by = NULL, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running')
+
+-- name: compensable
+-- Whether a task has a step to undo: one with a compensation that took effect or may have
+-- (completed, open, or abandoned while open).
+SELECT EXISTS (
+    SELECT 1 FROM stepwarden_steps
+    WHERE task_id = :task_id AND compensation IS NOT NULL AND compensates IS NULL
+      AND (state IN ('completed', 'not_started', 'running')
+           OR (state = 'failed' AND error LIKE 'abandoned:%'))) AS compensable
 
 -- name: any_request
 SELECT 1 FROM stepwarden_steps
@@ -108,7 +141,8 @@ WHERE (task_id, seq) IN (
     ORDER BY priority DESC, dispatched_at
     LIMIT :limit)
   AND state = 'not_started'
-RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by
+RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
+          compensates
 
 -- name: complete_step
 -- running -> completed | failed, only for the current attempt, its agent, before complete_by.
@@ -137,30 +171,30 @@ SELECT 1 FROM stepwarden_leases
 WHERE name = :name AND holder = :holder AND term = :term AND expires_at > :now
 
 -- name: expired_tasks
-SELECT task_id, attempt, failure_count, max_failures, NULL AS seq
+SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure, NULL AS seq
 FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
-WHERE process_state = 'processing' AND complete_by < :now
+WHERE complete_by < :now AND process_state IN ('processing', 'compensating')
 ORDER BY complete_by
 LIMIT :limit
 
 -- name: expired_steps
-SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, s.seq
+SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
+       s.seq
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
-  AND t.process_state = 'processing' AND s.task_attempt = t.attempt
+  AND t.process_state IN ('processing', 'compensating') AND s.task_attempt = t.attempt
 ORDER BY s.complete_by
 LIMIT :limit
 
 -- name: reset_task
--- The supervisor's recovery: processing -> pending after a backoff, or error at max_failures.
+-- The supervisor's recovery of an expired task into :state (worked out by the caller from
+-- the row it read in this transaction), fenced by the attempt and state it read.
 UPDATE stepwarden_tasks
-SET failure_count = failure_count + 1, locked_by = NULL, complete_by = NULL,
-    process_state = CASE WHEN failure_count + 1 >= max_failures THEN 'error' ELSE 'pending' END,
-    error = CASE WHEN failure_count + 1 >= max_failures THEN :error ELSE error END,
-    finished_at = CASE WHEN failure_count + 1 >= max_failures THEN :now ELSE NULL END,
-    eligible_at = :eligible_at, updated_at = :now
-WHERE task_id = :task_id AND attempt = :attempt AND process_state = 'processing'
+SET failure_count = :failure_count, locked_by = NULL, complete_by = NULL,
+    process_state = :state, error = coalesce(:error, error),
+    finished_at = :finished_at, eligible_at = :eligible_at, updated_at = :now
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
 RETURNING failure_count, process_state
 
 -- name: get_task
