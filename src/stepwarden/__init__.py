@@ -5,6 +5,7 @@ from __future__ import annotations
 from .agent import Agent, Call, Operation
 from .app import App, TaskTransaction, TaskView
 from .errors import (
+    ActionRefused,
     ConfigurationError,
     NonDeterminismError,
     PayloadError,
@@ -19,14 +20,16 @@ from .errors import (
     UnknownNameError,
 )
 from .retry import Backoff, Retry
-from .states import StepState, TaskState
-from .store.base import EventRecord, StepRecord, TaskRecord
+from .states import OnFailure, StepState, TaskState
+from .store.base import ActionOutcome, EventRecord, StepRecord, TaskRecord
 from .worker import Worker, WorkerOptions
 from .workflow import Context, Workflow
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActionOutcome",
+    "ActionRefused",
     "Agent",
     "App",
     "Backoff",
@@ -35,6 +38,7 @@ __all__ = [
     "Context",
     "EventRecord",
     "NonDeterminismError",
+    "OnFailure",
     "Operation",
     "PayloadError",
     "PermanentError",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 from . import _json
 from .agent import Agent, Operation
 from .errors import (
+    ActionRefused,
     ConfigurationError,
     ResultTimeout,
     TaskFailed,
@@ -25,9 +27,18 @@ from .errors import (
     UnknownNameError,
 )
 from .retry import Retry
-from .states import FINISHED_TASK_STATES, OnFailure, TaskState
+from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import Store, open_store
-from .store.base import EventRecord, NewTask, StepRecord, TaskRecord, Transaction
+from .store.base import (
+    ActionOutcome,
+    EventRecord,
+    NewTask,
+    OperatorAction,
+    StepRecord,
+    TaskRecord,
+    Transaction,
+    plan_action,
+)
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
@@ -279,6 +290,133 @@ class App:
     ) -> list[TaskRecord]:
         return self._call(self.tasks_async(state=state, workflow=workflow, limit=limit))
 
+    # -- the operator ---------------------------------------------------------------------
+    async def operate_async(
+        self,
+        action: str,
+        task_ids: Sequence[str] | None = None,
+        *,
+        state: TaskState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 10_000,
+        reason: str | None = None,
+        by: str | None = None,
+        dry_run: bool = False,
+        seq: int | None = None,
+        result: Any = None,
+    ) -> list[ActionOutcome]:
+        """Apply an operator action (retry, skip, pause, resume, cancel, compensate) to the
+        tasks named, or to those matching `state` and `workflow` (bulk). Each action is
+        recorded in the task's history with `by` (default: the user running this) and
+        `reason`. With `dry_run`, nothing is written: each outcome says what would happen."""
+        if action not in OPERATOR_ACTIONS:
+            known = ", ".join(OPERATOR_ACTIONS)
+            raise ConfigurationError(f"unknown action {action!r} (known: {known})")
+        if action == "skip" and (seq is None or task_ids is None):
+            raise ConfigurationError("skip needs the task and the step (seq)")
+        if task_ids is None and state is None and workflow is None:
+            raise ConfigurationError("name the tasks, or a filter (state, workflow)")
+        store = await self.store()
+        if task_ids is None:
+            wanted = TaskState(state) if state is not None else None
+            found = await store.list_tasks(state=wanted, workflow=workflow, limit=limit)
+            task_ids = [t.task_id for t in found]
+        result_json = _json.dumps(result, what="the step result") if action == "skip" else None
+        actions = [
+            OperatorAction(
+                action=action,  # type: ignore[arg-type]
+                task_id=task_id,
+                actor=by or _operator_name(),
+                reason=reason,
+                seq=seq,
+                result=result_json,
+            )
+            for task_id in task_ids
+        ]
+        if dry_run:
+            return [await self._preview(store, a) for a in actions]
+        outcomes: list[ActionOutcome] = []
+        for i in range(0, len(actions), 500):
+            outcomes.extend(await store.operate(actions[i : i + 500]))
+        return outcomes
+
+    async def _preview(self, store: Store, action: OperatorAction) -> ActionOutcome:
+        task = await store.get_task(action.task_id)
+        if task is None:
+            return ActionOutcome(
+                task_id=action.task_id,
+                applied=False,
+                before=None,
+                after=None,
+                message=f"no task {action.task_id!r}",
+            )
+        plan = plan_action(action, task.process_state)
+        if isinstance(plan, str):
+            return ActionOutcome(
+                task_id=action.task_id,
+                applied=False,
+                before=task.process_state,
+                after=task.process_state,
+                message=plan,
+            )
+        return ActionOutcome(
+            task_id=action.task_id,
+            applied=False,
+            before=plan.before,
+            after=plan.after,
+            message=f"would {action.action}: {plan.before} -> {plan.after}",
+        )
+
+    async def _one(self, action: str, task_id: str, **kwargs: Any) -> TaskState:
+        [outcome] = await self.operate_async(action, [task_id], **kwargs)
+        if outcome.before is None:
+            raise TaskNotFound(outcome.message)
+        if not outcome.applied or outcome.after is None:
+            raise ActionRefused(outcome.message)
+        return outcome.after
+
+    async def retry_async(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        """Resubmit a task in error (or whose compensation failed): its failed steps run
+        again under new attempts and the same idempotency keys; completed ones are kept."""
+        return await self._one("retry", task_id, reason=reason)
+
+    async def skip_async(
+        self, task_id: str, seq: int, result: Any = None, *, reason: str | None = None
+    ) -> TaskState:
+        """Mark step `seq` completed with `result`, as if its operation had returned it."""
+        return await self._one("skip", task_id, seq=seq, result=result, reason=reason)
+
+    async def pause_async(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        return await self._one("pause", task_id, reason=reason)
+
+    async def resume_async(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        return await self._one("resume", task_id, reason=reason)
+
+    async def cancel_async(
+        self, task_id: str, *, compensate: bool = False, reason: str | None = None
+    ) -> TaskState:
+        """Cancel a task; with `compensate`, undo its steps first (it then ends compensated)."""
+        return await self._one("compensate" if compensate else "cancel", task_id, reason=reason)
+
+    def retry(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        return self._call(self.retry_async(task_id, reason=reason))
+
+    def skip(
+        self, task_id: str, seq: int, result: Any = None, *, reason: str | None = None
+    ) -> TaskState:
+        return self._call(self.skip_async(task_id, seq, result, reason=reason))
+
+    def pause(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        return self._call(self.pause_async(task_id, reason=reason))
+
+    def resume(self, task_id: str, *, reason: str | None = None) -> TaskState:
+        return self._call(self.resume_async(task_id, reason=reason))
+
+    def cancel(
+        self, task_id: str, *, compensate: bool = False, reason: str | None = None
+    ) -> TaskState:
+        return self._call(self.cancel_async(task_id, compensate=compensate, reason=reason))
+
     def __repr__(self) -> str:
         return f"<App {self.name} store={self.store_url!r}>"
 
@@ -323,3 +461,10 @@ class _Portal:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+def _operator_name() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return "unknown"

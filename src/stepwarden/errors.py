@@ -7,7 +7,8 @@ StepwardenError
 ├── StoreError                the database failed; the driver's error is the __cause__
 │   └── SchemaVersionError    the database schema is newer than this code
 ├── TaskNotFound
-├── TaskFailed                a task ended in Error; raised by App.result
+├── TaskFailed                a task did not succeed; raised by App.result
+├── ActionRefused             an operator action does not apply to the task's state
 ├── ResultTimeout             App.result gave up waiting
 ├── NonDeterminismError       a resumed workflow asked for a different step
 ├── StepFailed                a step failed permanently; raised inside the workflow
@@ -54,6 +55,10 @@ class TaskFailed(StepwardenError):
         self.task_id = task_id
         self.error = error
         self.state = state
+
+
+class ActionRefused(StepwardenError):
+    """An operator action does not apply to the task in its present state."""
 
 
 class ResultTimeout(StepwardenError):

@@ -138,3 +138,47 @@ def expiry_error(failure_count: int, seq: int | None) -> str:
     return (
         f"complete_by passed {failure_count} time(s), the last time on {what}; max_failures reached"
     )
+
+
+OPERATOR_ACTIONS: dict[str, dict[TaskState, TaskState]] = {
+    # The operator's resubmission: the failed steps run again, the completed ones are kept.
+    "retry": {
+        TaskState.ERROR: TaskState.PENDING,
+        TaskState.COMPENSATION_FAILED: TaskState.COMPENSATING,
+    },
+    "pause": {TaskState.PENDING: TaskState.PAUSED, TaskState.PROCESSING: TaskState.PAUSED},
+    "resume": {TaskState.PAUSED: TaskState.PENDING},
+    "cancel": {
+        s: TaskState.CANCELLED
+        for s in (
+            TaskState.PENDING,
+            TaskState.PROCESSING,
+            TaskState.PAUSED,
+            TaskState.ERROR,
+            TaskState.COMPENSATION_FAILED,
+        )
+    },
+    "compensate": {
+        s: TaskState.COMPENSATING
+        for s in (
+            TaskState.PENDING,
+            TaskState.PROCESSING,
+            TaskState.PAUSED,
+            TaskState.ERROR,
+            TaskState.COMPENSATION_FAILED,
+        )
+    },
+    # A step marked completed by hand; the task stays where it is.
+    "skip": {
+        s: s
+        for s in (
+            TaskState.PENDING,
+            TaskState.PROCESSING,
+            TaskState.PAUSED,
+            TaskState.ERROR,
+            TaskState.COMPENSATING,
+            TaskState.COMPENSATION_FAILED,
+        )
+    },
+}
+"""For each operator action, the states a task may be in and where the action takes it."""

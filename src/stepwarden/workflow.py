@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _json
 from .errors import ConfigurationError, NonDeterminismError, StepFailed
-from .states import StepState
+from .states import OnFailure, StepState
 from .store.base import StepDispatch, StepRecord
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ class Workflow:
     fn: WorkflowFn
     complete_within: timedelta
     max_failures: int
+    on_failure: OnFailure = OnFailure.COMPENSATE
 
     def __post_init__(self) -> None:
         if self.complete_within <= timedelta(0):
@@ -68,12 +69,17 @@ class Context:
         *args: Any,
         complete_within: timedelta | None = None,
         name: str | None = None,
+        compensate: Operation | None = None,
     ) -> Any:
         """Run `operation(*args)` through its agent and return its result.
 
         The step is recorded (with its complete_by) before its request is queued. On resume,
         a completed step returns its recorded result without running again; a failed one
         raises StepFailed.
+
+        `compensate` names the operation that undoes this step, should the task fail later:
+        it is recorded with the step and called with the same arguments (its `Call` names
+        the step it undoes in `compensates_key`).
         """
         seq = self._next_seq
         self._next_seq += 1
@@ -97,9 +103,10 @@ class Context:
         )
         if recorded is None:
             payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
-            return await self._scheduler.run_step(
-                self._held, replace(first, input=payload), step_name
-            )
+            new = replace(first, input=payload)
+            if compensate is not None:
+                new = replace(new, compensation=compensate.qualname, compensation_input=payload)
+            return await self._scheduler.run_step(self._held, new, step_name)
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:

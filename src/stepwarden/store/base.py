@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ..states import StepState, TaskState
+from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, StepState, TaskState
 
 CHANNEL_TASKS = "tasks"
 """Woken when tasks become pending."""
@@ -211,6 +211,71 @@ class EventRecord:
     detail: Any
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorAction:
+    """One operator action on one task (see `states.OPERATOR_ACTIONS`)."""
+
+    action: Literal["retry", "skip", "pause", "resume", "cancel", "compensate"]
+    task_id: str
+    actor: str
+    reason: str | None = None
+    seq: int | None = None  # skip: the step
+    result: str | None = None  # skip: the step's result, JSON text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionOutcome:
+    task_id: str
+    applied: bool
+    before: TaskState | None  # None when there is no such task
+    after: TaskState | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPlan:
+    """What the store writes for one operator action on a task found in `before`."""
+
+    before: TaskState
+    after: TaskState
+    reset_failures: bool
+    wait_open: bool  # eligible once the open steps' complete_by has passed
+    final: bool
+    close_open: bool  # the open steps are closed (abandoned)
+    reopen: bool | None  # retry: reopen the failed compensations (True) or forward steps
+
+
+def plan_action(action: OperatorAction, before: TaskState) -> ActionPlan | str:
+    """The plan for `action` on a task in `before`, or why it is refused."""
+    moves = OPERATOR_ACTIONS[action.action]
+    if before not in moves:
+        allowed = ", ".join(sorted(moves))
+        return f"cannot {action.action} a task that is {before} (only when {allowed})"
+    after = moves[before]
+    return ActionPlan(
+        before=before,
+        after=after,
+        reset_failures=action.action in ("retry", "compensate"),
+        wait_open=after == TaskState.COMPENSATING,
+        final=after in FINISHED_TASK_STATES,
+        close_open=action.action in ("cancel", "compensate"),
+        reopen=(after == TaskState.COMPENSATING) if action.action == "retry" else None,
+    )
+
+
+def action_detail(action: OperatorAction, plan: ActionPlan) -> dict[str, Any]:
+    detail: dict[str, Any] = {
+        "action": action.action,
+        "by": action.actor,
+        "reason": action.reason,
+        "from": str(plan.before),
+        "to": str(plan.after),
+    }
+    if action.seq is not None:
+        detail["seq"] = action.seq
+    return detail
+
+
 class Subscription:
     """Wake-ups for one channel. Payloads pile up between waits; `wait` drains them."""
 
@@ -329,6 +394,12 @@ class Store(abc.ABC):
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]: ...
+
+    # -- the operator ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
+        """Apply operator actions in one transaction, each a conditional update from the
+        state and attempt it reads, recorded as an `operator` event (who, why, from, to)."""
 
     # -- the scheduler --------------------------------------------------------------------
     @abc.abstractmethod

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
@@ -35,11 +36,13 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    ActionOutcome,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
     NewTask,
+    OperatorAction,
     Request,
     StepDispatch,
     StepOutcome,
@@ -48,6 +51,8 @@ from .base import (
     TaskOutcome,
     TaskRecord,
     Transaction,
+    action_detail,
+    plan_action,
     step_key,
 )
 
@@ -454,6 +459,86 @@ class PostgresStore(Store):
         ]
 
     # -- the scheduler --------------------------------------------------------------------
+    async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
+        outcomes: list[ActionOutcome] = []
+        notices = _Notices()
+        async with self._transaction() as conn:
+            for action in actions:
+                outcomes.append(await self._operate(conn, action))
+            moved = {o.after for o in outcomes if o.applied}
+            if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
+                notices.tasks()
+            if moved & FINISHED_TASK_STATES:
+                notices.listed(CHANNEL_TASK_DONE, [o.task_id for o in outcomes if o.applied])
+            skipped = [
+                step_key(a.task_id, a.seq)
+                for a, o in zip(actions, outcomes, strict=True)
+                if o.applied and a.action == "skip" and a.seq is not None
+            ]
+            if skipped:
+                notices.listed(CHANNEL_RESULTS, skipped)
+            await notices.send(conn)
+        notices.publish(self)
+        return outcomes
+
+    async def _operate(self, conn: Conn, action: OperatorAction) -> ActionOutcome:
+        rows = await self._rows(conn, Q["op_read_task"], {"task_id": action.task_id})
+        if not rows:
+            return ActionOutcome(
+                task_id=action.task_id,
+                applied=False,
+                before=None,
+                after=None,
+                message=f"no task {action.task_id!r}",
+            )
+        before = TaskState(rows[0]["process_state"])
+        plan = plan_action(action, before)
+        if isinstance(plan, str):
+            return ActionOutcome(
+                task_id=action.task_id, applied=False, before=before, after=before, message=plan
+            )
+        if action.action == "skip":
+            params: dict[str, Any] = {
+                "task_id": action.task_id,
+                "seq": action.seq,
+                "result": action.result,
+            }
+            if not await self._rows(conn, Q["op_skip_step"], params):
+                return ActionOutcome(
+                    task_id=action.task_id,
+                    applied=False,
+                    before=before,
+                    after=before,
+                    message=f"task {action.task_id!r} has no step {action.seq} left to complete",
+                )
+        else:
+            await conn.execute(
+                Q["op_move_task"],
+                {
+                    "task_id": action.task_id,
+                    "from": str(before),
+                    "attempt": rows[0]["attempt"],
+                    "to": str(plan.after),
+                    "reset_failures": plan.reset_failures,
+                    "wait_open": plan.wait_open,
+                    "final": plan.final,
+                },
+            )
+            if plan.close_open:
+                await conn.execute(
+                    Q["op_close_open_steps"], {"task_id": action.task_id, "state": str(plan.after)}
+                )
+            if plan.reopen is not None:
+                await conn.execute(
+                    Q["op_reopen_steps"],
+                    {"task_id": action.task_id, "compensations": plan.reopen},
+                )
+        detail = orjson.dumps(action_detail(action, plan)).decode()
+        await conn.execute(Q["op_event"], {"task_id": action.task_id, "detail": detail})
+        return ActionOutcome(
+            task_id=action.task_id, applied=True, before=before, after=plan.after, message="done"
+        )
+
     async def claim_tasks(
         self, scheduler: str, workflows: Sequence[str], limit: int
     ) -> list[ClaimedTask]:

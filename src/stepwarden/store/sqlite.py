@@ -36,11 +36,13 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    ActionOutcome,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
     NewTask,
+    OperatorAction,
     Request,
     StepDispatch,
     StepOutcome,
@@ -49,6 +51,8 @@ from .base import (
     TaskOutcome,
     TaskRecord,
     Transaction,
+    action_detail,
+    plan_action,
     step_key,
 )
 
@@ -392,6 +396,27 @@ class SQLiteStore(Store):
 
         return await self._run(read)
 
+    # -- the operator ---------------------------------------------------------------------
+    async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
+        def apply(conn: sqlite3.Connection) -> list[ActionOutcome]:
+            now = time.time()
+            return [_operate(conn, a, now) for a in actions]
+
+        outcomes = await self._write(apply)
+        moved = {o.after for o in outcomes if o.applied}
+        if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
+            self.notifier.publish(CHANNEL_TASKS, [""])
+        if moved & FINISHED_TASK_STATES:
+            self.notifier.publish(CHANNEL_TASK_DONE, [o.task_id for o in outcomes if o.applied])
+        skipped = [
+            step_key(a.task_id, a.seq)
+            for a, o in zip(actions, outcomes, strict=True)
+            if o.applied and a.action == "skip" and a.seq is not None
+        ]
+        if skipped:
+            self.notifier.publish(CHANNEL_RESULTS, skipped)
+        return outcomes
+
     # -- the scheduler --------------------------------------------------------------------
     async def claim_tasks(
         self, scheduler: str, workflows: Sequence[str], limit: int
@@ -704,6 +729,63 @@ def _reset(
             Expired(task_id=r["task_id"], seq=r["seq"], failure_count=count, process_state=state)
         )
     return expired
+
+
+def _operate(conn: sqlite3.Connection, action: OperatorAction, now: float) -> ActionOutcome:
+    row = conn.execute(Q["op_read_task"], {"task_id": action.task_id}).fetchone()
+    if row is None:
+        return ActionOutcome(
+            task_id=action.task_id,
+            applied=False,
+            before=None,
+            after=None,
+            message=f"no task {action.task_id!r}",
+        )
+    before = TaskState(row["process_state"])
+    plan = plan_action(action, before)
+    if isinstance(plan, str):
+        return ActionOutcome(
+            task_id=action.task_id, applied=False, before=before, after=before, message=plan
+        )
+    if action.action == "skip":
+        params: dict[str, Any] = {
+            "task_id": action.task_id,
+            "seq": action.seq,
+            "result": action.result,
+            "now": now,
+        }
+        if conn.execute(Q["op_skip_step"], params).fetchone() is None:
+            return ActionOutcome(
+                task_id=action.task_id,
+                applied=False,
+                before=before,
+                after=before,
+                message=f"task {action.task_id!r} has no step {action.seq} left to complete",
+            )
+    else:
+        moved = conn.execute(
+            Q["op_move_task"],
+            {
+                "task_id": action.task_id,
+                "from": str(before),
+                "attempt": row["attempt"],
+                "to": str(plan.after),
+                "reset_failures": plan.reset_failures,
+                "wait_open": plan.wait_open,
+                "final": plan.final,
+                "now": now,
+            },
+        )
+        assert moved.rowcount == 1  # read under the same write lock
+        if plan.close_open:
+            _close_open_steps(conn, action.task_id, plan.after, now)
+        if plan.reopen is not None:
+            reopen = {"task_id": action.task_id, "compensations": plan.reopen, "now": now}
+            conn.execute(Q["op_reopen_steps"], reopen).fetchall()
+    _event(conn, action.task_id, "operator", action_detail(action, plan), now)
+    return ActionOutcome(
+        task_id=action.task_id, applied=True, before=before, after=plan.after, message="done"
+    )
 
 
 def _compensable(conn: sqlite3.Connection, task_id: str) -> bool:

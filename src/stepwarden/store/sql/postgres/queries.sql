@@ -387,3 +387,52 @@ WHERE (%(task_id)s::text IS NULL OR task_id = %(task_id)s::text)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id
 LIMIT %(limit)s
+
+-- name: op_read_task
+-- An operator action reads the task it acts on, and locks it until commit.
+SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE
+
+-- name: op_move_task
+-- An operator action moves the task from the state and attempt it read. Releasing a held task
+-- fences out its scheduler; a compensation waits for the open steps' complete_by.
+UPDATE stepwarden_tasks
+SET process_state = %(to)s, locked_by = NULL, complete_by = NULL,
+    failure_count = CASE WHEN %(reset_failures)s THEN 0 ELSE failure_count END,
+    eligible_at = CASE WHEN %(wait_open)s
+                       THEN GREATEST(now(), (SELECT max(s.complete_by) FROM stepwarden_steps s
+                                             WHERE s.task_id = %(task_id)s
+                                               AND s.state IN ('not_started', 'running')))
+                       ELSE now() END,
+    finished_at = CASE WHEN %(final)s THEN now() END, updated_at = now()
+WHERE task_id = %(task_id)s AND process_state = %(from)s AND attempt = %(attempt)s
+
+-- name: op_reopen_steps
+-- Resubmission: the failed steps (of the forward path, or the compensations) are open again,
+-- already past complete_by, so that the scheduler taking the task up re-dispatches each under
+-- a new attempt and the same idempotency key, and no agent claims them before.
+UPDATE stepwarden_steps
+SET state = 'not_started', complete_by = now(), locked_by = NULL, error = NULL,
+    finished_at = NULL
+WHERE task_id = %(task_id)s AND state = 'failed'
+  AND (compensates IS NOT NULL) = %(compensations)s
+RETURNING seq
+
+-- name: op_skip_step
+-- Mark a step that is not completed as completed with the operator's result.
+UPDATE stepwarden_steps
+SET state = 'completed', result = %(result)s::json, error = NULL, locked_by = NULL,
+    finished_at = now()
+WHERE task_id = %(task_id)s AND seq = %(seq)s AND state <> 'completed'
+RETURNING seq
+
+-- name: op_close_open_steps
+-- A task leaving the held states by an operator's hand leaves no request behind.
+UPDATE stepwarden_steps
+SET state = 'failed', error = 'abandoned: the task is ' || %(state)s, locked_by = NULL,
+    finished_at = now()
+WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
+
+-- name: op_event
+-- The operator's action in the task's history.
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (%(task_id)s, now(), 'operator', %(detail)s::json)

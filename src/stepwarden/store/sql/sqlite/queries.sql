@@ -205,3 +205,40 @@ SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
 -- name: count_tasks
 SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
+
+-- name: op_read_task
+-- An operator action reads the task it acts on (under the write lock).
+SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: op_move_task
+-- An operator action moves the task from the state and attempt it read. Releasing a held task
+-- fences out its scheduler; a compensation waits for the open steps' complete_by.
+UPDATE stepwarden_tasks
+SET process_state = :to, locked_by = NULL, complete_by = NULL,
+    failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
+    eligible_at = CASE WHEN :wait_open
+                       THEN MAX(:now, coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
+                                                WHERE s.task_id = :task_id
+                                                  AND s.state IN ('not_started', 'running')),
+                                               0))
+                       ELSE :now END,
+    finished_at = CASE WHEN :final THEN :now ELSE NULL END, updated_at = :now
+WHERE task_id = :task_id AND process_state = :from AND attempt = :attempt
+
+-- name: op_reopen_steps
+-- Resubmission: the failed steps (of the forward path, or the compensations) are open again,
+-- already past complete_by, so that the scheduler taking the task up re-dispatches each under
+-- a new attempt and the same idempotency key, and no agent claims them before.
+UPDATE stepwarden_steps
+SET state = 'not_started', complete_by = :now, locked_by = NULL, error = NULL,
+    finished_at = NULL
+WHERE task_id = :task_id AND state = 'failed'
+  AND ((:compensations AND compensates IS NOT NULL) OR (NOT :compensations AND compensates IS NULL))
+RETURNING seq
+
+-- name: op_skip_step
+-- Mark a step that is not completed as completed with the operator's result.
+UPDATE stepwarden_steps
+SET state = 'completed', result = :result, error = NULL, locked_by = NULL, finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND state <> 'completed'
+RETURNING seq
