@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .agent import Agent, Call, Operation
+from .alerts import AlertSink, CallableSink, LogSink, WebhookSink
 from .app import App, TaskTransaction, TaskView
 from .errors import (
     ActionRefused,
@@ -21,7 +22,7 @@ from .errors import (
 )
 from .retry import Backoff, Retry
 from .states import OnFailure, StepState, TaskState
-from .store.base import ActionOutcome, EventRecord, StepRecord, TaskRecord
+from .store.base import ActionOutcome, EventRecord, OutboxMessage, StepRecord, TaskRecord
 from .worker import Worker, WorkerOptions
 from .workflow import Context, Workflow
 
@@ -31,15 +32,19 @@ __all__ = [
     "ActionOutcome",
     "ActionRefused",
     "Agent",
+    "AlertSink",
     "App",
     "Backoff",
     "Call",
+    "CallableSink",
     "ConfigurationError",
     "Context",
     "EventRecord",
+    "LogSink",
     "NonDeterminismError",
     "OnFailure",
     "Operation",
+    "OutboxMessage",
     "PayloadError",
     "PermanentError",
     "ResultTimeout",
@@ -57,6 +62,7 @@ __all__ = [
     "TaskTransaction",
     "TaskView",
     "UnknownNameError",
+    "WebhookSink",
     "Worker",
     "WorkerOptions",
     "Workflow",

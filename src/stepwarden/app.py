@@ -13,11 +13,12 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from . import _json
 from .agent import Agent, Operation
+from .alerts import AlertSink, LogSink
 from .errors import (
     ActionRefused,
     ConfigurationError,
@@ -30,10 +31,12 @@ from .retry import Retry
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import Store, open_store
 from .store.base import (
+    CHANNEL_OUTBOX,
     ActionOutcome,
     EventRecord,
     NewTask,
     OperatorAction,
+    OutboxMessage,
     StepRecord,
     TaskRecord,
     Transaction,
@@ -43,6 +46,8 @@ from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
 MAX_TASK_ID = 200
+FOLLOW_SETTLE = 5.0
+"""Seconds after which an outbox message is taken as committed in id order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,14 @@ class App:
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         self._portal: _Portal | None = None
+        self.alert_sinks: list[AlertSink] = [LogSink()]
+        """Where the supervisor delivers alerts (by default, the log)."""
+
+    def add_alert_sink(self, sink: AlertSink) -> None:
+        """Deliver alerts to `sink` too (a WebhookSink, a CallableSink, or your own)."""
+        if any(s.name == sink.name for s in self.alert_sinks):
+            raise ConfigurationError(f"an alert sink named {sink.name!r} is already added")
+        self.alert_sinks.append(sink)
 
     # -- declarations ---------------------------------------------------------------------
     def agent(self, name: str, *, retry: Retry | None = None) -> Agent:
@@ -205,9 +218,13 @@ class App:
         *,
         task_id: str | None = None,
         priority: int = 0,
+        reply_to: str | None = None,
     ) -> str:
-        """Submit a task; returns its id. A task_id already submitted is not created again."""
-        task = self.new_task(workflow, input, task_id=task_id, priority=priority)
+        """Submit a task; returns its id. A task_id already submitted is not created again.
+        With `reply_to`, the task's status messages (received, step_completed, processed,
+        error, compensating, compensated, ...) are published on that channel: follow them
+        with `watch(task_id)` or `subscribe(channel)`."""
+        task = self.new_task(workflow, input, task_id=task_id, priority=priority, reply_to=reply_to)
         await (await self.store()).submit([task])
         return task.task_id
 
@@ -218,8 +235,13 @@ class App:
         *,
         task_id: str | None = None,
         priority: int = 0,
+        reply_to: str | None = None,
     ) -> str:
-        return self._call(self.submit_async(workflow, input, task_id=task_id, priority=priority))
+        return self._call(
+            self.submit_async(
+                workflow, input, task_id=task_id, priority=priority, reply_to=reply_to
+            )
+        )
 
     async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
         """Submit tasks built with `new_task` in one transaction; True where created."""
@@ -289,6 +311,58 @@ class App:
         limit: int = 100,
     ) -> list[TaskRecord]:
         return self._call(self.tasks_async(state=state, workflow=workflow, limit=limit))
+
+    # -- status messages ------------------------------------------------------------------
+    async def watch(self, task_id: str) -> AsyncIterator[OutboxMessage]:
+        """Every status message of a task submitted with `reply_to`, in order, from the
+        first ("received"); the iteration ends after the message of a finished state."""
+        task = await self.status_async(task_id)
+        if task.reply_to is None:
+            raise ConfigurationError(
+                f"task {task_id!r} was submitted without reply_to: it has no status messages"
+            )
+        async for message in self._follow(channel=task.reply_to, task_id=task_id):
+            yield message
+            if message.kind in FINISHED_TASK_STATES:
+                return
+
+    async def subscribe(self, channel: str, *, after: int = 0) -> AsyncIterator[OutboxMessage]:
+        """The status messages published on `channel`, for as long as the caller iterates:
+        those already kept (after the message id `after`; keep the last id you handled to
+        resume from it), then each new one, at least once and each once per iterator."""
+        async for message in self._follow(channel=channel, after=after):
+            yield message
+
+    async def _follow(
+        self, *, channel: str | None = None, task_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[OutboxMessage]:
+        # Ids are given at insert and commits may land out of id order (PostgreSQL), so the
+        # read starts again from the newest id seen more than FOLLOW_SETTLE seconds earlier
+        # (by the database clock), and ids already yielded are skipped.
+        store = await self.store()
+        sub = store.subscribe(CHANNEL_OUTBOX)
+        low = after
+        seen: dict[int, datetime] = {}
+        try:
+            while True:
+                batch = await store.outbox(channel=channel, task_id=task_id, after=low, limit=500)
+                for message in batch:
+                    if message.id not in seen:
+                        seen[message.id] = message.at
+                        yield message
+                if seen:
+                    newest = max(seen.values())
+                    settled = [
+                        i for i, at in seen.items() if (newest - at).total_seconds() > FOLLOW_SETTLE
+                    ]
+                    if settled:
+                        low = max(low, max(settled))
+                        seen = {i: at for i, at in seen.items() if i > low}
+                if len(batch) == 500:
+                    continue
+                await sub.wait(store.default_poll_interval * 4)
+        finally:
+            store.unsubscribe(CHANNEL_OUTBOX, sub)
 
     # -- the operator ---------------------------------------------------------------------
     async def operate_async(
@@ -438,8 +512,11 @@ class TaskTransaction:
         *,
         task_id: str | None = None,
         priority: int = 0,
+        reply_to: str | None = None,
     ) -> str:
-        task = self._app.new_task(workflow, input, task_id=task_id, priority=priority)
+        task = self._app.new_task(
+            workflow, input, task_id=task_id, priority=priority, reply_to=reply_to
+        )
         await self._tx.submit([task])
         return task.task_id
 

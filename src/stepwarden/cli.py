@@ -45,7 +45,7 @@ class _Ctx:
             try:
                 open_store(self.store)  # validate before anything else happens
             except StepwardenError as exc:
-                raise click.BadParameter(str(exc), param_hint="--store") from exc
+                raise click.BadParameter(_one_line(exc), param_hint="--store") from exc
             app.store_url = self.store
         return app
 
@@ -70,6 +70,8 @@ def load_app(ref: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    except StepwardenError as exc:  # e.g. the module's App names an invalid store URL
+        raise click.UsageError(f"cannot load application {ref!r}: {_one_line(exc)}") from exc
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise click.UsageError(f"{ref!r} is not a stepwarden.App")
@@ -80,7 +82,12 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except StepwardenError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(_one_line(exc)) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line (a driver's message may span several)."""
+    return " ".join(str(exc).split())
 
 
 def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
@@ -229,7 +236,7 @@ def worker(
         )
         Worker(app, options).run_forever()
     except StepwardenError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(_one_line(exc)) from exc
 
 
 @cli.command()
@@ -258,13 +265,18 @@ def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, prior
         raise click.BadParameter(f"not JSON: {exc}", param_hint="INPUT_JSON") from exc
     app = obj.app()
 
-    async def go() -> str:
+    async def go() -> tuple[str, bool]:
         try:
-            return await app.submit_async(workflow, value, task_id=task_id, priority=priority)
+            task = app.new_task(workflow, value, task_id=task_id, priority=priority)
+            [created] = await app.submit_many_async([task])
+            return task.task_id, created
         finally:
             await app.aclose()
 
-    click.echo(_run(go()))
+    submitted, created = _run(go())
+    click.echo(submitted)
+    if not created:
+        click.echo(f"task {submitted!r} already exists: nothing submitted", err=True)
 
 
 @cli.command()

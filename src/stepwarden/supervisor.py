@@ -1,10 +1,11 @@
 """The supervisor: periodically finds work whose complete_by passed and requests recovery.
 
 It knows nothing of the business operations: it reads the state kept by the schedulers,
-increments failure_count, and resets each expired task to pending (a scheduler picks it up
-again after a backoff) or, at the task's max_failures, sets Error and records an alert.
+increments failure_count, and releases each expired task (a scheduler picks it up again after
+a backoff) or, at the task's max_failures, gives it up by its on_failure policy with an alert.
 Several supervisors may run; one is active at a time, by a lease with a term number in the
-store, and every write of a sweep is fenced by that term.
+store, and every write of a sweep is fenced by that term. The leader also delivers the
+alerts of the outbox to the App's sinks and deletes finished tasks past their retention.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import asyncio
 import logging
 
 from ._aio import sleep_unless
+from .alerts import AlertDeliverer
 from .retry import Backoff
-from .states import TaskState
+from .states import FINISHED_TASK_STATES
 from .store.base import Expired, Store
 
 logger = logging.getLogger("stepwarden.supervisor")
 
 LEASE = "supervisor"
+DEFAULT_RETENTION = 7 * 24 * 3600.0
+"""Seconds a finished task is kept (processed, compensated, cancelled)."""
 
 
 class Supervisor:
@@ -32,6 +36,9 @@ class Supervisor:
         lease_ttl: float | None = None,
         batch: int = 500,
         backoff: Backoff | None = None,
+        alerts: AlertDeliverer | None = None,
+        retention: float | None = DEFAULT_RETENTION,
+        purge_batch: int = 200,
     ) -> None:
         self.store = store
         self.instance = instance
@@ -39,6 +46,9 @@ class Supervisor:
         self.lease_ttl = lease_ttl if lease_ttl is not None else max(5.0, 3 * interval)
         self.batch = batch
         self.backoff = backoff or Backoff()
+        self.alerts = alerts
+        self.retention = retention
+        self.purge_batch = purge_batch
         self.term: int | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -67,6 +77,17 @@ class Supervisor:
         self.term = term
         if term is None:
             return []
+        recovered = await self._sweep(term)
+        if self.alerts is not None:
+            await self.alerts.deliver_due()
+        if self.retention is not None:
+            # A small batch each tick keeps the hot tables small without long transactions.
+            purged = await self.store.purge(self.retention, self.purge_batch)
+            if purged:
+                logger.info("supervisor: purged %d finished task(s) past retention", purged)
+        return recovered
+
+    async def _sweep(self, term: int) -> list[Expired]:
         recovered: list[Expired] = []
         while True:
             expired = await self.store.sweep(
@@ -79,21 +100,14 @@ class Supervisor:
             )
             for e in expired:
                 where = f"step {e.seq}" if e.seq is not None else "task"
-                if e.process_state == TaskState.ERROR:
-                    logger.error(
-                        "ALERT task %s: %s expired, failure_count %d reached "
-                        "max_failures: set to error",
-                        e.task_id,
-                        where,
-                        e.failure_count,
-                    )
-                else:
-                    logger.warning(
-                        "task %s: %s expired (failure_count %d), reset to pending",
-                        e.task_id,
-                        where,
-                        e.failure_count,
-                    )
+                log = logger.error if e.process_state in FINISHED_TASK_STATES else logger.warning
+                log(
+                    "task %s: %s expired (failure_count %d): now %s",
+                    e.task_id,
+                    where,
+                    e.failure_count,
+                    e.process_state,
+                )
             recovered.extend(expired)
             if len(expired) < self.batch:
                 return recovered

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .agent import AgentRunner
+from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import ConfigurationError, UnknownNameError
 from .retry import Backoff
 from .scheduler import Scheduler
 from .store import Store, open_store
-from .supervisor import Supervisor
+from .supervisor import DEFAULT_RETENTION, Supervisor
 
 logger = logging.getLogger("stepwarden.worker")
 
@@ -42,6 +43,10 @@ class WorkerOptions:
     drain_timeout: float = 30.0
     store_url: str | None = None
     migrate: bool = True
+    retention: float | None = DEFAULT_RETENTION
+    """Seconds finished tasks are kept before the supervisor deletes them; None keeps them."""
+    alert_webhooks: tuple[str, ...] = ()
+    """Webhook URLs alerts are POSTed to, besides the App's own sinks."""
 
 
 def parse_roles(roles: Iterable[str]) -> frozenset[str]:
@@ -111,12 +116,15 @@ class Worker:
                 runners.append(runner)
                 other_roles.append(asyncio.create_task(runner.run(later)))
         if "supervisor" in opts.roles:
+            sinks = [*self.app.alert_sinks, *(WebhookSink(url) for url in opts.alert_webhooks)]
             supervisor = Supervisor(
                 store,
                 instance=f"supervisor-{self.instance}",
                 interval=opts.supervisor_interval,
                 lease_ttl=opts.lease_ttl,
                 backoff=opts.backoff,
+                alerts=AlertDeliverer(store, sinks) if sinks else None,
+                retention=opts.retention,
             )
             other_roles.append(asyncio.create_task(supervisor.run(later)))
         logger.info("worker %s running %s", self.instance, ", ".join(sorted(opts.roles)))

@@ -98,8 +98,8 @@ async def test_unreachable_server_is_a_quick_store_error() -> None:
 
 async def test_concurrent_migrations_and_versions(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as db:
-        db.execute("DROP TABLE stepwarden_events, stepwarden_leases, stepwarden_steps")
-        db.execute("DROP TABLE stepwarden_tasks, stepwarden_schema")
+        db.execute("DROP SCHEMA public CASCADE")
+        db.execute("CREATE SCHEMA public")
     # Opening without migrating refuses an old schema.
     with pytest.raises(SchemaVersionError, match="older"):
         await PostgresStore(pg_url).open(migrate=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import Sequence
 
 import pytest
@@ -19,19 +20,11 @@ from stepwarden.states import (
 
 
 def test_public_names_are_all_exported() -> None:
-    public = {n for n in dir(sw) if not n.startswith("_")} - {
-        "agent",
-        "app",
-        "errors",
-        "retry",
-        "scheduler",
-        "states",
-        "store",
-        "supervisor",
-        "worker",
-        "workflow",
-        "annotations",
-    }
+    public = {
+        n
+        for n, v in vars(sw).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    } - {"annotations"}
     assert public == set(sw.__all__) - {"__version__"}
     for name in sw.__all__:
         assert hasattr(sw, name), name

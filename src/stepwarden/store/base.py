@@ -27,6 +27,8 @@ CHANNEL_RESULTS = "results"
 """Woken when steps finish; payloads are step keys (see `step_key`)."""
 CHANNEL_TASK_DONE = "task_done"
 """Woken when tasks finish; payloads are task ids."""
+CHANNEL_OUTBOX = "outbox"
+"""Woken when outbox messages are written (PostgreSQL); payloads are outbox channels."""
 
 
 def step_key(task_id: str, seq: int) -> str:
@@ -212,6 +214,21 @@ class EventRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxMessage:
+    """An alert (channel "alerts") or a status message for an application's reply channel.
+    `id` is unique and rises with time: a message delivered twice carries the same id."""
+
+    id: int
+    channel: str
+    task_id: str | None
+    kind: str
+    detail: Any
+    at: datetime
+    attempts: int = 0
+    delivered_to: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorAction:
     """One operator action on one task (see `states.OPERATOR_ACTIONS`)."""
 
@@ -394,6 +411,36 @@ class Store(abc.ABC):
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]: ...
+
+    # -- the outbox -----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def outbox(
+        self,
+        *,
+        channel: str | None = None,
+        task_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[OutboxMessage]:
+        """Messages of a channel and/or a task whose id is above `after`, oldest first."""
+
+    @abc.abstractmethod
+    async def due_alerts(self, limit: int) -> list[OutboxMessage]:
+        """Alerts not yet delivered to every sink whose next try is due, oldest first."""
+
+    @abc.abstractmethod
+    async def record_delivery(
+        self, message_id: int, delivered_to: Sequence[str], *, done: bool, retry_in: float
+    ) -> None:
+        """After a delivery round: the sinks reached so far; done, or due again in
+        `retry_in` seconds."""
+
+    # -- retention ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def purge(self, older_than: float, limit: int) -> int:
+        """Delete up to `limit` finished tasks (processed, compensated, cancelled) that
+        finished more than `older_than` seconds ago, with their steps, events and delivered
+        outbox messages; the number deleted. Tasks awaiting an operator are kept."""
 
     # -- the operator ---------------------------------------------------------------------
     @abc.abstractmethod

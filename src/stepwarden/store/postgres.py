@@ -32,6 +32,7 @@ from ..errors import ConfigurationError, SchemaVersionError, StoreError
 from ..states import FINISHED_TASK_STATES, StepState, TaskState, expiry_error, next_after_expiry
 from . import _sql
 from .base import (
+    CHANNEL_OUTBOX,
     CHANNEL_REQUESTS,
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
@@ -43,6 +44,7 @@ from .base import (
     Expired,
     NewTask,
     OperatorAction,
+    OutboxMessage,
     Request,
     StepDispatch,
     StepOutcome,
@@ -73,6 +75,7 @@ PG_CHANNELS = {
     CHANNEL_REQUESTS: "stepwarden_requests",
     CHANNEL_RESULTS: "stepwarden_results",
     CHANNEL_TASK_DONE: "stepwarden_task_done",
+    CHANNEL_OUTBOX: "stepwarden_outbox",  # sent by the outbox triggers
 }
 _FROM_PG = {pg: local for local, pg in PG_CHANNELS.items()}
 _OPTIONS = {"pool_size"}
@@ -125,6 +128,19 @@ def step_record(row: DictRow) -> StepRecord:
         compensation=row["compensation"],
         compensation_input=loads(row["compensation_input"]),
         compensates=row["compensates"],
+    )
+
+
+def _message(row: DictRow) -> OutboxMessage:
+    return OutboxMessage(
+        id=row["id"],
+        channel=row["channel"],
+        task_id=row["task_id"],
+        kind=row["kind"],
+        detail=loads(row["detail"]),
+        at=row["at"],
+        attempts=row["attempts"],
+        delivered_to=tuple(loads(row["delivered_to"])),
     )
 
 
@@ -459,6 +475,39 @@ class PostgresStore(Store):
         ]
 
     # -- the scheduler --------------------------------------------------------------------
+    # -- the outbox -----------------------------------------------------------------------
+    async def outbox(
+        self,
+        *,
+        channel: str | None = None,
+        task_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[OutboxMessage]:
+        params = {"channel": channel, "task_id": task_id, "after": after, "limit": limit}
+        return [_message(r) for r in await self._read(Q["outbox_read"], params, prepare=False)]
+
+    async def due_alerts(self, limit: int) -> list[OutboxMessage]:
+        return [_message(r) for r in await self._read(Q["outbox_due"], {"limit": limit})]
+
+    async def record_delivery(
+        self, message_id: int, delivered_to: Sequence[str], *, done: bool, retry_in: float
+    ) -> None:
+        params = {
+            "id": message_id,
+            "delivered_to": orjson.dumps(list(delivered_to)).decode(),
+            "done": done,
+            "retry_in": float(retry_in),
+        }
+        async with self._connection() as conn:
+            await conn.execute(Q["outbox_delivered"], params)
+
+    # -- retention ------------------------------------------------------------------------
+    async def purge(self, older_than: float, limit: int) -> int:
+        params = {"older_than": float(older_than), "limit": limit}
+        return len(await self._read(Q["purge"], params))
+
+    # -- the operator ---------------------------------------------------------------------
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
         outcomes: list[ActionOutcome] = []
         notices = _Notices()
@@ -875,9 +924,9 @@ class PostgresStore(Store):
                     logger.info("listening for notifications again")
                 async for n in conn.notifies():
                     # This process published its own writes already, at their commit.
-                    if n.pid in self._own_pids:
-                        continue
                     channel = _FROM_PG.get(n.channel)
+                    if n.pid in self._own_pids and channel != CHANNEL_OUTBOX:
+                        continue
                     if channel is not None:
                         self.notifier.publish(channel, n.payload.split("\n"))
             except (psycopg.Error, OSError) as exc:

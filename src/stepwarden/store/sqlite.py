@@ -43,6 +43,7 @@ from .base import (
     Expired,
     NewTask,
     OperatorAction,
+    OutboxMessage,
     Request,
     StepDispatch,
     StepOutcome,
@@ -396,6 +397,54 @@ class SQLiteStore(Store):
 
         return await self._run(read)
 
+    # -- the outbox -----------------------------------------------------------------------
+    async def outbox(
+        self,
+        *,
+        channel: str | None = None,
+        task_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[OutboxMessage]:
+        params = {"channel": channel, "task_id": task_id, "after": after, "limit": limit}
+
+        def read(conn: sqlite3.Connection) -> list[OutboxMessage]:
+            return [_message(r) for r in conn.execute(Q["outbox_read"], params)]
+
+        return await self._run(read)
+
+    async def due_alerts(self, limit: int) -> list[OutboxMessage]:
+        def read(conn: sqlite3.Connection) -> list[OutboxMessage]:
+            rows = conn.execute(Q["outbox_due"], {"now": time.time(), "limit": limit})
+            return [_message(r) for r in rows]
+
+        return await self._run(read)
+
+    async def record_delivery(
+        self, message_id: int, delivered_to: Sequence[str], *, done: bool, retry_in: float
+    ) -> None:
+        params = {
+            "id": message_id,
+            "delivered_to": orjson.dumps(list(delivered_to)).decode(),
+            "done": done,
+            "retry_in": retry_in,
+            "now": time.time(),
+        }
+        await self._write(lambda conn: conn.execute(Q["outbox_delivered"], params))
+
+    # -- retention ------------------------------------------------------------------------
+    async def purge(self, older_than: float, limit: int) -> int:
+        def purge(conn: sqlite3.Connection) -> int:
+            params = {"before": time.time() - older_than, "limit": limit}
+            ids = [r["task_id"] for r in conn.execute(Q["purge_pick"], params)]
+            if ids:
+                listed = {"task_ids": orjson.dumps(ids).decode()}
+                for query in ("purge_events", "purge_outbox", "purge_tasks"):
+                    conn.execute(Q[query], listed)
+            return len(ids)
+
+        return await self._write(purge)
+
     # -- the operator ---------------------------------------------------------------------
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
         def apply(conn: sqlite3.Connection) -> list[ActionOutcome]:
@@ -731,6 +780,19 @@ def _reset(
     return expired
 
 
+def _message(row: sqlite3.Row) -> OutboxMessage:
+    return OutboxMessage(
+        id=row["id"],
+        channel=row["channel"],
+        task_id=row["task_id"],
+        kind=row["kind"],
+        detail=loads(row["detail"]),
+        at=_dt_required(row["at"]),
+        attempts=row["attempts"],
+        delivered_to=tuple(loads(row["delivered_to"])),
+    )
+
+
 def _operate(conn: sqlite3.Connection, action: OperatorAction, now: float) -> ActionOutcome:
     row = conn.execute(Q["op_read_task"], {"task_id": action.task_id}).fetchone()
     if row is None:
@@ -799,9 +861,20 @@ def _close_open_steps(conn: sqlite3.Connection, task_id: str, state: TaskState, 
 
 
 def _statements(script: str) -> list[str]:
-    """Split a migration script into statements (no semicolons inside our literals)."""
-    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    """Split a migration script into statements; a trigger's body (BEGIN ... END;) stays
+    whole. Comment lines are dropped."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        buffer += line + "\n"
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
 
 
 class _SQLiteTransaction(Transaction):

@@ -436,3 +436,46 @@ WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
 -- The operator's action in the task's history.
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (%(task_id)s, now(), 'operator', %(detail)s::json)
+
+-- name: outbox_read
+-- Outbox messages of a channel or a task, after an id, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
+WHERE (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+  AND (%(task_id)s::text IS NULL OR task_id = %(task_id)s::text)
+  AND id > %(after)s
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: outbox_due
+-- Alerts due for delivery, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
+WHERE next_at <= now()
+ORDER BY next_at, id
+LIMIT %(limit)s
+
+-- name: outbox_delivered
+-- Record a delivery round of one alert: the sinks reached so far; done, or due again later.
+UPDATE stepwarden_outbox
+SET delivered_to = %(delivered_to)s::json, attempts = attempts + 1,
+    next_at = CASE WHEN %(done)s THEN NULL
+                   ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
+    delivered_at = CASE WHEN %(done)s THEN now() END
+WHERE id = %(id)s AND next_at IS NOT NULL
+
+-- name: purge
+-- Delete finished tasks (processed, compensated, cancelled) older than the retention, oldest
+-- first, with their steps (ON DELETE CASCADE), events and delivered outbox rows.
+WITH p AS (
+    SELECT task_id FROM stepwarden_tasks
+    WHERE finished_at < now() - make_interval(secs => %(older_than)s::float8)
+      AND process_state IN ('processed', 'compensated', 'cancelled')
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), e AS (
+    DELETE FROM stepwarden_events WHERE task_id IN (SELECT task_id FROM p)
+), o AS (
+    DELETE FROM stepwarden_outbox WHERE task_id IN (SELECT task_id FROM p) AND next_at IS NULL
+)
+DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT task_id FROM p)
+RETURNING task_id

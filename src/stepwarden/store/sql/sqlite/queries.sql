@@ -242,3 +242,45 @@ UPDATE stepwarden_steps
 SET state = 'completed', result = :result, error = NULL, locked_by = NULL, finished_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state <> 'completed'
 RETURNING seq
+
+-- name: outbox_read
+-- Outbox messages of a channel or a task, after an id, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
+WHERE (:channel IS NULL OR channel = :channel) AND (:task_id IS NULL OR task_id = :task_id)
+  AND id > :after
+ORDER BY id
+LIMIT :limit
+
+-- name: outbox_due
+-- Alerts due for delivery, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to
+FROM stepwarden_outbox INDEXED BY stepwarden_outbox_due
+WHERE next_at <= :now
+ORDER BY next_at, id
+LIMIT :limit
+
+-- name: outbox_delivered
+-- Record a delivery round of one alert: the sinks reached so far; done, or due again later.
+UPDATE stepwarden_outbox
+SET delivered_to = :delivered_to, attempts = attempts + 1,
+    next_at = CASE WHEN :done THEN NULL ELSE :now + :retry_in END,
+    delivered_at = CASE WHEN :done THEN :now END
+WHERE id = :id AND next_at IS NOT NULL
+
+-- name: purge_pick
+-- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first.
+SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
+WHERE finished_at < :before AND process_state IN ('processed', 'compensated', 'cancelled')
+ORDER BY finished_at
+LIMIT :limit
+
+-- name: purge_events
+DELETE FROM stepwarden_events WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+
+-- name: purge_outbox
+DELETE FROM stepwarden_outbox WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+  AND next_at IS NULL
+
+-- name: purge_tasks
+-- Their steps go with them (ON DELETE CASCADE).
+DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT value FROM json_each(:task_ids))

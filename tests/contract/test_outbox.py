@@ -1,0 +1,181 @@
+"""Alerts, status messages and retention on each store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+import stepwarden as sw
+
+from .test_compensation import Saga, finish
+from .test_engine import FAST, running
+
+
+class Webhook:
+    """A real HTTP endpoint that is down (503) until told otherwise."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.received: list[dict[str, Any]] = []
+        self.refused = 0
+        self.got = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if not self.up:
+            self.refused += 1
+            return web.Response(status=503)
+        body = await request.json()
+        assert request.headers["Idempotency-Key"] == f"stepwarden-alert-{body['id']}"
+        self.received.append(body)
+        self.got.set()
+        return web.Response(status=204)
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[tuple[Webhook, str]]:
+    hook = Webhook()
+    app = web.Application()
+    app.router.add_post("/alerts", hook.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield hook, f"http://127.0.0.1:{port}/alerts"
+    await runner.cleanup()
+
+
+async def until(check: Any, timeout: float = 20) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_webhook_that_is_down_gets_every_alert_once_it_is_back(
+    store_url: str, webhook: tuple[Webhook, str]
+) -> None:
+    hook, url = webhook
+    saga = Saga(store_url, on_failure="stop")
+    saga.fail["charge"] = sw.PermanentError("card declined")
+    called: list[dict[str, Any]] = []
+    saga.app.add_alert_sink(sw.CallableSink(called.append, name="pager"))
+    options = dataclasses.replace(FAST, alert_webhooks=(url,))
+    async with running(saga.app, options):
+        for i in range(3):
+            await saga.app.submit_async(saga.order, {"id": i}, task_id=f"o{i}")
+        for i in range(3):
+            assert await finish(saga, f"o{i}") == sw.TaskState.ERROR
+
+        async def refused_each_a_few_times() -> bool:
+            return hook.refused >= 6
+
+        await until(refused_each_a_few_times)
+        assert hook.received == []
+        hook.up = True
+
+        async def all_delivered() -> bool:
+            return len(hook.received) >= 3
+
+        await until(all_delivered, timeout=30)
+    await saga.app.aclose()
+    # Each alert once at each sink, whatever the failed tries; the same ids everywhere.
+    assert sorted(a["task_id"] for a in hook.received) == ["o0", "o1", "o2"]
+    assert len({a["id"] for a in hook.received}) == 3
+    assert {a["id"] for a in called} == {a["id"] for a in hook.received}
+    assert len(called) == 3
+    assert all(a["reason"] == "task_error" and "card declined" in a["error"] for a in called)
+
+
+async def test_watch_sees_every_status_of_a_task_in_order(store_url: str) -> None:
+    saga = Saga(store_url)
+    saga.fail["ship"] = sw.PermanentError("no courier")
+    async with running(saga.app):
+        await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1", reply_to="shop")
+        kinds = [m.kind async for m in saga.app.watch("o1")]
+    await saga.app.aclose()
+    # received, reserve and charge completed, then compensated newest first.
+    assert kinds == [
+        "received",
+        "step_completed",
+        "step_completed",
+        "compensating",
+        "step_completed",
+        "step_completed",
+        "compensated",
+    ]
+
+
+async def test_subscribe_follows_a_channel_and_resumes_after_an_id(store_url: str) -> None:
+    saga = Saga(store_url)
+    seen: list[tuple[str | None, str]] = []
+
+    async def follow(after: int = 0, count: int = 10) -> int:
+        last = after
+        async for m in saga.app.subscribe("shop", after=after):
+            seen.append((m.task_id, m.kind))
+            last = m.id
+            if len(seen) == count:
+                break
+        return last
+
+    async with running(saga.app):
+        await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1", reply_to="shop")
+        await saga.app.submit_async(saga.order, {"id": 2}, task_id="o2", reply_to="other")
+        await saga.app.submit_async(saga.order, {"id": 3}, task_id="o3", reply_to="shop")
+        last = await follow(count=3)
+        assert await saga.app.result_async("o3", timeout=20) == "done"
+        assert await saga.app.result_async("o1", timeout=20) == "done"
+        await follow(after=last, count=10)
+    await saga.app.aclose()
+    assert all(task in ("o1", "o3") for task, _ in seen)
+    assert Counter(seen) == Counter(
+        {(t, k): n for t in ("o1", "o3") for k, n in
+         (("received", 1), ("step_completed", 3), ("processed", 1))}
+    )
+
+
+async def test_a_task_without_reply_to_has_no_status_messages(store_url: str) -> None:
+    saga = Saga(store_url)
+    await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1")
+    with pytest.raises(sw.ConfigurationError, match="without reply_to"):
+        async for _ in saga.app.watch("o1"):
+            pass
+    await saga.app.aclose()
+
+
+async def test_retention_deletes_old_finished_tasks_and_keeps_the_others(
+    store_url: str,
+) -> None:
+    saga = Saga(store_url, on_failure="stop")
+    saga.fail["charge"] = sw.PermanentError("card declined")
+    async with running(saga.app):
+        await saga.app.submit_async(saga.order, {"id": 1}, task_id="failed")
+        assert await finish(saga, "failed") == sw.TaskState.ERROR
+        del saga.fail["charge"]
+        await saga.app.submit_async(saga.order, {"id": 2}, task_id="done")
+        assert await saga.app.result_async("done", timeout=20) == "done"
+    await saga.app.submit_async(saga.order, {"id": 3}, task_id="waiting")
+    store = await saga.app.store()
+    assert await store.purge(3600, 100) == 0  # nothing is an hour old
+    # With a retention of zero seconds the supervisor purges what is finished.
+    options = dataclasses.replace(FAST, retention=0.0, roles=frozenset({"supervisor"}))
+    async with running(saga.app, options):
+
+        async def purged() -> bool:
+            return await store.get_task("done") is None
+
+        await until(purged)
+    assert await store.get_steps("done") == []
+    assert await store.events(task_id="done") == []
+    # A task in error waits for its operator; a pending one is not finished.
+    assert (await saga.app.status_async("failed")).process_state == sw.TaskState.ERROR
+    assert (await saga.app.status_async("waiting")).process_state == sw.TaskState.PENDING
+    await saga.app.aclose()
