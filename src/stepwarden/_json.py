@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -12,15 +13,35 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest encoded payload accepted, so that one task cannot bloat the store."""
 
 
+_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+"""Dates and dataclasses are refused rather than turned into something else."""
+
+
 def dumps(value: Any, *, what: str = "payload") -> str:
-    """Encode `value` as JSON text, or raise PayloadError naming `what`."""
+    """Encode `value` as JSON text, or raise PayloadError naming `what`. Only JSON's own
+    values are accepted: NaN and infinities, dates and dataclasses are refused."""
     try:
-        data = orjson.dumps(value)
+        data = orjson.dumps(value, option=_STRICT)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if b"null" in data and _has_non_finite(value):  # orjson writes NaN as null
+        raise PayloadError(f"{what} holds NaN or an infinity, which JSON cannot represent")
     if len(data) > MAX_PAYLOAD_BYTES:
         raise PayloadError(f"{what} is {len(data)} bytes, over the limit of {MAX_PAYLOAD_BYTES}")
     return data.decode()
+
+
+def _has_non_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return False
 
 
 def loads(text: str | bytes | None) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
-from .errors import PayloadError, StepFailed, StoreError
+from .errors import PayloadError, StepFailed, StoreError, UnknownNameError
 from .states import ABANDONED, StepState, TaskState
 from .store.base import (
     CHANNEL_RESULTS,
@@ -57,9 +57,12 @@ class Scheduler:
         instance: str,
         concurrency: int = 1000,
         poll_interval: float | None = None,
+        operations: frozenset[str] | None = None,
     ) -> None:
         self.store = store
         self.workflows = workflows
+        self.operations = operations
+        """The operations ("agent.operation") of the App's agents; None accepts any."""
         self.instance = instance
         self.concurrency = concurrency
         self.poll_interval = poll_interval or store.default_poll_interval
@@ -189,7 +192,7 @@ class Scheduler:
                 )
                 return
             state, error = TaskState.ERROR, _describe(exc)
-        except (StepFailed, PayloadError) as exc:
+        except (StepFailed, PayloadError, UnknownNameError) as exc:
             state, error = TaskState.ERROR, str(exc)
         except Exception as exc:
             logger.warning(

@@ -98,6 +98,11 @@ class Worker:
                 instance=f"scheduler-{self.instance}",
                 concurrency=opts.concurrency,
                 poll_interval=opts.poll_interval,
+                operations=frozenset(
+                    op.qualname
+                    for agent in self.app.agents.values()
+                    for op in agent.operations.values()
+                ),
             )
             first_roles.append(
                 asyncio.create_task(scheduler.run(self.stop, drain_timeout=opts.drain_timeout))

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _json
-from .errors import ConfigurationError, NonDeterminismError, StepFailed
+from .errors import ConfigurationError, NonDeterminismError, StepFailed, UnknownNameError
 from .states import OnFailure, StepState
 from .store.base import StepDispatch, StepRecord
 
@@ -81,6 +81,13 @@ class Context:
         it is recorded with the step and called with the same arguments (its `Call` names
         the step it undoes in `compensates_key`).
         """
+        known = self._scheduler.operations
+        for op in (operation, compensate):
+            if op is not None and known is not None and op.qualname not in known:
+                raise UnknownNameError(
+                    f"operation {op.qualname!r} is not one of the App's agents' operations "
+                    "(declare its agent with app.agent)"
+                )
         seq = self._next_seq
         self._next_seq += 1
         step_name = name or operation.qualname

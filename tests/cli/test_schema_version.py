@@ -53,11 +53,6 @@ def test_every_command_refuses_a_newer_schema_and_changes_nothing(migrated_url: 
     assert snapshot(migrated_url) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug (SQLiteStore.open): when the version check fails the connection and "
-    "its executor thread are left open (PostgresStore.open closes its pool)",
-)
 async def test_a_refused_sqlite_store_is_closed_again(sqlite_url: str) -> None:
     store = open_store(sqlite_url)
     await store.open()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import types
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
 import stepwarden as sw
+from stepwarden import _json
 from stepwarden._batch import Batcher
 from stepwarden.states import (
     STEP_TRANSITIONS,
@@ -132,3 +135,22 @@ def test_declarations_refuse_duplicates_and_bad_names() -> None:
         _ = agent.refund
     with pytest.raises(sw.ConfigurationError, match="async"):
         app.workflow(lambda ctx, x: None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"when": datetime.now(UTC)},
+        [1.0, {"deep": [float("inf")]}],
+        {"amount": float("nan")},
+        Decimal("1.5"),
+    ],
+)
+def test_only_json_values_are_accepted(value: object) -> None:
+    with pytest.raises(sw.PayloadError):
+        _json.dumps(value, what="the input")
+
+
+def test_null_and_finite_floats_pass_untouched() -> None:
+    value = {"a": None, "b": [1.5, "null", -0.0], "c": (1, 2)}
+    assert _json.loads(_json.dumps(value)) == {"a": None, "b": [1.5, "null", -0.0], "c": [1, 2]}

@@ -184,14 +184,24 @@ class SQLiteStore(Store):
         return path, _SYNCHRONOUS[sync]
 
     # -- plumbing -------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        target, uri = self.path, False
         if self.path != ":memory:":
-            parent = Path(self.path).parent
-            if not parent.exists():
+            path = Path(self.path)
+            if not path.parent.exists():
                 raise ConfigurationError(
                     f"the folder of SQLite database {self.path!r} does not exist"
                 )
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            if not create:
+                if not path.exists():
+                    raise SchemaVersionError(
+                        f"there is no database at {self.path!r}; create it with "
+                        "`stepwarden migrate`"
+                    )
+                target, uri = path.resolve().as_uri() + "?mode=rw", True
+        conn = sqlite3.connect(
+            target, isolation_level=None, check_same_thread=False, timeout=30, uri=uri
+        )
         conn.row_factory = sqlite3.Row
         # Switching a new file to WAL does not wait on the busy handler: when another process
         # opens the same new file at the same moment, try again for a while.
@@ -239,7 +249,7 @@ class SQLiteStore(Store):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="stepwarden-sqlite")
         loop = asyncio.get_running_loop()
         try:
-            self._conn = await loop.run_in_executor(self._executor, self._connect)
+            self._conn = await loop.run_in_executor(self._executor, self._connect, migrate)
         except sqlite3.Error as exc:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -248,9 +258,13 @@ class SQLiteStore(Store):
             self._executor.shutdown(wait=False)
             self._executor = None
             raise
-        if migrate:
-            await self.migrate()
-        await self._check_version()
+        try:
+            if migrate:
+                await self.migrate()
+            await self._check_version()
+        except BaseException:
+            await self.close()
+            raise
 
     async def _check_version(self) -> None:
         found, known = await self.schema_version(), _sql.latest_version(self.dialect)
