@@ -22,7 +22,7 @@ from .errors import StepwardenError
 from .retry import Backoff
 from .states import TaskState
 from .store import open_store
-from .store.base import TaskRecord
+from .store.base import ActionOutcome, TaskRecord
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 
 T = TypeVar("T")
@@ -409,6 +409,219 @@ def migrate(obj: _Ctx) -> None:
             await store.close()
 
     click.echo(f"schema version {_run(go())}")
+
+
+def _operator_options(fn: F) -> F:
+    """The options every operator command shares: the tasks (by id, or by filter for bulk),
+    who and why, and a dry run."""
+    options = [
+        click.argument("task_ids", nargs=-1, metavar="[TASK]..."),
+        _opt(
+            "--state",
+            envvar="STEPWARDEN_STATE",
+            default=None,
+            type=click.Choice([s.value for s in TaskState]),
+            help="Bulk: every task in this state.",
+        ),
+        _opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Bulk: this workflow."),
+        _opt(
+            "--limit",
+            envvar="STEPWARDEN_LIMIT",
+            default=10_000,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="Bulk: at most this many tasks.",
+        ),
+        _opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history."),
+        _opt(
+            "--by",
+            envvar="STEPWARDEN_BY",
+            default=None,
+            help="Who, for the history (default: the user running this).",
+        ),
+        _opt(
+            "--dry-run",
+            envvar="STEPWARDEN_DRY_RUN",
+            is_flag=True,
+            help="Say what would happen; change nothing.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _operate(
+    obj: _Ctx,
+    action: str,
+    task_ids: tuple[str, ...],
+    *,
+    state: str | None,
+    workflow: str | None,
+    limit: int,
+    reason: str | None,
+    by: str | None,
+    dry_run: bool,
+    seq: int | None = None,
+    result: Any = None,
+) -> None:
+    if task_ids and (state or workflow):
+        raise click.UsageError("name tasks, or filter with --state/--workflow, not both")
+    if not task_ids and not (state or workflow):
+        raise click.UsageError("name the task(s), or filter with --state and/or --workflow")
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> list[ActionOutcome]:
+        try:
+            return await app.operate_async(
+                action,
+                list(task_ids) or None,
+                state=state,
+                workflow=workflow,
+                limit=limit,
+                reason=reason,
+                by=by,
+                dry_run=dry_run,
+                seq=seq,
+                result=result,
+            )
+        finally:
+            await app.aclose()
+
+    outcomes = _run(go())
+    refused = 0
+    for o in outcomes:
+        if o.applied:
+            click.echo(f"{o.task_id}: {o.before} -> {o.after}")
+        elif (
+            dry_run
+            and o.before is not None
+            and o.after is not None
+            and o.message.startswith("would")
+        ):
+            click.echo(f"{o.task_id}: {o.message}")
+        else:
+            refused += 1
+            click.echo(f"{o.task_id}: refused: {o.message}", err=True)
+    if not outcomes:
+        click.echo("no task matches", err=True)
+    if refused:
+        raise click.ClickException(f"{refused} of {len(outcomes)} task(s) refused")
+
+
+@cli.command()
+@_operator_options
+@click.pass_obj
+def retry(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
+    """Resubmit tasks in error (or whose compensation failed): their failed steps run again
+    under new attempts and the same idempotency keys; completed steps are kept."""
+    _operate(obj, "retry", task_ids, **options)
+
+
+@cli.command()
+@_operator_options
+@click.pass_obj
+def pause(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
+    """Pause pending or processing tasks: no scheduler takes them up until resumed."""
+    _operate(obj, "pause", task_ids, **options)
+
+
+@cli.command()
+@_operator_options
+@click.pass_obj
+def resume(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
+    """Resume paused tasks."""
+    _operate(obj, "resume", task_ids, **options)
+
+
+@cli.command()
+@_operator_options
+@_opt(
+    "--compensate",
+    envvar="STEPWARDEN_COMPENSATE",
+    is_flag=True,
+    help="Undo the steps done first (the tasks end compensated).",
+)
+@click.pass_obj
+def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options: Any) -> None:
+    """Cancel tasks: they stop for good, and their open steps are closed."""
+    _operate(obj, "compensate" if compensate else "cancel", task_ids, **options)
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt("--step", "seq", envvar="STEPWARDEN_STEP", required=True, type=int, help="The step's seq.")
+@_opt(
+    "--result",
+    "result_json",
+    envvar="STEPWARDEN_RESULT",
+    default="null",
+    show_default=True,
+    help="The step's result, as JSON.",
+)
+@_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
+@_opt("--by", envvar="STEPWARDEN_BY", default=None, help="Who, for the history.")
+@click.pass_obj
+def skip(
+    obj: _Ctx, task_id: str, seq: int, result_json: str, reason: str | None, by: str | None
+) -> None:
+    """Mark a stuck step completed with a given result, as if its operation returned it."""
+    try:
+        value = orjson.loads(result_json)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from exc
+    _operate(
+        obj,
+        "skip",
+        (task_id,),
+        state=None,
+        workflow=None,
+        limit=1,
+        reason=reason,
+        by=by,
+        dry_run=False,
+        seq=seq,
+        result=value,
+    )
+
+
+@cli.command()
+@_opt(
+    "--older-than",
+    envvar="STEPWARDEN_OLDER_THAN",
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds since the task finished.",
+)
+@_opt(
+    "--batch",
+    envvar="STEPWARDEN_BATCH",
+    default=500,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tasks deleted per transaction.",
+)
+@click.pass_obj
+def purge(obj: _Ctx, older_than: float, batch: int) -> None:
+    """Delete finished tasks (processed, compensated, cancelled) older than --older-than,
+    with their steps and history. Tasks in error wait for their operator and are kept."""
+    url = obj.store_url()
+
+    async def go() -> int:
+        store = open_store(url)
+        await store.open(migrate=False)
+        try:
+            total = 0
+            while True:
+                n = await store.purge(older_than, batch)
+                total += n
+                if n < batch:
+                    return total
+        finally:
+            await store.close()
+
+    click.echo(f"purged {_run(go())} task(s)")
 
 
 def _time(value: datetime | None) -> str:
