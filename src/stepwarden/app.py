@@ -97,6 +97,7 @@ class App:
         complete_within: timedelta = timedelta(seconds=30),
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
+        alert_after: int = 3,
     ) -> Any:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
@@ -105,7 +106,8 @@ class App:
         before the task is given up. `on_failure` says what a task that cannot succeed
         does: "compensate" (undo its completed steps, the default), "retry" (at
         max_failures, wait for the fault to clear with a growing backoff) or "stop" (Error,
-        for the operator).
+        for the operator). `alert_after` raises an alert when a step is dispatched that many
+        times (its complete_by passed again and again).
         """
         try:
             policy = OnFailure(on_failure)
@@ -122,7 +124,12 @@ class App:
             if wf_name in self.workflows:
                 raise ConfigurationError(f"workflow {wf_name!r} is already declared")
             self.workflows[wf_name] = Workflow(
-                wf_name, fn, complete_within, max_failures, on_failure=policy
+                wf_name,
+                fn,
+                complete_within,
+                max_failures,
+                on_failure=policy,
+                alert_after=alert_after,
             )
             fn.__stepwarden_workflow__ = wf_name  # type: ignore[attr-defined]
             return fn

@@ -296,6 +296,8 @@ class Scheduler:
                 got = await self._dispatches.submit(dispatch)
                 if got is None and fallback is not None:
                     got = await self._dispatches.submit(fallback)
+                    if got is not None:
+                        await self._alert_if_retried_too_often(held, fallback, got, step_name)
                 if got is None:
                     # Fenced out, or the step finished meanwhile: only the latter lets us go on.
                     record = await self._finished(where)
@@ -317,6 +319,25 @@ class Scheduler:
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)
+
+    async def _alert_if_retried_too_often(
+        self, held: _Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
+    ) -> None:
+        threshold = self.workflows[held.workflow].alert_after
+        if got.attempt != threshold:
+            return
+        detail = {
+            "reason": "step_retried",
+            "seq": dispatch.seq,
+            "step": step_name,
+            "attempt": got.attempt,
+            "error": f"step {step_name!r} dispatched {got.attempt} times",
+        }
+        logger.error("ALERT task %s: %s", held.task_id, detail["error"])
+        try:
+            await self.store.record_events([(held.task_id, "alert", detail)])
+        except StoreError as exc:
+            logger.warning("task %s: cannot record an alert: %s", held.task_id, exc)
 
     async def _finished(self, where: tuple[str, int]) -> StepRecord:
         found = await self.store.finished_steps([where])

@@ -32,10 +32,14 @@ class Workflow:
     complete_within: timedelta
     max_failures: int
     on_failure: OnFailure = OnFailure.COMPENSATE
+    alert_after: int = 3
+    """Alert the operator when a step of this workflow is dispatched this many times."""
 
     def __post_init__(self) -> None:
         if self.complete_within <= timedelta(0):
             raise ConfigurationError(f"workflow {self.name!r}: complete_within must be positive")
+        if self.alert_after < 2:
+            raise ConfigurationError(f"workflow {self.name!r}: alert_after must be at least 2")
         if self.max_failures < 1:
             raise ConfigurationError(f"workflow {self.name!r}: max_failures must be at least 1")
 

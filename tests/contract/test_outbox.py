@@ -179,3 +179,22 @@ async def test_retention_deletes_old_finished_tasks_and_keeps_the_others(
     assert (await saga.app.status_async("failed")).process_state == sw.TaskState.ERROR
     assert (await saga.app.status_async("waiting")).process_state == sw.TaskState.PENDING
     await saga.app.aclose()
+
+
+async def test_a_step_dispatched_too_often_raises_an_alert(store_url: str) -> None:
+    saga = Saga(store_url, max_failures=3, alert_after=2)
+    saga.hang.add("charge")
+    async with running(saga.app):
+        await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1")
+        store = await saga.app.store()
+
+        async def alerted() -> bool:
+            return bool(await store.outbox(channel="alerts", task_id="o1"))
+
+        await until(alerted)
+        saga.hang.clear()
+        assert await saga.app.result_async("o1", timeout=20) == "done"
+    [alert] = await store.outbox(channel="alerts", task_id="o1")
+    await saga.app.aclose()
+    assert alert.detail["reason"] == "step_retried"
+    assert (alert.detail["seq"], alert.detail["attempt"]) == (2, 2)

@@ -408,6 +408,10 @@ class Store(abc.ABC):
     async def count_tasks(self) -> dict[TaskState, int]: ...
 
     @abc.abstractmethod
+    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None:
+        """Record (task_id, kind, detail) events; an `alert` also goes to the outbox."""
+
+    @abc.abstractmethod
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]: ...

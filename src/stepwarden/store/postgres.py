@@ -459,6 +459,17 @@ class PostgresStore(Store):
             counts[TaskState(row["process_state"])] = int(row["n"])
         return counts
 
+    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None:
+        if not events:
+            return
+        params = {
+            "task_id": [e[0] for e in events],
+            "kind": [e[1] for e in events],
+            "detail": [orjson.dumps(e[2]).decode() for e in events],
+        }
+        async with self._connection() as conn:
+            await conn.execute(Q["insert_events"], params)
+
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]:

@@ -384,6 +384,15 @@ class SQLiteStore(Store):
 
         return await self._run(read)
 
+    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            for task_id, kind, detail in events:
+                _event(conn, task_id, kind, detail, now)
+
+        if events:
+            await self._write(write)
+
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]:

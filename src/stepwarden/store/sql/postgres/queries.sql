@@ -479,3 +479,9 @@ WITH p AS (
 )
 DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT task_id FROM p)
 RETURNING task_id
+
+-- name: insert_events
+-- Events written by a process for itself (an alert raised by a scheduler, say).
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+SELECT e.task_id, now(), e.kind, e.detail::json
+FROM unnest(%(task_id)s::text[], %(kind)s::text[], %(detail)s::text[]) AS e(task_id, kind, detail)
