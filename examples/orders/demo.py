@@ -8,10 +8,11 @@ What it does:
    a scheduler, the agents and a supervisor;
 3. places the orders: each order row and its task are committed in one transaction;
 4. kills one worker with SIGKILL once part of the orders are done, and starts a replacement;
-5. waits until every order is processed or in Error, then prints a summary: submitted,
-   processed, error, lost, retries, deadlines missed, duplicate effects prevented by the
-   idempotency keys and duplicate effects applied. It exits 1 if an order was lost or a
-   charge applied twice.
+5. waits until every order is finished (processed; or compensated: its charge refunded and
+   its reservation released), then prints a summary: submitted, processed, compensated,
+   error, lost, retries, deadlines missed, duplicate effects prevented by the idempotency keys
+   and duplicate effects applied. It exits 1 if an order was lost, an effect applied twice,
+   or an order left charged without being processed.
 
     python -m examples.orders.demo [--orders 300] [--workers 3] [--json]
 """
@@ -40,6 +41,7 @@ from examples.orders import payment_service
 
 ROOT = Path(__file__).resolve().parents[2]
 ITEMS = ["book", "lamp", "mug", "pen", "shirt", "tea"]
+FINISHED = ("processed", "compensated", "error", "compensation_failed", "cancelled")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,6 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--store", help="store URL (default: an SQLite file in --workdir)")
     p.add_argument("--workdir", help="where the store, ledger and logs go (default: a new tmp dir)")
     p.add_argument("--declined", type=float, default=0.03, help="share of declined cards")
+    p.add_argument(
+        "--undeliverable",
+        type=float,
+        default=0.03,
+        help="share of orders shipping refuses after the charge (refunded)",
+    )
     p.add_argument("--kill-at", type=float, default=0.3, help="kill a worker at this progress")
     p.add_argument("--no-kill", action="store_true", help="kill no worker")
     p.add_argument("--no-faults", action="store_true", help="a payment service without faults")
@@ -143,12 +151,15 @@ class Processes:
             f.close()
 
 
-def make_orders(n: int, declined: float, rng: random.Random) -> list[dict[str, Any]]:
+def make_orders(
+    n: int, declined: float, undeliverable: float, rng: random.Random
+) -> list[dict[str, Any]]:
     return [
         {
             "id": f"{i:05d}",
             "amount": round(rng.uniform(5, 200), 2),
             "card": "declined" if rng.random() < declined else "ok",
+            "address": "nowhere" if rng.random() < undeliverable else "street",
             "items": rng.sample(ITEMS, rng.randint(1, 3)),
         }
         for i in range(1, n + 1)
@@ -172,7 +183,7 @@ async def wait_for_service(url: str, procs: Processes, timeout: float = 15) -> N
 async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str, Any]:
     from examples.orders import shop  # reads STEPWARDEN_STORE and PAYMENTS_URL
 
-    orders = make_orders(args.orders, args.declined, random.Random(args.seed))
+    orders = make_orders(args.orders, args.declined, args.undeliverable, random.Random(args.seed))
     store = await shop.app.store()
     await shop.create_orders_table()
     for _ in range(args.workers):
@@ -194,9 +205,7 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str,
             task_ids.append(await shop.place_order(order))
         next_order += 25
         counts = await store.count_tasks()
-        now_done = counts.get(shop.stepwarden.TaskState.PROCESSED, 0) + counts.get(
-            shop.stepwarden.TaskState.ERROR, 0
-        )
+        now_done = sum(counts.get(s, 0) for s in FINISHED)
         bar.update(now_done - done)
         done = now_done
         if kill_when is not None and killed_pid is None and done >= kill_when:
@@ -221,14 +230,12 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str,
 async def summarise(
     store: Any, task_ids: list[str], procs: Processes, elapsed: float
 ) -> dict[str, Any]:
-    from stepwarden import TaskState
-
-    states: dict[str, int] = {"processed": 0, "error": 0}
+    states: dict[str, int] = {s: 0 for s in ("processed", "compensated", "error")}
     retries = 0
     unfinished = 0
     for task_id in task_ids:
         task = await store.get_task(task_id)
-        if task is None or task.process_state not in (TaskState.PROCESSED, TaskState.ERROR):
+        if task is None or str(task.process_state) not in states:
             unfinished += 1
             continue
         states[str(task.process_state)] += 1
@@ -239,13 +246,18 @@ async def summarise(
     return {
         "submitted": len(task_ids),
         "processed": states["processed"],
+        "compensated": states["compensated"],
         "error": states["error"],
         "lost": unfinished,
         "retries": retries,
         "deadlines_missed": len(expired),
         "duplicate_effects_prevented": ledger["duplicates_prevented"],
-        "duplicate_effects_applied": ledger["orders_charged_twice"],
+        "duplicate_effects_applied": ledger["orders_charged_twice"]
+        + ledger["orders_refunded_twice"],
         "charges_applied": ledger["charges"],
+        "refunds_applied": ledger["refunds"],
+        # The saga holds: an order is charged (and not refunded) if and only if processed.
+        "charged_not_processed": ledger["orders_charged_not_refunded"] - states["processed"],
         "workers_killed": procs.workers_killed,
         "payment_service_crashes": procs.service_restarts,
         "seconds": round(elapsed, 1),
@@ -258,8 +270,15 @@ def print_table(summary: dict[str, Any]) -> None:
     print()
     for key, value in summary.items():
         print(f"  {key.replace('_', ' '):<{width}}  {value}")
-    ok = summary["lost"] == 0 and summary["duplicate_effects_applied"] == 0
-    print("\n  " + ("OK: nothing lost, nothing applied twice" if ok else "FAILED"))
+    print("\n  " + ("OK: nothing lost, nothing applied twice" if healthy(summary) else "FAILED"))
+
+
+def healthy(summary: dict[str, Any]) -> bool:
+    return (
+        summary["lost"] == 0
+        and summary["duplicate_effects_applied"] == 0
+        and summary["charged_not_processed"] == 0
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary))
     else:
         print_table(summary)
-    return 1 if summary["lost"] or summary["duplicate_effects_applied"] else 0
+    return 0 if healthy(summary) else 1
 
 
 if __name__ == "__main__":

@@ -62,7 +62,9 @@ class Ledger:
         )
 
     def apply(self, kind: str, key: str, order_id: str, amount: float) -> tuple[str, bool]:
-        """Apply once per key: (receipt, whether this request was a duplicate)."""
+        """Apply once per key: (receipt, whether this request was a duplicate). A charge
+        for an order already refunded is refused (receipt "refused"), as a void would be: a
+        late charge cannot land after the refund that undid it."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             row = self.db.execute(
@@ -72,6 +74,14 @@ class Ledger:
                 self.db.execute("INSERT INTO duplicates VALUES (?, ?, ?)", (kind, key, time.time()))
                 self.db.execute("COMMIT")
                 return str(row[0]), True
+            if (
+                kind == "charge"
+                and self.db.execute(
+                    "SELECT 1 FROM effects WHERE kind = 'refund' AND order_id = ?", (order_id,)
+                ).fetchone()
+            ):
+                self.db.execute("COMMIT")
+                return "refused", False
             receipt = f"{kind}-{uuid.uuid4().hex[:12]}"
             self.db.execute(
                 "INSERT INTO effects VALUES (?, ?, ?, ?, ?, ?)",
@@ -91,7 +101,14 @@ def ledger_stats(db: sqlite3.Connection) -> dict[str, Any]:
     one = lambda sql: db.execute(sql).fetchone()[0]  # noqa: E731
     return {
         "charges": one("SELECT count(*) FROM effects WHERE kind = 'charge'"),
-        "refunds": one("SELECT count(*) FROM effects WHERE kind = 'refund'"),
+        "refunds": one(
+            "SELECT count(*) FROM effects r WHERE kind = 'refund' AND EXISTS"
+            " (SELECT 1 FROM effects c WHERE c.kind = 'charge' AND c.order_id = r.order_id)"
+        ),
+        "orders_charged_not_refunded": one(
+            "SELECT count(DISTINCT order_id) FROM effects c WHERE kind = 'charge' AND NOT EXISTS"
+            " (SELECT 1 FROM effects r WHERE r.kind = 'refund' AND r.order_id = c.order_id)"
+        ),
         "duplicates_prevented": one("SELECT count(*) FROM duplicates"),
         "orders_charged_twice": one(
             "SELECT count(*) FROM (SELECT order_id FROM effects WHERE kind = 'charge'"

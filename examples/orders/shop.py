@@ -5,8 +5,9 @@
 The payment service (`payment_service.py`) is remote and unreliable: it answers 503s, answers
 too late, drops answers after applying the charge, is down for a while, and crashes. The
 payments agent passes each step's idempotency key, so a charge retried or re-dispatched after
-any of these is applied once. A declined card is a permanent error: the order ends in Error and
-an operator is alerted.
+any of these is applied once. A declined card is a permanent error: the order cannot succeed,
+an operator is alerted, and what was done is undone (the saga's compensations): the charge is
+refunded (if it may have been applied) and the reservation released, newest first.
 
 Submitting an order inserts it into the shop's own `orders` table and creates its task in the
 same transaction: both are recorded, or neither.
@@ -81,15 +82,39 @@ async def charge(call: stepwarden.Call, order: dict[str, Any]) -> dict[str, Any]
     return {"receipt": answer.json()["charge"]}
 
 
+@inventory.operation
+def release(call: stepwarden.Call, order: dict[str, Any]) -> dict[str, Any]:
+    """Undo `reserve` (call.compensates_key names the reservation's step)."""
+    return {"released": order["items"], "reservation": f"R-{call.compensates_key}"}
+
+
+@payments.operation
+async def refund(call: stepwarden.Call, order: dict[str, Any]) -> dict[str, Any]:
+    """Undo `charge`: the payment service refunds the order once, whatever the retries."""
+    body = {"order_id": order["id"], "idempotency_key": call.idempotency_key}
+    try:
+        answer = await _client().post("/refund", json=body, timeout=max(0.05, call.remaining()))
+    except httpx.TransportError as exc:
+        raise PaymentUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    if answer.status_code >= 500:
+        raise PaymentUnavailable(f"payment service answered {answer.status_code}")
+    answer.raise_for_status()
+    return {"refund": answer.json()["refund"]}
+
+
 @shipping.operation
 def ship(call: stepwarden.Call, order: dict[str, Any]) -> dict[str, Any]:
+    if order.get("address") == "nowhere":
+        raise stepwarden.PermanentError(f"no courier delivers order {order['id']}")
     return {"tracking": f"T-{call.idempotency_key}", "items": order["items"]}
 
 
 @app.workflow(complete_within=timedelta(seconds=10), max_failures=5)
 async def process_order(ctx: stepwarden.Context, order: dict[str, Any]) -> dict[str, Any]:
-    reservation = await ctx.step(inventory.reserve, order)
-    payment = await ctx.step(payments.charge, order, complete_within=CHARGE_WITHIN)
+    reservation = await ctx.step(inventory.reserve, order, compensate=inventory.release)
+    payment = await ctx.step(
+        payments.charge, order, complete_within=CHARGE_WITHIN, compensate=payments.refund
+    )
     shipment = await ctx.step(shipping.ship, order)
     return {**reservation, **payment, **shipment}
 
