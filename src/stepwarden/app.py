@@ -421,6 +421,12 @@ class App:
             outcomes.extend(await store.operate(actions[i : i + 500]))
         return outcomes
 
+    def operate(
+        self, action: str, task_ids: Sequence[str] | None = None, **kwargs: Any
+    ) -> list[ActionOutcome]:
+        """The blocking form of `operate_async`."""
+        return self._call(self.operate_async(action, task_ids, **kwargs))
+
     async def _preview(self, store: Store, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)
         if task is None:

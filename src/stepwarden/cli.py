@@ -205,6 +205,21 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     type=click.FloatRange(min=0),
     help="Seconds given to work under way on SIGTERM.",
 )
+@_opt(
+    "--retention",
+    envvar="STEPWARDEN_RETENTION",
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds finished tasks are kept before the supervisor deletes them.",
+)
+@_opt(
+    "--alert-webhook",
+    "alert_webhooks",
+    envvar="STEPWARDEN_ALERT_WEBHOOK",
+    multiple=True,
+    help="POST alerts to this URL too (repeatable; the variable is space-separated).",
+)
 @click.pass_obj
 def worker(
     obj: _Ctx,
@@ -219,6 +234,8 @@ def worker(
     backoff_initial: float,
     backoff_max: float,
     drain_timeout: float,
+    retention: float,
+    alert_webhooks: tuple[str, ...],
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
     app = obj.app(app_ref)
@@ -233,6 +250,8 @@ def worker(
             lease_ttl=lease_ttl,
             backoff=Backoff(initial=backoff_initial, maximum=max(backoff_max, backoff_initial)),
             drain_timeout=drain_timeout,
+            retention=retention,
+            alert_webhooks=alert_webhooks,
         )
         Worker(app, options).run_forever()
     except StepwardenError as exc:
