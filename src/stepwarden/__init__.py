@@ -21,6 +21,7 @@ from .errors import (
     UnknownNameError,
 )
 from .retry import Backoff, Retry
+from .secret import Secret
 from .states import OnFailure, StepState, TaskState
 from .store.base import ActionOutcome, EventRecord, OutboxMessage, StepRecord, TaskRecord
 from .worker import Worker, WorkerOptions
@@ -50,6 +51,7 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "SchemaVersionError",
+    "Secret",
     "StepFailed",
     "StepRecord",
     "StepState",

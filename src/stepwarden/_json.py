@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from .errors import PayloadError
+from .secret import MASK, SECRET_KEY, Secret
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest encoded payload accepted, so that one task cannot bloat the store."""
@@ -21,7 +22,7 @@ def dumps(value: Any, *, what: str = "payload") -> str:
     """Encode `value` as JSON text, or raise PayloadError naming `what`. Only JSON's own
     values are accepted: NaN and infinities, dates and dataclasses are refused."""
     try:
-        data = orjson.dumps(value, option=_STRICT)
+        data = orjson.dumps(value, option=_STRICT, default=_store_secret)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
     if b"null" in data and _has_non_finite(value):  # orjson writes NaN as null
@@ -44,7 +45,41 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
+def _store_secret(obj: Any) -> Any:
+    if isinstance(obj, Secret):
+        return {SECRET_KEY: obj.reveal()}
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def _mask(obj: Any) -> Any:
+    if isinstance(obj, Secret):
+        return MASK
+    return repr(obj)
+
+
+def display(value: Any, *, indent: bool = False) -> str:
+    """JSON text to show a person: secrets masked, anything else that is not JSON shown as
+    its repr. Never for storage."""
+    option = orjson.OPT_INDENT_2 if indent else 0
+    return orjson.dumps(value, default=_mask, option=option).decode()
+
+
+_MARK = f'"{SECRET_KEY}"'
+
+
 def loads(text: str | bytes | None) -> Any:
     if text is None:
         return None
-    return orjson.loads(text)
+    value = orjson.loads(text)
+    marked = _MARK.encode() in text if isinstance(text, bytes) else _MARK in text
+    return _unwrap(value) if marked else value
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and SECRET_KEY in value:
+            return Secret(value[SECRET_KEY])
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    return value

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
+from . import _json
 from .app import App, TaskView
 from .errors import StepwardenError
 from .retry import Backoff
@@ -335,7 +336,7 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
     found, counts = _run(go())
     if as_json:
         for t in found:
-            click.echo(orjson.dumps(_task_dict(t)).decode())
+            click.echo(_json.display(_task_dict(t)))
         return
     click.echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
     if found:
@@ -380,7 +381,7 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
             {"id": e.id, "at": _plain(e.at), "kind": e.kind, "detail": e.detail}
             for e in view.events
         ]
-        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        click.echo(_json.display(data, indent=True))
         return
     t = view.task
     click.echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
@@ -390,9 +391,9 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
     click.echo(f"  locked_by      {t.locked_by or '-'}")
     click.echo(f"  complete_by    {_time(t.complete_by)}")
     click.echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
-    click.echo(f"  input          {orjson.dumps(t.input).decode()}")
+    click.echo(f"  input          {_json.display(t.input)}")
     if t.result is not None:
-        click.echo(f"  result         {orjson.dumps(t.result).decode()}")
+        click.echo(f"  result         {_json.display(t.result)}")
     if t.error:
         click.echo(f"  error          {t.error}")
     click.echo("steps:")
@@ -410,7 +411,7 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
     if view.events:
         click.echo("history:")
         for e in view.events:
-            click.echo(f"  {_time(e.at)}  {e.kind:<12} {orjson.dumps(e.detail).decode()}")
+            click.echo(f"  {_time(e.at)}  {e.kind:<12} {_json.display(e.detail)}")
 
 
 @cli.command()

@@ -154,3 +154,20 @@ def test_only_json_values_are_accepted(value: object) -> None:
 def test_null_and_finite_floats_pass_untouched() -> None:
     value = {"a": None, "b": [1.5, "null", -0.0], "c": (1, 2)}
     assert _json.loads(_json.dumps(value)) == {"a": None, "b": [1.5, "null", -0.0], "c": [1, 2]}
+
+
+def test_deeply_nested_payloads_are_refused_with_a_clear_error() -> None:
+    deep: list[object] = []
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(sw.PayloadError, match="the input"):
+        _json.dumps(deep, what="the input")
+
+
+def test_a_secret_is_stored_whole_and_shown_masked() -> None:
+    text = _json.dumps({"card": sw.Secret("4111"), "n": [sw.Secret({"pin": 1})]})
+    assert _json.loads(text) == {"card": sw.Secret("4111"), "n": [sw.Secret({"pin": 1})]}
+    assert _json.loads(text)["card"].reveal() == "4111"
+    shown = _json.display(_json.loads(text))
+    assert "4111" not in shown and "pin" not in shown and shown.count("***") == 2
+    assert repr(sw.Secret("4111")) == "Secret('***')"
