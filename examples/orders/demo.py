@@ -106,7 +106,7 @@ class Processes:
     def service_died(self) -> bool:
         return self.service is not None and self.service.poll() is not None
 
-    def start_worker(self) -> None:
+    def start_worker(self, roles: str = "scheduler,agents,supervisor") -> subprocess.Popen[bytes]:
         n = len(self.workers) + 1
         cmd = [
             sys.executable,
@@ -115,6 +115,8 @@ class Processes:
             "--app",
             "examples.orders.shop:app",
             "worker",
+            "--roles",
+            roles,
             "--supervisor-interval",
             "0.5",
             "--lease-ttl",
@@ -124,8 +126,10 @@ class Processes:
             "--backoff-max",
             "2",
         ]
-        log = self._log(f"worker-{n}")
-        self.workers.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=log))
+        log = self._log(f"worker-{n}-{roles.replace(',', '+')}")
+        worker = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=log)
+        self.workers.append(worker)
+        return worker
 
     def kill_worker(self) -> int:
         victim = next(w for w in self.workers if w.poll() is None)

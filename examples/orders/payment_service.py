@@ -60,6 +60,11 @@ class Ledger:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS duplicates (kind TEXT, idempotency_key TEXT, at REAL)"
         )
+        self.db.execute("CREATE TABLE IF NOT EXISTS faults (kind TEXT, at REAL)")
+
+    def fault(self, kind: str) -> None:
+        """Note a fault injected, so that a run can count them afterwards."""
+        self.db.execute("INSERT INTO faults VALUES (?, ?)", (kind, time.time()))
 
     def apply(self, kind: str, key: str, order_id: str, amount: float) -> tuple[str, bool]:
         """Apply once per key: (receipt, whether this request was a duplicate). A charge
@@ -114,6 +119,7 @@ def ledger_stats(db: sqlite3.Connection) -> dict[str, Any]:
             "SELECT count(*) FROM (SELECT order_id FROM effects WHERE kind = 'charge'"
             " GROUP BY order_id HAVING count(*) > 1)"
         ),
+        "faults": dict(db.execute("SELECT kind, count(*) FROM faults GROUP BY kind").fetchall()),
         "orders_refunded_twice": one(
             "SELECT count(*) FROM (SELECT order_id FROM effects WHERE kind = 'refund'"
             " GROUP BY order_id HAVING count(*) > 1)"
@@ -156,17 +162,22 @@ class Service:
             return web.json_response({"error": "card declined"}, status=402)
         f = self.faults
         if self._in_outage():
+            self.ledger.fault("outage")
             return web.json_response({"error": "outage"}, status=503)
         if self.rng.random() < f.crash:
+            self.ledger.fault("crash")
             os._exit(17)
         if self.rng.random() < f.transient:
+            self.ledger.fault("transient")
             return web.json_response({"error": "try again"}, status=503)
         slow = self.rng.random() < f.slow
         lost = self.rng.random() < f.lost
         if slow:
+            self.ledger.fault("slow")
             await asyncio.sleep(f.slow_for)
         receipt, duplicate = self.ledger.apply(kind, key, order_id, amount)
         if lost and request.transport is not None:
+            self.ledger.fault("lost")
             request.transport.close()  # the effect is applied, the answer never arrives
             raise ConnectionResetError("answer dropped on purpose")
         return web.json_response({kind: receipt, "duplicate": duplicate})
