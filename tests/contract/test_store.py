@@ -368,8 +368,10 @@ async def test_sweep_resets_with_backoff_then_sets_error_at_max_failures(store: 
     task = await store.get_task("t1")
     assert task is not None and task.process_state == TaskState.ERROR
     assert task.failure_count == 2 and "max_failures" in (task.error or "")
-    kinds = [e.kind for e in await store.events(task_id="t1")]
-    assert kinds == ["expired", "expired", "alert"]
+    events = await store.events(task_id="t1")
+    assert [e.kind for e in events] == ["expired", "expired", "alert"]
+    # Each sweep names who swept, under which lease term.
+    assert {(e.detail["by"], e.detail["term"]) for e in events[:2]} == {("sup", term)}
 
 
 async def test_sweep_finds_expired_steps_of_the_current_attempt_only(store: Store) -> None:

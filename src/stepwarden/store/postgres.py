@@ -878,6 +878,8 @@ class PostgresStore(Store):
                     for r, p in zip(rows, plans, strict=True)
                 ],
                 "ord": list(range(len(rows))),
+                "holder": holder,
+                "term": term,
             }
             for r in await self._rows(conn, Q["reset_tasks"], params):
                 expired.append(

@@ -751,7 +751,9 @@ class SQLiteStore(Store):
             for query in ("expired_steps", "expired_tasks"):
                 for r in conn.execute(Q[query], {"now": now, "limit": limit}):
                     found.setdefault(r["task_id"], r)
-            return _reset(conn, list(found.values())[:limit], now, backoff_initial, backoff_maximum)
+            rows = list(found.values())[:limit]
+            by = {"by": holder, "term": term}
+            return _reset(conn, rows, now, backoff_initial, backoff_maximum, by)
 
         expired = await self._write(sweep)
         if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
@@ -763,8 +765,15 @@ class SQLiteStore(Store):
 
 
 def _reset(
-    conn: sqlite3.Connection, rows: list[sqlite3.Row], now: float, initial: float, maximum: float
+    conn: sqlite3.Connection,
+    rows: list[sqlite3.Row],
+    now: float,
+    initial: float,
+    maximum: float,
+    by: dict[str, Any],
 ) -> list[Expired]:
+    """Release or give up each expired task; its `expired` event names the supervisor (`by`)
+    and the lease term it swept under."""
     expired = []
     for r in rows:
         count = r["failure_count"] + 1
@@ -789,7 +798,7 @@ def _reset(
         ).fetchone()
         if got is None:
             continue
-        detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": count}
+        detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": count, **by}
         _event(conn, r["task_id"], "expired", detail, now)
         if state != held_as and state not in (TaskState.PENDING, TaskState.PROCESSING):
             _close_open_steps(conn, r["task_id"], state, now)

@@ -342,7 +342,8 @@ WITH d AS (
     SELECT u.task_id, now(), x.kind, x.detail
     FROM u CROSS JOIN LATERAL (VALUES
         (1, 'expired', json_build_object('seq', u.seq, 'attempt', u.attempt,
-                                         'failure_count', u.count)),
+                                         'failure_count', u.count, 'by', %(holder)s::text,
+                                         'term', %(term)s::bigint)),
         (2, 'alert', CASE WHEN u.alert IS NOT NULL
                           THEN json_build_object('reason', u.alert, 'error', u.error,
                                                  'then', u.process_state)
