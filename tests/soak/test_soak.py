@@ -35,7 +35,7 @@ def test_short_soak_loses_nothing_and_repeats_nothing(store_url: str, tmp_path: 
     assert run.returncode == 0, json.dumps(summary, indent=2)
     assert summary["ids_in_equal_ids_out"] and summary["lost"] == 0
     assert summary["duplicate_effects_applied"] == 0 and summary["charged_not_processed"] == 0
-    assert summary["hold_violations"] == 0
+    assert summary["hold_violations"] == 0 and summary["store_intact"]
     assert summary["kills_total"] >= 3  # the run did meet crashes
     assert summary["processed"] + summary["compensated"] == 300
 
