@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+import contextlib
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def first(*aws: Awaitable[Any]) -> None:
@@ -24,3 +29,41 @@ async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
             await stop.wait()
     except TimeoutError:
         pass
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking `fn(*args)` in a thread of its own that does not hold the process open.
+
+    `asyncio.to_thread` uses the loop's default executor, whose threads are joined when the
+    loop shuts down and again when the interpreter exits: a blocking call that outlives a
+    worker's drain timeout would keep the process alive until the call returns. A daemon
+    thread is abandoned instead; cancelling the awaiting task stops waiting for it, and its
+    late outcome is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def run() -> None:
+        try:
+            value = context.run(fn, *args)
+        except BaseException as exc:  # handed to the awaiting task, whatever it is
+            outcome: tuple[bool, Any] = (False, exc)
+        else:
+            outcome = (True, value)
+        # When the loop has closed nobody waits for this outcome any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(
+        target=run, name=f"stepwarden-call-{getattr(fn, '__name__', 'fn')}", daemon=True
+    ).start()
+    return await future

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from . import _json
-from ._aio import first, sleep_unless
+from ._aio import first, in_daemon_thread, sleep_unless
 from ._batch import Batcher
 from .errors import ConfigurationError, PayloadError, StoreError
 from .retry import Retry
@@ -71,7 +71,7 @@ class Operation:
     async def invoke(self, call: Call, args: list[Any]) -> Any:
         if self.is_async:
             return await self.fn(call, *args)
-        return await asyncio.to_thread(self.fn, call, *args)
+        return await in_daemon_thread(self.fn, call, *args)
 
     def __repr__(self) -> str:
         return f"<Operation {self.qualname}>"

@@ -1,0 +1,31 @@
+"""The `cluster` fixture: real worker processes on the store under test, always reaped."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from .harness import Cluster
+
+
+@pytest.fixture
+def cluster(store_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(store_url, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failure that did not already carry the logs (an unexpected exception) gets them."""
+    report = yield
+    c = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(c, Cluster) and "==== log of" not in report.longreprtext:
+        report.sections.append(("scenario logs", c.logs()))
+    return report

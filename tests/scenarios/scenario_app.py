@@ -1,0 +1,273 @@
+"""The application the scenario tests run in real worker processes.
+
+    STEPWARDEN_STORE=sqlite:///x.db SCENARIO_SIDE_DB=/tmp/side.db \\
+        stepwarden --app tests.scenarios.scenario_app:app worker
+
+The store URL comes from STEPWARDEN_STORE (the CLI's `--store` overrides it); the "remote
+service" the operations call is a SQLite file of its own, SCENARIO_SIDE_DB, which every process
+shares and the test reads:
+
+- `calls`: one row per invocation of an operation (written first: the "started" marker), with
+  the idempotency key, the step attempt, the try number, the pid, and how it ended;
+- `effects`: one row per effect applied. An effect is applied once per invocation that gets
+  that far, unless the step asks for `idempotent`, in which case the service honours the
+  idempotency key (a key already applied is not applied again), as a real remote service does;
+- `runs`: one row each time a scheduler (re)starts a task's workflow, with the task attempt and
+  the pid of the scheduler process.
+
+Two workflows run the same steps: `steps` (a task's complete_within is 30 s: it expires only
+through its steps) and `steps_short` (2.5 s: a task whose scheduler died is soon recovered).
+A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, run in order:
+
+- `within`: the step's complete_within, in seconds (default: the workflow's);
+- `async`: run the async operation `svc.act_async` (default: the sync `svc.act`, in a thread);
+- `block_until` (a file path) and `block_attempts` (default: every attempt): block until the
+  file exists (at most `block_limit` seconds, default 60), on those step attempts only; before
+  the effect is applied, or after it with `block_after_effect`;
+- `ignore_cancel`: (async only) keep blocking when cancelled at complete_by and return late,
+  so that the agent reports an answer after the deadline;
+- `work`: seconds of simulated remote latency;
+- `fail_times`: raise a transient error until the key has been called more than this often;
+- `permanent`: raise `stepwarden.PermanentError` with this message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import stepwarden as sw
+
+STORE_ENV = "STEPWARDEN_STORE"
+SIDE_ENV = "SCENARIO_SIDE_DB"
+#: Never opened: the test process builds its own App with `build_app(url)`.
+DEFAULT_STORE = "sqlite:///stepwarden-scenarios.db"
+
+SIDE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL, task_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    attempt INTEGER NOT NULL, try_number INTEGER NOT NULL, pid INTEGER NOT NULL,
+    started_at REAL NOT NULL, ended_at REAL, outcome TEXT);
+CREATE TABLE IF NOT EXISTS effects (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL, task_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    attempt INTEGER NOT NULL, pid INTEGER NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, task_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+    pid INTEGER NOT NULL, at REAL NOT NULL);
+"""
+
+
+# -- the side database ("the remote service") -----------------------------------------------
+def init_side_db(path: Path | str) -> None:
+    """Create the side database (the test does it once, before any process starts)."""
+    with _connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(SIDE_SCHEMA)
+
+
+@contextlib.contextmanager
+def _connect(path: Path | str | None = None) -> Iterator[sqlite3.Connection]:
+    where = path if path is not None else os.environ[SIDE_ENV]
+    conn = sqlite3.connect(where, timeout=30, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def side_rows(path: Path | str, table: str, **where: Any) -> list[dict[str, Any]]:
+    """Rows of `calls`, `effects` or `runs`, in insertion order, filtered by equality."""
+    if table not in ("calls", "effects", "runs"):
+        raise ValueError(table)
+    sql = f"SELECT * FROM {table}"
+    if where:
+        sql += " WHERE " + " AND ".join(f"{k} = ?" for k in where)
+    with _connect(path) as conn:
+        return [dict(r) for r in conn.execute(sql + " ORDER BY id", list(where.values()))]
+
+
+def _start_call(call: sw.Call) -> tuple[int, int]:
+    """Record an invocation; its row id, and how many times the key was called (this one
+    included)."""
+    with _connect() as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        cur = conn.execute(
+            "INSERT INTO calls (key, task_id, seq, attempt, try_number, pid, started_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                call.idempotency_key,
+                call.task_id,
+                call.step,
+                call.attempt,
+                call.try_number,
+                os.getpid(),
+                time.time(),
+            ),
+        )
+        (count,) = conn.execute(
+            "SELECT count(*) FROM calls WHERE key = ?", (call.idempotency_key,)
+        ).fetchone()
+        conn.execute("COMMIT")
+        return int(cur.lastrowid or 0), int(count)
+
+
+def _end_call(call_id: int, outcome: str) -> None:
+    with _connect() as conn:
+        conn.execute(
+            "UPDATE calls SET ended_at = ?, outcome = ? WHERE id = ?",
+            (time.time(), outcome, call_id),
+        )
+
+
+def _apply_effect(call: sw.Call, *, idempotent: bool) -> bool:
+    """Apply the step's effect; False when the service honoured the key and did nothing."""
+    with _connect() as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        if (
+            idempotent
+            and conn.execute(
+                "SELECT 1 FROM effects WHERE key = ?", (call.idempotency_key,)
+            ).fetchone()
+        ):
+            conn.execute("COMMIT")
+            return False
+        conn.execute(
+            "INSERT INTO effects (key, task_id, seq, attempt, pid, at) VALUES (?, ?, ?, ?, ?, ?)",
+            (call.idempotency_key, call.task_id, call.step, call.attempt, os.getpid(), time.time()),
+        )
+        conn.execute("COMMIT")
+        return True
+
+
+def _record_run(task_id: str, attempt: int) -> None:
+    with _connect() as conn:
+        conn.execute(
+            "INSERT INTO runs (task_id, attempt, pid, at) VALUES (?, ?, ?, ?)",
+            (task_id, attempt, os.getpid(), time.time()),
+        )
+
+
+# -- what an operation does ------------------------------------------------------------------
+def _effect(call: sw.Call, spec: dict[str, Any], count: int) -> dict[str, Any]:
+    """Fail as told, or apply the effect; the call's answer."""
+    if count <= spec.get("fail_times", 0):
+        raise ConnectionError(f"transient failure {count} of {spec['fail_times']}")
+    if "permanent" in spec:
+        raise sw.PermanentError(spec["permanent"])
+    applied = _apply_effect(call, idempotent=bool(spec.get("idempotent")))
+    return {
+        "key": call.idempotency_key,
+        "attempt": call.attempt,
+        "try": call.try_number,
+        "pid": os.getpid(),
+        "applied": applied,
+    }
+
+
+def _marker(call: sw.Call, spec: dict[str, Any], *, after_effect: bool) -> Path | None:
+    """The file this call blocks on at this point (before or after its effect), if any."""
+    if "block_until" not in spec or bool(spec.get("block_after_effect")) != after_effect:
+        return None
+    if call.attempt not in spec.get("block_attempts", [call.attempt]):
+        return None
+    return Path(spec["block_until"])
+
+
+def _block(call: sw.Call, spec: dict[str, Any], *, after_effect: bool) -> None:
+    marker = _marker(call, spec, after_effect=after_effect)
+    limit = time.monotonic() + spec.get("block_limit", 60)
+    while marker is not None and not marker.exists():
+        if time.monotonic() > limit:
+            raise TimeoutError(f"{marker} did not appear")
+        time.sleep(0.01)
+
+
+async def _block_async(call: sw.Call, spec: dict[str, Any], *, after_effect: bool) -> bool:
+    """Block like `_block`; True when a cancellation was ignored (`ignore_cancel`)."""
+    marker = _marker(call, spec, after_effect=after_effect)
+    limit = time.monotonic() + spec.get("block_limit", 60)
+    cancelled = False
+    while marker is not None:
+        if time.monotonic() > limit:
+            raise TimeoutError(f"{marker} did not appear")
+        try:  # the cancellation at complete_by may come in either await
+            if await asyncio.to_thread(marker.exists):
+                break
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if not spec.get("ignore_cancel"):
+                raise
+            cancelled = True  # a remote call that answers after its deadline
+    return cancelled
+
+
+def _act(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
+    call_id, count = _start_call(call)
+    try:
+        _block(call, spec, after_effect=False)
+        if spec.get("work"):
+            time.sleep(spec["work"])  # simulated latency of the remote service
+        result = _effect(call, spec, count)
+        _block(call, spec, after_effect=True)
+    except BaseException as exc:
+        _end_call(call_id, f"raised {type(exc).__name__}: {exc}")
+        raise
+    _end_call(call_id, "returned")
+    return result
+
+
+async def _act_async(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
+    call_id, count = _start_call(call)
+    try:
+        late = await _block_async(call, spec, after_effect=False)
+        if spec.get("work"):
+            await asyncio.sleep(spec["work"])
+        result = _effect(call, spec, count)
+        late = await _block_async(call, spec, after_effect=True) or late
+    except BaseException as exc:
+        _end_call(call_id, f"raised {type(exc).__name__}: {exc}")
+        raise
+    _end_call(call_id, "returned late" if late else "returned")
+    return result
+
+
+# -- the App ---------------------------------------------------------------------------------
+def build_app(store: str) -> sw.App:
+    """The scenario App on `store`: the workers import `app`; the test builds its own."""
+    app = sw.App("scenarios", store=store)
+    svc = app.agent("svc", retry=sw.Retry(max_attempts=5, initial=0.05, maximum=0.2))
+    act = svc.operation(_act, name="act")
+    act_async = svc.operation(_act_async, name="act_async")
+
+    async def run_steps(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
+        _record_run(ctx.task_id, ctx.attempt)
+        results = []
+        for step in spec["steps"]:
+            within = step.get("within")
+            results.append(
+                await ctx.step(
+                    act_async if step.get("async") else act,
+                    step,
+                    complete_within=timedelta(seconds=within) if within else None,
+                )
+            )
+        return results
+
+    # A long task deadline: a task expires only through its steps.
+    app.workflow(run_steps, name="steps", complete_within=timedelta(seconds=30), max_failures=3)
+    # A short task deadline: a task held by a dead scheduler is recovered quickly.
+    app.workflow(
+        run_steps, name="steps_short", complete_within=timedelta(seconds=2.5), max_failures=3
+    )
+    return app
+
+
+app = build_app(os.environ.get(STORE_ENV, DEFAULT_STORE))
