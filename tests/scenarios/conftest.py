@@ -29,3 +29,13 @@ def pytest_runtest_makereport(
     if report.failed and isinstance(c, Cluster) and "==== log of" not in report.longreprtext:
         report.sections.append(("scenario logs", c.logs()))
     return report
+
+
+@pytest.fixture
+def pg_cluster(pg_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on PostgreSQL only, for what only holds with the database's clock."""
+    c = Cluster(pg_url, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()

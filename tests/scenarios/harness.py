@@ -88,9 +88,15 @@ class Cluster:
         self.env = env
 
     # -- processes ------------------------------------------------------------------------
-    def start(self, name: str, *worker_args: str, ready: bool = True) -> Proc:
-        """Start `stepwarden worker` with these arguments (after the FAST defaults); wait until
-        it runs when `ready`."""
+    def start(
+        self,
+        name: str,
+        *worker_args: str,
+        ready: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """Start `stepwarden worker` with these arguments (after the FAST defaults) and extra
+        environment variables; wait until it runs when `ready`."""
         cmd = [
             sys.executable, "-c", "from stepwarden.cli import main; main()",
             "--app", APP_REF,
@@ -100,7 +106,11 @@ class Cluster:
         log_path = self.workdir / f"{name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed by close()
         popen = subprocess.Popen(
-            cmd, cwd=ROOT, env=self.env, stdout=log_file, stderr=subprocess.STDOUT
+            cmd,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
         proc = Proc(name, popen, log_path, log_file)
         self.procs.append(proc)
@@ -113,6 +123,14 @@ class Cluster:
         proc.expect_alive = False
         os.kill(proc.pid, signal.SIGKILL)
         proc.popen.wait(timeout=10)
+
+    def pause(self, proc: Proc) -> None:
+        """SIGSTOP: the process is frozen mid-whatever, as by a long GC pause or a VM stall."""
+        os.kill(proc.pid, signal.SIGSTOP)
+
+    def resume(self, proc: Proc) -> None:
+        """SIGCONT: the frozen process carries on where it was."""
+        os.kill(proc.pid, signal.SIGCONT)
 
     def terminate(self, proc: Proc) -> None:
         """SIGTERM: the worker drains and exits by itself."""

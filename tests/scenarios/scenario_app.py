@@ -28,7 +28,12 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
   so that the agent reports an answer after the deadline;
 - `work`: seconds of simulated remote latency;
 - `fail_times`: raise a transient error until the key has been called more than this often;
-- `permanent`: raise `stepwarden.PermanentError` with this message.
+- `permanent`: raise `stepwarden.PermanentError` with this message;
+- `drop_answer_times`: apply the effect, then lose the answer (a transient error, as when the
+  connection drops before the reply arrives) until the key has been called more than this
+  often;
+- `undo`: the step's compensation is `svc.undo`, whose own spec is this value (the same keys
+  as a step's).
 """
 
 from __future__ import annotations
@@ -163,6 +168,8 @@ def _effect(call: sw.Call, spec: dict[str, Any], count: int) -> dict[str, Any]:
     if "permanent" in spec:
         raise sw.PermanentError(spec["permanent"])
     applied = _apply_effect(call, idempotent=bool(spec.get("idempotent")))
+    if count <= spec.get("drop_answer_times", 0):
+        raise ConnectionResetError(f"answer lost after the effect ({count})")
     return {
         "key": call.idempotency_key,
         "attempt": call.attempt,
@@ -239,6 +246,10 @@ async def _act_async(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _undo(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
+    return _act(call, spec["undo"])
+
+
 # -- the App ---------------------------------------------------------------------------------
 def build_app(store: str) -> sw.App:
     """The scenario App on `store`: the workers import `app`; the test builds its own."""
@@ -246,6 +257,7 @@ def build_app(store: str) -> sw.App:
     svc = app.agent("svc", retry=sw.Retry(max_attempts=5, initial=0.05, maximum=0.2))
     act = svc.operation(_act, name="act")
     act_async = svc.operation(_act_async, name="act_async")
+    undo = svc.operation(_undo, name="undo")
 
     async def run_steps(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
         _record_run(ctx.task_id, ctx.attempt)
@@ -257,6 +269,7 @@ def build_app(store: str) -> sw.App:
                     act_async if step.get("async") else act,
                     step,
                     complete_within=timedelta(seconds=within) if within else None,
+                    compensate=undo if "undo" in step else None,
                 )
             )
         return results
