@@ -23,7 +23,7 @@ from stepwarden.store.base import (
     TaskOutcome,
     step_key,
 )
-from stepwarden.store.postgres import PostgresStore, _chunks
+from stepwarden.store.postgres import IDLE_IN_TRANSACTION, PostgresStore, _chunks
 
 
 def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
@@ -269,6 +269,33 @@ async def test_lease_takeover_waits_for_a_running_sweep(pg_url: str) -> None:
             await asyncio.sleep(0.2)
             assert not waiting.done()
         assert await waiting == term + 2
+    finally:
+        await store.close()
+
+
+async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(pg_url: str) -> None:
+    """The lease row is locked through a sweep's transaction. A supervisor frozen in the middle
+    of one (SIGSTOP, a stalled VM) would block every other supervisor for as long as it stays
+    frozen; the server ends its transaction after IDLE_IN_TRANSACTION seconds instead, and the
+    frozen sweep writes nothing when it wakes."""
+    assert IDLE_IN_TRANSACTION < 30
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        term = await store.acquire_lease("sup", "a", 0)  # lapsed at once: b may take it
+        assert term is not None
+        # A connection made as the store makes its own, frozen after locking the lease row.
+        frozen = await psycopg.AsyncConnection.connect(store.conninfo, **store.connect_kwargs)
+        try:
+            await frozen.execute("SELECT * FROM stepwarden_leases FOR UPDATE")
+            # Without the server's timeout this waits for as long as the frozen one sleeps.
+            taken = await asyncio.wait_for(store.acquire_lease("sup", "b", 5), timeout=30)
+            assert taken == term + 1
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                await frozen.execute("UPDATE stepwarden_leases SET holder = 'a'")
+        finally:
+            await frozen.close()
+        assert await store.acquire_lease("sup", "b", 5) == term + 1
     finally:
         await store.close()
 

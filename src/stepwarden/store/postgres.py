@@ -67,6 +67,12 @@ Conn = psycopg.AsyncConnection[Any]
 CONNECT_TIMEOUT = 10.0
 """Seconds allowed to reach the server when opening the store."""
 DEFAULT_POOL_SIZE = 10
+IDLE_IN_TRANSACTION = 5.0
+"""Seconds a transaction may wait on its client between statements before the server ends
+it. Every transaction of the store is a few statements long; a client frozen mid-transaction
+(stopped, swapped out, a stalled VM) would otherwise keep its row locks, among them the
+supervisor's lease row during a sweep, for as long as it is frozen. Set libpq's `options`
+in the store URL to choose another value."""
 NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
 
@@ -252,6 +258,9 @@ class PostgresStore(Store):
             kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
         if "application_name" not in names:
             kwargs["application_name"] = "stepwarden"
+        if "options" not in names:
+            ms = int(IDLE_IN_TRANSACTION * 1000)
+            kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms}"
         return conninfo, pool_size, kwargs
 
     def _where(self) -> str:

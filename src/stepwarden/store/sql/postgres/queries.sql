@@ -265,12 +265,15 @@ SELECT ord FROM u
 
 -- name: acquire_lease
 -- Take or renew a lease: the term stays while its holder renews in time, else it rises.
+-- The clock is read when the row is written (clock_timestamp, not the statement's start):
+-- a statement that waited for the row lock gets its whole ttl.
 INSERT INTO stepwarden_leases AS l (name, holder, term, expires_at)
-VALUES (%(name)s, %(holder)s, 1, now() + make_interval(secs => %(ttl)s::float8))
+VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s::float8))
 ON CONFLICT (name) DO UPDATE
-SET holder = excluded.holder, expires_at = excluded.expires_at,
-    term = CASE WHEN l.expires_at > now() THEN l.term ELSE l.term + 1 END
-WHERE l.holder = excluded.holder OR l.expires_at <= now()
+SET holder = excluded.holder,
+    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8),
+    term = CASE WHEN l.expires_at > clock_timestamp() THEN l.term ELSE l.term + 1 END
+WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp()
 RETURNING term
 
 -- name: release_lease
