@@ -68,6 +68,9 @@ class Supervisor:
 
     async def tick(self) -> list[Expired]:
         """Take or renew the lease, and sweep if it is held. Returns what was recovered."""
+        # A frozen leader may hold the lease row locked in the middle of its sweep: end its
+        # session first (after a while), or the lease could not change hands.
+        await self.store.end_stalled_sessions()
         term = await self.store.acquire_lease(LEASE, self.instance, self.lease_ttl)
         if term != self.term:
             if term is None:

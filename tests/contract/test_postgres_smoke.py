@@ -23,7 +23,7 @@ from stepwarden.store.base import (
     TaskOutcome,
     step_key,
 )
-from stepwarden.store.postgres import IDLE_IN_TRANSACTION, PostgresStore, _chunks
+from stepwarden.store.postgres import STALLED, PostgresStore, _chunks
 
 
 def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
@@ -273,30 +273,58 @@ async def test_lease_takeover_waits_for_a_running_sweep(pg_url: str) -> None:
         await store.close()
 
 
-async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(pg_url: str) -> None:
+@pytest.mark.parametrize("frozen_in", ["idle_transaction", "pipeline"])
+async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
+    pg_url: str, frozen_in: str
+) -> None:
     """The lease row is locked through a sweep's transaction. A supervisor frozen in the middle
     of one (SIGSTOP, a stalled VM) would block every other supervisor for as long as it stays
-    frozen; the server ends its transaction after IDLE_IN_TRANSACTION seconds instead, and the
-    frozen sweep writes nothing when it wakes."""
-    assert IDLE_IN_TRANSACTION < 30
+    frozen. Frozen between statements, the server ends its transaction by itself; frozen in
+    the middle of a pipeline (the server sees a statement under way), the next supervisor to
+    try ends its session. Either way the frozen transaction is rolled back."""
+    assert STALLED < 30
     store = PostgresStore(pg_url)
     await store.open()
+    # A connection made as the store makes its own, frozen once it has locked the lease row.
+    frozen = await psycopg.AsyncConnection.connect(store.conninfo, **store.connect_kwargs)
+    locked, thaw = asyncio.Event(), asyncio.Event()
+
+    async def sweeper() -> None:
+        if frozen_in == "idle_transaction":
+            await frozen.execute("SELECT * FROM stepwarden_leases FOR UPDATE")
+            locked.set()
+            await thaw.wait()
+            await frozen.execute("UPDATE stepwarden_leases SET holder = 'a'")
+        else:
+            await frozen.set_autocommit(True)
+            async with frozen.pipeline(), frozen.transaction():
+                await frozen.execute("SELECT * FROM stepwarden_leases FOR UPDATE")
+                await frozen.execute("SELECT 1")  # sent: the server waits for what follows
+                locked.set()
+                await thaw.wait()
+                await frozen.execute("UPDATE stepwarden_leases SET holder = 'a'")
+
+    async def take_over() -> int | None:
+        while True:
+            await store.end_stalled_sessions()
+            try:
+                return await store.acquire_lease("sup", "b", 5)
+            except StoreError:  # lock_timeout: the row is still locked; try again
+                continue
+
     try:
         term = await store.acquire_lease("sup", "a", 0)  # lapsed at once: b may take it
         assert term is not None
-        # A connection made as the store makes its own, frozen after locking the lease row.
-        frozen = await psycopg.AsyncConnection.connect(store.conninfo, **store.connect_kwargs)
-        try:
-            await frozen.execute("SELECT * FROM stepwarden_leases FOR UPDATE")
-            # Without the server's timeout this waits for as long as the frozen one sleeps.
-            taken = await asyncio.wait_for(store.acquire_lease("sup", "b", 5), timeout=30)
-            assert taken == term + 1
-            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
-                await frozen.execute("UPDATE stepwarden_leases SET holder = 'a'")
-        finally:
-            await frozen.close()
-        assert await store.acquire_lease("sup", "b", 5) == term + 1
+        frozen_task = asyncio.create_task(sweeper())
+        await locked.wait()
+        # Without the timeouts this waits for as long as the frozen one sleeps.
+        assert await asyncio.wait_for(take_over(), timeout=60) == term + 1
+        thaw.set()
+        with pytest.raises(psycopg.Error, match="terminat"):  # its session was ended
+            await frozen_task
+        assert await store.acquire_lease("sup", "b", 5) == term + 1  # b holds it
     finally:
+        await frozen.close()
         await store.close()
 
 

@@ -501,6 +501,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def release_lease(self, name: str, holder: str) -> None: ...
 
+    async def end_stalled_sessions(self) -> int:
+        """End the store sessions of other processes that stopped talking in the middle of a
+        transaction (frozen, or stalled), so that their locks do not outlive the freeze; how
+        many were ended. A store whose server does this by itself does nothing here."""
+        return 0
+
     @abc.abstractmethod
     async def sweep(
         self,

@@ -67,12 +67,15 @@ Conn = psycopg.AsyncConnection[Any]
 CONNECT_TIMEOUT = 10.0
 """Seconds allowed to reach the server when opening the store."""
 DEFAULT_POOL_SIZE = 10
-IDLE_IN_TRANSACTION = 5.0
-"""Seconds a transaction may wait on its client between statements before the server ends
-it. Every transaction of the store is a few statements long; a client frozen mid-transaction
-(stopped, swapped out, a stalled VM) would otherwise keep its row locks, among them the
-supervisor's lease row during a sweep, for as long as it is frozen. Set libpq's `options`
-in the store URL to choose another value."""
+STALLED = 5.0
+"""Seconds a transaction may wait on its client, and a statement may wait for a lock. Every
+transaction of the store is a few statements long; a client frozen mid-transaction (stopped,
+swapped out, a stalled VM) would otherwise keep its row locks, among them the supervisor's
+lease row during a sweep, for as long as it is frozen. The server ends such a transaction
+when it sits idle (`idle_in_transaction_session_timeout`); one frozen in the middle of a
+pipeline looks busy to the server, and the supervisors end it (`end_stalled_sessions`).
+Waiting for a lock longer than this fails (`lock_timeout`) and the caller tries again. Set
+libpq's `options` in the store URL to choose other values."""
 NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
 
@@ -230,6 +233,11 @@ class PostgresStore(Store):
         super().__init__()
         self.url = url
         self.conninfo, self.pool_size, self.connect_kwargs = self._parse(url)
+        self.application_name = str(
+            self.connect_kwargs.get("application_name")
+            or conninfo_to_dict(self.conninfo).get("application_name")
+            or ""
+        )
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._own_pids: set[int] = set()
@@ -259,8 +267,8 @@ class PostgresStore(Store):
         if "application_name" not in names:
             kwargs["application_name"] = "stepwarden"
         if "options" not in names:
-            ms = int(IDLE_IN_TRANSACTION * 1000)
-            kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms}"
+            ms = int(STALLED * 1000)
+            kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}"
         return conninfo, pool_size, kwargs
 
     def _where(self) -> str:
@@ -812,6 +820,21 @@ class PostgresStore(Store):
             Q["acquire_lease"], {"name": name, "holder": holder, "ttl": float(ttl)}
         )
         return int(rows[0]["term"]) if rows else None
+
+    async def end_stalled_sessions(self) -> int:
+        rows = await self._read(
+            Q["end_stalled_sessions"],
+            {"application_name": self.application_name, "stalled": STALLED},
+        )
+        ended = [r["pid"] for r in rows if r["ended"]]
+        if ended:
+            logger.warning(
+                "ended %d session(s) stalled for over %.0f s mid-transaction (backend pids %s)",
+                len(ended),
+                STALLED,
+                ", ".join(map(str, ended)),
+            )
+        return len(ended)
 
     async def release_lease(self, name: str, holder: str) -> None:
         async with self._connection() as conn:

@@ -276,6 +276,17 @@ SET holder = excluded.holder,
 WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp()
 RETURNING term
 
+-- name: end_stalled_sessions
+-- Sessions of this application, other than this one, whose transaction has lasted longer than
+-- `stalled` seconds and waits on its client (frozen mid-pipeline, where the server's idle
+-- timeout does not apply): ended, which rolls their transaction back and frees its locks.
+SELECT pid, pg_terminate_backend(pid) AS ended
+FROM pg_stat_activity
+WHERE datname = current_database() AND usename = current_user
+  AND application_name = %(application_name)s AND pid <> pg_backend_pid()
+  AND wait_event = 'ClientRead' AND state IN ('active', 'idle in transaction')
+  AND xact_start < now() - make_interval(secs => %(stalled)s::float8)
+
 -- name: release_lease
 -- Let the lease lapse at once, so that the next taker gets a new term.
 UPDATE stepwarden_leases SET expires_at = 'epoch'
