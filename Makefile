@@ -3,14 +3,27 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
+BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The benchmark's peers (DBOS, Celery, procrastinate) and tools, in the same venv.
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# make bench: stepwarden (SQLite, PostgreSQL) against DBOS, Celery and procrastinate
+# (bench/README.md). make bench BENCH_ARGS="--quick" for a smoke check.
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m examples.orders.demo $(DEMO_ARGS)

@@ -1,0 +1,1 @@
+"""The benchmark: stepwarden and its peers on the same workload (see README.md)."""

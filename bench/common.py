@@ -1,0 +1,444 @@
+"""What every system's measurement shares: child processes, databases, temporary files and
+the Redis database, always cleaned up (also on Ctrl-C, SIGTERM and failure); peak RSS and CPU
+time sampling, PostgreSQL commit counts, and small statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TMP = RESULTS / "tmp"
+DB_PREFIX = "swbench"
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP received: unwind like Ctrl-C, so that every cleanup runs."""
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be killed if the benchmark process dies (Linux)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Resources:
+    """Everything the benchmark creates; `close()` removes all of it, whatever happened."""
+
+    admin_url: str
+    children: list[Child] = field(default_factory=list)
+    databases: list[str] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
+    redis_url: str = "redis://127.0.0.1:6379/13"
+    """A Redis database (number) given to the benchmark alone: it is flushed (FLUSHDB)
+    before and after each system that uses it."""
+    _redis_used: bool = False
+    _closed: bool = False
+
+    # -- processes ------------------------------------------------------------------------
+    def spawn(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_dir: Path,
+    ) -> Child:
+        log_path = log_dir / f"{name}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                list(cmd),
+                cwd=ROOT,
+                env={**os.environ, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the benchmark only; it stops them
+                preexec_fn=_die_with_parent,
+            )
+        child = Child(name, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def stop(self, child: Child, *, timeout: float = 20.0, sig: int = signal.SIGTERM) -> None:
+        """Signal the child's process group, wait, then SIGKILL what is left of it."""
+        if child.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, sig)
+            try:
+                child.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"{child.name} did not stop within {timeout}s: SIGKILL")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # any grandchild left in its group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.popen.wait(5)
+        if child in self.children:
+            self.children.remove(child)
+
+    def stop_all(self, children: Sequence[Child] | None = None, timeout: float = 20.0) -> None:
+        chosen = list(self.children if children is None else children)
+        for child in chosen:  # signal all first: they drain in parallel
+            if child.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in chosen:
+            self.stop(child, timeout=max(0.1, deadline - time.monotonic()))
+
+    # -- databases ------------------------------------------------------------------------
+    def create_database(self, tag: str, *, template: str | None = None) -> str:
+        """A new empty database (or a file copy of `template`); returns its URL."""
+        name = f"{DB_PREFIX}_{os.getpid()}_{tag}_{uuid.uuid4().hex[:8]}"
+        sql = f'CREATE DATABASE "{name}"'
+        if template is not None:
+            sql += f' TEMPLATE "{template}" STRATEGY FILE_COPY'
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(sql)
+        self.databases.append(name)
+        return with_database(self.admin_url, name)
+
+    def drop_database(self, url_or_name: str) -> None:
+        name = database_name(url_or_name)
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name in self.databases:
+            self.databases.remove(name)
+
+    def drop_stale_databases(self) -> list[str]:
+        """Drop the databases left by an earlier benchmark process that no longer runs
+        (one killed with SIGKILL); only names this benchmark gives, with a dead pid."""
+        dropped = []
+        pattern = re.compile(rf"^{DB_PREFIX}_(\d+)_")
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            names = [r[0] for r in admin.execute("SELECT datname FROM pg_database")]
+            for name in names:
+                m = pattern.match(name)
+                if m and not psutil.pid_exists(int(m.group(1))):
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    dropped.append(name)
+        return dropped
+
+    # -- files ----------------------------------------------------------------------------
+    def temp_dir(self, tag: str) -> Path:
+        path = TMP / f"{tag}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        path.mkdir(parents=True)
+        self.paths.append(path)
+        return path
+
+    def remove_path(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        if path in self.paths:
+            self.paths.remove(path)
+
+    # -- redis ----------------------------------------------------------------------------
+    def fresh_redis(self) -> str:
+        """The benchmark's Redis database, emptied (FLUSHDB); returns its URL."""
+        flush_redis(self.redis_url)
+        self._redis_used = True
+        return self.redis_url
+
+    def drop_redis(self) -> None:
+        flush_redis(self.redis_url)
+        self._redis_used = False
+
+    # -- everything -----------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Ignore further Ctrl-C while cleaning up: a second one must not leave things behind.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.stop_all(timeout=10)
+            for name in list(self.databases):
+                try:
+                    self.drop_database(name)
+                except Exception as exc:
+                    log(f"cannot drop database {name}: {exc}")
+            if self._redis_used:
+                try:
+                    self.drop_redis()
+                except Exception as exc:
+                    log(f"cannot flush {self.redis_url}: {exc}")
+            for path in list(self.paths):
+                self.remove_path(path)
+            with contextlib.suppress(OSError):
+                TMP.rmdir()  # only when empty
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def install_signal_handlers() -> None:
+    def raise_interrupted(signum: int, frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    signal.signal(signal.SIGHUP, raise_interrupted)
+    # KeyboardInterrupt on SIGINT even when started where it is ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def with_database(url: str, name: str) -> str:
+    base, _, query = url.partition("?")
+    base = base.rsplit("/", 1)[0] + "/" + name
+    return f"{base}?{query}" if query else base
+
+
+def database_name(url_or_name: str) -> str:
+    if "://" not in url_or_name:
+        return url_or_name
+    return url_or_name.partition("?")[0].rsplit("/", 1)[1]
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    children: Sequence[Child] = (),
+) -> None:
+    """Wait until predicate() is true; fail early if one of `children` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        for child in children:
+            if not child.alive():
+                raise RuntimeError(
+                    f"{child.name} exited ({child.popen.returncode}) while waiting for {what}:\n"
+                    + child.tail()
+                )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def log_contains(child: Child, text: str) -> bool:
+    try:
+        return text in child.log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+# -- peak RSS ---------------------------------------------------------------------------
+class RssSampler:
+    """Samples the RSS of the worker processes (each with its descendants) every
+    `interval` seconds in a thread; peaks of the largest process tree and of their sum."""
+
+    def __init__(self, pids: Sequence[int], interval: float = 0.1) -> None:
+        self.pids = list(pids)
+        self.interval = interval
+        self.peak_total = 0
+        self.peak_each = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss")
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def sample(self) -> None:
+        total = 0
+        for pid in self.pids:
+            tree = 0
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                tree = proc.memory_info().rss
+                for kid in proc.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        tree += kid.memory_info().rss
+            self.peak_each = max(self.peak_each, tree)
+            total += tree
+        self.peak_total = max(self.peak_total, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+
+# -- CPU time ----------------------------------------------------------------------------
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _tree_cpu(pids: Sequence[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            out[pid] = _cpu(proc)
+            for kid in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    out[kid.pid] = _cpu(kid)
+    return out
+
+
+def _postgres_cpu() -> dict[int, float]:
+    out: dict[int, float] = {}
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] == "postgres":
+            with contextlib.suppress(psutil.Error):
+                out[proc.pid] = _cpu(proc)
+    return out
+
+
+def _machine_cpu() -> float:
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+
+def _delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
+class CpuMeter:
+    """CPU seconds spent between `start()` and `stop()`: by the worker processes (with their
+    descendants), by this process (the client, and the harness's polling), by the PostgreSQL
+    server's processes (every database's: other users of the server count too; a backend
+    that exits in between is missed) and by the whole machine."""
+
+    def __init__(self, worker_pids: Sequence[int]) -> None:
+        self.worker_pids = list(worker_pids)
+        self.figures: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+        self._workers = _tree_cpu(self.worker_pids)
+        self._client = time.process_time()
+        self._pg = _postgres_cpu()
+        self._machine = _machine_cpu()
+
+    def stop(self) -> dict[str, float]:
+        self.figures = {
+            "wall_s": time.perf_counter() - self._t,
+            "workers_s": _delta(self._workers, _tree_cpu(self.worker_pids)),
+            "client_s": time.process_time() - self._client,
+            "postgres_s": _delta(self._pg, _postgres_cpu()),
+            "machine_s": _machine_cpu() - self._machine,
+        }
+        self.figures = {k: round(v, 2) for k, v in self.figures.items()}
+        return self.figures
+
+
+# -- PostgreSQL commit counts -------------------------------------------------------------
+def xact_commit(admin_url: str, db_url: str) -> int:
+    """pg_stat_database.xact_commit of the database, read from the admin database (so that
+    the read itself is not counted in it)."""
+    name = database_name(db_url)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (name,)
+        ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def wait_no_backends(admin_url: str, db_url: str, timeout: float = 10.0) -> bool:
+    """Wait until no session is connected to the database: each has flushed its statistics
+    (PostgreSQL flushes a backend's counters when it exits). False if some are left."""
+    name = database_name(db_url)
+
+    def none_left() -> bool:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            ).fetchone()
+        return bool(row) and int(row[0]) == 0
+
+    try:
+        wait_for(none_left, timeout=timeout, what=f"sessions on {name} to end", interval=0.1)
+    except TimeoutError:
+        log(f"sessions still connected to {name} after {timeout}s: its commit count may be low")
+        return False
+    return True
+
+
+# -- statistics ---------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear interpolation between closest ranks."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[Callable[[], float]]:
+    start = time.perf_counter()
+    end: list[float] = []
+    yield lambda: (end[0] if end else time.perf_counter()) - start
+    end.append(time.perf_counter())

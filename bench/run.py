@@ -1,0 +1,753 @@
+"""The benchmark: stepwarden (SQLite, PostgreSQL), DBOS, Celery and procrastinate on the same
+"order" workload, in the same run, so that the figures are read as ratios.
+
+    python -m bench [--quick] [--only stepwarden-postgres,celery] [--n 2000] [--runs 3]
+
+See bench/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+
+from . import recovery as recovery_mod
+from . import sweep as sweep_mod
+from .common import (
+    RESULTS,
+    CpuMeter,
+    Interrupted,
+    Resources,
+    RssSampler,
+    install_signal_handlers,
+    log,
+    median,
+    percentile,
+    wait_no_backends,
+    xact_commit,
+)
+from .systems import Celery, Dbos, Procrastinate, Stepwarden, System, Throughput
+
+SYSTEMS = ("stepwarden-sqlite", "stepwarden-postgres", "dbos", "celery", "procrastinate")
+BASE = "stepwarden-postgres"
+PEERS = ("stepwarden-sqlite", "dbos", "celery", "procrastinate")
+
+GOAL = {"wf_per_s": 1000.0, "p50_ms": 10.0, "p99_ms": 25.0, "commits_per_wf": 3.0}
+"""stepwarden on PostgreSQL: at least wf_per_s, at most the others."""
+
+REFERENCE = {
+    "dbos": {"wf_per_s": 47.0, "p50_ms": 62.0, "p99_ms": 118.0},
+    "celery": {"wf_per_s": 83.0, "p50_ms": 18.0, "p99_ms": 38.0},
+    "procrastinate": {"wf_per_s": 88.0, "p50_ms": 27.0, "p99_ms": 48.0},
+}
+"""The peers' figures measured earlier on a machine of this kind (2 cores): a run whose peers
+are far from these ran on a busier or a different machine."""
+
+W2_WARMUP = 5
+"""Workflows run before W2's samples (not counted): imports, connections, caches."""
+
+PACKAGES = (
+    "stepwarden",
+    "dbos",
+    "celery",
+    "kombu",
+    "redis",
+    "procrastinate",
+    "psycopg",
+    "psycopg-pool",
+    "SQLAlchemy",
+    "psutil",
+    "py-spy",
+)
+
+
+@dataclass
+class Outcome:
+    """What was measured of one system."""
+
+    system: System
+    w1: list[dict[str, Any]] = field(default_factory=list)
+    w2: list[list[float]] = field(default_factory=list)
+    w2_rss: list[dict[str, Any]] = field(default_factory=list)
+    idle: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+# -- the phases ---------------------------------------------------------------------------
+def _commits_before(res: Resources, system: System) -> int | None:
+    system.close_client()
+    if not system.postgres or system.db_url is None:
+        return None
+    wait_no_backends(res.admin_url, system.db_url)
+    return xact_commit(res.admin_url, system.db_url)
+
+
+def _commits_after(res: Resources, system: System, before: int | None) -> int | None:
+    system.close_client()
+    if before is None or system.db_url is None:
+        return None
+    wait_no_backends(res.admin_url, system.db_url)
+    return xact_commit(res.admin_url, system.db_url) - before
+
+
+def _mb(value: float) -> float:
+    return round(value / 2**20, 1)
+
+
+def idle_phase(res: Resources, system: System) -> dict[str, Any]:
+    """Start the workers, connect the client, stop: the commits a W1 phase makes besides its
+    workflows (startup, registration, shutdown), subtracted from W1's count."""
+    system.prepare(-1)
+    try:
+        before = _commits_before(res, system)
+        children = system.start_workers("idle")
+        try:
+            system.open_client()
+        finally:
+            system.stop_workers(children)
+        commits = _commits_after(res, system, before)
+        return {"commits": commits}
+    finally:
+        system.cleanup()
+
+
+def w1_phase(res: Resources, system: System, n: int, run: int) -> dict[str, Any]:
+    system.prepare(run)
+    try:
+        before = _commits_before(res, system)
+        children = system.start_workers(f"w1r{run}")
+        try:
+            meter = CpuMeter([c.pid for c in children])
+            with RssSampler([c.pid for c in children], interval=0.2) as rss:
+                meter.start()
+                tp: Throughput = system.around_throughput(children, lambda: system.throughput(n))
+                cpu = meter.stop()
+        finally:
+            system.stop_workers(children)
+        raw = _commits_after(res, system, before)
+        out: dict[str, Any] = {
+            "n": n,
+            "elapsed_s": round(tp.elapsed, 3),
+            "wf_per_s": round(n / tp.elapsed, 1),
+            "submit_s": round(tp.submit_seconds, 3),
+            "peak_rss_workers_mb": _mb(rss.peak_total),
+            "peak_rss_one_worker_mb": _mb(rss.peak_each),
+            "cpu_s": cpu,
+        }
+        if raw is not None:
+            out["commits_raw"] = raw
+            out["harness_queries"] = tp.harness_queries
+        return out
+    finally:
+        system.cleanup()
+
+
+def w2_phase(
+    res: Resources, system: System, n: int, run: int
+) -> tuple[list[float], dict[str, Any]]:
+    system.prepare(run)
+    try:
+        system.close_client()
+        children = system.start_workers(f"w2r{run}")
+        try:
+            with RssSampler([c.pid for c in children], interval=0.2) as rss:
+                system.latency(W2_WARMUP, offset=1_000_000 + run * 1000)
+                samples = system.latency(n, offset=run * 10_000)
+        finally:
+            system.stop_workers(children)
+        extra: dict[str, Any] = {
+            "peak_rss_workers_mb": _mb(rss.peak_total),
+            "peak_rss_one_worker_mb": _mb(rss.peak_each),
+        }
+        breakdown = system.latency_breakdown()
+        if breakdown:
+            extra["breakdown_ms"] = breakdown
+        return samples, extra
+    finally:
+        system.cleanup()
+
+
+def _guarded(outcome: Outcome, what: str, fn: Callable[[], Any]) -> Any:
+    """Run one phase; an Exception is recorded and the benchmark goes on with the next."""
+    try:
+        return fn()
+    except Exception as exc:
+        message = f"{outcome.system.name} {what}: {type(exc).__name__}: {exc}"
+        log(f"FAILED {message}")
+        traceback.print_exc(file=sys.stderr)
+        outcome.errors.append(message)
+        with contextlib.suppress(Exception):
+            outcome.system.cleanup()
+        return None
+
+
+# -- summaries ----------------------------------------------------------------------------
+def _commits_per_wf(run: dict[str, Any], idle: dict[str, Any] | None) -> float | None:
+    if "commits_raw" not in run:
+        return None
+    idle_commits = (idle or {}).get("commits") or 0
+    return round((run["commits_raw"] - run["harness_queries"] - idle_commits) / run["n"], 2)
+
+
+def summarise(outcome: Outcome) -> dict[str, Any]:
+    s = outcome.system
+    out: dict[str, Any] = {"store": s.store, **s.describe()}
+    if outcome.errors:
+        out["errors"] = outcome.errors
+    if outcome.w1:
+        for run in outcome.w1:
+            per_wf = _commits_per_wf(run, outcome.idle)
+            if per_wf is not None:
+                run["commits_per_wf"] = per_wf
+        rates = [r["wf_per_s"] for r in outcome.w1]
+        out["w1"] = {
+            "wf_per_s": round(median(rates), 1),
+            "wf_per_s_runs": rates,
+            "runs": outcome.w1,
+        }
+        per_wf_runs = [r["commits_per_wf"] for r in outcome.w1 if "commits_per_wf" in r]
+        if per_wf_runs:
+            out["commits_per_wf"] = round(median(per_wf_runs), 2)
+            out["commits_idle_phase"] = (outcome.idle or {}).get("commits")
+    if outcome.w2:
+        pooled = [x for run in outcome.w2 for x in run]
+        out["w2"] = {
+            "n_per_run": len(outcome.w2[0]),
+            "runs": len(outcome.w2),
+            "p50_ms": round(percentile(pooled, 50) * 1000, 2),
+            "p99_ms": round(percentile(pooled, 99) * 1000, 2),
+            "mean_ms": round(sum(pooled) / len(pooled) * 1000, 2),
+            "max_ms": round(max(pooled) * 1000, 2),
+            "per_run": [
+                {
+                    "p50_ms": round(percentile(r, 50) * 1000, 2),
+                    "p99_ms": round(percentile(r, 99) * 1000, 2),
+                    **({"breakdown_ms": x["breakdown_ms"]} if "breakdown_ms" in x else {}),
+                }
+                for r, x in zip(outcome.w2, outcome.w2_rss, strict=True)
+            ],
+        }
+    rss = [r["peak_rss_workers_mb"] for r in outcome.w1] + [
+        r["peak_rss_workers_mb"] for r in outcome.w2_rss
+    ]
+    if rss:
+        out["peak_rss_workers_mb"] = max(rss)
+        out["peak_rss_one_worker_mb"] = max(
+            [r["peak_rss_one_worker_mb"] for r in outcome.w1]
+            + [r["peak_rss_one_worker_mb"] for r in outcome.w2_rss]
+        )
+    return out
+
+
+def _fig(summary: dict[str, Any], key: str) -> float | None:
+    if key == "wf_per_s":
+        return summary.get("w1", {}).get("wf_per_s")
+    if key in ("p50_ms", "p99_ms"):
+        return summary.get("w2", {}).get(key)
+    return summary.get(key)
+
+
+def ratios(systems: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """stepwarden-postgres's figure divided by each peer's."""
+    base = systems.get(BASE)
+    out: dict[str, dict[str, float | None]] = {}
+    if base is None:
+        return out
+    for name, peer in systems.items():
+        if name == BASE:
+            continue
+        row: dict[str, float | None] = {}
+        for key in ("wf_per_s", "p50_ms", "p99_ms", "commits_per_wf", "peak_rss_workers_mb"):
+            a, b = _fig(base, key), _fig(peer, key)
+            row[key] = round(a / b, 3) if a is not None and b else None
+        out[name] = row
+    return out
+
+
+def goal_check(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    base = systems.get(BASE)
+    if base is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, target in GOAL.items():
+        value = _fig(base, key)
+        met = None if value is None else (value >= target if key == "wf_per_s" else value <= target)
+        out[key] = {"goal": target, "measured": value, "met": met}
+    return out
+
+
+# -- the table ----------------------------------------------------------------------------
+def _f(value: Any, fmt: str = "{:,.1f}") -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def table(result: dict[str, Any]) -> str:
+    systems = result["systems"]
+    lines = []
+    head = (
+        f"{'system':<20} {'store':<11} {'W1 wf/s':>9} {'(runs)':<22} {'W2 p50 ms':>9} "
+        f"{'p99 ms':>8} {'commits/wf':>10} {'RSS MB':>8}"
+    )
+    lines += [head, "-" * len(head)]
+    for name, s in systems.items():
+        runs = s.get("w1", {}).get("wf_per_s_runs")
+        lines.append(
+            f"{name:<20} {s['store']:<11} {_f(_fig(s, 'wf_per_s')):>9} "
+            f"{'(' + ', '.join(f'{r:,.0f}' for r in runs) + ')' if runs else '':<22} "
+            f"{_f(_fig(s, 'p50_ms')):>9} {_f(_fig(s, 'p99_ms')):>8} "
+            f"{_f(s.get('commits_per_wf'), '{:.2f}'):>10} "
+            f"{_f(s.get('peak_rss_workers_mb')):>8}" + ("   FAILED" if s.get("errors") else "")
+        )
+    if result.get("ratios"):
+        lines += ["", f"{BASE} / peer (wf/s: >1 is faster; ms, commits, RSS: <1 is less)"]
+        for name, r in result["ratios"].items():
+            lines.append(
+                f"  vs {name:<18} wf/s x{_f(r['wf_per_s'], '{:.2f}')}   "
+                f"p50 x{_f(r['p50_ms'], '{:.2f}')}   p99 x{_f(r['p99_ms'], '{:.2f}')}   "
+                f"commits x{_f(r['commits_per_wf'], '{:.2f}')}   "
+                f"RSS x{_f(r['peak_rss_workers_mb'], '{:.2f}')}"
+            )
+    if result.get("reference"):
+        lines += [
+            "reference (measured earlier on this kind of machine): "
+            + "; ".join(
+                f"{name} {r['wf_per_s']:g} wf/s, {r['p50_ms']:g}/{r['p99_ms']:g} ms"
+                for name, r in result["reference"].items()
+            )
+        ]
+    if result.get("goal"):
+        parts = []
+        for key, g in result["goal"].items():
+            mark = {True: "met", False: "NOT met", None: "-"}[g["met"]]
+            cmp = ">=" if key == "wf_per_s" else "<="
+            parts.append(f"{key} {_f(g['measured'], '{:,.2f}')} ({cmp} {g['goal']:g}: {mark})")
+        lines += ["", f"goal ({BASE}): " + "; ".join(parts)]
+    for name, rec in result.get("recovery", {}).items():
+        if "error" in rec:
+            lines.append(f"recovery ({name}): FAILED {rec['error']}")
+            continue
+        lines.append(
+            f"recovery ({name}): SIGKILLed agent's step done elsewhere "
+            f"{rec['kill_to_done_s_median']:.2f} s after the kill (median of "
+            f"{len(rec['runs'])}); {rec['after_deadline_s_median']:.2f} s after its "
+            f"complete_by ({rec['step_complete_within_s']:g} s step deadline)"
+        )
+    for name, sw in result.get("sweep", {}).items():
+        if "error" in sw:
+            lines.append(f"sweep ({name}): FAILED {sw['error']}")
+            continue
+        lines.append(
+            f"sweep ({name}): {sw['finished_tasks']:,} finished + {sw['expired_tasks']} "
+            f"expired tasks: sweep {sw['sweep_ms']:.1f} ms (median of {len(sw['sweep_ms_runs'])})"
+            f", empty sweep {sw['empty_sweep_ms_median']:.1f} ms; load {sw['load']}"
+        )
+    m = result.get("machine", {})
+    lines.append(
+        f"machine: {m.get('cpus')} cpus, load average {m.get('load_average_at_start')} at "
+        f"start, {m.get('load_average_at_end')} at end"
+        + (
+            "; the engine's source changed during the run"
+            if result.get("engine_src_changed_during_run")
+            else ""
+        )
+    )
+    return "\n".join(lines)
+
+
+# -- the machine ----------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown-cpu"
+
+
+def machine(admin_url: str) -> dict[str, Any]:
+    """What the figures were measured on; no host name."""
+    pg = None
+    with contextlib.suppress(Exception), psycopg.connect(admin_url, autocommit=True) as db:
+        row = db.execute("SHOW server_version").fetchone()
+        pg = row[0] if row else None
+    mem = psutil.virtual_memory().total
+    out = {
+        "os": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": round(mem / 2**30, 1),
+        "python": platform.python_version(),
+        "postgresql": pg,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    with contextlib.suppress(Exception):
+        import redis
+
+        client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+        out["redis"] = client.info("server").get("redis_version")
+        client.close()
+    return out
+
+
+def machine_slug(m: dict[str, Any]) -> str:
+    pg = (m.get("postgresql") or "").split(".")[0].split()[0]
+    parts = [
+        platform.system(),
+        m["arch"],
+        f"{m['cpus']}cpu",
+        f"{round(m['memory_gib'])}gib",
+        _cpu_model(),
+        f"pg{pg}" if pg else "",
+    ]
+    return "-".join(p for p in (_slug(x) for x in parts) if p)
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    with contextlib.suppress(Exception):
+        root = Path(__file__).resolve().parents[1]
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return head + ("+uncommitted-src" if dirty else "")
+    return None
+
+
+def src_digest() -> str:
+    """A digest of the engine's source as the workers import it (an editable install reads
+    src/ at each start: a change during the run shows here)."""
+    import hashlib
+
+    import stepwarden
+
+    digest = hashlib.sha256()
+    root = Path(stepwarden.__file__).parent
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".sql"):
+            digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# -- main ---------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a smoke check: small N, one run")
+    p.add_argument(
+        "--only",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems (default: all): {', '.join(SYSTEMS)}; "
+        "'stepwarden' means both stepwarden stores",
+    )
+    p.add_argument("--n", type=int, default=None, help="W1 workflows per run [2000; quick 200]")
+    p.add_argument(
+        "--latency-n", type=int, default=None, help="W2 workflows per run [200; quick 50]"
+    )
+    p.add_argument("--runs", type=int, default=None, help="runs of W1 and W2 [3; quick 1]")
+    p.add_argument("--workers", type=int, default=2, help="worker processes per system [2]")
+    p.add_argument(
+        "--sweep-finished",
+        type=int,
+        default=None,
+        help="finished tasks in the store for the sweep [1,000,000; quick 100,000]",
+    )
+    p.add_argument("--sweep-expired", type=int, default=100, help="expired tasks [100]")
+    p.add_argument("--sweep-sqlite", action="store_true", help="also time the sweep on SQLite")
+    p.add_argument(
+        "--no-sweep-cache",
+        action="store_true",
+        help="load the sweep's database anew and drop it after (default: keep a template "
+        "database on the server and copy it)",
+    )
+    p.add_argument("--no-sweep", action="store_true", help="skip the sweep measurement")
+    p.add_argument("--no-recovery", action="store_true", help="skip the recovery measurement")
+    p.add_argument(
+        "--profile",
+        metavar="PATH",
+        default=None,
+        help="after the measurements, one more W1 of stepwarden-postgres under py-spy; its "
+        "summary is written to PATH",
+    )
+    p.add_argument(
+        "--admin-url",
+        default=os.environ.get(
+            "BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a PostgreSQL database from which the benchmark creates and drops its own "
+        "[$BENCH_POSTGRES_URL or postgresql://postgres@127.0.0.1:5432/postgres]",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"),
+        help="a Redis database given to the benchmark alone: it is FLUSHed "
+        "[$BENCH_REDIS_URL or redis://127.0.0.1:6379/13]",
+    )
+    p.add_argument("--out", type=Path, default=RESULTS, help="where results are written")
+    args = p.parse_args(argv)
+    chosen: list[str] = []
+    for item in (x.strip() for x in args.only.split(",") if x.strip()):
+        names = (
+            [s for s in SYSTEMS if s.startswith("stepwarden")] if item == "stepwarden" else [item]
+        )
+        for name in names:
+            if name not in SYSTEMS:
+                p.error(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+            if name not in chosen:
+                chosen.append(name)
+    args.systems = [s for s in SYSTEMS if s in chosen]
+    args.n = args.n or (200 if args.quick else 2000)
+    args.latency_n = args.latency_n or (50 if args.quick else 200)
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.sweep_finished = args.sweep_finished or (100_000 if args.quick else 1_000_000)
+    return args
+
+
+def make_system(name: str, res: Resources, workers: int, log_dir: Path) -> System:
+    if name == "stepwarden-sqlite":
+        return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=False)
+    if name == "stepwarden-postgres":
+        return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=True)
+    if name == "dbos":
+        return Dbos(res, workers=workers, log_dir=log_dir)
+    if name == "celery":
+        return Celery(res, workers=workers, log_dir=log_dir)
+    if name == "procrastinate":
+        return Procrastinate(res, workers=workers, log_dir=log_dir)
+    raise ValueError(name)
+
+
+def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+    outcomes = {
+        name: Outcome(make_system(name, res, args.workers, log_dir)) for name in args.systems
+    }
+    for name, outcome in outcomes.items():
+        if outcome.system.postgres:
+            log(f"{name}: idle phase (the commits of starting and stopping)")
+            outcome.idle = _guarded(
+                outcome, "idle phase", lambda o=outcome: idle_phase(res, o.system)
+            )
+    for run in range(args.runs):
+        # Each run takes the systems in another order, so that none is always first or last.
+        names = list(outcomes)
+        names = names[run % len(names) :] + names[: run % len(names)]
+        for name in names:
+            outcome = outcomes[name]
+            if outcome.errors:
+                continue
+            log(f"{name}: W1 run {run + 1}/{args.runs}, {args.n} workflows")
+            w1 = _guarded(
+                outcome,
+                f"W1 run {run + 1}",
+                lambda o=outcome, r=run: w1_phase(res, o.system, args.n, r),
+            )
+            if w1 is None:
+                continue
+            outcome.w1.append(w1)
+            log(f"{name}: W1 {w1['wf_per_s']:,.1f} wf/s ({w1['elapsed_s']:.2f} s)")
+            log(f"{name}: W2 run {run + 1}/{args.runs}, {args.latency_n} workflows one by one")
+            w2 = _guarded(
+                outcome,
+                f"W2 run {run + 1}",
+                lambda o=outcome, r=run: w2_phase(res, o.system, args.latency_n, r),
+            )
+            if w2 is None:
+                continue
+            samples, rss = w2
+            outcome.w2.append(samples)
+            outcome.w2_rss.append(rss)
+            log(
+                f"{name}: W2 p50 {percentile(samples, 50) * 1000:.1f} ms, "
+                f"p99 {percentile(samples, 99) * 1000:.1f} ms"
+            )
+    return {name: summarise(o) for name, o in outcomes.items()}
+
+
+def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("stepwarden-postgres", "stepwarden-sqlite"):
+        if name not in args.systems:
+            continue
+        log(f"{name}: recovery of a SIGKILLed agent's step")
+        try:
+            out[name] = recovery_mod.recovery(
+                res, postgres=name.endswith("postgres"), runs=args.runs, log_dir=log_dir
+            )
+        except Exception as exc:
+            log(f"FAILED {name} recovery: {exc}")
+            traceback.print_exc(file=sys.stderr)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def run_sweep(args: argparse.Namespace, res: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    jobs: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+    if "stepwarden-postgres" in args.systems:
+        jobs.append(
+            (
+                "stepwarden-postgres",
+                lambda: sweep_mod.sweep_postgres(
+                    res,
+                    args.sweep_finished,
+                    args.sweep_expired,
+                    runs=args.runs,
+                    cache=not args.no_sweep_cache,
+                ),
+            )
+        )
+    if args.sweep_sqlite and "stepwarden-sqlite" in args.systems:
+        jobs.append(
+            (
+                "stepwarden-sqlite",
+                lambda: sweep_mod.sweep_sqlite(
+                    res, args.sweep_finished, args.sweep_expired, runs=args.runs
+                ),
+            )
+        )
+    for name, job in jobs:
+        log(f"{name}: sweep among {args.sweep_finished:,} finished tasks")
+        try:
+            out[name] = job()
+        except Exception as exc:
+            log(f"FAILED {name} sweep: {exc}")
+            traceback.print_exc(file=sys.stderr)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def run_profile(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+    from . import profile
+
+    return profile.profile_w1(res, args, log_dir, Path(args.profile))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    res = Resources(admin_url=args.admin_url, redis_url=args.redis_url)
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    ok = False
+    log_dir = res.temp_dir("logs")
+    try:
+        for name in res.drop_stale_databases():
+            log(f"dropped {name}, left by an earlier benchmark that was killed")
+        m = machine(args.admin_url)
+        commit, src_at_start = git_commit(), src_digest()
+        log(
+            f"systems {', '.join(args.systems)}; W1 n={args.n}, W2 n={args.latency_n}, "
+            f"runs={args.runs}, {args.workers} worker processes each; "
+            f"load average {m['load_average_at_start']}"
+        )
+        systems = measure(args, res, log_dir)
+        result: dict[str, Any] = {
+            "started": started.isoformat(timespec="seconds"),
+            "git_commit": commit,
+            "engine_src_digest": src_at_start,
+            "machine": m,
+            "versions": versions(),
+            "settings": {
+                "quick": args.quick,
+                "systems": args.systems,
+                "w1_n": args.n,
+                "w2_n": args.latency_n,
+                "w2_warmup": W2_WARMUP,
+                "runs": args.runs,
+                "workers_per_system": args.workers,
+            },
+            "systems": systems,
+        }
+        result["ratios"] = ratios(systems)
+        result["goal"] = goal_check(systems)
+        result["reference"] = {k: v for k, v in REFERENCE.items() if k in systems}
+        if not args.no_recovery:
+            result["recovery"] = run_recovery(args, res, log_dir)
+        if not args.no_sweep:
+            result["sweep"] = run_sweep(args, res)
+        if args.profile:
+            result["profile"] = run_profile(args, res, log_dir)
+        result["duration_s"] = round(time.perf_counter() - t0, 1)
+        m["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        if src_digest() != src_at_start:
+            result["engine_src_changed_during_run"] = True
+            log("the engine's source changed during the run: its figures mix versions")
+        write_results(args, result)
+        print()
+        print(table(result))
+        failed = [n for n, s in systems.items() if s.get("errors")] + [
+            f"{kind}/{n}"
+            for kind in ("recovery", "sweep")
+            for n, v in result.get(kind, {}).items()
+            if "error" in v
+        ]
+        if failed:
+            log(f"failed: {', '.join(failed)}; worker logs kept in {log_dir}")
+            return 1
+        ok = True
+        return 0
+    except (KeyboardInterrupt, Interrupted) as exc:
+        log(f"interrupted ({type(exc).__name__} {exc}): stopping everything")
+        return 130
+    finally:
+        if not ok and log_dir.exists():
+            res.paths.remove(log_dir)  # kept for a look; bench/results/tmp/ is not committed
+        res.close()
+        log(f"done in {time.perf_counter() - t0:.0f} s")
+
+
+def write_results(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2) + "\n"
+    latest = args.out / "latest.json"
+    latest.write_text(text)
+    log(f"wrote {latest}")
+    if args.quick or args.systems != list(SYSTEMS) or args.runs < 3:
+        log("not a complete run (--quick, --only or fewer than 3 runs): no dated results file")
+        return
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    dated = args.out / f"{day}-{machine_slug(result['machine'])}.json"
+    dated.write_text(text)
+    log(f"wrote {dated}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

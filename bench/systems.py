@@ -1,0 +1,796 @@
+"""One adapter per system under test: prepare a fresh store, start the worker processes,
+submit the "order" workflows (W1) or run them one after another (W2), and say when each
+finished by the system's own record of it.
+
+Every adapter is driven the same way by `bench.run`:
+
+    prepare(run) -> start_workers(n) -> throughput(n) | latency(n) -> stop -> cleanup()
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import json
+import os
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .common import (
+    ROOT,
+    Child,
+    Resources,
+    log_contains,
+    median,
+    wait_for,
+)
+from .workload import order_input
+
+SUBMIT_BATCH = 100
+"""Workflows per submission call where the system has a batch submit."""
+COMPLETION_POLL = 0.05
+"""Seconds between the harness's reads of how many workflows are done (W1)."""
+RESULT_POLL = 0.01
+"""Seconds between a client's reads of one workflow's result, where the system offers no
+wake-up for it (DBOS's handle, procrastinate): the observation's granularity in W2."""
+W1_TIMEOUT = 600.0
+
+
+@dataclass
+class Throughput:
+    n: int
+    elapsed: float
+    """Seconds from the first submit to the last completion (as the system recorded it)."""
+    submit_seconds: float
+    """Seconds the client took to submit all of them."""
+    harness_queries: int
+    """Transactions the harness itself ran on the system's database while measuring
+    (completion polls); subtracted from the commit count."""
+
+
+class System(abc.ABC):
+    name: str
+    store: str
+    postgres: bool = False
+    submit_mode: str = ""
+    worker_mode: str = ""
+
+    def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
+        self.res = res
+        self.workers = workers
+        self.log_dir = log_dir
+        self.db_url: str | None = None
+
+    @abc.abstractmethod
+    def prepare(self, run: int) -> None:
+        """A fresh store (database, file or Redis database) with its schema in place."""
+
+    @abc.abstractmethod
+    def start_workers(self, phase: str) -> list[Child]:
+        """Start `self.workers` worker processes and wait until they are ready."""
+
+    @abc.abstractmethod
+    def throughput(self, n: int) -> Throughput: ...
+
+    @abc.abstractmethod
+    def latency(self, n: int, offset: int) -> list[float]:
+        """Seconds from submit to result of each of n workflows run one after another."""
+
+    def latency_breakdown(self) -> dict[str, float] | None:
+        """Where W2's time went, where the system records enough to say."""
+        return None
+
+    def around_throughput(
+        self, workers: Sequence[Child], measure: Callable[[], Throughput]
+    ) -> Throughput:
+        """Run W1's measure (a profiler may wrap it)."""
+        return measure()
+
+    def stop_workers(self, children: Sequence[Child]) -> None:
+        self.res.stop_all(children)
+
+    @abc.abstractmethod
+    def open_client(self) -> None:
+        """Connect the client (as a measured phase does before it submits)."""
+
+    @abc.abstractmethod
+    def close_client(self) -> None:
+        """Close the client's connections (so that their statistics are flushed)."""
+
+    @abc.abstractmethod
+    def cleanup(self) -> None:
+        """Remove the store made by prepare()."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"submit": self.submit_mode, "workers": self.worker_mode}
+
+    def worker_env(self) -> dict[str, str]:
+        # The workers import bench.peers.* / bench.workload from the project's directory.
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        return {"PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+
+
+def _wait_ready(children: Sequence[Child], ready: Any, what: str, timeout: float = 60) -> None:
+    wait_for(lambda: all(ready(c) for c in children), timeout=timeout, what=what, children=children)
+
+
+def _bin(name: str) -> str:
+    """A console script installed next to this interpreter."""
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+# -- stepwarden ---------------------------------------------------------------------------
+class Stepwarden(System):
+    submit_mode = f"App.submit_many_async, batches of {SUBMIT_BATCH} (App.new_task)"
+
+    def __init__(
+        self,
+        res: Resources,
+        *,
+        workers: int,
+        log_dir: Path,
+        postgres: bool,
+        worker_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(res, workers=workers, log_dir=log_dir)
+        self.postgres = postgres
+        self.name = "stepwarden-postgres" if postgres else "stepwarden-sqlite"
+        self.store = "PostgreSQL" if postgres else "SQLite"
+        self.worker_args = list(worker_args)
+        extra = "; " + " ".join(worker_args) if worker_args else ""
+        self.worker_mode = (
+            f"{workers} x `stepwarden worker bench.workload:app` (scheduler, agents and "
+            f"supervisor in each; engine defaults{extra})"
+        )
+        self.url = ""
+        self._dir: Path | None = None
+        self._runner: asyncio.Runner | None = None
+        self._app: Any = None
+
+    def prepare(self, run: int) -> None:
+        if self.postgres:
+            self.url = self.db_url = self.res.create_database(f"sw{run}")
+        else:
+            self._dir = self.res.temp_dir(f"sw-sqlite-{run}")
+            self.url = f"sqlite:///{self._dir / 'store.db'}"
+        self._client()  # opens the store: migrates it before anything is counted
+
+    def _client(self) -> Any:
+        if self._runner is None:
+            from . import workload
+
+            # The workers' App, pointed at this run's store (as `stepwarden --store` does).
+            self._runner = asyncio.Runner()
+            self._app = workload.app
+            self._app.store_url = self.url
+            self._runner.run(self._app.store())
+        return self._app
+
+    def open_client(self) -> None:
+        self._client()
+
+    def close_client(self) -> None:
+        if self._runner is not None:
+            self._runner.run(self._app.aclose())
+            self._runner.close()
+            self._runner = None
+            self._app = None
+
+    def worker_command(self, i: int) -> list[str]:
+        cmd = [
+            _bin("stepwarden"),
+            "--store",
+            self.url,
+            "--log-level",
+            "info",  # the hot path logs nothing at info; "worker ... running" says ready
+            "worker",
+            "bench.workload:app",
+            *self.worker_args,
+        ]
+        return cmd
+
+    def start_workers(self, phase: str) -> list[Child]:
+        children = [
+            self.res.spawn(
+                f"{self.name}-{phase}-worker{i}",
+                self.worker_command(i),
+                env=self.worker_env(),
+                log_dir=self.log_dir,
+            )
+            for i in range(self.workers)
+        ]
+        _wait_ready(children, lambda c: log_contains(c, " running "), "stepwarden workers")
+        return children
+
+    # W1
+    def throughput(self, n: int) -> Throughput:
+        app = self._client()
+        assert self._runner is not None
+        tasks = [app.new_task("order", order_input(i), task_id=f"o{i}") for i in range(n)]
+        t0 = time.time()
+        with_submit = time.perf_counter()
+
+        async def submit_all() -> None:
+            for i in range(0, n, SUBMIT_BATCH):
+                await app.submit_many_async(tasks[i : i + SUBMIT_BATCH])
+
+        self._runner.run(submit_all())
+        submit_seconds = time.perf_counter() - with_submit
+        _, last, queries = self._wait_done(n)
+        return Throughput(n, last - t0, submit_seconds, queries)
+
+    def _wait_done(self, n: int) -> tuple[int, float, int]:
+        queries = 0
+        deadline = time.monotonic() + W1_TIMEOUT
+        if self.postgres:
+            with psycopg.connect(self.url, autocommit=True) as db:
+                while True:
+                    queries += 1
+                    row = db.execute(
+                        "SELECT count(*) FILTER (WHERE process_state = 'processed'),"
+                        " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
+                        " 'compensation_failed', 'cancelled')),"
+                        " extract(epoch FROM max(finished_at))::float8"
+                        " FROM stepwarden_tasks"
+                    ).fetchone()
+                    assert row is not None
+                    if row[1]:
+                        raise RuntimeError(f"{row[1]} workflow(s) did not succeed")
+                    if row[0] >= n:
+                        return int(row[0]), float(row[2]), queries
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
+                    time.sleep(COMPLETION_POLL)
+        db = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30)
+        try:
+            while True:
+                row = db.execute(
+                    "SELECT count(*) FILTER (WHERE process_state = 'processed'),"
+                    " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
+                    " 'compensation_failed', 'cancelled')), max(finished_at)"
+                    " FROM stepwarden_tasks"
+                ).fetchone()
+                if row[1]:
+                    raise RuntimeError(f"{row[1]} workflow(s) did not succeed")
+                if row[0] >= n:
+                    return int(row[0]), float(row[2]), 0
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
+                time.sleep(COMPLETION_POLL)
+        finally:
+            db.close()
+
+    # W2
+    def latency(self, n: int, offset: int) -> list[float]:
+        app = self._client()
+        assert self._runner is not None
+
+        async def one_by_one() -> list[float]:
+            out = []
+            for i in range(offset, offset + n):
+                start = time.perf_counter()
+                task_id = await app.submit_async("order", order_input(i), task_id=f"l{i}")
+                result = await app.result_async(task_id, timeout=60)
+                out.append(time.perf_counter() - start)
+                assert result["shipped"] == {"tracking": f"t-{i}"}, result
+            return out
+
+        return self._runner.run(one_by_one())
+
+    def latency_breakdown(self) -> dict[str, float] | None:
+        """Where W2's time went, by the store's timestamps (median ms over its workflows):
+        task created -> its first step dispatched (a scheduler claimed the task), each
+        step's dispatched -> claimed by an agent -> finished, finished -> the next step
+        dispatched (the scheduler learnt the result), the last step finished -> the task
+        finished."""
+
+        def sql(epoch: Callable[[str], str]) -> str:
+            columns = ", ".join(
+                epoch(c)
+                for c in (
+                    "t.created_at",
+                    "t.finished_at",
+                    "s.seq",
+                    "s.dispatched_at",
+                    "s.claimed_at",
+                    "s.finished_at",
+                )
+            )
+            return (
+                f"SELECT t.task_id, {columns} FROM stepwarden_tasks t"
+                " JOIN stepwarden_steps s ON s.task_id = t.task_id"
+                " WHERE t.task_id LIKE 'l%' ORDER BY t.task_id, s.seq"
+            )
+
+        if self.postgres:
+            with psycopg.connect(self.url, autocommit=True) as db:
+                rows = db.execute(
+                    sql(lambda c: c if c == "s.seq" else f"extract(epoch FROM {c})::float8")
+                ).fetchall()
+        else:
+            db = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30)
+            try:
+                rows = db.execute(sql(lambda c: c)).fetchall()
+            finally:
+                db.close()
+        tasks: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            tasks.setdefault(row[0], []).append(row)
+        gaps: dict[str, list[float]] = {}
+
+        def add(key: str, a: float | None, b: float | None) -> None:
+            if a is not None and b is not None:
+                gaps.setdefault(key, []).append((b - a) * 1000)
+
+        for steps in tasks.values():
+            created, finished = steps[0][1], steps[0][2]
+            add("created_to_step1_dispatched", created, steps[0][4])
+            for _, _, _, seq, dispatched, claimed, done in steps:
+                add(f"step{seq}_dispatched_to_claimed", dispatched, claimed)
+                add(f"step{seq}_claimed_to_finished", claimed, done)
+            for prev, nxt in itertools.pairwise(steps):
+                add(f"step{prev[3]}_finished_to_step{nxt[3]}_dispatched", prev[6], nxt[4])
+            add(f"step{steps[-1][3]}_finished_to_task_finished", steps[-1][6], finished)
+            add("created_to_task_finished", created, finished)
+        return {k: round(median(v), 2) for k, v in gaps.items()}
+
+    def cleanup(self) -> None:
+        self.close_client()
+        if self.postgres and self.db_url:
+            self.res.drop_database(self.db_url)
+        if self._dir is not None:
+            self.res.remove_path(self._dir)
+        self.db_url = None
+        self._dir = None
+
+
+# -- DBOS ---------------------------------------------------------------------------------
+class Dbos(System):
+    name = "dbos"
+    store = "PostgreSQL"
+    postgres = True
+
+    def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
+        super().__init__(res, workers=workers, log_dir=log_dir)
+        from .peers import dbos_app
+
+        self.settings = dbos_app
+        self.submit_mode = (
+            f"DBOSClient.enqueue_in_transaction, {SUBMIT_BATCH} per transaction "
+            f"(queue {dbos_app.QUEUE!r})"
+        )
+        self.worker_mode = (
+            f"{workers} x `python -m bench.peers.dbos_app` (DBOS.launch(), queue worker: "
+            f"worker_concurrency={dbos_app.WORKER_CONCURRENCY}, "
+            f"polling_interval_sec={dbos_app.POLLING_INTERVAL}); sync workflow and steps"
+        )
+        self._client: Any = None
+        self._engine: Any = None
+
+    def prepare(self, run: int) -> None:
+        self.db_url = self.res.create_database(f"dbos{run}")
+        # DBOS creates its schema at launch: do it once here, so that the workers do not race
+        # and nothing of it is counted.
+        from dbos import DBOS
+
+        DBOS.migrate(self.db_url)
+
+    def worker_env(self) -> dict[str, str]:
+        assert self.db_url is not None
+        return {**super().worker_env(), "BENCH_DBOS_URL": self.db_url}
+
+    def start_workers(self, phase: str) -> list[Child]:
+        children = []
+        for i in range(self.workers):
+            env = {
+                **self.worker_env(),
+                "BENCH_DBOS_EXECUTOR": f"bench-{phase}-{i}-{uuid.uuid4().hex[:6]}",
+            }
+            children.append(
+                self.res.spawn(
+                    f"dbos-{phase}-worker{i}",
+                    [sys.executable, "-m", "bench.peers.dbos_app"],
+                    env=env,
+                    log_dir=self.log_dir,
+                )
+            )
+        _wait_ready(children, lambda c: log_contains(c, "BENCH-READY"), "DBOS workers")
+        return children
+
+    def client(self) -> Any:
+        if self._client is None:
+            import sqlalchemy as sa
+            from dbos import DBOSClient
+
+            assert self.db_url is not None
+            self._client = DBOSClient(
+                system_database_url=self.db_url, application_name=self.settings.APP_NAME
+            )
+            self._engine = sa.create_engine(
+                self.db_url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=2
+            )
+        return self._client
+
+    def open_client(self) -> None:
+        self.client()
+
+    def close_client(self) -> None:
+        if self._client is not None:
+            self._client.destroy()
+            self._engine.dispose()
+            self._client = None
+            self._engine = None
+
+    def _options(self, workflow_id: str) -> Any:
+        return {
+            "queue_name": self.settings.QUEUE,
+            "workflow_name": "order",
+            "workflow_id": workflow_id,
+        }
+
+    def throughput(self, n: int) -> Throughput:
+        client = self.client()
+        t0 = time.time()
+        start = time.perf_counter()
+        for i in range(0, n, SUBMIT_BATCH):
+            with self._engine.begin() as conn:
+                for j in range(i, min(n, i + SUBMIT_BATCH)):
+                    client.enqueue_in_transaction(conn, self._options(f"o{j}"), order_input(j))
+        submit_seconds = time.perf_counter() - start
+        queries = 0
+        deadline = time.monotonic() + W1_TIMEOUT
+        assert self.db_url is not None
+        with psycopg.connect(self.db_url, autocommit=True) as db:
+            while True:
+                queries += 1
+                row = db.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'SUCCESS'),"
+                    " count(*) FILTER (WHERE status IN ('ERROR', 'CANCELLED',"
+                    " 'MAX_RECOVERY_ATTEMPTS_EXCEEDED')), max(updated_at)"
+                    " FROM dbos.workflow_status WHERE workflow_uuid LIKE 'o%%'"
+                ).fetchone()
+                assert row is not None
+                if row[1]:
+                    raise RuntimeError(f"{row[1]} DBOS workflow(s) did not succeed")
+                if row[0] >= n:
+                    return Throughput(n, row[2] / 1000.0 - t0, submit_seconds, queries)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
+                time.sleep(COMPLETION_POLL)
+
+    def latency(self, n: int, offset: int) -> list[float]:
+        client = self.client()
+        out = []
+        for i in range(offset, offset + n):
+            start = time.perf_counter()
+            handle = client.enqueue(self._options(f"l{i}"), order_input(i))
+            result = handle.get_result(polling_interval_sec=RESULT_POLL)
+            out.append(time.perf_counter() - start)
+            assert result["shipped"] == {"tracking": f"t-{i}"}, result
+        return out
+
+    def cleanup(self) -> None:
+        self.close_client()
+        if self.db_url:
+            self.res.drop_database(self.db_url)
+        self.db_url = None
+
+
+# -- Celery -------------------------------------------------------------------------------
+class Celery(System):
+    name = "celery"
+    store = "Redis"
+    submit_mode = "chain(reserve.s(order), charge.s(), ship.s()).apply_async(), one by one"
+
+    def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
+        super().__init__(res, workers=workers, log_dir=log_dir)
+        self.worker_mode = (
+            f"{workers} x `celery worker --pool solo` (one process each; Redis broker and "
+            "result backend, acks_late=True, prefetch multiplier 4 (default))"
+        )
+        self.redis_url = ""
+        self.app: Any = None
+
+    def prepare(self, run: int) -> None:
+        self.redis_url = self.res.fresh_redis()
+        self.app = None
+
+    def worker_env(self) -> dict[str, str]:
+        return {**super().worker_env(), "BENCH_REDIS_URL": self.redis_url}
+
+    def _app(self) -> Any:
+        if self.app is None:
+            from .peers import celery_app
+
+            self.app = celery_app.app_for(self.redis_url)
+        return self.app
+
+    def open_client(self) -> None:
+        self._app()
+
+    def start_workers(self, phase: str) -> list[Child]:
+        children = []
+        ready_files: dict[int, Path] = {}
+        for i in range(self.workers):
+            ready = self.log_dir / f"celery-{phase}-{i}-{uuid.uuid4().hex[:6]}.ready"
+            env = {**self.worker_env(), "BENCH_READY_FILE": str(ready)}
+            cmd = [
+                _bin("celery"),
+                "-A",
+                "bench.peers.celery_app",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "WARNING",
+                "--hostname",
+                f"bench{i}-{phase}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+            child = self.res.spawn(f"celery-{phase}-worker{i}", cmd, env=env, log_dir=self.log_dir)
+            ready_files[child.pid] = ready
+            children.append(child)
+        _wait_ready(children, lambda c: ready_files[c.pid].exists(), "Celery workers")
+        for path in ready_files.values():
+            path.unlink(missing_ok=True)
+        return children
+
+    def _chain(self, i: int) -> Any:
+        from celery import chain
+
+        from .peers import celery_app
+
+        app = self._app()
+        return chain(
+            app.signature(celery_app.RESERVE, args=(order_input(i),)),
+            app.signature(celery_app.CHARGE),
+            app.signature(celery_app.SHIP),
+        )
+
+    def throughput(self, n: int) -> Throughput:
+        import redis
+
+        self._app()
+        t0 = time.time()
+        start = time.perf_counter()
+        final_ids = [self._chain(i).apply_async().id for i in range(n)]
+        submit_seconds = time.perf_counter() - start
+        client = redis.Redis.from_url(self.redis_url)
+        pending = [f"celery-task-meta-{tid}" for tid in final_ids]
+        last = 0.0
+        deadline = time.monotonic() + W1_TIMEOUT
+        try:
+            while True:
+                # Read only the results not seen yet: the harness shares the machine.
+                still = []
+                for i in range(0, len(pending), 1000):
+                    keys = pending[i : i + 1000]
+                    for key, value in zip(keys, client.mget(keys), strict=True):
+                        if value is None:
+                            still.append(key)
+                            continue
+                        meta = json.loads(value)
+                        if meta.get("status") != "SUCCESS":
+                            raise RuntimeError(f"a Celery chain did not succeed: {meta}")
+                        last = max(last, _iso_epoch(meta["date_done"]))
+                pending = still
+                if not pending:
+                    return Throughput(n, last - t0, submit_seconds, 0)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{n - len(pending)}/{n} done after {W1_TIMEOUT}s")
+                time.sleep(COMPLETION_POLL)
+        finally:
+            client.close()
+
+    def latency(self, n: int, offset: int) -> list[float]:
+        self._app()
+        out = []
+        for i in range(offset, offset + n):
+            start = time.perf_counter()
+            result = self._chain(i).apply_async().get(timeout=60)
+            out.append(time.perf_counter() - start)
+            assert result == {"tracking": f"t-{i}"}, result
+        return out
+
+    def close_client(self) -> None:
+        if self.app is not None:
+            self.app.close()
+            self.app = None
+
+    def cleanup(self) -> None:
+        self.close_client()
+        if self.redis_url:
+            self.res.drop_redis()
+        self.redis_url = ""
+
+
+def _iso_epoch(text: str) -> float:
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:  # Celery writes UTC
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+# -- procrastinate ------------------------------------------------------------------------
+class Procrastinate(System):
+    name = "procrastinate"
+    store = "PostgreSQL"
+    postgres = True
+    submit_mode = f"reserve.batch_defer_async, batches of {SUBMIT_BATCH}"
+
+    def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
+        super().__init__(res, workers=workers, log_dir=log_dir)
+        from .peers import procrastinate_app
+
+        self.settings = procrastinate_app
+        self.worker_mode = (
+            f"{workers} x `procrastinate worker` (concurrency "
+            f"{procrastinate_app.CONCURRENCY} each, LISTEN/NOTIFY); each job defers the next"
+        )
+        self._runner: asyncio.Runner | None = None
+        self._app: Any = None
+
+    def worker_env(self) -> dict[str, str]:
+        assert self.db_url is not None
+        return {**super().worker_env(), "BENCH_PROCRASTINATE_URL": self.db_url}
+
+    def prepare(self, run: int) -> None:
+        self.db_url = self.res.create_database(f"proc{run}")
+        os.environ["BENCH_PROCRASTINATE_URL"] = self.db_url
+        self._client()
+        assert self._runner is not None
+        self._runner.run(self._app.schema_manager.apply_schema_async())
+
+    def _client(self) -> Any:
+        if self._runner is None:
+            assert self.db_url is not None
+            self._runner = asyncio.Runner()
+            self._app = self.settings.make_app(self.db_url)
+            app = self._app
+
+            async def open_app() -> None:  # open_async() returns an awaitable, no coroutine
+                await app.open_async()
+
+            self._runner.run(open_app())
+        return self._app
+
+    def open_client(self) -> None:
+        self._client()
+
+    def close_client(self) -> None:
+        if self._runner is not None:
+            app = self._app
+
+            async def close_app() -> None:
+                await app.close_async()
+
+            self._runner.run(close_app())
+            self._runner.close()
+            self._runner = None
+            self._app = None
+
+    def start_workers(self, phase: str) -> list[Child]:
+        assert self.db_url is not None
+        names = [f"bench-{phase}-{i}-{uuid.uuid4().hex[:6]}" for i in range(self.workers)]
+        children = [
+            self.res.spawn(
+                f"procrastinate-{phase}-worker{i}",
+                [
+                    _bin("procrastinate"),
+                    "--app",
+                    "bench.peers.procrastinate_app.app",
+                    "--log-level",
+                    "warning",
+                    "worker",
+                    "--name",
+                    names[i],
+                    "--concurrency",
+                    str(self.settings.CONCURRENCY),
+                ],
+                env=self.worker_env(),
+                log_dir=self.log_dir,
+            )
+            for i in range(self.workers)
+        ]
+
+        def all_registered() -> bool:
+            with psycopg.connect(self.db_url or "", autocommit=True) as db:
+                row = db.execute("SELECT count(*) FROM procrastinate_workers").fetchone()
+            return bool(row) and int(row[0]) >= self.workers
+
+        wait_for(all_registered, timeout=60, what="procrastinate workers", children=children)
+        # A worker registers itself, then starts listening: give it a moment.
+        time.sleep(0.3)
+        return children
+
+    def throughput(self, n: int) -> Throughput:
+        app = self._client()
+        assert self._runner is not None
+        reserve = app.tasks[self.settings.RESERVE]
+        t0 = time.time()
+        start = time.perf_counter()
+
+        async def defer_all() -> None:
+            for i in range(0, n, SUBMIT_BATCH):
+                await reserve.batch_defer_async(
+                    *({"order": order_input(j)} for j in range(i, min(n, i + SUBMIT_BATCH)))
+                )
+
+        self._runner.run(defer_all())
+        submit_seconds = time.perf_counter() - start
+        queries = 0
+        deadline = time.monotonic() + W1_TIMEOUT
+        assert self.db_url is not None
+        with psycopg.connect(self.db_url, autocommit=True) as db:
+            while True:
+                queries += 1
+                row = db.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'succeeded' AND task_name = %s),"
+                    " count(*) FILTER (WHERE status IN ('failed', 'cancelled', 'aborted'))"
+                    " FROM procrastinate_jobs",
+                    (self.settings.SHIP,),
+                ).fetchone()
+                assert row is not None
+                if row[1]:
+                    raise RuntimeError(f"{row[1]} procrastinate job(s) did not succeed")
+                if row[0] >= n:
+                    queries += 1
+                    last = db.execute(
+                        "SELECT extract(epoch FROM max(e.at))::float8 FROM procrastinate_events e"
+                        " JOIN procrastinate_jobs j ON j.id = e.job_id"
+                        " WHERE e.type = 'succeeded' AND j.task_name = %s",
+                        (self.settings.SHIP,),
+                    ).fetchone()
+                    assert last is not None
+                    return Throughput(n, float(last[0]) - t0, submit_seconds, queries)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
+                time.sleep(COMPLETION_POLL)
+
+    def latency(self, n: int, offset: int) -> list[float]:
+        app = self._client()
+        assert self._runner is not None
+        reserve = app.tasks[self.settings.RESERVE]
+        connector = app.connector
+
+        async def one_by_one() -> list[float]:
+            out = []
+            for i in range(offset, offset + n):
+                start = time.perf_counter()
+                first = await reserve.defer_async(order=order_input(i))
+                # No result API: read until the order's last job (ship) has succeeded.
+                while True:
+                    row = await connector.execute_query_one_async(
+                        "SELECT count(*) AS n FROM procrastinate_jobs WHERE id > %(first)s"
+                        " AND task_name = %(task)s AND status = 'succeeded'"
+                        " AND (args->'order'->>'id')::int = %(id)s",
+                        first=first,
+                        task=self.settings.SHIP,
+                        id=i,
+                    )
+                    if row["n"]:
+                        break
+                    await asyncio.sleep(RESULT_POLL)
+                out.append(time.perf_counter() - start)
+            return out
+
+        return self._runner.run(one_by_one())
+
+    def cleanup(self) -> None:
+        self.close_client()
+        if self.db_url:
+            self.res.drop_database(self.db_url)
+        self.db_url = None

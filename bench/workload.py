@@ -1,0 +1,74 @@
+"""The benchmark's workload on stepwarden: the "order" workflow (reserve, charge, ship), each
+step a trivial operation returning a small dict, each result recorded by the engine.
+
+Workers run it with `stepwarden worker bench.workload:app --store URL`; the URL given here is
+only a default for imports (every process of the benchmark names its store).
+
+`hold_order` is the recovery measurement's workflow: its one step blocks until a marker file
+exists, so that the benchmark can SIGKILL the agent process running it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import stepwarden as sw
+
+app = sw.App("bench", store=os.environ.get("STEPWARDEN_STORE", "sqlite:///stepwarden-bench.db"))
+inventory = app.agent("inventory")
+payments = app.agent("payments")
+shipping = app.agent("shipping")
+holder = app.agent("holder")
+
+HOLD_STEP_WITHIN = float(os.environ.get("BENCH_HOLD_STEP_WITHIN", "2.0"))
+"""Seconds the held step may take (its complete_within): the recovery waits for it to pass."""
+
+
+@inventory.operation
+async def reserve(call: sw.Call, order: dict[str, Any]) -> dict[str, Any]:
+    return {"reserved": order["items"], "order": order["id"]}
+
+
+@payments.operation
+async def charge(call: sw.Call, order: dict[str, Any]) -> dict[str, Any]:
+    return {"receipt": call.idempotency_key, "amount": order["amount"]}
+
+
+@shipping.operation
+async def ship(call: sw.Call, order: dict[str, Any]) -> dict[str, Any]:
+    return {"tracking": f"t-{order['id']}"}
+
+
+@app.workflow(complete_within=timedelta(seconds=60))
+async def order(ctx: sw.Context, order: dict[str, Any]) -> dict[str, Any]:
+    reserved = await ctx.step(inventory.reserve, order)
+    receipt = await ctx.step(payments.charge, order)
+    shipped = await ctx.step(shipping.ship, order)
+    return {"reserved": reserved, "receipt": receipt, "shipped": shipped}
+
+
+@holder.operation
+async def hold(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
+    """Write this process's pid for the attempt, then wait for the release marker."""
+    workdir = Path(spec["dir"])
+    (workdir / f"pid-{call.attempt}").write_text(str(os.getpid()))
+    release = workdir / "release"
+    while not release.exists():  # noqa: ASYNC110 - the marker comes from another process
+        await asyncio.sleep(0.01)
+    return {"pid": os.getpid(), "attempt": call.attempt}
+
+
+@app.workflow(complete_within=timedelta(seconds=60), max_failures=5)
+async def hold_order(ctx: sw.Context, spec: dict[str, Any]) -> dict[str, Any]:
+    return await ctx.step(  # type: ignore[no-any-return]
+        holder.hold, spec, complete_within=timedelta(seconds=HOLD_STEP_WITHIN)
+    )
+
+
+def order_input(i: int) -> dict[str, Any]:
+    """The input of order number i (the same for every system)."""
+    return {"id": i, "items": ["book", "lamp"], "amount": 19.5}
