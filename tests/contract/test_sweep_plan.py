@@ -78,13 +78,14 @@ def test_postgres_sweep_reads_what_is_expired_not_the_store(pg_url: str) -> None
         return read
 
     with psycopg.connect(pg_url, autocommit=True) as db:
-        # `expired` processing tasks whose complete_by passed, each with an open step whose
+        # `expired` processing tasks (held) whose complete_by passed, each with an open step whose
         # complete_by passed, among FINISHED finished tasks with a completed step each.
         db.execute(
             "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
-            " complete_within, eligible_at, created_at, updated_at, attempt, complete_by) "
+            " complete_within, eligible_at, created_at, updated_at, attempt, complete_by,"
+            " locked_by) "
             "SELECT 'x' || i, 'wf', '{}', 'processing', 3, 30, now(), now(), now(), 1,"
-            " now() - interval '1 minute' FROM generate_series(1, %s::int) AS i",
+            " now() - interval '1 minute', 's1' FROM generate_series(1, %s::int) AS i",
             (expired,),
         )
         db.execute(

@@ -891,6 +891,7 @@ class PostgresStore(Store):
                 "held_as": [r["process_state"] for r in rows],
                 "state": [str(p[0]) for p in plans],
                 "failure_count": [p[1] for p in plans],
+                "count": counts,
                 "error": [
                     expiry_error(n, r["seq"]) if p[2] else None
                     for r, p, n in zip(rows, plans, counts, strict=True)

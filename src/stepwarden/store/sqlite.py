@@ -782,6 +782,7 @@ def _reset(
             held_as, r["on_failure"], count, r["max_failures"], _compensable(conn, r["task_id"])
         )
         error = expiry_error(count, r["seq"]) if alert else None
+        abandon = state != held_as and state not in (TaskState.PENDING, TaskState.PROCESSING)
         got = conn.execute(
             Q["reset_task"],
             {
@@ -794,13 +795,14 @@ def _reset(
                 "now": now,
                 "finished_at": now if state in FINISHED_TASK_STATES else None,
                 "eligible_at": now + min(maximum, initial * 2 ** (count - 1)),
+                "wait_open": abandon,
             },
         ).fetchone()
         if got is None:
             continue
         detail = {"seq": r["seq"], "attempt": r["attempt"], "failure_count": count, **by}
         _event(conn, r["task_id"], "expired", detail, now)
-        if state != held_as and state not in (TaskState.PENDING, TaskState.PROCESSING):
+        if abandon:
             _close_open_steps(conn, r["task_id"], state, now)
         if alert:
             reason = "max_failures" if held_as == TaskState.PROCESSING else "compensation_failed"

@@ -299,7 +299,8 @@ WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s AND expires_at
 FOR UPDATE
 
 -- name: expired_steps
--- Open steps of the current attempt of held tasks whose complete_by passed.
+-- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
+-- sweep released, or an operator's retry reopened, is held again only once claimed.)
 -- (The lateral LIMIT 1 keeps the plan a walk of the expiry index with one task lookup each.)
 SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
        s.seq
@@ -308,7 +309,7 @@ CROSS JOIN LATERAL (
     SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure
     FROM stepwarden_tasks
     WHERE task_id = s.task_id AND process_state IN ('processing', 'compensating')
-      AND attempt = s.task_attempt
+      AND locked_by IS NOT NULL AND attempt = s.task_attempt
     LIMIT 1) t
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < now()
 ORDER BY s.complete_by
@@ -333,23 +334,33 @@ WHERE task_id = ANY(%(task_ids)s::text[]) AND compensation IS NOT NULL AND compe
 
 -- name: reset_tasks
 -- The supervisor's recovery of expired tasks into the states worked out by the caller from
--- the rows read in this transaction, each fenced by the attempt and state it read.
+-- the rows read in this transaction, each fenced by the attempt and state it read. `count`
+-- is the number of expiries (failure_count may start again at 0 for a compensation). A task
+-- whose open steps are abandoned waits for their complete_by too: an agent still calling
+-- may yet apply its effect until then.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
                          %(held_as)s::text[], %(state)s::text[], %(failure_count)s::int[],
-                         %(error)s::text[], %(backoff)s::float8[], %(finished)s::bool[],
-                         %(alert)s::text[], %(ord)s::int[])
-        AS d(task_id, attempt, seq, held_as, state, failure_count, error, backoff, finished,
-             alert, ord)
+                         %(count)s::int[], %(error)s::text[], %(backoff)s::float8[],
+                         %(finished)s::bool[], %(alert)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, seq, held_as, state, failure_count, count, error, backoff,
+             finished, alert, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
     SET failure_count = d.failure_count, locked_by = NULL, complete_by = NULL,
         process_state = d.state, error = coalesce(d.error, t.error),
         finished_at = CASE WHEN d.finished THEN now() END,
-        eligible_at = now() + make_interval(secs => d.backoff), updated_at = now()
+        eligible_at = CASE WHEN d.state NOT IN ('pending', d.held_as)
+                           THEN GREATEST(now() + make_interval(secs => d.backoff),
+                                         (SELECT max(s.complete_by) FROM stepwarden_steps s
+                                          WHERE s.task_id = t.task_id
+                                            AND s.state IN ('not_started', 'running')))
+                           ELSE now() + make_interval(secs => d.backoff) END,
+        updated_at = now()
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = d.held_as
-    RETURNING d.ord, t.task_id, d.attempt, d.seq, d.held_as, d.failure_count AS count,
+      AND t.locked_by IS NOT NULL
+    RETURNING d.ord, t.task_id, d.attempt, d.seq, d.held_as, d.count,
               t.process_state, t.error, d.alert
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)

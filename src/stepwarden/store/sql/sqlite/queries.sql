@@ -178,23 +178,35 @@ ORDER BY complete_by
 LIMIT :limit
 
 -- name: expired_steps
+-- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
+-- sweep released, or an operator's retry reopened, is held again only once claimed.)
 SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
        s.seq
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
-  AND t.process_state IN ('processing', 'compensating') AND s.task_attempt = t.attempt
+  AND t.process_state IN ('processing', 'compensating') AND t.locked_by IS NOT NULL
+  AND s.task_attempt = t.attempt
 ORDER BY s.complete_by
 LIMIT :limit
 
 -- name: reset_task
 -- The supervisor's recovery of an expired task into :state (worked out by the caller from
--- the row it read in this transaction), fenced by the attempt and state it read.
+-- the row it read in this transaction), fenced by the attempt and state it read. When the
+-- open steps are to be abandoned (:wait_open), the task waits for their complete_by too: an
+-- agent still calling may yet apply its effect until then.
 UPDATE stepwarden_tasks
 SET failure_count = :failure_count, locked_by = NULL, complete_by = NULL,
     process_state = :state, error = coalesce(:error, error),
-    finished_at = :finished_at, eligible_at = :eligible_at, updated_at = :now
+    finished_at = :finished_at, updated_at = :now,
+    eligible_at = CASE WHEN :wait_open
+                       THEN MAX(:eligible_at,
+                                coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
+                                          WHERE s.task_id = :task_id
+                                            AND s.state IN ('not_started', 'running')), 0))
+                       ELSE :eligible_at END
 WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
+  AND locked_by IS NOT NULL
 RETURNING failure_count, process_state
 
 -- name: get_task
