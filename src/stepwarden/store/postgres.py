@@ -240,6 +240,8 @@ class PostgresStore(Store):
         )
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._listen_first: Conn | None = None
+        """The listener's first connection until its task runs and takes it over."""
         self._own_pids: set[int] = set()
 
     @staticmethod
@@ -392,6 +394,9 @@ class PostgresStore(Store):
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+        first, self._listen_first = self._listen_first, None
+        if first is not None:  # the listener was cancelled before it ran: close its connection
+            await first.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -947,6 +952,7 @@ class PostgresStore(Store):
         if self._listener is not None:  # another call won the race meanwhile
             await conn.close()
             return
+        self._listen_first = conn
         self._listener = asyncio.create_task(self._listen_loop(conn), name="stepwarden-listen")
 
     async def _listen_connect(self) -> Conn:
@@ -961,6 +967,7 @@ class PostgresStore(Store):
         return conn
 
     async def _listen_loop(self, conn: Conn | None) -> None:
+        self._listen_first = None  # closed by this loop from now on
         delay = 0.1
         while True:
             try:
