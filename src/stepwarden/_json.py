@@ -27,6 +27,11 @@ def dumps(value: Any, *, what: str = "payload") -> str:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
     if b"null" in data and _has_non_finite(value):  # orjson writes NaN as null
         raise PayloadError(f"{what} holds NaN or an infinity, which JSON cannot represent")
+    if _MARK.encode() in data and _has_reserved_key(value):  # it would load as a Secret
+        raise PayloadError(
+            f"{what} holds a dict whose only key is the reserved {SECRET_KEY!r}: "
+            "wrap a secret value in stepwarden.Secret instead"
+        )
     if len(data) > MAX_PAYLOAD_BYTES:
         raise PayloadError(f"{what} is {len(data)} bytes, over the limit of {MAX_PAYLOAD_BYTES}")
     return data.decode()
@@ -38,7 +43,23 @@ def _has_non_finite(value: Any) -> bool:
         v = stack.pop()
         if isinstance(v, float) and not math.isfinite(v):
             return True
+        if isinstance(v, Secret):
+            stack.append(v.reveal())
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return False
+
+
+def _has_reserved_key(value: Any) -> bool:
+    """Whether `value` holds, outside a Secret, a dict that `loads` would take for one."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
         if isinstance(v, dict):
+            if len(v) == 1 and SECRET_KEY in v:
+                return True
             stack.extend(v.values())
         elif isinstance(v, list | tuple):
             stack.extend(v)

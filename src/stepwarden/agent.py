@@ -81,8 +81,14 @@ class Agent:
     """A named agent: the operations that call one remote service, and their retry policy."""
 
     def __init__(self, name: str, *, retry: Retry | None = None) -> None:
-        if not name or not name.replace("_", "").replace("-", "").isalnum():
+        if (
+            not isinstance(name, str)
+            or not name
+            or not name.replace("_", "").replace("-", "").isalnum()
+        ):
             raise ConfigurationError(f"invalid agent name {name!r}: use letters, digits, - and _")
+        if retry is not None and not isinstance(retry, Retry):
+            raise ConfigurationError(f"retry must be a stepwarden.Retry, not {retry!r}")
         self.name = name
         self.retry = retry or Retry()
         self.operations: dict[str, Operation] = {}
@@ -97,6 +103,10 @@ class Agent:
         """
 
         def register(fn: OperationFn) -> Operation:
+            if not callable(fn):
+                raise ConfigurationError(f"an operation must be a function, not {fn!r}")
+            if retry is not None and not isinstance(retry, Retry):
+                raise ConfigurationError(f"retry must be a stepwarden.Retry, not {retry!r}")
             op_name = name or fn.__name__
             if op_name in self.operations:
                 raise ConfigurationError(f"agent {self.name!r} already has operation {op_name!r}")

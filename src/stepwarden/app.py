@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from . import _json
+from . import _check, _json
 from .agent import Agent, Operation
 from .alerts import AlertSink, LogSink
 from .errors import (
@@ -45,7 +45,7 @@ from .store.base import (
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
-MAX_TASK_ID = 200
+MAX_TASK_ID = _check.MAX_NAME
 FOLLOW_SETTLE = 5.0
 """Seconds after which an outbox message is taken as committed in id order."""
 
@@ -64,7 +64,7 @@ class App:
     behalf. `store` is `sqlite:///path.db` (the embedded default) or `postgresql://...`."""
 
     def __init__(self, name: str, *, store: str, auto_migrate: bool = True) -> None:
-        self.name = name
+        self.name = _check.name("the App's name", name)
         self.store_url = store
         open_store(store)  # validate the URL now, not at first use
         self.auto_migrate = auto_migrate
@@ -77,6 +77,12 @@ class App:
 
     def add_alert_sink(self, sink: AlertSink) -> None:
         """Deliver alerts to `sink` too (a WebhookSink, a CallableSink, or your own)."""
+        if not isinstance(getattr(sink, "name", None), str) or not callable(
+            getattr(sink, "send", None)
+        ):
+            raise ConfigurationError(
+                f"an alert sink needs a name and a send(alert) method, not {_check.shown(sink)}"
+            )
         if any(s.name == sink.name for s in self.alert_sinks):
             raise ConfigurationError(f"an alert sink named {sink.name!r} is already added")
         self.alert_sinks.append(sink)
@@ -119,8 +125,9 @@ class App:
 
         def register(fn: WorkflowFn) -> WorkflowFn:
             if not asyncio.iscoroutinefunction(fn):
-                raise ConfigurationError(f"workflow {fn.__name__!r} must be an async function")
-            wf_name = name or fn.__name__
+                what = getattr(fn, "__name__", None) or _check.shown(fn)
+                raise ConfigurationError(f"workflow {what!r} must be an async function")
+            wf_name = _check.name("the workflow's name", fn.__name__ if name is None else name)
             if wf_name in self.workflows:
                 raise ConfigurationError(f"workflow {wf_name!r} is already declared")
             self.workflows[wf_name] = Workflow(
@@ -199,13 +206,9 @@ class App:
         wf = self.find_workflow(workflow)
         if task_id is None:
             task_id = uuid.uuid4().hex
-        if not isinstance(task_id, str) or not task_id or len(task_id) > MAX_TASK_ID:
-            raise ConfigurationError(f"task_id must be a string of 1 to {MAX_TASK_ID} characters")
-        if any(ord(ch) < 32 for ch in task_id):
-            raise ConfigurationError("task_id must not contain control characters")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigurationError(f"priority must be an integer, not {priority!r}")
-        if reply_to is not None and (not isinstance(reply_to, str) or not reply_to.strip()):
+        _check.name("task_id", task_id)
+        _check.integer("priority", priority, -_check.MAX_INT - 1)
+        if reply_to is not None and not _check.name("reply_to", reply_to).strip():
             raise ConfigurationError("reply_to must be a non-empty channel name")
         return NewTask(
             task_id=task_id,
@@ -264,6 +267,7 @@ class App:
 
     # -- following ------------------------------------------------------------------------
     async def status_async(self, task_id: str) -> TaskRecord:
+        _check.name("task_id", task_id)
         task = await (await self.store()).get_task(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id!r}")
@@ -274,6 +278,7 @@ class App:
 
     async def result_async(self, task_id: str, *, timeout: float | None = None) -> Any:
         """Wait until the task finishes; its result, or TaskFailed if it ended in Error."""
+        _check.timeout(timeout)
         store = await self.store()
         await self.status_async(task_id)
         try:
@@ -291,6 +296,7 @@ class App:
         return self._call(self.result_async(task_id, timeout=timeout))
 
     async def show_async(self, task_id: str) -> TaskView:
+        _check.name("task_id", task_id)
         store = await self.store()
         task = await store.get_task(task_id)
         if task is None:
@@ -307,7 +313,10 @@ class App:
         workflow: str | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        wanted = TaskState(state) if state is not None else None
+        wanted = _check.state(state)
+        if workflow is not None:
+            _check.name("workflow", workflow)
+        _check.integer("limit", limit, 1)
         return await (await self.store()).list_tasks(state=wanted, workflow=workflow, limit=limit)
 
     def tasks(
@@ -337,6 +346,8 @@ class App:
         """The status messages published on `channel`, for as long as the caller iterates:
         those already kept (after the message id `after`; keep the last id you handled to
         resume from it), then each new one, at least once and each once per iterator."""
+        _check.name("channel", channel)
+        _check.integer("after", after, 0, 2**63 - 1)
         async for message in self._follow(channel=channel, after=after):
             yield message
 
@@ -390,19 +401,30 @@ class App:
         tasks named, or to those matching `state` and `workflow` (bulk). Each action is
         recorded in the task's history with `by` (default: the user running this) and
         `reason`. With `dry_run`, nothing is written: each outcome says what would happen."""
-        if action not in OPERATOR_ACTIONS:
+        if not isinstance(action, str) or action not in OPERATOR_ACTIONS:
             known = ", ".join(OPERATOR_ACTIONS)
-            raise ConfigurationError(f"unknown action {action!r} (known: {known})")
+            raise ConfigurationError(f"unknown action {_check.shown(action)} (known: {known})")
         if action == "skip" and (seq is None or task_ids is None):
             raise ConfigurationError("skip needs the task and the step (seq)")
         if task_ids is None and state is None and workflow is None:
             raise ConfigurationError("name the tasks, or a filter (state, workflow)")
+        if task_ids is not None:
+            task_ids = _check.task_ids(task_ids)
+        wanted = _check.state(state)
+        if workflow is not None:
+            _check.name("workflow", workflow)
+        _check.integer("limit", limit, 1)
+        _check.text("reason", reason)
+        if by is not None:
+            _check.name("by", by)
+        _check.flag("dry_run", dry_run)
+        if seq is not None:
+            _check.integer("seq", seq, 1)
+        result_json = _json.dumps(result, what="the step result") if action == "skip" else None
         store = await self.store()
         if task_ids is None:
-            wanted = TaskState(state) if state is not None else None
             found = await store.list_tasks(state=wanted, workflow=workflow, limit=limit)
             task_ids = [t.task_id for t in found]
-        result_json = _json.dumps(result, what="the step result") if action == "skip" else None
         actions = [
             OperatorAction(
                 action=action,  # type: ignore[arg-type]
@@ -483,6 +505,7 @@ class App:
         self, task_id: str, *, compensate: bool = False, reason: str | None = None
     ) -> TaskState:
         """Cancel a task; with `compensate`, undo its steps first (it then ends compensated)."""
+        _check.flag("compensate", compensate)
         return await self._one("compensate" if compensate else "cancel", task_id, reason=reason)
 
     def retry(self, task_id: str, *, reason: str | None = None) -> TaskState:

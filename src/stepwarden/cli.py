@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from . import _json
+from . import _check, _json
 from .app import App, TaskView
 from .errors import StepwardenError
 from .retry import Backoff
@@ -63,7 +63,7 @@ class _Ctx:
 def load_app(ref: str) -> App:
     """Import `module:attribute` (the current directory is importable) and return the App."""
     module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
+    if not module_name or not attr or module_name.startswith("."):
         raise click.UsageError(f"invalid application {ref!r}: expected MODULE:ATTRIBUTE")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -273,14 +273,15 @@ def worker(
     envvar="STEPWARDEN_PRIORITY",
     default=0,
     show_default=True,
-    type=int,
+    type=click.IntRange(min=-_check.MAX_INT - 1, max=_check.MAX_INT),
     help="Higher runs first.",
 )
 @click.pass_obj
 def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, priority: int) -> None:
-    """Submit a task of WORKFLOW with INPUT_JSON as its input; prints the task id."""
+    """Submit a task of WORKFLOW with INPUT_JSON as its input; prints the task id.
+    A value written {"$secret": VALUE} is a Secret: stored for its operation, never shown."""
     try:
-        value = orjson.loads(input_json)
+        value = _json.loads(input_json)
     except orjson.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="INPUT_JSON") from exc
     app = obj.app()
@@ -313,7 +314,7 @@ def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, prior
     envvar="STEPWARDEN_LIMIT",
     default=100,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=_check.MAX_INT),
     help="At most this many tasks.",
 )
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
@@ -323,6 +324,8 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
     url = obj.store_url()
 
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
+        if workflow is not None:
+            _check.name("workflow", workflow)
         store = open_store(url)
         await store.open(migrate=False)
         try:
@@ -357,6 +360,7 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
     url = obj.store_url()
 
     async def go() -> TaskView | None:
+        _check.name("task_id", task_id)
         store = open_store(url)
         await store.open(migrate=False)
         try:
@@ -449,7 +453,7 @@ def _operator_options(fn: F) -> F:
             envvar="STEPWARDEN_LIMIT",
             default=10_000,
             show_default=True,
-            type=click.IntRange(min=1),
+            type=click.IntRange(min=1, max=_check.MAX_INT),
             help="Bulk: at most this many tasks.",
         ),
         _opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history."),
@@ -570,14 +574,21 @@ def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options:
 
 @cli.command()
 @click.argument("task_id")
-@_opt("--step", "seq", envvar="STEPWARDEN_STEP", required=True, type=int, help="The step's seq.")
+@_opt(
+    "--step",
+    "seq",
+    envvar="STEPWARDEN_STEP",
+    required=True,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="The step's seq.",
+)
 @_opt(
     "--result",
     "result_json",
     envvar="STEPWARDEN_RESULT",
     default="null",
     show_default=True,
-    help="The step's result, as JSON.",
+    help='The step\'s result, as JSON ({"$secret": VALUE} is a Secret).',
 )
 @_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
 @_opt("--by", envvar="STEPWARDEN_BY", default=None, help="Who, for the history.")
@@ -587,7 +598,7 @@ def skip(
 ) -> None:
     """Mark a stuck step completed with a given result, as if its operation returned it."""
     try:
-        value = orjson.loads(result_json)
+        value = _json.loads(result_json)
     except orjson.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from exc
     _operate(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _json
+from . import _check, _json
 from .errors import ConfigurationError, NonDeterminismError, StepFailed, UnknownNameError
 from .states import OnFailure, StepState
 from .store.base import StepDispatch, StepRecord
@@ -23,6 +23,16 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler, _Held
 
 WorkflowFn = Callable[..., Awaitable[Any]]
+MAX_COMPLETE_WITHIN = timedelta(days=365)
+"""The longest claim of a task or a step: complete_by must stay a date both stores hold."""
+
+
+def _check_within(what: str, value: object) -> None:
+    if not isinstance(value, timedelta) or not timedelta(0) < value <= MAX_COMPLETE_WITHIN:
+        raise ConfigurationError(
+            f"{what}: complete_within must be a timedelta, positive and at most "
+            f"{MAX_COMPLETE_WITHIN.days} days, not {_check.shown(value)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +46,9 @@ class Workflow:
     """Alert the operator when a step of this workflow is dispatched this many times."""
 
     def __post_init__(self) -> None:
-        if self.complete_within <= timedelta(0):
-            raise ConfigurationError(f"workflow {self.name!r}: complete_within must be positive")
-        if self.alert_after < 2:
-            raise ConfigurationError(f"workflow {self.name!r}: alert_after must be at least 2")
-        if self.max_failures < 1:
-            raise ConfigurationError(f"workflow {self.name!r}: max_failures must be at least 1")
+        _check_within(f"workflow {self.name!r}", self.complete_within)
+        _check.integer(f"workflow {self.name!r}: alert_after", self.alert_after, 2)
+        _check.integer(f"workflow {self.name!r}: max_failures", self.max_failures, 1)
 
 
 class Abandon(BaseException):
@@ -95,8 +102,8 @@ class Context:
         seq = self._next_seq
         self._next_seq += 1
         step_name = name or operation.qualname
-        if complete_within is not None and complete_within <= timedelta(0):
-            raise ConfigurationError(f"step {step_name!r}: complete_within must be positive")
+        if complete_within is not None:
+            _check_within(f"step {step_name!r}", complete_within)
         within = complete_within or self._scheduler.workflow_of(self._held).complete_within
         recorded = self._recorded.get(seq)
         first = StepDispatch(

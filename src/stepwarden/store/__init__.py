@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
@@ -12,7 +13,12 @@ def open_store(url: str) -> Store:
     """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..."""
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a store URL must be a non-empty string, not {url!r}")
-    scheme = urlsplit(url).scheme
+    if "\x00" in url:
+        raise ConfigurationError(f"invalid store URL {_masked(url)!r}: it holds a NUL character")
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host
+        raise ConfigurationError(f"invalid store URL {_masked(url)!r}: {exc}") from None
     if scheme == "sqlite":
         from .sqlite import SQLiteStore
 
@@ -27,8 +33,13 @@ def open_store(url: str) -> Store:
         store: Store = PostgresStore(url)
         return store
     raise ConfigurationError(
-        f"invalid store URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
+        f"invalid store URL {_masked(url)!r}: use sqlite:///path.db or postgresql://user@host/db"
     )
+
+
+def _masked(url: str) -> str:
+    """`url` with the password of its user (user:password@host) replaced by ***."""
+    return re.sub(r"^([^:/]*://[^/@:]*:)[^/]*@", r"\1***@", url)
 
 
 __all__ = ["Store", "open_store"]

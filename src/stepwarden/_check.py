@@ -1,0 +1,114 @@
+"""Checks of the values given to the App and the command line, made before anything is
+written: each raises ConfigurationError naming the value it refuses.
+
+Both stores must hold a value the same way or refuse it the same way: text must be valid
+Unicode (a lone surrogate, which is what an undecodable byte of a command-line argument
+becomes, cannot be stored at all), and integers must fit the stores' integer columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import ConfigurationError
+from .states import TaskState
+
+MAX_NAME = 200
+"""The longest task id, channel name or operator name, in characters."""
+MAX_REASON = 1000
+"""The longest reason an operator may give, in characters."""
+MAX_INT = 2**31 - 1
+"""The largest priority, step number or limit: the stores' integer columns."""
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """`value` as it is named in an error message: its repr, cut short when long."""
+    text = repr(value)
+    if len(text) <= width:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[: width - 3]}...{size}"
+
+
+def _unicode(what: str, value: str) -> None:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"{what} is not valid Unicode text (an undecodable byte or a lone surrogate): "
+            f"{shown(value)}"
+        ) from None
+
+
+def name(what: str, value: Any) -> str:
+    """A task id, a channel, a workflow or an operator: 1 to MAX_NAME characters of valid
+    Unicode, without control characters."""
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
+        raise ConfigurationError(
+            f"{what} must be a string of 1 to {MAX_NAME} characters, not {shown(value)}"
+        )
+    if any(ord(ch) < 32 for ch in value):
+        raise ConfigurationError(f"{what} must not contain control characters: {shown(value)}")
+    _unicode(what, value)
+    return value
+
+
+def text(what: str, value: Any, *, limit: int = MAX_REASON) -> str | None:
+    """Free text (a reason): None, or up to `limit` characters of valid Unicode."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise ConfigurationError(
+            f"{what} must be a string of at most {limit} characters, not {shown(value)}"
+        )
+    _unicode(what, value)
+    return value
+
+
+def integer(what: str, value: Any, low: int, high: int = MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(
+            f"{what} must be an integer from {low} to {high}, not {shown(value)}"
+        )
+    return value
+
+
+def flag(what: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{what} must be True or False, not {shown(value)}")
+    return value
+
+
+def timeout(value: Any) -> float | None:
+    """Seconds to wait: None (no limit) or a number, at least 0."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+    ):
+        raise ConfigurationError(
+            f"timeout must be None or a number of seconds, at least 0, not {shown(value)}"
+        )
+    return float(value)
+
+
+def state(value: Any) -> TaskState | None:
+    if value is None:
+        return None
+    try:
+        return TaskState(value)
+    except ValueError:
+        known = ", ".join(s.value for s in TaskState)
+        raise ConfigurationError(f"unknown state {shown(value)} (known: {known})") from None
+
+
+def task_ids(value: Any) -> list[str]:
+    """A list of task ids (a string alone is not a list of its characters)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigurationError(f"task_ids must be a list of task ids, not {shown(value)}")
+    return [name("task_id", v) for v in value]
