@@ -308,7 +308,7 @@ async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
         while True:
             await store.end_stalled_sessions()
             try:
-                return await store.acquire_lease("sup", "b", 5)
+                return await store.acquire_lease("sup", "b", 60)
             except StoreError:  # lock_timeout: the row is still locked; try again
                 continue
 
@@ -322,7 +322,8 @@ async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
         thaw.set()
         with pytest.raises(psycopg.Error, match="terminat"):  # its session was ended
             await frozen_task
-        assert await store.acquire_lease("sup", "b", 5) == term + 1  # b holds it
+        assert await store.acquire_lease("sup", "a", 5) is None  # b holds it
+        assert await store.acquire_lease("sup", "b", 60) == term + 1
     finally:
         await frozen.close()
         await store.close()
