@@ -367,3 +367,29 @@ async def test_sweep_reads_only_the_expiry_indexes(pg_url: str) -> None:
             )
             assert index in plan, plan
             assert "Seq Scan" not in plan, plan
+
+
+async def test_batch_parameters_keep_every_character(pg_url: str) -> None:
+    """Batches travel as array literals: quotes, backslashes, braces, commas, the word NULL,
+    empty strings and non-ASCII text come back as they went in, and None as NULL."""
+    texts = ['{"a": "b\\"c"}', "x,y", " lead", "NULL", "", None, "back\\slash", "é 中 😀", "a}b{"]
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        async with store._connection() as conn:
+            row = await (
+                await conn.execute(
+                    "SELECT %(t)s::text[], %(i)s::int[], %(f)s::float8[], %(b)s::bool[],"
+                    " %(e)s::text[]",
+                    {
+                        "t": texts,
+                        "i": [1, -2, 2**31 - 1],
+                        "f": [0.1, 1e-05],
+                        "b": [True, None],
+                        "e": [],
+                    },
+                )
+            ).fetchone()
+        assert row == (texts, [1, -2, 2**31 - 1], [0.1, 1e-05], [True, None], [])
+    finally:
+        await store.close()

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 import psycopg
+from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.string import TextLoader
@@ -225,6 +226,29 @@ class _Notices:
             store.notifier.publish(channel, payloads)
 
 
+class _ArrayLiteral(Dumper):
+    """A list parameter as a PostgreSQL array literal, typed by the cast the query gives it
+    (`%(x)s::text[]`). Batches travel as arrays, and their JSON texts need escaping in every
+    element: psycopg's own list dumper does it with a regular expression per element, which
+    cost a sixth of a worker's time; `str.replace` does it in C."""
+
+    oid = 0  # unknown: the server takes the type from the cast
+
+    def dump(self, obj: list[Any]) -> bytes:
+        return ("{" + ",".join(map(_array_element, obj)) + "}").encode()
+
+
+def _array_element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class PostgresStore(Store):
     dialect = "postgres"
     default_poll_interval = 0.5
@@ -287,6 +311,7 @@ class PostgresStore(Store):
     async def _configure(self, conn: Conn) -> None:
         # json comes back as its text, decoded by stepwarden's own (orjson) loads.
         conn.adapters.register_loader("json", TextLoader)
+        conn.adapters.register_dumper(list, _ArrayLiteral)
         self._own_pids.add(conn.info.backend_pid)
 
     def _require(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
