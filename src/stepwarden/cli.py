@@ -24,6 +24,7 @@ from .retry import Backoff
 from .states import TaskState
 from .store import open_store
 from .store.base import ActionOutcome, TaskRecord
+from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 
 T = TypeVar("T")
@@ -209,7 +210,7 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
 @_opt(
     "--retention",
     envvar="STEPWARDEN_RETENTION",
-    default=7 * 24 * 3600.0,
+    default=DEFAULT_RETENTION,
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds finished tasks are kept before the supervisor deletes them.",
@@ -620,7 +621,7 @@ def skip(
 @_opt(
     "--older-than",
     envvar="STEPWARDEN_OLDER_THAN",
-    default=7 * 24 * 3600.0,
+    default=DEFAULT_RETENTION,
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds since the task finished.",

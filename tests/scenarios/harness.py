@@ -40,7 +40,9 @@ FAST = (
     "--backoff-max", "0.5",
     "--drain-timeout", "10",
 )  # fmt: skip
-FINISHED = (sw.TaskState.PROCESSED, sw.TaskState.ERROR)
+PROCESSED = sw.TaskState.PROCESSED
+COMPLETED = sw.StepState.COMPLETED
+FINISHED = (PROCESSED, sw.TaskState.ERROR)
 LOG_TAIL = 4000
 
 

@@ -16,12 +16,10 @@ import pytest
 
 import stepwarden as sw
 
-from .harness import Cluster, Proc
+from .harness import COMPLETED, PROCESSED, Cluster, Proc
 
 pytestmark = pytest.mark.slow
 
-PROCESSED = sw.TaskState.PROCESSED
-COMPLETED = sw.StepState.COMPLETED
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -17,12 +17,10 @@ import pytest
 
 import stepwarden as sw
 
-from .harness import FINISHED, Cluster
+from .harness import COMPLETED, FINISHED, PROCESSED, Cluster
 
 pytestmark = pytest.mark.slow
 
-PROCESSED = sw.TaskState.PROCESSED
-COMPLETED = sw.StepState.COMPLETED
 
 
 @pytest.mark.parametrize("dies", ["before_its_effect", "after_its_effect"])
