@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from .agent import Agent, Call, Operation
+from .agent import Agent, Call, Limit, Operation
 from .alerts import AlertSink, CallableSink, LogSink, WebhookSink
 from .app import App, TaskTransaction, TaskView
+from .breaker import Breaker
 from .errors import (
     ActionRefused,
+    CircuitOpen,
     ConfigurationError,
     NonDeterminismError,
     PayloadError,
@@ -14,6 +16,7 @@ from .errors import (
     ResultTimeout,
     SchemaVersionError,
     StepFailed,
+    StepLost,
     StepwardenError,
     StoreError,
     TaskFailed,
@@ -23,7 +26,14 @@ from .errors import (
 from .retry import Backoff, Retry
 from .secret import Secret
 from .states import OnFailure, StepState, TaskState
-from .store.base import ActionOutcome, EventRecord, OutboxMessage, StepRecord, TaskRecord
+from .store.base import (
+    ActionOutcome,
+    AgentInstance,
+    EventRecord,
+    OutboxMessage,
+    StepRecord,
+    TaskRecord,
+)
 from .worker import Worker, WorkerOptions
 from .workflow import Context, Workflow
 
@@ -33,14 +43,18 @@ __all__ = [
     "ActionOutcome",
     "ActionRefused",
     "Agent",
+    "AgentInstance",
     "AlertSink",
     "App",
     "Backoff",
+    "Breaker",
     "Call",
     "CallableSink",
+    "CircuitOpen",
     "ConfigurationError",
     "Context",
     "EventRecord",
+    "Limit",
     "LogSink",
     "NonDeterminismError",
     "OnFailure",
@@ -53,6 +67,7 @@ __all__ = [
     "SchemaVersionError",
     "Secret",
     "StepFailed",
+    "StepLost",
     "StepRecord",
     "StepState",
     "StepwardenError",

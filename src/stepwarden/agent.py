@@ -5,6 +5,12 @@ An `Agent` is declared on the App and its operations with `@agent.operation`. At
 with a stable idempotency key, retries transient errors with backoff and jitter while
 complete_by has not passed, and reports the outcome. When complete_by passes it stops and
 reports nothing: another instance may already be retrying the step.
+
+Each runner registers in the store's agent registry and heartbeats there (its operations,
+capacity, calls in flight and circuit breaker). It claims only as many requests as it has
+free slots, none while its breaker is open (an instance whose service answers takes them),
+and only within the operations' limits. An instance that stops heartbeating is gone: the
+supervisor hands its running steps to another.
 """
 
 from __future__ import annotations
@@ -12,42 +18,176 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import _json
+from . import _check, _json
 from ._aio import first, in_daemon_thread, sleep_unless
 from ._batch import Batcher
-from .errors import ConfigurationError, PayloadError, StoreError
+from .breaker import CLOSED, Breaker, CircuitBreaker
+from .errors import (
+    CircuitOpen,
+    ConfigurationError,
+    PayloadError,
+    StepLost,
+    StoreError,
+)
 from .retry import Retry
 from .states import StepState
-from .store.base import CHANNEL_REQUESTS, Request, StepOutcome, Store
+from .store.base import (
+    CHANNEL_REQUESTS,
+    AgentBeat,
+    OpLimit,
+    Request,
+    RequestHandback,
+    StepOutcome,
+    Store,
+)
 
 logger = logging.getLogger("stepwarden.agent")
 
+DEFAULT_HEARTBEAT = 1.0
+"""Seconds between an agent instance's heartbeats in the registry."""
+DEFAULT_GONE_AFTER = 5.0
+"""Seconds without a heartbeat after which an agent instance is gone."""
+MAX_LIMIT_KEY = 200
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, kw_only=True)
+class Limit:
+    """How many calls of an operation may run, and start, at once.
+
+    `concurrency`: steps running at once across every process; `per_instance`: at once in one
+    agent instance; `rate` starts per `per` seconds across every process. With `key` (a
+    function of the step's arguments, returning a string such as a customer id),
+    `concurrency` and `rate` hold for each key apart. The key is taken when the step is
+    recorded. Limits are enforced when agents claim requests: a request waits in the queue
+    (its complete_by running) until it may start.
+    """
+
+    concurrency: int | None = None
+    per_instance: int | None = None
+    rate: int | None = None
+    per: float = 1.0
+    key: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("concurrency", "per_instance", "rate"):
+            value = getattr(self, what)
+            if value is not None:
+                _check.integer(f"Limit.{what}", value, 1)
+        if (
+            not isinstance(self.per, int | float)
+            or isinstance(self.per, bool)
+            or not 0 < self.per <= 86400
+        ):
+            raise ConfigurationError(f"Limit.per must be seconds in (0, 86400], not {self.per!r}")
+        if self.key is not None and not callable(self.key):
+            raise ConfigurationError(f"Limit.key must be a function, not {self.key!r}")
+
+    def key_of(self, args: tuple[Any, ...] | list[Any]) -> str | None:
+        """The limit key of a step with these arguments (None without a key function)."""
+        if self.key is None:
+            return None
+        try:
+            value = self.key(*args)
+        except Exception as exc:
+            what = f"{type(exc).__name__}: {exc}"
+            raise PayloadError(f"the limit key function raised {what}") from exc
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise PayloadError(f"a limit key must be a string or an integer, not {value!r}")
+        key = str(value)
+        if not key or len(key) > MAX_LIMIT_KEY:
+            raise PayloadError(f"a limit key must have 1 to {MAX_LIMIT_KEY} characters")
+        return key
+
+
+class _Hold:
+    """A runner's hold of one claimed step: its deadline, moved on by heartbeats."""
+
+    def __init__(self, runner: AgentRunner, request: Request) -> None:
+        self.runner = runner
+        self.request = request
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + request.remaining
+        self.complete_by = request.complete_by
+        self.timeout: asyncio.Timeout | None = None
+
+    async def heartbeat(self, details: Any) -> None:
+        detail = None if details is None else _json.dumps(details, what="heartbeat details")
+        r = self.request
+        try:
+            remaining = await self.runner.store.heartbeat_step(
+                r.task_id, r.seq, r.attempt, self.runner.instance, detail
+            )
+        except StoreError as exc:
+            # Not fatal: the step keeps the complete_by it has; the next beat may get through.
+            logger.warning("heartbeat of %s: %s", r.idempotency_key, exc)
+            return
+        if remaining is None:
+            raise StepLost(
+                f"step {r.idempotency_key} attempt {r.attempt} is no longer held by this call"
+            )
+        self.deadline = self.loop.time() + remaining
+        self.complete_by = datetime.now(UTC) + timedelta(seconds=remaining)
+        if self.timeout is not None:
+            self.timeout.reschedule(self.deadline)
+
+
 class Call:
     """What an operation knows about the call it is serving."""
 
-    task_id: str
-    step: int
-    attempt: int
-    """How many times this step has been dispatched (1 on the first dispatch)."""
-    try_number: int
-    """Calls made so far within this dispatch, this one included."""
-    idempotency_key: str
-    """The same for every retry and re-dispatch of this step: pass it to the remote service."""
-    complete_by: datetime
-    _deadline: float
-    compensates_key: str | None = None
-    """On a compensation: the idempotency key of the step it undoes."""
+    __slots__ = ("_hold", "attempt", "compensates_key", "idempotency_key", "step", "task_id",
+                 "try_number")
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        step: int,
+        attempt: int,
+        try_number: int,
+        idempotency_key: str,
+        hold: _Hold,
+        compensates_key: str | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.step = step
+        self.attempt = attempt
+        """How many times this step has been dispatched (1 on the first dispatch)."""
+        self.try_number = try_number
+        """Calls made so far within this dispatch, this one included."""
+        self.idempotency_key = idempotency_key
+        """The same for every retry and re-dispatch of this step: pass it to the remote
+        service."""
+        self.compensates_key = compensates_key
+        """On a compensation: the idempotency key of the step it undoes."""
+        self._hold = hold
+
+    @property
+    def complete_by(self) -> datetime:
+        """When this call must be done; a heartbeat moves it on."""
+        return self._hold.complete_by
 
     def remaining(self) -> float:
         """Seconds left before complete_by."""
-        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+        return max(0.0, self._hold.deadline - self._hold.loop.time())
+
+    async def heartbeat(self, details: Any = None) -> None:
+        """Tell the store this call is alive: the step's complete_by moves to now + its
+        complete_within (never past the task's complete_by, nor the step's total timeout),
+        and `details` (JSON) are recorded with the step. Raises StepLost when this call no
+        longer holds the step: stop then. From a sync operation use `heartbeat_sync`."""
+        await self._hold.heartbeat(details)
+
+    def heartbeat_sync(self, details: Any = None) -> None:
+        """`heartbeat` for a sync operation (which runs in a thread of its own)."""
+        asyncio.run_coroutine_threadsafe(self._hold.heartbeat(details), self._hold.loop).result()
+
+    def __repr__(self) -> str:
+        return f"<Call {self.idempotency_key} attempt={self.attempt} try={self.try_number}>"
 
 
 OperationFn = Callable[..., Any]
@@ -56,11 +196,19 @@ OperationFn = Callable[..., Any]
 class Operation:
     """One operation of an agent; pass it to `ctx.step`."""
 
-    def __init__(self, agent: Agent, fn: OperationFn, name: str, retry: Retry | None) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        fn: OperationFn,
+        name: str,
+        retry: Retry | None,
+        limit: Limit | None = None,
+    ) -> None:
         self.agent = agent
         self.fn = fn
         self.name = name
         self.retry = retry or agent.retry
+        self.limit = limit
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
 
@@ -80,7 +228,9 @@ class Operation:
 class Agent:
     """A named agent: the operations that call one remote service, and their retry policy."""
 
-    def __init__(self, name: str, *, retry: Retry | None = None) -> None:
+    def __init__(
+        self, name: str, *, retry: Retry | None = None, breaker: Breaker | None = None
+    ) -> None:
         if (
             not isinstance(name, str)
             or not name
@@ -89,17 +239,27 @@ class Agent:
             raise ConfigurationError(f"invalid agent name {name!r}: use letters, digits, - and _")
         if retry is not None and not isinstance(retry, Retry):
             raise ConfigurationError(f"retry must be a stepwarden.Retry, not {retry!r}")
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise ConfigurationError(f"breaker must be a stepwarden.Breaker, not {breaker!r}")
         self.name = name
         self.retry = retry or Retry()
+        self.breaker = breaker
+        """The thresholds of this agent's circuit breaker (one per process); None: none."""
         self.operations: dict[str, Operation] = {}
 
     def operation(
-        self, fn: OperationFn | None = None, *, name: str | None = None, retry: Retry | None = None
+        self,
+        fn: OperationFn | None = None,
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
     ) -> Any:
         """Register an operation; sync and async functions are both accepted.
 
         The function takes a `Call` and then the arguments given to `ctx.step`; it returns a
-        JSON-serialisable value.
+        JSON-serialisable value. `limit` bounds how many of its calls run and start at once
+        (`stepwarden.Limit`).
         """
 
         def register(fn: OperationFn) -> Operation:
@@ -107,10 +267,12 @@ class Agent:
                 raise ConfigurationError(f"an operation must be a function, not {fn!r}")
             if retry is not None and not isinstance(retry, Retry):
                 raise ConfigurationError(f"retry must be a stepwarden.Retry, not {retry!r}")
+            if limit is not None and not isinstance(limit, Limit):
+                raise ConfigurationError(f"limit must be a stepwarden.Limit, not {limit!r}")
             op_name = name or fn.__name__
             if op_name in self.operations:
                 raise ConfigurationError(f"agent {self.name!r} already has operation {op_name!r}")
-            op = Operation(self, fn, op_name, retry)
+            op = Operation(self, fn, op_name, retry, limit)
             self.operations[op_name] = op
             return op
 
@@ -138,31 +300,117 @@ class AgentRunner:
         instance: str,
         concurrency: int = 100,
         poll_interval: float | None = None,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        gone_after: float = DEFAULT_GONE_AFTER,
     ) -> None:
         self.store = store
         self.agent = agent
         self.instance = instance
         self.concurrency = concurrency
         self.poll_interval = poll_interval or store.default_poll_interval
-        self._inflight: set[asyncio.Task[None]] = set()
+        self.heartbeat = heartbeat
+        self.gone_after = gone_after
+        self._inflight: dict[asyncio.Task[None], str] = {}
         self._room = asyncio.Event()
+        self._beat_now = asyncio.Event()
+        self._transitions: list[str] = []
         self._completions: Batcher[StepOutcome, bool] = Batcher(store.complete_steps)
+        self.breaker = (
+            None if agent.breaker is None else CircuitBreaker(agent.breaker, self._on_breaker)
+        )
         self.discarded = 0
+        self.handed_back = 0
+
+    # -- the registry ---------------------------------------------------------------------
+    def _beat(self) -> AgentBeat:
+        return AgentBeat(
+            instance=self.instance,
+            agent=self.agent.name,
+            operations=tuple(sorted(self.agent.operations)),
+            capacity=self.concurrency,
+            inflight=len(self._inflight),
+            breaker=CLOSED if self.breaker is None else self.breaker.state,
+            breaker_detail={} if self.breaker is None else self.breaker.snapshot(),
+        )
+
+    def _on_breaker(self, state: str) -> None:
+        log = logger.warning if state != CLOSED else logger.info
+        log("agent %s (%s): circuit breaker %s", self.agent.name, self.instance, state)
+        self._transitions.append(state)
+        self._beat_now.set()
+        self._room.set()
+
+    async def register(self, stop: asyncio.Event) -> None:
+        """Register in the store before claiming anything, trying again until it works."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self.store.beat([self._beat()], self.gone_after)
+                return
+            except StoreError as exc:
+                failures += 1
+                logger.warning("agent %s: cannot register: %s", self.agent.name, exc)
+                await sleep_unless(stop, min(5.0, 0.1 * 2**failures))
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._beat_now.clear()
+            await first(stop.wait(), self._beat_now.wait(), asyncio.sleep(self.heartbeat))
+            if stop.is_set():
+                return
+            transitions, self._transitions = self._transitions, []
+            try:
+                await self.store.beat([self._beat()], self.gone_after)
+                if transitions:
+                    detail = {"instance": self.instance, "agent": self.agent.name}
+                    await self.store.record_events(
+                        [(None, "breaker", {**detail, "state": t}) for t in transitions]
+                    )
+            except StoreError as exc:
+                self._transitions[:0] = transitions
+                logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
+
+    # -- claiming -------------------------------------------------------------------------
+    def _limits(self) -> dict[str, OpLimit]:
+        limits: dict[str, OpLimit] = {}
+        running: dict[str, int] = {}
+        for name in self._inflight.values():
+            running[name] = running.get(name, 0) + 1
+        for name, op in self.agent.operations.items():
+            lim = op.limit
+            if lim is None:
+                continue
+            room = None if lim.per_instance is None else lim.per_instance - running.get(name, 0)
+            limits[name] = OpLimit(
+                concurrency=lim.concurrency, rate=lim.rate, per=float(lim.per), room=room
+            )
+        return limits
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.register(stop)
         sub = self.store.subscribe(CHANNEL_REQUESTS)
-        operations = sorted(self.agent.operations)
+        beats = asyncio.create_task(self._heartbeats(stop))
         failures = 0
         try:
             while not stop.is_set():
+                self._room.clear()
                 free = self.concurrency - len(self._inflight)
-                if free <= 0:
-                    self._room.clear()
-                    await first(stop.wait(), self._room.wait())
+                trial = None if self.breaker is None else self.breaker.room()
+                if trial is not None:
+                    free = min(free, trial)
+                limits = self._limits()
+                full = {op for op, lim in limits.items() if lim.room is not None and lim.room <= 0}
+                operations = sorted(set(self.agent.operations) - full)
+                if free <= 0 or not operations:
+                    reopens = None if self.breaker is None else self.breaker.reopens_in()
+                    waits: list[Awaitable[Any]] = [stop.wait(), self._room.wait()]
+                    if reopens is not None:
+                        waits.append(asyncio.sleep(reopens))
+                    await first(*waits)
                     continue
                 try:
                     requests = await self.store.claim_requests(
-                        self.instance, self.agent.name, operations, free
+                        self.instance, self.agent.name, operations, free, limits
                     )
                     failures = 0
                 except StoreError as exc:
@@ -172,37 +420,48 @@ class AgentRunner:
                     continue
                 for request in requests:
                     task = asyncio.create_task(self._serve(request))
-                    self._inflight.add(task)
+                    self._inflight[task] = request.operation
                     task.add_done_callback(self._done)
                 if len(requests) < free:
-                    await first(stop.wait(), sub.wait(self.poll_interval))
+                    await first(stop.wait(), sub.wait(self.poll_interval), self._room.wait())
         finally:
             self.store.unsubscribe(CHANNEL_REQUESTS, sub)
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
 
     async def drain(self, timeout: float) -> None:
-        """Let the calls under way finish (up to `timeout` seconds) and write their outcomes."""
+        """Let the calls under way finish (up to `timeout` seconds), write their outcomes,
+        and leave the registry: the steps still running here go to other instances."""
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=timeout)
         for task in set(self._inflight):
             task.cancel()
         await self._completions.drain()
+        try:
+            await self.store.leave(self.instance, [self.agent.name])
+        except StoreError as exc:
+            logger.warning("agent %s: cannot leave the registry: %s", self.agent.name, exc)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
+        self._inflight.pop(task, None)
         self._room.set()
         if not task.cancelled() and task.exception() is not None:
             logger.error(
                 "agent %s: serving a request failed", self.agent.name, exc_info=task.exception()
             )
 
+    # -- serving --------------------------------------------------------------------------
     async def _serve(self, request: Request) -> None:
         op = self.agent.operations[request.operation]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.remaining
+        hold = _Hold(self, request)
+        loop = hold.loop
         args = request.input if isinstance(request.input, list) else [request.input]
         tries = 0
         error: BaseException
         while True:
+            if self.breaker is not None and not self.breaker.allow():
+                await self._hand_back(request, CircuitOpen(f"agent {self.agent.name}: open"))
+                return
             tries += 1
             call = Call(
                 task_id=request.task_id,
@@ -210,20 +469,25 @@ class AgentRunner:
                 attempt=request.attempt,
                 try_number=tries,
                 idempotency_key=request.idempotency_key,
-                complete_by=request.complete_by,
-                _deadline=deadline,
+                hold=hold,
                 compensates_key=(
                     None
                     if request.compensates is None
                     else f"{request.task_id}/{request.compensates}"
                 ),
             )
+            verdict: bool | None = None  # the service answered (True), or failed (False)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(hold.deadline) as hold.timeout:
                     value = await op.invoke(call, args)
+                verdict = True
                 result = _json.dumps(value, what=f"the result of {op.qualname}")
+            except StepLost as exc:
+                logger.info("%s for %s: %s; stopping", op.qualname, request.idempotency_key, exc)
+                return
             except TimeoutError as exc:
-                if loop.time() >= deadline:
+                verdict = False
+                if loop.time() >= hold.deadline:
                     logger.info(
                         "%s for %s: complete_by passed, stopping",
                         op.qualname,
@@ -235,9 +499,19 @@ class AgentRunner:
                 error, permanent = exc, True
             except Exception as exc:
                 error, permanent = exc, op.retry.is_permanent(exc)
+                verdict = permanent
             else:
                 await self._report(request, StepState.COMPLETED, result, None, tries)
                 return
+            finally:
+                hold.timeout = None
+                if self.breaker is not None:
+                    if verdict is True:
+                        self.breaker.success()
+                    elif verdict is False:
+                        self.breaker.failure()
+                    else:
+                        self.breaker.abandon()
             message = f"{type(error).__name__}: {error}"
             if permanent:
                 await self._report(request, StepState.FAILED, None, message, tries)
@@ -252,7 +526,7 @@ class AgentRunner:
                 )
                 return
             delay = op.retry.delay(tries)
-            if loop.time() + delay >= deadline:
+            if loop.time() + delay >= hold.deadline:
                 logger.info(
                     "%s for %s: no time left to retry (%s)",
                     op.qualname,
@@ -269,6 +543,23 @@ class AgentRunner:
                 delay,
             )
             await asyncio.sleep(delay)
+
+    async def _hand_back(self, request: Request, why: CircuitOpen) -> None:
+        handback = RequestHandback(
+            task_id=request.task_id,
+            seq=request.seq,
+            attempt=request.attempt,
+            agent_instance=self.instance,
+            reason=str(why),
+        )
+        try:
+            (back,) = await self.store.hand_back([handback])
+        except StoreError as exc:
+            logger.warning("cannot hand back %s: %s", request.idempotency_key, exc)
+            return
+        if back:
+            self.handed_back += 1
+            logger.info("%s: %s, handed back to the queue", request.idempotency_key, why)
 
     async def _report(
         self, request: Request, state: StepState, result: str | None, error: str | None, tries: int

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from . import _check, _json
 from .agent import Agent, Operation
 from .alerts import AlertSink, LogSink
+from .breaker import Breaker
 from .errors import (
     ActionRefused,
     ConfigurationError,
@@ -33,6 +34,7 @@ from .store import Store, open_store
 from .store.base import (
     CHANNEL_OUTBOX,
     ActionOutcome,
+    AgentInstance,
     EventRecord,
     NewTask,
     OperatorAction,
@@ -88,10 +90,14 @@ class App:
         self.alert_sinks.append(sink)
 
     # -- declarations ---------------------------------------------------------------------
-    def agent(self, name: str, *, retry: Retry | None = None) -> Agent:
+    def agent(
+        self, name: str, *, retry: Retry | None = None, breaker: Breaker | None = None
+    ) -> Agent:
+        """Declare an agent: the operations that call one remote service. `breaker` gives
+        each instance of it a circuit breaker (`stepwarden.Breaker`)."""
         if name in self.agents:
             raise ConfigurationError(f"agent {name!r} is already declared")
-        agent = Agent(name, retry=retry)
+        agent = Agent(name, retry=retry, breaker=breaker)
         self.agents[name] = agent
         return agent
 
@@ -327,6 +333,14 @@ class App:
         limit: int = 100,
     ) -> list[TaskRecord]:
         return self._call(self.tasks_async(state=state, workflow=workflow, limit=limit))
+
+    async def agent_instances_async(self) -> list[AgentInstance]:
+        """The agent registry: every instance, alive or gone (for an hour), with its
+        operations, capacity, calls in flight and circuit breaker."""
+        return await (await self.store()).list_agents()
+
+    def agent_instances(self) -> list[AgentInstance]:
+        return self._call(self.agent_instances_async())
 
     # -- status messages ------------------------------------------------------------------
     async def watch(self, task_id: str) -> AsyncIterator[OutboxMessage]:

@@ -18,12 +18,13 @@ import click
 import orjson
 
 from . import _check, _json
+from .agent import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .app import App, TaskView
-from .errors import StepwardenError
+from .errors import ConfigurationError, StepwardenError
 from .retry import Backoff
 from .states import TaskState
 from .store import open_store
-from .store.base import ActionOutcome, TaskRecord
+from .store.base import ActionOutcome, AgentInstance, TaskRecord
 from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 
@@ -216,6 +217,23 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     help="Seconds finished tasks are kept before the supervisor deletes them.",
 )
 @_opt(
+    "--agent-heartbeat",
+    envvar="STEPWARDEN_AGENT_HEARTBEAT",
+    default=DEFAULT_HEARTBEAT,
+    show_default=True,
+    type=click.FloatRange(min=0.05, max=3600),
+    help="Seconds between each agent instance's heartbeats in the registry.",
+)
+@_opt(
+    "--agent-gone-after",
+    envvar="STEPWARDEN_AGENT_GONE_AFTER",
+    default=DEFAULT_GONE_AFTER,
+    show_default=True,
+    type=click.FloatRange(min=0.1, max=86400),
+    help="Seconds without a heartbeat after which an agent instance is gone and its running "
+    "steps go to another.",
+)
+@_opt(
     "--alert-webhook",
     "alert_webhooks",
     envvar="STEPWARDEN_ALERT_WEBHOOK",
@@ -237,11 +255,18 @@ def worker(
     backoff_max: float,
     drain_timeout: float,
     retention: float,
+    agent_heartbeat: float,
+    agent_gone_after: float,
     alert_webhooks: tuple[str, ...],
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
     app = obj.app(app_ref)
     try:
+        if agent_gone_after <= agent_heartbeat:
+            raise ConfigurationError(
+                f"--agent-gone-after ({agent_gone_after:g}) must be longer than "
+                f"--agent-heartbeat ({agent_heartbeat:g})"
+            )
         options = WorkerOptions(
             roles=parse_roles(roles.split(",")),
             agents=frozenset(a.strip() for a in agents.split(",") if a.strip()) if agents else None,
@@ -253,6 +278,8 @@ def worker(
             backoff=Backoff(initial=backoff_initial, maximum=max(backoff_max, backoff_initial)),
             drain_timeout=drain_timeout,
             retention=retention,
+            agent_heartbeat=agent_heartbeat,
+            agent_gone_after=agent_gone_after,
             alert_webhooks=alert_webhooks,
         )
         Worker(app, options).run_forever()
@@ -353,6 +380,41 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
 
 
 @cli.command()
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_obj
+def agents(obj: _Ctx, as_json: bool) -> None:
+    """List the agent registry: each agent instance, alive or gone, with its capacity, calls
+    in flight and circuit breaker."""
+    url = obj.store_url()
+
+    async def go() -> list[AgentInstance]:
+        store = open_store(url)
+        await store.open(migrate=False)
+        try:
+            return await store.list_agents()
+        finally:
+            await store.close()
+
+    found = _run(go())
+    if as_json:
+        for a in found:
+            click.echo(_json.display({k: _plain(getattr(a, k)) for k in a.__dataclass_fields__}))
+        return
+    if not found:
+        click.echo("no agent instance has registered")
+        return
+    click.echo(
+        f"{'AGENT':<16} {'INSTANCE':<24} {'STATUS':<6} {'INFLIGHT':>8} {'CAPACITY':>8}  "
+        f"{'BREAKER':<9}  HEARTBEAT"
+    )
+    for a in found:
+        click.echo(
+            f"{a.agent:<16} {a.instance:<24} {'alive' if a.alive else 'gone':<6} "
+            f"{a.inflight:>8} {a.capacity:>8}  {a.breaker:<9}  {_time(a.heartbeat_at)}"
+        )
+
+
+@cli.command()
 @click.argument("task_id")
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -411,6 +473,10 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
             f"      dispatched {_time(s.created_at)}  claimed {_time(s.claimed_at)}  "
             f"finished {_time(s.finished_at)}  complete_by {_time(s.complete_by)}"
         )
+        if s.reassignments:
+            click.echo(f"      reassigned {s.reassignments} time(s) (not counted as failures)")
+        if s.heartbeat_at is not None:
+            click.echo(f"      heartbeat {_time(s.heartbeat_at)}  {_json.display(s.heartbeat)}")
         if s.error:
             click.echo(f"      error: {s.error}")
     if view.events:

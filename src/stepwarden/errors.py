@@ -12,6 +12,8 @@ StepwardenError
 ├── ResultTimeout             App.result gave up waiting
 ├── NonDeterminismError       a resumed workflow asked for a different step
 ├── StepFailed                a step failed permanently; raised inside the workflow
+├── StepLost                  Call.heartbeat: this call no longer holds the step
+├── CircuitOpen               a call refused by the agent's open circuit breaker (transient)
 └── PermanentError            raised by an operation: do not retry, report the failure
 """
 
@@ -80,3 +82,12 @@ class StepFailed(StepwardenError):
 
 class PermanentError(StepwardenError):
     """Raise from an operation when retrying cannot help: the step fails at once."""
+
+
+class StepLost(StepwardenError):
+    """Raised by `Call.heartbeat` when this call no longer holds its step (its complete_by
+    passed, or the step was reassigned or closed): stop; whatever it returns is discarded."""
+
+
+class CircuitOpen(StepwardenError):
+    """The agent's circuit breaker is open: the call was not made (a transient failure)."""

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _json
 from ._aio import first, sleep_unless
@@ -31,6 +32,9 @@ from .store.base import (
     step_key,
 )
 from .workflow import Abandon, Context, Workflow
+
+if TYPE_CHECKING:
+    from .agent import Operation
 
 logger = logging.getLogger("stepwarden.scheduler")
 
@@ -57,12 +61,12 @@ class Scheduler:
         instance: str,
         concurrency: int = 1000,
         poll_interval: float | None = None,
-        operations: frozenset[str] | None = None,
+        operations: Mapping[str, Operation] | None = None,
     ) -> None:
         self.store = store
         self.workflows = workflows
         self.operations = operations
-        """The operations ("agent.operation") of the App's agents; None accepts any."""
+        """The operations of the App's agents by "agent.operation"; None accepts any."""
         self.instance = instance
         self.concurrency = concurrency
         self.poll_interval = poll_interval or store.default_poll_interval
@@ -242,6 +246,9 @@ class Scheduler:
                         raise StepFailed(done.name, done.error)
                     assert step.compensation is not None
                     agent, _, operation = step.compensation.partition(".")
+                    undo = (self.operations or {}).get(step.compensation)
+                    args = step.compensation_input
+                    args = args if isinstance(args, list) else [args]
                     dispatch = StepDispatch(
                         kind="new",
                         task_id=task.task_id,
@@ -255,6 +262,9 @@ class Scheduler:
                         priority=task.priority,
                         complete_within=workflow.complete_within.total_seconds(),
                         compensates=step.seq,
+                        limit_key=(
+                            None if undo is None or undo.limit is None else undo.limit.key_of(args)
+                        ),
                     )
                     if done is None:
                         next_seq += 1
@@ -302,11 +312,7 @@ class Scheduler:
                     # Fenced out, or the step finished meanwhile: only the latter lets us go on.
                     record = await self._finished(where)
                 else:
-                    try:
-                        async with asyncio.timeout(max(0.0, got.remaining) + RESULT_SLACK):
-                            record = await future
-                    except TimeoutError:
-                        record = await self._finished(where)
+                    record = await self._result(held, where, future, got.remaining)
             except StoreError as exc:
                 logger.warning(
                     "task %s: store unavailable (%s), leaving it to the supervisor",
@@ -338,6 +344,31 @@ class Scheduler:
             await self.store.record_events([(held.task_id, "alert", detail)])
         except StoreError as exc:
             logger.warning("task %s: cannot record an alert: %s", held.task_id, exc)
+
+    async def _result(
+        self,
+        held: _Held,
+        where: tuple[str, int],
+        future: asyncio.Future[StepRecord],
+        remaining: float,
+    ) -> StepRecord:
+        """Wait for a step's result until its complete_by; while the step is still open for
+        this attempt of the task with its complete_by moved on (a heartbeat, or its agent
+        instance gone and the step reassigned), wait on."""
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, remaining) + RESULT_SLACK):
+                    return await asyncio.shield(future)
+            except TimeoutError:
+                pass
+            found = await self.store.read_step(*where)
+            if found is None:
+                raise Abandon
+            step, remaining = found
+            if step.state in (StepState.COMPLETED, StepState.FAILED):
+                return step
+            if remaining <= 0 or step.task_attempt != held.attempt:
+                raise Abandon
 
     async def _finished(self, where: tuple[str, int]) -> StepRecord:
         found = await self.store.finished_steps([where])

@@ -3,6 +3,8 @@
 It knows nothing of the business operations: it reads the state kept by the schedulers,
 increments failure_count, and releases each expired task (a scheduler picks it up again after
 a backoff) or, at the task's max_failures, gives it up by its on_failure policy with an alert.
+Before that, it hands the running steps of agent instances that stopped heartbeating to
+others (reassignments, not failures), and fails steps past their pick-up or total timeout.
 Several supervisors may run; one is active at a time, by a lease with a term number in the
 store, and every write of a sweep is fenced by that term. The leader also delivers the
 alerts of the outbox to the App's sinks and deletes finished tasks past their retention.
@@ -17,13 +19,15 @@ from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
-from .store.base import Expired, Store
+from .store.base import Expired, StepSwept, Store
 
 logger = logging.getLogger("stepwarden.supervisor")
 
 LEASE = "supervisor"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 """Seconds a finished task is kept (processed, compensated, cancelled)."""
+FORGET_AGENTS_AFTER = 3600.0
+"""Seconds a gone agent instance stays in the registry."""
 
 
 class Supervisor:
@@ -80,6 +84,7 @@ class Supervisor:
         self.term = term
         if term is None:
             return []
+        await self._sweep_steps(term)
         recovered = await self._sweep(term)
         if self.alerts is not None:
             await self.alerts.deliver_due()
@@ -89,6 +94,32 @@ class Supervisor:
             if purged:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
+
+    async def _sweep_steps(self, term: int) -> list[StepSwept]:
+        """Steps of gone agent instances to others; steps past their pick-up or total
+        timeout failed."""
+        swept: list[StepSwept] = []
+        while True:
+            batch = await self.store.sweep_steps(
+                lease=LEASE,
+                holder=self.instance,
+                term=term,
+                limit=self.batch,
+                forget_after=FORGET_AGENTS_AFTER,
+            )
+            for s in batch:
+                if s.kind == "reassigned":
+                    logger.warning(
+                        "task %s: step %d reassigned: agent instance %s is gone",
+                        s.task_id,
+                        s.seq,
+                        s.instance,
+                    )
+                else:
+                    logger.warning("task %s: step %d failed: %s timeout", s.task_id, s.seq, s.kind)
+            swept.extend(batch)
+            if len(batch) < self.batch:
+                return swept
 
     async def _sweep(self, term: int) -> list[Expired]:
         recovered: list[Expired] = []

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .agent import AgentRunner
+from .agent import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import ConfigurationError, UnknownNameError
@@ -35,7 +35,12 @@ class WorkerOptions:
     concurrency: int = 1000
     """Workflows a scheduler drives at once."""
     agent_concurrency: int = 100
-    """Calls each agent makes at once."""
+    """Calls each agent makes at once (its capacity in the registry)."""
+    agent_heartbeat: float = DEFAULT_HEARTBEAT
+    """Seconds between an agent instance's heartbeats in the registry."""
+    agent_gone_after: float = DEFAULT_GONE_AFTER
+    """Seconds without a heartbeat after which an agent instance is gone and the supervisor
+    hands its running steps to another."""
     poll_interval: float | None = None
     supervisor_interval: float = 1.0
     lease_ttl: float | None = None
@@ -98,11 +103,11 @@ class Worker:
                 instance=f"scheduler-{self.instance}",
                 concurrency=opts.concurrency,
                 poll_interval=opts.poll_interval,
-                operations=frozenset(
-                    op.qualname
+                operations={
+                    op.qualname: op
                     for agent in self.app.agents.values()
                     for op in agent.operations.values()
-                ),
+                },
             )
             first_roles.append(
                 asyncio.create_task(scheduler.run(self.stop, drain_timeout=opts.drain_timeout))
@@ -117,6 +122,8 @@ class Worker:
                     instance=f"agent-{self.instance}",
                     concurrency=opts.agent_concurrency,
                     poll_interval=opts.poll_interval,
+                    heartbeat=opts.agent_heartbeat,
+                    gone_after=opts.agent_gone_after,
                 )
                 runners.append(runner)
                 other_roles.append(asyncio.create_task(runner.run(later)))

@@ -27,10 +27,10 @@ MAX_COMPLETE_WITHIN = timedelta(days=365)
 """The longest claim of a task or a step: complete_by must stay a date both stores hold."""
 
 
-def _check_within(what: str, value: object) -> None:
+def _check_within(what: str, value: object, option: str = "complete_within") -> None:
     if not isinstance(value, timedelta) or not timedelta(0) < value <= MAX_COMPLETE_WITHIN:
         raise ConfigurationError(
-            f"{what}: complete_within must be a timedelta, positive and at most "
+            f"{what}: {option} must be a timedelta, positive and at most "
             f"{MAX_COMPLETE_WITHIN.days} days, not {_check.shown(value)}"
         )
 
@@ -81,6 +81,8 @@ class Context:
         complete_within: timedelta | None = None,
         name: str | None = None,
         compensate: Operation | None = None,
+        pickup_within: timedelta | None = None,
+        total_within: timedelta | None = None,
     ) -> Any:
         """Run `operation(*args)` through its agent and return its result.
 
@@ -91,6 +93,11 @@ class Context:
         `compensate` names the operation that undoes this step, should the task fail later:
         it is recorded with the step and called with the same arguments (its `Call` names
         the step it undoes in `compensates_key`).
+
+        `complete_within` bounds each dispatch of the step (a `Call.heartbeat` extends it);
+        `pickup_within`: the step fails when no agent claims a dispatch of it in that time;
+        `total_within`: the step fails when not completed that long after its first
+        dispatch, across every attempt.
         """
         known = self._scheduler.operations
         for op in (operation, compensate):
@@ -102,8 +109,13 @@ class Context:
         seq = self._next_seq
         self._next_seq += 1
         step_name = name or operation.qualname
-        if complete_within is not None:
-            _check_within(f"step {step_name!r}", complete_within)
+        for what, value in (
+            ("complete_within", complete_within),
+            ("pickup_within", pickup_within),
+            ("total_within", total_within),
+        ):
+            if value is not None:
+                _check_within(f"step {step_name!r}", value, what)
         within = complete_within or self._scheduler.workflow_of(self._held).complete_within
         recorded = self._recorded.get(seq)
         first = StepDispatch(
@@ -121,7 +133,13 @@ class Context:
         )
         if recorded is None:
             payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
-            new = replace(first, input=payload)
+            new = replace(
+                first,
+                input=payload,
+                limit_key=None if operation.limit is None else operation.limit.key_of(args),
+                pickup_within=None if pickup_within is None else pickup_within.total_seconds(),
+                total_within=None if total_within is None else total_within.total_seconds(),
+            )
             if compensate is not None:
                 new = replace(new, compensation=compensate.qualname, compensation_input=payload)
             return await self._scheduler.run_step(self._held, new, step_name)

@@ -33,7 +33,16 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
   connection drops before the reply arrives) until the key has been called more than this
   often;
 - `undo`: the step's compensation is `svc.undo`, whose own spec is this value (the same keys
-  as a step's).
+  as a step's);
+- `op`: another operation than `svc.act`, each doing what `svc.act` does: `edge.act` (agent
+  `edge` has a circuit breaker that opens after 3 failures; its service is down in a process
+  started with SCENARIO_DOWN=1: every call raises ConnectionError before the effect);
+  `lim.pair` (at most 2 running at once across processes), `lim.each` (1 at once per
+  `customer` of the spec), `lim.rated` (4 starts per second), `lim.here` (1 at once per
+  agent instance);
+- `heartbeat`: `{"for": s, "every": s}`: run `for` seconds, calling `call.heartbeat_sync`
+  every `every` seconds (details: the beat's number);
+- `pickup_within`, `total_within`: the step's pick-up and total timeouts, in seconds.
 """
 
 from __future__ import annotations
@@ -216,12 +225,24 @@ async def _block_async(call: sw.Call, spec: dict[str, Any], *, after_effect: boo
     return cancelled
 
 
+DOWN_ENV = "SCENARIO_DOWN"
+
+
 def _act(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
     call_id, count = _start_call(call)
     try:
+        if os.environ.get(DOWN_ENV) == "1" and spec.get("op") == "edge.act":
+            raise ConnectionError("the service is down (from this process)")
         _block(call, spec, after_effect=False)
         if spec.get("work"):
             time.sleep(spec["work"])  # simulated latency of the remote service
+        if "heartbeat" in spec:
+            end = time.monotonic() + spec["heartbeat"]["for"]
+            beat = 0
+            while time.monotonic() < end:
+                time.sleep(spec["heartbeat"]["every"])
+                beat += 1
+                call.heartbeat_sync({"beat": beat})
         result = _effect(call, spec, count)
         _block(call, spec, after_effect=True)
     except BaseException as exc:
@@ -258,18 +279,38 @@ def build_app(store: str) -> sw.App:
     act = svc.operation(_act, name="act")
     act_async = svc.operation(_act_async, name="act_async")
     undo = svc.operation(_undo, name="undo")
+    edge = app.agent(
+        "edge",
+        retry=sw.Retry(max_attempts=3, initial=0.05, maximum=0.1),
+        breaker=sw.Breaker(failures=3, reset_after=60),
+    )
+    lim = app.agent("lim")
+    ops = {
+        "svc.act": act,
+        "edge.act": edge.operation(_act, name="act"),
+        "lim.pair": lim.operation(_act, name="pair", limit=sw.Limit(concurrency=2)),
+        "lim.each": lim.operation(
+            _act, name="each", limit=sw.Limit(concurrency=1, key=lambda spec: spec["customer"])
+        ),
+        "lim.rated": lim.operation(_act, name="rated", limit=sw.Limit(rate=4, per=1.0)),
+        "lim.here": lim.operation(_act, name="here", limit=sw.Limit(per_instance=1)),
+    }
+
+    def seconds(value: float | None) -> timedelta | None:
+        return None if value is None else timedelta(seconds=value)
 
     async def run_steps(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
         _record_run(ctx.task_id, ctx.attempt)
         results = []
         for step in spec["steps"]:
-            within = step.get("within")
             results.append(
                 await ctx.step(
-                    act_async if step.get("async") else act,
+                    act_async if step.get("async") else ops[step.get("op", "svc.act")],
                     step,
-                    complete_within=timedelta(seconds=within) if within else None,
+                    complete_within=seconds(step.get("within")),
                     compensate=undo if "undo" in step else None,
+                    pickup_within=seconds(step.get("pickup_within")),
+                    total_within=seconds(step.get("total_within")),
                 )
             )
         return results

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, StepState, TaskState
+from ..states import ABANDONED, FINISHED_TASK_STATES, OPERATOR_ACTIONS, StepState, TaskState
 
 CHANNEL_TASKS = "tasks"
 """Woken when tasks become pending."""
@@ -94,6 +94,13 @@ class StepRecord:
     compensation_input: Any = None
     compensates: int | None = None
     """On a compensation step: the seq of the step it undoes."""
+    reassignments: int = 0
+    """Times the step was handed to another agent instance (its holder gone, or its
+    breaker open) without a failure counted."""
+    heartbeat: Any = None
+    """The details of the step's last heartbeat (`Call.heartbeat`)."""
+    heartbeat_at: datetime | None = None
+    limit_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +135,9 @@ class StepDispatch:
     compensation: str | None = None  # "agent.operation"; only for kind == "new"
     compensation_input: str | None = None  # JSON text; only for kind == "new"
     compensates: int | None = None  # the seq undone, on a compensation step
+    limit_key: str | None = None  # the key of the operation's limits; only for kind == "new"
+    pickup_within: float | None = None  # only for kind == "new"
+    total_within: float | None = None  # only for kind == "new"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +212,128 @@ class Expired:
     seq: int | None  # the expired step, or None when the task itself expired
     failure_count: int
     process_state: TaskState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSwept:
+    """What one supervisor sweep did to one open step, besides expiries: `reassigned` (its
+    agent instance is gone: queued again, attempt + 1, failure_count unchanged), `pickup`
+    (no agent claimed it within its pick-up timeout: failed) or `total` (not completed within
+    its total timeout: failed)."""
+
+    task_id: str
+    seq: int
+    kind: Literal["reassigned", "pickup", "total"]
+    agent: str
+    instance: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentBeat:
+    """One agent instance's heartbeat: who it is, what it serves and how it is doing."""
+
+    instance: str
+    agent: str
+    operations: tuple[str, ...]
+    capacity: int
+    inflight: int
+    breaker: str
+    breaker_detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentInstance:
+    """An agent instance as the registry knows it; `alive` while its heartbeats arrive."""
+
+    instance: str
+    agent: str
+    operations: tuple[str, ...]
+    capacity: int
+    inflight: int
+    breaker: str
+    breaker_detail: dict[str, Any]
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpLimit:
+    """The limits an agent instance claims one operation under: across every process
+    (`concurrency`: steps running at once; `rate` starts per `per` seconds, each per limit
+    key when the operation has a key), and its own room (`room`: more calls it may start)."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float = 1.0
+    room: int | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.concurrency is not None or self.rate is not None
+
+
+SCAN = 1000
+"""How many queued requests a claim within limits looks at, past those it may not start."""
+
+
+def pickup_error(pickup_within: float) -> str:
+    return f"not picked up: no agent claimed the step within {pickup_within:g}s"
+
+
+def total_error(total: float, state: str, attempt: int) -> str:
+    """A step past its total timeout; one that was running, or ran before, is abandoned: it
+    may have taken effect, and is compensated like any abandoned step."""
+    text = f"total timeout: not completed within {total:g}s of its first dispatch"
+    return ABANDONED + text if state == StepState.RUNNING or attempt > 1 else text
+
+
+def pick_within_limits(
+    candidates: Sequence[tuple[str, str | None]],
+    limits: Mapping[str, OpLimit],
+    running: Mapping[tuple[str, str], int],
+    started: Mapping[tuple[str, str], int],
+    limit: int,
+) -> list[int]:
+    """Which of the queued requests (operation, limit key), in claim order, may start now:
+    the positions of at most `limit` of them that keep each operation within its limits,
+    given the steps `running` and the starts within each rate's period (`started`), both by
+    (operation, key) with "" for no key. Requests of an operation with no limits all may."""
+    running = dict(running)
+    started = dict(started)
+    room = {op: lim.room for op, lim in limits.items() if lim.room is not None}
+    chosen: list[int] = []
+    for i, (op, key) in enumerate(candidates):
+        if len(chosen) >= limit:
+            break
+        lim = limits.get(op)
+        if lim is not None:
+            k = (op, key or "")
+            if op in room and room[op] <= 0:
+                continue
+            if lim.concurrency is not None and running.get(k, 0) >= lim.concurrency:
+                continue
+            if lim.rate is not None and started.get(k, 0) >= lim.rate:
+                continue
+            running[k] = running.get(k, 0) + 1
+            started[k] = started.get(k, 0) + 1
+            if op in room:
+                room[op] -= 1
+        chosen.append(i)
+    return chosen
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestHandback:
+    """An agent instance giving a claimed request back to the queue, untried or to be tried
+    elsewhere (its breaker is open): running -> not_started, fenced like an outcome."""
+
+    task_id: str
+    seq: int
+    attempt: int
+    agent_instance: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -479,13 +611,55 @@ class Store(abc.ABC):
         on_failure is "stop"; compensated; compensation_failed, with an alert event. The
         task's open steps are closed (failed, abandoned)."""
 
+    @abc.abstractmethod
+    async def read_step(self, task_id: str, seq: int) -> tuple[StepRecord, float] | None:
+        """The step and the seconds until its complete_by (by the database clock; negative
+        once passed), or None when there is no such step."""
+
     # -- the agents -----------------------------------------------------------------------
     @abc.abstractmethod
     async def claim_requests(
-        self, instance: str, agent: str, operations: Sequence[str], limit: int
+        self,
+        instance: str,
+        agent: str,
+        operations: Sequence[str],
+        limit: int,
+        limits: Mapping[str, OpLimit] | None = None,
     ) -> list[Request]:
-        """Claim up to `limit` queued requests in time for these operations: the steps go
-        from not_started to running, locked_by the agent instance."""
+        """Claim up to `limit` queued requests in time for these operations, by priority
+        then age: the steps go from not_started to running, locked_by the agent instance.
+        An operation in `limits` is claimed only within them: its concurrency and rate
+        across every process (per limit key; claims of one agent's limited operations are
+        serialised), and its `room` in this instance."""
+
+    @abc.abstractmethod
+    async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]:
+        """Put claimed requests back in the queue for another instance (running ->
+        not_started, the same attempt, reassignments + 1), each only if still running under
+        the given attempt and instance."""
+
+    @abc.abstractmethod
+    async def heartbeat_step(
+        self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
+    ) -> float | None:
+        """Record a running step's heartbeat (`detail`: JSON text) and extend its
+        complete_by to now + its complete_within, never past its task's complete_by nor its
+        total timeout; the seconds now left, or None when the step is no longer running
+        under this attempt and instance, or its complete_by has passed."""
+
+    @abc.abstractmethod
+    async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
+        """Register or refresh agent instances; each is gone `ttl` seconds after its last
+        beat (by the database clock)."""
+
+    @abc.abstractmethod
+    async def leave(self, instance: str, agents: Sequence[str]) -> None:
+        """An instance stopping: its registry rows expire now (its running steps are
+        reassigned by the next sweep)."""
+
+    @abc.abstractmethod
+    async def list_agents(self) -> list[AgentInstance]:
+        """The registry: every agent instance, alive or gone, by agent then start."""
 
     @abc.abstractmethod
     async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
@@ -525,6 +699,17 @@ class Store(abc.ABC):
         by its on_failure (compensate: compensating; retry: pending, the backoff growing on;
         stop: error), a compensating one to compensation_failed. Nothing is written when the
         lease is no longer held at `term`."""
+
+    @abc.abstractmethod
+    async def sweep_steps(
+        self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
+    ) -> list[StepSwept]:
+        """Under the lease (holder, term): reassign the running steps of gone agent
+        instances (not_started, attempt + 1, reassignments + 1, a fresh complete_by within
+        the task's; failure_count unchanged), fail the steps no agent claimed within their
+        pick-up timeout and the open steps past their total timeout (an open one as
+        abandoned: it may have taken effect), and forget instances gone for `forget_after`
+        seconds. Nothing is written when the lease is no longer held at `term`."""
 
     # -- wake-ups -------------------------------------------------------------------------
     def subscribe(self, channel: str) -> Subscription:

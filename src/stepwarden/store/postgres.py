@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -138,6 +139,25 @@ def step_record(row: DictRow) -> StepRecord:
         compensation=row["compensation"],
         compensation_input=loads(row["compensation_input"]),
         compensates=row["compensates"],
+        reassignments=row["reassignments"],
+        heartbeat=loads(row["heartbeat"]),
+        heartbeat_at=row["heartbeat_at"],
+        limit_key=row["limit_key"],
+    )
+
+
+def _request(r: DictRow) -> Request:
+    return Request(
+        task_id=r["task_id"],
+        seq=r["seq"],
+        attempt=r["attempt"],
+        agent=r["agent"],
+        operation=r["operation"],
+        input=loads(r["input"]),
+        idempotency_key=r["idempotency_key"],
+        complete_by=r["complete_by"],
+        remaining=r["remaining"],
+        compensates=r["compensates"],
     )
 
 
@@ -715,6 +735,9 @@ class PostgresStore(Store):
                     "compensation": [d.compensation for d in ds],
                     "compensation_input": [d.compensation_input for d in ds],
                     "compensates": [d.compensates for d in ds],
+                    "pickup_within": [d.pickup_within for d in ds],
+                    "total_within": [d.total_within for d in ds],
+                    "limit_key": [d.limit_key for d in ds],
                 }
                 cursors.append(await self._queue(conn, Q["dispatch_new"], params))
             for kind, positions in (("redispatch", again), ("adopt", adopt)):
@@ -757,6 +780,10 @@ class PostgresStore(Store):
         params = {"task_id": [k[0] for k in keys], "seq": [k[1] for k in keys]}
         return [step_record(r) for r in await self._read(Q["finished_steps"], params)]
 
+    async def read_step(self, task_id: str, seq: int) -> tuple[StepRecord, float] | None:
+        rows = await self._read(Q["read_step"], {"task_id": task_id, "seq": seq})
+        return (step_record(rows[0]), float(rows[0]["remaining"])) if rows else None
+
     async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
         if not batch:
             return []
@@ -789,32 +816,130 @@ class PostgresStore(Store):
 
     # -- the agents -----------------------------------------------------------------------
     async def claim_requests(
-        self, instance: str, agent: str, operations: Sequence[str], limit: int
+        self,
+        instance: str,
+        agent: str,
+        operations: Sequence[str],
+        limit: int,
+        limits: Mapping[str, OpLimit] | None = None,
     ) -> list[Request]:
         if limit <= 0 or not operations:
             return []
-        params = {
-            "instance": instance,
-            "agent": agent,
-            "operations": list(operations),
-            "limit": limit,
-        }
-        rows = await self._read(Q["claim_requests"], params)
+        limits = {op: lim for op, lim in (limits or {}).items() if op in operations}
+        params: dict[str, Any] = {"agent": agent, "operations": list(operations)}
+        if limits:
+            rows = await self._claim_limited(instance, params, limits, limit)
+        else:
+            params.update(instance=instance, limit=limit)
+            rows = await self._read(Q["claim_requests"], params)
         rows.sort(key=lambda r: (-r["priority"], r["dispatched_at"]))
-        return [
-            Request(
-                task_id=r["task_id"],
-                seq=r["seq"],
-                attempt=r["attempt"],
-                agent=r["agent"],
-                operation=r["operation"],
-                input=loads(r["input"]),
-                idempotency_key=r["idempotency_key"],
-                complete_by=r["complete_by"],
-                remaining=r["remaining"],
-                compensates=r["compensates"],
+        return [_request(r) for r in rows]
+
+    async def _claim_limited(
+        self, instance: str, params: dict[str, Any], limits: dict[str, OpLimit], limit: int
+    ) -> list[DictRow]:
+        rated = {op: lim.per for op, lim in limits.items() if lim.rate is not None}
+        async with self._transaction() as conn:
+            await conn.execute(Q["limits_lock"], {"agent": params["agent"]})
+            found = await self._queue(conn, Q["limited_candidates"], {**params, "scan": SCAN})
+            running = await self._queue(conn, Q["running_counts"], params)
+            started = await self._queue(
+                conn,
+                Q["start_counts"],
+                {"agent": params["agent"], "rated": list(rated), "per": list(rated.values())},
             )
-            for r in rows
+            candidates = await found.fetchall()
+            chosen = pick_within_limits(
+                [(r["operation"], r["limit_key"]) for r in candidates],
+                limits,
+                {(r["operation"], r["limit_key"]): r["n"] for r in await running.fetchall()},
+                {(r["operation"], r["limit_key"]): r["n"] for r in await started.fetchall()},
+                limit,
+            )
+            if not chosen:
+                return []
+            picked = [candidates[i] for i in chosen]
+            return await self._rows(
+                conn,
+                Q["claim_chosen"],
+                {
+                    "task_id": [r["task_id"] for r in picked],
+                    "seq": [r["seq"] for r in picked],
+                    "instance": instance,
+                    "rated": list(rated),
+                },
+            )
+
+    async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]:
+        if not batch:
+            return []
+        params = {
+            "task_id": [h.task_id for h in batch],
+            "seq": [h.seq for h in batch],
+            "attempt": [h.attempt for h in batch],
+            "instance": [h.agent_instance for h in batch],
+            "reason": [h.reason for h in batch],
+            "ord": list(range(len(batch))),
+        }
+        notices = _Notices()
+        async with self._transaction() as conn:
+            rows = await self._rows(conn, Q["hand_back"], params)
+            if rows:
+                notices.requests(sorted({r["agent"] for r in rows}))
+                await notices.send(conn)
+        notices.publish(self)
+        back = {r["ord"] for r in rows}
+        return [i in back for i in range(len(batch))]
+
+    async def heartbeat_step(
+        self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
+    ) -> float | None:
+        params = {
+            "task_id": task_id,
+            "seq": seq,
+            "attempt": attempt,
+            "instance": instance,
+            "detail": detail,
+        }
+        rows = await self._read(Q["heartbeat_step"], params)
+        return float(rows[0]["remaining"]) if rows else None
+
+    async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
+        if not beats:
+            return
+        params = {
+            "instance": [b.instance for b in beats],
+            "agent": [b.agent for b in beats],
+            "operations": [orjson.dumps(list(b.operations)).decode() for b in beats],
+            "capacity": [b.capacity for b in beats],
+            "inflight": [b.inflight for b in beats],
+            "breaker": [b.breaker for b in beats],
+            "breaker_detail": [orjson.dumps(b.breaker_detail).decode() for b in beats],
+            "ttl": float(ttl),
+        }
+        async with self._connection() as conn:
+            await conn.execute(Q["agent_beat"], params)
+
+    async def leave(self, instance: str, agents: Sequence[str]) -> None:
+        async with self._connection() as conn:
+            await conn.execute(Q["agent_leave"], {"instance": instance, "agents": list(agents)})
+
+    async def list_agents(self) -> list[AgentInstance]:
+        return [
+            AgentInstance(
+                instance=r["instance"],
+                agent=r["agent"],
+                operations=tuple(loads(r["operations"])),
+                capacity=r["capacity"],
+                inflight=r["inflight"],
+                breaker=r["breaker"],
+                breaker_detail=loads(r["breaker_detail"]),
+                started_at=r["started_at"],
+                heartbeat_at=r["heartbeat_at"],
+                expires_at=r["expires_at"],
+                alive=r["alive"],
+            )
+            for r in await self._read(Q["list_agents"], {})
         ]
 
     async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
@@ -961,6 +1086,45 @@ class PostgresStore(Store):
             await notices.send(conn)
         notices.publish(self)
         return expired
+
+    async def sweep_steps(
+        self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
+    ) -> list[StepSwept]:
+        if limit <= 0:
+            return []
+        notices = _Notices()
+        params = {
+            "limit": limit,
+            "holder": holder,
+            "term": term,
+            "forget_after": float(forget_after),
+        }
+        async with self._transaction() as conn:
+            held = await self._queue(
+                conn, Q["lock_lease"], {"name": lease, "holder": holder, "term": term}
+            )
+            if not await held.fetchall():
+                return []
+            rows = await self._rows(conn, Q["sweep_steps"], params)
+            swept = [
+                StepSwept(
+                    task_id=r["task_id"],
+                    seq=r["seq"],
+                    kind=r["kind"],
+                    agent=r["agent"],
+                    instance=r["locked_by"],
+                )
+                for r in rows
+            ]
+            agents = sorted({s.agent for s in swept if s.kind == "reassigned"})
+            if agents:
+                notices.requests(agents)
+            failed = [step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"]
+            if failed:
+                notices.listed(CHANNEL_RESULTS, failed)
+            await notices.send(conn)
+        notices.publish(self)
+        return swept
 
     # -- wake-ups -------------------------------------------------------------------------
     async def listen(self) -> None:

@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -116,6 +116,25 @@ def step_record(row: sqlite3.Row) -> StepRecord:
         compensation=row["compensation"],
         compensation_input=loads(row["compensation_input"]),
         compensates=row["compensates"],
+        reassignments=row["reassignments"],
+        heartbeat=loads(row["heartbeat"]),
+        heartbeat_at=_dt(row["heartbeat_at"]),
+        limit_key=row["limit_key"],
+    )
+
+
+def _request(r: sqlite3.Row, now: float) -> Request:
+    return Request(
+        task_id=r["task_id"],
+        seq=r["seq"],
+        attempt=r["attempt"],
+        agent=r["agent"],
+        operation=r["operation"],
+        input=loads(r["input"]),
+        idempotency_key=r["idempotency_key"],
+        complete_by=_dt_required(r["complete_by"]),
+        remaining=r["complete_by"] - now,
+        compensates=r["compensates"],
     )
 
 
@@ -553,6 +572,9 @@ class SQLiteStore(Store):
                         compensation=d.compensation,
                         compensation_input=d.compensation_input,
                         compensates=d.compensates,
+                        pickup_within=d.pickup_within,
+                        total_within=d.total_within,
+                        limit_key=d.limit_key,
                     )
                     row = conn.execute(Q["dispatch_new"], params).fetchone()
                 else:
@@ -590,6 +612,14 @@ class SQLiteStore(Store):
             return found
 
         return await self._run(read) if keys else []
+
+    async def read_step(self, task_id: str, seq: int) -> tuple[StepRecord, float] | None:
+        def read(conn: sqlite3.Connection) -> tuple[StepRecord, float] | None:
+            now = time.time()
+            row = conn.execute(Q["read_step"], {"task_id": task_id, "seq": seq}).fetchone()
+            return None if row is None else (step_record(row), row["complete_by"] - now)
+
+        return await self._run(read)
 
     async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
         def finish(conn: sqlite3.Connection) -> list[TaskState | None]:
@@ -633,46 +663,166 @@ class SQLiteStore(Store):
 
     # -- the agents -----------------------------------------------------------------------
     async def claim_requests(
-        self, instance: str, agent: str, operations: Sequence[str], limit: int
+        self,
+        instance: str,
+        agent: str,
+        operations: Sequence[str],
+        limit: int,
+        limits: Mapping[str, OpLimit] | None = None,
     ) -> list[Request]:
+        limits = {op: lim for op, lim in (limits or {}).items() if op in operations}
         ops = orjson.dumps(list(operations)).decode()
 
         def peek(conn: sqlite3.Connection) -> bool:
             params = {"agent": agent, "operations": ops, "now": time.time()}
             return bool(conn.execute(Q["any_request"], params).fetchone())
 
-        if limit <= 0 or not await self._run(peek):
+        if limit <= 0 or not operations or not await self._run(peek):
             return []
 
         def claim(conn: sqlite3.Connection) -> list[Request]:
             now = time.time()
-            rows = conn.execute(
-                Q["claim_requests"],
+            params = {"instance": instance, "agent": agent, "operations": ops, "now": now}
+            rows = conn.execute(Q["claim_requests"], {**params, "limit": limit}).fetchall()
+            rows.sort(key=lambda r: (-r["priority"], r["dispatched_at"]))
+            return [_request(r, now) for r in rows]
+
+        def claim_limited(conn: sqlite3.Connection) -> list[Request]:
+            # BEGIN IMMEDIATE makes this claim exclusive: the counts hold until commit.
+            now = time.time()
+            params = {"agent": agent, "operations": ops, "now": now}
+            found = conn.execute(Q["limited_candidates"], {**params, "scan": SCAN}).fetchall()
+            running = {
+                (r["operation"], r["limit_key"]): r["n"]
+                for r in conn.execute(Q["running_counts"], params)
+            }
+            started: dict[tuple[str, str], int] = {}
+            for op, lim in limits.items():
+                if lim.rate is not None:
+                    q = {"agent": agent, "operation": op, "since": now - lim.per}
+                    conn.execute(Q["forget_starts"], q)
+                    for r in conn.execute(Q["start_counts"], q):
+                        started[(op, r["limit_key"])] = r["n"]
+            chosen = pick_within_limits(
+                [(r["operation"], r["limit_key"]) for r in found], limits, running, started, limit
+            )
+            out = []
+            for i in chosen:
+                one = {"instance": instance, "task_id": found[i]["task_id"], "now": now}
+                r = conn.execute(Q["claim_one"], {**one, "seq": found[i]["seq"]}).fetchone()
+                if r is None:
+                    continue
+                rated = limits.get(r["operation"])
+                if rated is not None and rated.rate is not None:
+                    start = {"agent": agent, "operation": r["operation"], "now": now}
+                    conn.execute(Q["record_start"], {**start, "limit_key": r["limit_key"] or ""})
+                out.append(_request(r, now))
+            return out
+
+        return await self._write(claim_limited if limits else claim)
+
+    async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]:
+        def hand_back(conn: sqlite3.Connection) -> list[str | None]:
+            now = time.time()
+            out: list[str | None] = []
+            for h in batch:
+                row = conn.execute(
+                    Q["hand_back"],
+                    {
+                        "task_id": h.task_id,
+                        "seq": h.seq,
+                        "attempt": h.attempt,
+                        "instance": h.agent_instance,
+                        "now": now,
+                    },
+                ).fetchone()
+                if row is not None:
+                    detail = {
+                        "seq": h.seq,
+                        "attempt": h.attempt,
+                        "from": h.agent_instance,
+                        "reason": h.reason,
+                    }
+                    _event(conn, h.task_id, "handed_back", detail, now)
+                out.append(None if row is None else row["agent"])
+            return out
+
+        agents = await self._write(hand_back) if batch else []
+        if any(agents):
+            self.notifier.publish(CHANNEL_REQUESTS, sorted({a for a in agents if a}))
+        return [a is not None for a in agents]
+
+    async def heartbeat_step(
+        self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
+    ) -> float | None:
+        def beat(conn: sqlite3.Connection) -> float | None:
+            now = time.time()
+            row = conn.execute(
+                Q["heartbeat_step"],
                 {
+                    "task_id": task_id,
+                    "seq": seq,
+                    "attempt": attempt,
                     "instance": instance,
-                    "agent": agent,
-                    "operations": ops,
-                    "limit": limit,
+                    "detail": detail,
                     "now": now,
                 },
-            ).fetchall()
+            ).fetchone()
+            return None if row is None else float(row["complete_by"] - now)
+
+        return await self._write(beat)
+
+    async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
+        def beat(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            for b in beats:
+                conn.execute(
+                    Q["agent_beat"],
+                    {
+                        "instance": b.instance,
+                        "agent": b.agent,
+                        "operations": orjson.dumps(list(b.operations)).decode(),
+                        "capacity": b.capacity,
+                        "inflight": b.inflight,
+                        "breaker": b.breaker,
+                        "breaker_detail": orjson.dumps(b.breaker_detail).decode(),
+                        "now": now,
+                        "ttl": ttl,
+                    },
+                )
+
+        if beats:
+            await self._write(beat)
+
+    async def leave(self, instance: str, agents: Sequence[str]) -> None:
+        params = {
+            "instance": instance,
+            "agents": orjson.dumps(list(agents)).decode(),
+            "now": time.time(),
+        }
+        await self._write(lambda conn: conn.execute(Q["agent_leave"], params))
+
+    async def list_agents(self) -> list[AgentInstance]:
+        def read(conn: sqlite3.Connection) -> list[AgentInstance]:
+            rows = conn.execute(Q["list_agents"], {"now": time.time()}).fetchall()
             return [
-                Request(
-                    task_id=r["task_id"],
-                    seq=r["seq"],
-                    attempt=r["attempt"],
+                AgentInstance(
+                    instance=r["instance"],
                     agent=r["agent"],
-                    operation=r["operation"],
-                    input=loads(r["input"]),
-                    idempotency_key=r["idempotency_key"],
-                    complete_by=_dt_required(r["complete_by"]),
-                    remaining=r["complete_by"] - now,
-                    compensates=r["compensates"],
+                    operations=tuple(loads(r["operations"])),
+                    capacity=r["capacity"],
+                    inflight=r["inflight"],
+                    breaker=r["breaker"],
+                    breaker_detail=loads(r["breaker_detail"]),
+                    started_at=_dt_required(r["started_at"]),
+                    heartbeat_at=_dt_required(r["heartbeat_at"]),
+                    expires_at=_dt_required(r["expires_at"]),
+                    alive=bool(r["alive"]),
                 )
                 for r in rows
             ]
 
-        return await self._write(claim)
+        return await self._run(read)
 
     async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
         def complete(conn: sqlite3.Connection) -> list[bool]:

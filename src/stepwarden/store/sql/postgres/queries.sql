@@ -85,10 +85,12 @@ WITH d AS (
                          %(operation)s::text[], %(priority)s::int[],
                          %(complete_within)s::float8[], %(idempotency_key)s::text[],
                          %(input)s::text[], %(ord)s::int[], %(compensation)s::text[],
-                         %(compensation_input)s::text[], %(compensates)s::int[])
+                         %(compensation_input)s::text[], %(compensates)s::int[],
+                         %(pickup_within)s::float8[], %(total_within)s::float8[],
+                         %(limit_key)s::text[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
              complete_within, idempotency_key, input, ord, compensation, compensation_input,
-             compensates)
+             compensates, pickup_within, total_within, limit_key)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -104,11 +106,14 @@ WITH d AS (
     INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
                                   task_attempt, priority, complete_by, idempotency_key, input,
                                   created_at, dispatched_at, compensation, compensation_input,
-                                  compensates)
+                                  compensates, complete_within, pickup_within, give_up_by,
+                                  limit_key)
     SELECT task_id, seq, name, agent, operation, 'not_started', 1, task_attempt, priority,
-           LEAST(now() + make_interval(secs => complete_within), task_complete_by),
+           LEAST(now() + make_interval(secs => complete_within), task_complete_by,
+                 now() + make_interval(secs => total_within)),
            idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
-           compensates
+           compensates, complete_within, pickup_within,
+           now() + make_interval(secs => total_within), limit_key
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -133,7 +138,9 @@ WITH d AS (
 UPDATE stepwarden_steps s
 SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
     locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
-    complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by)
+    complete_within = d.complete_within,
+    complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by,
+                        s.give_up_by)
 FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
              AND t.locked_by = d.scheduler
 WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.expected_attempt
@@ -231,6 +238,8 @@ WHERE (task_id, seq) IN (
     SELECT task_id, seq FROM stepwarden_steps
     WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
       AND operation = ANY(%(operations)s::text[])
+      AND (pickup_within IS NULL
+           OR dispatched_at + make_interval(secs => pickup_within) > now())
     ORDER BY priority DESC, dispatched_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
@@ -238,6 +247,198 @@ WHERE (task_id, seq) IN (
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by, priority,
           dispatched_at, compensates,
           extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: limits_lock
+-- Claims within limits of one agent's operations go one at a time, until commit.
+SELECT pg_advisory_xact_lock(hashtextextended('stepwarden.limits:' || %(agent)s, 0))
+
+-- name: limited_candidates
+-- Queued requests of an agent in claim order, for a claim within the operations' limits.
+SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
+WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
+  AND operation = ANY(%(operations)s::text[])
+  AND (pickup_within IS NULL OR dispatched_at + make_interval(secs => pickup_within) > now())
+ORDER BY priority DESC, dispatched_at
+LIMIT %(scan)s
+FOR UPDATE SKIP LOCKED
+
+-- name: running_counts
+-- Steps running now, by operation and limit key ('' for none).
+SELECT operation, coalesce(limit_key, '') AS limit_key, count(*)::int AS n
+FROM stepwarden_steps
+WHERE state = 'running' AND agent = %(agent)s AND operation = ANY(%(operations)s::text[])
+GROUP BY operation, coalesce(limit_key, '')
+
+-- name: start_counts
+-- Starts of rate-limited operations within each one's period, by limit key; older starts
+-- are forgotten.
+WITH r AS (
+    SELECT * FROM unnest(%(rated)s::text[], %(per)s::float8[]) AS r(operation, per)
+), gone AS (
+    DELETE FROM stepwarden_starts s USING r
+    WHERE s.agent = %(agent)s AND s.operation = r.operation
+      AND s.at <= now() - make_interval(secs => r.per)
+)
+SELECT s.operation, s.limit_key, count(*)::int AS n
+FROM stepwarden_starts s JOIN r ON r.operation = s.operation
+WHERE s.agent = %(agent)s AND s.at > now() - make_interval(secs => r.per)
+GROUP BY s.operation, s.limit_key
+
+-- name: claim_chosen
+-- Claim the requests chosen within limits, and note the starts of rate-limited ones.
+WITH c AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[]) AS c(task_id, seq)
+), u AS (
+    UPDATE stepwarden_steps s
+    SET state = 'running', locked_by = %(instance)s, claimed_at = now()
+    FROM c
+    WHERE s.task_id = c.task_id AND s.seq = c.seq AND s.state = 'not_started'
+    RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
+              s.complete_by, s.priority, s.dispatched_at, s.compensates, s.limit_key,
+              extract(epoch FROM s.complete_by - now())::float8 AS remaining
+), i AS (
+    INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
+    SELECT agent, operation, coalesce(limit_key, ''), now() FROM u
+    WHERE operation = ANY(%(rated)s::text[])
+)
+SELECT * FROM u
+
+-- name: hand_back
+-- Claimed requests back in the queue, untried here, fenced like outcomes.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
+                         %(instance)s::text[], %(reason)s::text[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, reason, ord)
+), u AS (
+    UPDATE stepwarden_steps s
+    SET state = 'not_started', locked_by = NULL, claimed_at = NULL,
+        reassignments = s.reassignments + 1
+    FROM d
+    WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
+      AND s.state = 'running' AND s.locked_by = d.instance AND s.complete_by > now()
+    RETURNING d.ord, d.task_id, d.seq, d.attempt, d.instance, d.reason, s.agent
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'handed_back',
+           json_build_object('seq', seq, 'attempt', attempt, 'from', instance, 'reason', reason)
+    FROM u ORDER BY ord
+)
+SELECT ord, agent FROM u
+
+-- name: heartbeat_step
+-- Extend a running step's complete_by by its complete_within from now: never shorter than
+-- it is, never past its task's complete_by nor its total timeout.
+UPDATE stepwarden_steps s
+SET heartbeat = %(detail)s::json, heartbeat_at = now(),
+    complete_by = GREATEST(s.complete_by, LEAST(
+        now() + coalesce(make_interval(secs => s.complete_within),
+                         s.complete_by - s.dispatched_at),
+        coalesce((SELECT t.complete_by FROM stepwarden_tasks t WHERE t.task_id = s.task_id),
+                 s.complete_by),
+        s.give_up_by))
+WHERE s.task_id = %(task_id)s AND s.seq = %(seq)s AND s.attempt = %(attempt)s
+  AND s.state = 'running' AND s.locked_by = %(instance)s AND s.complete_by > now()
+RETURNING extract(epoch FROM s.complete_by - now())::float8 AS remaining
+
+-- name: agent_beat
+INSERT INTO stepwarden_agents AS a (instance, agent, operations, capacity, inflight, breaker,
+                                    breaker_detail, started_at, heartbeat_at, expires_at)
+SELECT b.instance, b.agent, b.operations::json, b.capacity, b.inflight, b.breaker,
+       b.breaker_detail::json, now(), now(), now() + make_interval(secs => %(ttl)s)
+FROM unnest(%(instance)s::text[], %(agent)s::text[], %(operations)s::text[],
+            %(capacity)s::int[], %(inflight)s::int[], %(breaker)s::text[],
+            %(breaker_detail)s::text[])
+     AS b(instance, agent, operations, capacity, inflight, breaker, breaker_detail)
+ON CONFLICT (instance, agent) DO UPDATE
+SET operations = excluded.operations, capacity = excluded.capacity,
+    inflight = excluded.inflight, breaker = excluded.breaker,
+    breaker_detail = excluded.breaker_detail, heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at
+
+-- name: agent_leave
+UPDATE stepwarden_agents SET expires_at = LEAST(expires_at, now())
+WHERE instance = %(instance)s AND agent = ANY(%(agents)s::text[])
+
+-- name: list_agents
+SELECT *, expires_at > now() AS alive FROM stepwarden_agents
+ORDER BY agent, started_at, instance
+
+-- name: read_step
+SELECT *, extract(epoch FROM complete_by - now())::float8 AS remaining FROM stepwarden_steps
+WHERE task_id = %(task_id)s AND seq = %(seq)s
+
+-- name: sweep_steps
+-- Under the lease (checked by the caller in this transaction): reassign the running steps of
+-- gone agent instances (a new attempt, a fresh complete_by within the task's), fail the steps
+-- no agent claimed within their pick-up timeout, and those past their total timeout (as
+-- abandoned when they ran: they may have taken effect).
+WITH g AS MATERIALIZED (
+    SELECT s.task_id, s.seq, s.attempt, s.locked_by, t.complete_by AS task_complete_by
+    FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+    WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
+      AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
+      AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
+                      WHERE a.instance = s.locked_by AND a.agent = s.agent
+                        AND a.expires_at > now())
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), r AS (
+    UPDATE stepwarden_steps s
+    SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
+        locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
+        complete_by = LEAST(now() + coalesce(make_interval(secs => s.complete_within),
+                                             s.complete_by - s.dispatched_at),
+                            g.task_complete_by, s.give_up_by)
+    FROM g
+    WHERE s.task_id = g.task_id AND s.seq = g.seq AND s.attempt = g.attempt
+      AND s.state = 'running'
+    RETURNING s.task_id, s.seq, s.attempt, s.agent, g.locked_by, 'reassigned' AS kind,
+              NULL::text AS error
+), p AS MATERIALIZED (
+    SELECT task_id, seq, attempt, locked_by, state,
+           'not picked up: no agent claimed the step within '
+           || trim(to_char(pickup_within, 'FM999999999990.999'), '.') || 's' AS error,
+           'pickup' AS kind
+    FROM stepwarden_steps
+    WHERE state = 'not_started' AND pickup_within IS NOT NULL
+      AND dispatched_at + make_interval(secs => pickup_within) < now()
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), o AS MATERIALIZED (
+    SELECT task_id, seq, attempt, locked_by, state,
+           CASE WHEN state = 'running' OR attempt > 1 THEN 'abandoned: ' ELSE '' END
+           || 'total timeout: not completed within '
+           || trim(to_char(extract(epoch FROM give_up_by - created_at), 'FM999999999990.999'),
+                   '.')
+           || 's of its first dispatch' AS error,
+           'total' AS kind
+    FROM stepwarden_steps
+    WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < now()
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), f AS (
+    UPDATE stepwarden_steps s
+    SET state = 'failed', error = x.error, locked_by = NULL, finished_at = now()
+    FROM (SELECT * FROM p UNION ALL SELECT * FROM o WHERE (task_id, seq) NOT IN
+          (SELECT task_id, seq FROM p)) AS x
+    WHERE s.task_id = x.task_id AND s.seq = x.seq AND s.attempt = x.attempt
+      AND s.state = x.state
+    RETURNING s.task_id, s.seq, s.attempt, s.agent, x.locked_by, x.kind, x.error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(),
+           CASE kind WHEN 'reassigned' THEN 'reassigned' ELSE 'step_failed' END,
+           CASE kind WHEN 'reassigned'
+                THEN json_build_object('seq', seq, 'attempt', attempt, 'from', locked_by,
+                                       'by', %(holder)s::text, 'term', %(term)s::bigint)
+                ELSE json_build_object('seq', seq, 'attempt', attempt, 'error', error,
+                                       'by', %(holder)s::text, 'term', %(term)s::bigint) END
+    FROM (SELECT * FROM r UNION ALL SELECT * FROM f) AS x
+), forget AS (
+    DELETE FROM stepwarden_agents
+    WHERE expires_at < now() - make_interval(secs => %(forget_after)s)
+)
+SELECT * FROM r UNION ALL SELECT * FROM f
 
 -- name: complete_steps
 -- running -> completed | failed for the current attempt, its agent, before complete_by.

@@ -48,10 +48,12 @@ ORDER BY task_id, seq
 -- The step's complete_by never passes the task's.
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
-                              dispatched_at, compensation, compensation_input, compensates)
+                              dispatched_at, compensation, compensation_input, compensates,
+                              complete_within, pickup_within, give_up_by, limit_key)
 SELECT :task_id, :seq, :name, :agent, :operation, 'not_started', 1, :task_attempt, :priority,
-       MIN(:now + :complete_within, t.complete_by), :idempotency_key, :input, :now, :now,
-       :compensation, :compensation_input, :compensates
+       MIN(:now + :complete_within, t.complete_by, coalesce(:now + :total_within, 1e300)),
+       :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
+       :complete_within, :pickup_within, :now + :total_within, :limit_key
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
@@ -62,9 +64,10 @@ RETURNING attempt, complete_by
 -- Re-dispatch an expired step: a new attempt, the same idempotency key.
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
-    locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
+    locked_by = NULL, claimed_at = NULL, dispatched_at = :now, complete_within = :complete_within,
     complete_by = MIN(:now + :complete_within,
-                      (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id))
+                      (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id),
+                      coalesce(give_up_by, 1e300))
 WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND state IN ('not_started', 'running')
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
@@ -128,6 +131,7 @@ SELECT EXISTS (
 SELECT 1 FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
   AND operation IN (SELECT value FROM json_each(:operations))
+  AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
 LIMIT 1
 
 -- name: claim_requests
@@ -138,11 +142,48 @@ WHERE (task_id, seq) IN (
     SELECT task_id, seq FROM stepwarden_steps
     WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
       AND operation IN (SELECT value FROM json_each(:operations))
+      AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
     ORDER BY priority DESC, dispatched_at
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          compensates
+          compensates, priority, dispatched_at
+
+-- name: limited_candidates
+-- Queued requests of an agent in claim order, for a claim within the operations' limits.
+SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
+WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
+  AND operation IN (SELECT value FROM json_each(:operations))
+  AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
+ORDER BY priority DESC, dispatched_at
+LIMIT :scan
+
+-- name: running_counts
+-- Steps running now, by operation and limit key ('' for none).
+SELECT operation, coalesce(limit_key, '') AS limit_key, count(*) AS n FROM stepwarden_steps
+WHERE state = 'running' AND agent = :agent
+  AND operation IN (SELECT value FROM json_each(:operations))
+GROUP BY operation, coalesce(limit_key, '')
+
+-- name: start_counts
+-- Starts of one rate-limited operation within its period, by limit key.
+SELECT limit_key, count(*) AS n FROM stepwarden_starts
+WHERE agent = :agent AND operation = :operation AND at > :since
+GROUP BY limit_key
+
+-- name: forget_starts
+DELETE FROM stepwarden_starts WHERE agent = :agent AND operation = :operation AND at <= :since
+
+-- name: record_start
+INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
+VALUES (:agent, :operation, :limit_key, :now)
+
+-- name: claim_one
+UPDATE stepwarden_steps
+SET state = 'running', locked_by = :instance, claimed_at = :now
+WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
+RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
+          compensates, priority, dispatched_at, limit_key
 
 -- name: complete_step
 -- running -> completed | failed, only for the current attempt, its agent, before complete_by.
