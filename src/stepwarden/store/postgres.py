@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -39,23 +38,30 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    SCAN,
     ActionOutcome,
+    AgentBeat,
+    AgentInstance,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
     NewTask,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     Request,
+    RequestHandback,
     StepDispatch,
     StepOutcome,
     StepRecord,
+    StepSwept,
     Store,
     TaskOutcome,
     TaskRecord,
     Transaction,
     action_detail,
+    pick_within_limits,
     plan_action,
     step_key,
 )
@@ -1182,7 +1188,6 @@ class PostgresStore(Store):
                     conn = None
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
-
 
 async def _insert_tasks(conn: Conn, tasks: Sequence[NewTask]) -> list[bool]:
     cur = conn.cursor(row_factory=dict_row)

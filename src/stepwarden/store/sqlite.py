@@ -36,25 +36,34 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    SCAN,
     ActionOutcome,
+    AgentBeat,
+    AgentInstance,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
     NewTask,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     Request,
+    RequestHandback,
     StepDispatch,
     StepOutcome,
     StepRecord,
+    StepSwept,
     Store,
     TaskOutcome,
     TaskRecord,
     Transaction,
     action_detail,
+    pick_within_limits,
+    pickup_error,
     plan_action,
     step_key,
+    total_error,
 )
 
 T = TypeVar("T")
@@ -912,6 +921,59 @@ class SQLiteStore(Store):
         if done:
             self.notifier.publish(CHANNEL_TASK_DONE, done)
         return expired
+
+    async def sweep_steps(
+        self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
+    ) -> list[StepSwept]:
+        def sweep(conn: sqlite3.Connection) -> list[StepSwept]:
+            now = time.time()
+            held = {"name": lease, "holder": holder, "term": term, "now": now}
+            if not conn.execute(Q["holds_lease"], held).fetchone():
+                return []
+            swept: list[StepSwept] = []
+            by = {"by": holder, "term": term}
+            for r in conn.execute(Q["gone_holders"], {"now": now, "limit": limit}).fetchall():
+                key = {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"]}
+                got = conn.execute(
+                    Q["reassign_step"], {**key, "instance": r["locked_by"], "now": now}
+                ).fetchone()
+                if got is None:
+                    continue
+                detail = {"seq": r["seq"], "attempt": got["attempt"], "from": r["locked_by"]}
+                _event(conn, r["task_id"], "reassigned", {**detail, **by}, now)
+                swept.append(_swept(r, "reassigned"))
+            timed_out = [
+                (r, "pickup", "not_started", pickup_error(r["pickup_within"]))
+                for r in conn.execute(Q["pickup_expired"], {"now": now, "limit": limit})
+            ] + [
+                (r, "total", r["state"], total_error(r["total"], r["state"], r["attempt"]))
+                for r in conn.execute(Q["give_up_expired"], {"now": now, "limit": limit})
+            ]
+            for r, kind, state, error in timed_out:
+                key = {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"]}
+                fail = {**key, "state": state, "error": error, "now": now}
+                cur = conn.execute(Q["fail_step"], fail)
+                if cur.rowcount != 1:
+                    continue
+                detail = {"seq": r["seq"], "attempt": r["attempt"], "error": error}
+                _event(conn, r["task_id"], "step_failed", {**detail, **by}, now)
+                swept.append(_swept(r, kind))
+            conn.execute(Q["forget_agents"], {"before": now - forget_after})
+            return swept
+
+        swept = await self._write(sweep)
+        agents = sorted({s.agent for s in swept if s.kind == "reassigned"})
+        if agents:
+            self.notifier.publish(CHANNEL_REQUESTS, agents)
+        failed = [step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"]
+        if failed:
+            self.notifier.publish(CHANNEL_RESULTS, failed)
+        return swept
+
+def _swept(r: sqlite3.Row, kind: Literal["reassigned", "pickup", "total"]) -> StepSwept:
+    return StepSwept(
+        task_id=r["task_id"], seq=r["seq"], kind=kind, agent=r["agent"], instance=r["locked_by"]
+    )
 
 
 def _reset(

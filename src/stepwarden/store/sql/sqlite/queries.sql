@@ -337,3 +337,91 @@ DELETE FROM stepwarden_outbox WHERE task_id IN (SELECT value FROM json_each(:tas
 -- name: purge_tasks
 -- Their steps go with them (ON DELETE CASCADE).
 DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+
+-- name: read_step
+SELECT * FROM stepwarden_steps WHERE task_id = :task_id AND seq = :seq
+
+-- name: hand_back
+-- A claimed request back in the queue, untried here, fenced like an outcome.
+UPDATE stepwarden_steps
+SET state = 'not_started', locked_by = NULL, claimed_at = NULL,
+    reassignments = reassignments + 1
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
+  AND locked_by = :instance AND complete_by > :now
+RETURNING agent
+
+-- name: heartbeat_step
+-- Extend a running step's complete_by by its complete_within from now: never shorter than
+-- it is, never past its task's complete_by nor its total timeout.
+UPDATE stepwarden_steps
+SET heartbeat = :detail, heartbeat_at = :now,
+    complete_by = MAX(complete_by,
+                      MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
+                          coalesce((SELECT t.complete_by FROM stepwarden_tasks t
+                                    WHERE t.task_id = :task_id), complete_by),
+                          coalesce(give_up_by, 1e300)))
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
+  AND locked_by = :instance AND complete_by > :now
+RETURNING complete_by
+
+-- name: agent_beat
+INSERT INTO stepwarden_agents (instance, agent, operations, capacity, inflight, breaker,
+                               breaker_detail, started_at, heartbeat_at, expires_at)
+VALUES (:instance, :agent, :operations, :capacity, :inflight, :breaker, :breaker_detail, :now,
+        :now, :now + :ttl)
+ON CONFLICT (instance, agent) DO UPDATE
+SET operations = excluded.operations, capacity = excluded.capacity,
+    inflight = excluded.inflight, breaker = excluded.breaker,
+    breaker_detail = excluded.breaker_detail, heartbeat_at = excluded.heartbeat_at,
+    expires_at = excluded.expires_at
+
+-- name: agent_leave
+UPDATE stepwarden_agents SET expires_at = MIN(expires_at, :now)
+WHERE instance = :instance AND agent IN (SELECT value FROM json_each(:agents))
+
+-- name: list_agents
+SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, started_at, instance
+
+-- name: gone_holders
+-- Running steps of the current attempt of held tasks whose agent instance is gone.
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by
+FROM stepwarden_steps s INDEXED BY stepwarden_steps_holder
+JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
+  AND t.process_state IN ('processing', 'compensating') AND s.complete_by > :now
+  AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
+                  WHERE a.instance = s.locked_by AND a.agent = s.agent AND a.expires_at > :now)
+LIMIT :limit
+
+-- name: reassign_step
+-- Queue the step again for another instance: a new attempt, a fresh complete_by within the
+-- task's, failure_count unchanged.
+UPDATE stepwarden_steps
+SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
+    locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
+    complete_by = MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
+                      (SELECT t.complete_by FROM stepwarden_tasks t WHERE t.task_id = :task_id),
+                      coalesce(give_up_by, 1e300))
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
+  AND locked_by = :instance
+RETURNING attempt
+
+-- name: pickup_expired
+SELECT task_id, seq, attempt, agent, locked_by, pickup_within FROM stepwarden_steps
+WHERE state = 'not_started' AND pickup_within IS NOT NULL
+  AND dispatched_at + pickup_within < :now
+LIMIT :limit
+
+-- name: give_up_expired
+SELECT task_id, seq, attempt, agent, locked_by, state, give_up_by - created_at AS total
+FROM stepwarden_steps
+WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < :now
+LIMIT :limit
+
+-- name: fail_step
+UPDATE stepwarden_steps
+SET state = 'failed', error = :error, locked_by = NULL, finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = :state
+
+-- name: forget_agents
+DELETE FROM stepwarden_agents WHERE expires_at < :before

@@ -1,0 +1,225 @@
+"""The Store contract of healthy, capable agents, on each store: the registry, requests handed
+back, step heartbeats, the supervisor's reassignments and timeouts, claims within limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from stepwarden.states import StepState, TaskState
+from stepwarden.store import Store
+from stepwarden.store.base import AgentBeat, OpLimit, RequestHandback, StepSwept
+
+from .test_store import dispatch, new_task, outcome
+
+LEASE = "supervisor"
+
+
+def beat(instance: str, *, agent: str = "pay", breaker: str = "closed") -> AgentBeat:
+    return AgentBeat(
+        instance=instance,
+        agent=agent,
+        operations=("charge",),
+        capacity=10,
+        inflight=1,
+        breaker=breaker,
+        breaker_detail={"failures": 0},
+    )
+
+
+async def held_task(store: Store, task_id: str, *, within: float = 30) -> int:
+    """Submit a task and claim it as scheduler s1; its attempt."""
+    await store.submit([new_task(task_id, within=within)])
+    [claimed] = await store.claim_tasks("s1", ["wf"], 1)
+    assert claimed.task.task_id == task_id
+    return claimed.task.attempt
+
+
+async def running_step(store: Store, task_id: str, instance: str = "a1", **kw: object) -> None:
+    """A held task whose step 1 is running, claimed by `instance`."""
+    attempt = await held_task(store, task_id)
+    [got] = await store.dispatch_steps([replace(dispatch(task_id, attempt), **kw)])  # type: ignore[arg-type]
+    assert got is not None
+    [req] = await store.claim_requests(instance, "pay", ["charge"], 1)
+    assert req.task_id == task_id
+
+
+async def sweep(store: Store, term: int) -> list[StepSwept]:
+    return await store.sweep_steps(
+        lease=LEASE, holder="sup", term=term, limit=100, forget_after=3600
+    )
+
+
+async def sweep_until(store: Store, term: int, timeout: float = 10) -> list[StepSwept]:
+    """Sweep until something is swept (a deadline has to pass first)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        swept = await sweep(store, term)
+        if swept:
+            return swept
+        await asyncio.sleep(0.02)
+    raise AssertionError("nothing swept")
+
+
+async def test_the_registry_shows_each_instance_alive_until_it_leaves(store: Store) -> None:
+    await store.beat([beat("a1"), beat("a2", breaker="open")], ttl=30)
+    await store.beat([beat("a1", agent="ship")], ttl=30)
+    found = {(a.instance, a.agent): a for a in await store.list_agents()}
+    assert sorted(found) == [("a1", "pay"), ("a1", "ship"), ("a2", "pay")]
+    a2 = found[("a2", "pay")]
+    assert (a2.alive, a2.breaker, a2.capacity, a2.inflight) == (True, "open", 10, 1)
+    assert a2.operations == ("charge",) and a2.breaker_detail == {"failures": 0}
+    assert a2.heartbeat_at >= a2.started_at
+    await store.leave("a2", ["pay"])
+    alive = {(a.instance, a.agent): a.alive for a in await store.list_agents()}
+    assert alive == {("a1", "pay"): True, ("a1", "ship"): True, ("a2", "pay"): False}
+    await store.beat([beat("a2")], ttl=30)  # back: a beat revives it, started_at kept
+    again = {(a.instance, a.agent): a for a in await store.list_agents()}
+    assert again[("a2", "pay")].alive and again[("a2", "pay")].started_at == a2.started_at
+
+
+async def test_a_request_handed_back_is_claimed_by_another_instance(store: Store) -> None:
+    await running_step(store, "t1")
+    refused = RequestHandback(task_id="t1", seq=1, attempt=1, agent_instance="a2", reason="x")
+    mine = replace(refused, agent_instance="a1", reason="breaker open")
+    assert await store.hand_back([refused, mine]) == [False, True]
+    [step] = await store.get_steps("t1")
+    assert (step.state, step.attempt, step.locked_by, step.reassignments) == (
+        StepState.NOT_STARTED,
+        1,
+        None,
+        1,
+    )
+    assert await store.complete_steps([outcome("t1", 1, instance="a1")]) == [False]
+    [req] = await store.claim_requests("a2", "pay", ["charge"], 5)
+    assert (req.task_id, req.attempt) == ("t1", 1)
+    assert await store.complete_steps([outcome("t1", 1, instance="a2")]) == [True]
+    [event] = [e for e in await store.events(task_id="t1") if e.kind == "handed_back"]
+    assert event.detail == {"seq": 1, "attempt": 1, "from": "a1", "reason": "breaker open"}
+
+
+async def test_a_heartbeat_moves_complete_by_on_only_for_the_holder(store: Store) -> None:
+    await running_step(store, "t1")
+    before = await store.read_step("t1", 1)
+    assert before is not None
+    left = await store.heartbeat_step("t1", 1, 1, "a1", '{"done": 3}')
+    assert left is not None and 0 < left <= 10
+    after = await store.read_step("t1", 1)
+    assert after is not None
+    assert after[0].complete_by >= before[0].complete_by
+    assert after[0].heartbeat == {"done": 3} and after[0].heartbeat_at is not None
+    # Another instance, or another attempt, holds nothing: refused, nothing written.
+    assert await store.heartbeat_step("t1", 1, 1, "a2", '{"x": 1}') is None
+    assert await store.heartbeat_step("t1", 1, 2, "a1", '{"x": 1}') is None
+    assert (await store.get_steps("t1"))[0].heartbeat == {"done": 3}
+
+
+async def test_a_heartbeat_never_passes_the_tasks_complete_by(store: Store) -> None:
+    await store.submit([new_task("t1", within=3)])
+    [claimed] = await store.claim_tasks("s1", ["wf"], 1)
+    [got] = await store.dispatch_steps([dispatch("t1", claimed.task.attempt, within=60)])
+    assert got is not None and got.remaining <= 3
+    await store.claim_requests("a1", "pay", ["charge"], 1)
+    left = await store.heartbeat_step("t1", 1, 1, "a1", None)
+    assert left is not None and left <= 3
+
+
+async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store) -> None:
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    await store.beat([beat("a1")], ttl=30)
+    await running_step(store, "t1")
+    assert await sweep(store, term) == []  # a1 is alive
+    assert await sweep(store, term + 1) == []  # not the lease's term: nothing
+    await store.leave("a1", ["pay"])
+    assert await sweep(store, term + 1) == []
+    [swept] = await sweep(store, term)
+    assert (swept.task_id, swept.seq, swept.kind, swept.instance) == ("t1", 1, "reassigned", "a1")
+    [step] = await store.get_steps("t1")
+    assert (step.state, step.attempt, step.reassignments, step.locked_by) == (
+        StepState.NOT_STARTED,
+        2,
+        1,
+        None,
+    )
+    task = await store.get_task("t1")
+    assert task is not None and task.failure_count == 0
+    assert task.process_state == TaskState.PROCESSING
+    # The gone instance's late answer changes nothing; the next instance's counts.
+    assert await store.complete_steps([outcome("t1", 1, instance="a1")]) == [False]
+    [req] = await store.claim_requests("a2", "pay", ["charge"], 1)
+    assert req.attempt == 2
+    assert await store.complete_steps([outcome("t1", 2, instance="a2")]) == [True]
+    [event] = [e for e in await store.events(task_id="t1") if e.kind == "reassigned"]
+    assert event.detail["from"] == "a1" and event.detail["attempt"] == 2
+
+
+async def test_a_step_nobody_picks_up_in_time_fails(store: Store) -> None:
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    attempt = await held_task(store, "t1")
+    await store.dispatch_steps([replace(dispatch("t1", attempt), pickup_within=0.2)])
+    [swept] = await sweep_until(store, term)
+    assert (swept.task_id, swept.kind) == ("t1", "pickup")
+    [step] = await store.get_steps("t1")
+    assert step.state == StepState.FAILED
+    assert step.error == "not picked up: no agent claimed the step within 0.2s"
+    assert await store.claim_requests("a1", "pay", ["charge"], 5) == []
+    assert [r.seq for r in await store.finished_steps([("t1", 1)])] == [1]
+
+
+async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(store: Store) -> None:
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    await store.beat([beat("a1")], ttl=30)
+    await running_step(store, "t1", total_within=0.3)
+    attempt = await held_task(store, "t2")
+    await store.dispatch_steps(
+        [replace(dispatch("t2", attempt, agent="ship"), total_within=0.3)]
+    )
+    swept = await sweep_until(store, term)
+    while len(swept) < 2:
+        swept += await sweep_until(store, term)
+    assert sorted((s.task_id, s.kind) for s in swept) == [("t1", "total"), ("t2", "total")]
+    [ran] = await store.get_steps("t1")
+    [queued] = await store.get_steps("t2")
+    assert ran.error == "abandoned: total timeout: not completed within 0.3s of its first dispatch"
+    assert queued.error == "total timeout: not completed within 0.3s of its first dispatch"
+    assert ran.state == queued.state == StepState.FAILED
+
+
+async def test_claims_hold_the_concurrency_limit_across_instances(store: Store) -> None:
+    for i in range(4):
+        attempt = await held_task(store, f"t{i}")
+        await store.dispatch_steps([dispatch(f"t{i}", attempt)])
+    limits = {"charge": OpLimit(concurrency=2)}
+    first = await store.claim_requests("a1", "pay", ["charge"], 10, limits)
+    assert [r.task_id for r in first] == ["t0", "t1"]
+    assert await store.claim_requests("a2", "pay", ["charge"], 10, limits) == []
+    assert await store.complete_steps([outcome("t0", 1, instance="a1")]) == [True]
+    [more] = await store.claim_requests("a2", "pay", ["charge"], 10, limits)
+    assert more.task_id == "t2"
+    # Without limits, the rest is claimed at once.
+    assert [r.task_id for r in await store.claim_requests("a3", "pay", ["charge"], 10)] == ["t3"]
+
+
+async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(store: Store) -> None:
+    keys = ["a", "a", "b", "b", "c"]
+    for i, key in enumerate(keys):
+        attempt = await held_task(store, f"t{i}")
+        await store.dispatch_steps([replace(dispatch(f"t{i}", attempt), limit_key=key)])
+    per_key = {"charge": OpLimit(concurrency=1, rate=1, per=60)}
+    got = await store.claim_requests("a1", "pay", ["charge"], 10, per_key)
+    assert [r.task_id for r in got] == ["t0", "t2", "t4"]  # one per key
+    done = [outcome(r.task_id, 1, instance="a1") for r in got]
+    assert await store.complete_steps(done) == [True, True, True]
+    # Nothing runs now, but each key has had its one start of the minute.
+    assert await store.claim_requests("a2", "pay", ["charge"], 10, per_key) == []
+    # Two a minute per key, with room for one more call in this instance.
+    roomy = {"charge": OpLimit(rate=2, per=60, room=1)}
+    [one] = await store.claim_requests("a1", "pay", ["charge"], 10, roomy)
+    assert one.task_id == "t1"
+    [two] = await store.claim_requests("a2", "pay", ["charge"], 10, roomy)
+    assert two.task_id == "t3"
+    assert await store.claim_requests("a2", "pay", ["charge"], 10, roomy) == []
