@@ -722,6 +722,59 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     click.echo(f"purged {_run(go())} task(s)")
 
 
+@cli.command()
+@click.argument("app_ref", required=False, metavar="[MODULE:ATTR]")
+@_opt(
+    "--host",
+    envvar="STEPWARDEN_DASHBOARD_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on (127.0.0.1: this machine only).",
+)
+@_opt(
+    "--port",
+    envvar="STEPWARDEN_DASHBOARD_PORT",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(min=0, max=65535),
+    help="The port to listen on (0: any free one).",
+)
+@_opt(
+    "--token",
+    envvar="STEPWARDEN_DASHBOARD_TOKEN",
+    default=None,
+    help="The API token operator actions need (default: a new one, printed at start).",
+)
+@click.pass_obj
+def dashboard(obj: _Ctx, app_ref: str | None, host: str, port: int, token: str | None) -> None:
+    """Serve the operator's dashboard: pages, a JSON API (/openapi.json) and /metrics."""
+    try:
+        from . import dashboard as web
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
+        ) from exc
+    if app_ref or obj.app_ref:
+        app = obj.app(app_ref)
+    else:
+        app = App("stepwarden-dashboard", store=obj.store_url(), auto_migrate=False)
+    try:
+        sock = web.bind(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"stepwarden dashboard of {app.name}: http://{shown}:{sock.getsockname()[1]}/")
+    if not token:
+        token = web.new_token()
+        click.echo(f"API token (for operator actions): {token}")
+    try:
+        web.serve(app, sock, token=token)
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+    finally:
+        sock.close()
+
+
 def _time(value: datetime | None) -> str:
     return value.isoformat(timespec="milliseconds") if value else "-"
 

@@ -733,3 +733,96 @@ class Store(abc.ABC):
                 await sub.wait(poll)
         finally:
             self.unsubscribe(CHANNEL_TASK_DONE, sub)
+
+    # -- the dashboard --------------------------------------------------------------------
+    # Read-only queries of the operator's dashboard and its metrics (stepwarden.dashboard).
+
+    @abc.abstractmethod
+    async def find_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        search: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Tasks newest first, optionally of one state and one workflow, and whose id
+        contains `search`."""
+
+    @abc.abstractmethod
+    async def workflow_names(self) -> list[str]:
+        """The workflows the stored tasks belong to, sorted."""
+
+    @abc.abstractmethod
+    async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]:
+        """The newest messages of a channel, newest first."""
+
+    @abc.abstractmethod
+    async def oldest_pending_age(self) -> float | None:
+        """Seconds since the oldest pending task was submitted (by the database clock), or
+        None when no task is pending."""
+
+    @abc.abstractmethod
+    async def read_lease(self, name: str) -> LeaseRecord | None:
+        """The lease `name` as it stands, or None when it was never taken."""
+
+    @abc.abstractmethod
+    async def activity(self, *, window: float, bucket: float) -> Activity:
+        """Tasks processed and step failures (events `step_failed` and `expired`) per
+        `bucket` seconds over the last `window` seconds."""
+
+    @abc.abstractmethod
+    async def step_stats(self) -> list[StepStats]:
+        """For each agent and operation of the stored steps: how many were started
+        (claimed), completed and failed, and how long the completed ones took."""
+
+    @abc.abstractmethod
+    async def count_events(self, kind: str) -> int:
+        """The number of stored events of `kind`."""
+
+
+# -- the dashboard ------------------------------------------------------------------------
+
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the step duration histogram; `step_stats` in each dialect's
+queries.sql counts one column per bound (b0 ... b12)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRecord:
+    name: str
+    holder: str
+    term: int
+    expires_at: datetime
+    remaining: float
+    """Seconds until the lease lapses, by the database clock (negative once lapsed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityBucket:
+    start: datetime
+    processed: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Activity:
+    now: datetime
+    """The database clock when read."""
+    bucket: float
+    buckets: list[ActivityBucket]
+    """Only the buckets in which something happened, oldest first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStats:
+    agent: str
+    operation: str
+    started: int
+    completed: int
+    failed: int
+    duration_buckets: tuple[int, ...]
+    """Completed steps that took at most each of DURATION_BUCKETS (cumulative)."""
+    duration_sum: float

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -38,14 +39,18 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    DURATION_BUCKETS,
     SCAN,
     ActionOutcome,
+    Activity,
+    ActivityBucket,
     AgentBeat,
     AgentInstance,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
+    LeaseRecord,
     NewTask,
     OperatorAction,
     OpLimit,
@@ -55,6 +60,7 @@ from .base import (
     StepDispatch,
     StepOutcome,
     StepRecord,
+    StepStats,
     StepSwept,
     Store,
     TaskOutcome,
@@ -1188,6 +1194,80 @@ class PostgresStore(Store):
                     conn = None
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
+
+    # -- the dashboard --------------------------------------------------------------------
+    async def find_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        search: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        params = {
+            "state": None if state is None else str(state),
+            "workflow": workflow,
+            "search": search or None,
+            "limit": limit,
+        }
+        rows = await self._read(Q["find_tasks"], params, prepare=False)
+        return [task_record(r) for r in rows]
+
+    async def workflow_names(self) -> list[str]:
+        return [r["workflow"] for r in await self._read(Q["workflow_names"], {})]
+
+    async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]:
+        params = {"channel": channel, "limit": limit}
+        return [_message(r) for r in await self._read(Q["newest_outbox"], params)]
+
+    async def oldest_pending_age(self) -> float | None:
+        [row] = await self._read(Q["oldest_pending"], {})
+        return None if row["age"] is None else max(0.0, float(row["age"]))
+
+    async def read_lease(self, name: str) -> LeaseRecord | None:
+        rows = await self._read(Q["read_lease"], {"name": name})
+        if not rows:
+            return None
+        row = rows[0]
+        return LeaseRecord(
+            name=row["name"],
+            holder=row["holder"],
+            term=int(row["term"]),
+            expires_at=row["expires_at"],
+            remaining=float(row["remaining"]),
+        )
+
+    async def activity(self, *, window: float, bucket: float) -> Activity:
+        rows = await self._read(Q["activity"], {"window": float(window), "bucket": float(bucket)})
+        buckets = [
+            ActivityBucket(
+                start=datetime.fromtimestamp(r["b"] * bucket, UTC),
+                processed=r["processed"],
+                failed=r["failed"],
+            )
+            for r in rows
+            if r["b"] is not None
+        ]
+        return Activity(now=rows[0]["now"], bucket=bucket, buckets=buckets)
+
+    async def step_stats(self) -> list[StepStats]:
+        return [
+            StepStats(
+                agent=r["agent"],
+                operation=r["operation"],
+                started=r["started"],
+                completed=r["completed"],
+                failed=r["failed"],
+                duration_buckets=tuple(int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))),
+                duration_sum=float(r["duration_sum"]),
+            )
+            for r in await self._read(Q["step_stats"], {})
+        ]
+
+    async def count_events(self, kind: str) -> int:
+        [row] = await self._read(Q["count_events"], {"kind": kind})
+        return int(row["n"])
+
 
 async def _insert_tasks(conn: Conn, tasks: Sequence[NewTask]) -> list[bool]:
     cur = conn.cursor(row_factory=dict_row)

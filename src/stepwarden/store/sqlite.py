@@ -36,14 +36,18 @@ from .base import (
     CHANNEL_RESULTS,
     CHANNEL_TASK_DONE,
     CHANNEL_TASKS,
+    DURATION_BUCKETS,
     SCAN,
     ActionOutcome,
+    Activity,
+    ActivityBucket,
     AgentBeat,
     AgentInstance,
     ClaimedTask,
     DispatchedStep,
     EventRecord,
     Expired,
+    LeaseRecord,
     NewTask,
     OperatorAction,
     OpLimit,
@@ -53,6 +57,7 @@ from .base import (
     StepDispatch,
     StepOutcome,
     StepRecord,
+    StepStats,
     StepSwept,
     Store,
     TaskOutcome,
@@ -969,6 +974,105 @@ class SQLiteStore(Store):
         if failed:
             self.notifier.publish(CHANNEL_RESULTS, failed)
         return swept
+
+    # -- the dashboard --------------------------------------------------------------------
+    async def find_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        search: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        params = {
+            "state": None if state is None else str(state),
+            "workflow": workflow,
+            "search": search or None,
+            "limit": limit,
+        }
+
+        def read(conn: sqlite3.Connection) -> list[TaskRecord]:
+            return [task_record(r) for r in conn.execute(Q["find_tasks"], params)]
+
+        return await self._run(read)
+
+    async def workflow_names(self) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            return [r["workflow"] for r in conn.execute(Q["workflow_names"])]
+
+        return await self._run(read)
+
+    async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]:
+        params = {"channel": channel, "limit": limit}
+
+        def read(conn: sqlite3.Connection) -> list[OutboxMessage]:
+            return [_message(r) for r in conn.execute(Q["newest_outbox"], params)]
+
+        return await self._run(read)
+
+    async def oldest_pending_age(self) -> float | None:
+        def read(conn: sqlite3.Connection) -> float | None:
+            oldest = conn.execute(Q["oldest_pending"]).fetchone()["oldest"]
+            return None if oldest is None else max(0.0, time.time() - oldest)
+
+        return await self._run(read)
+
+    async def read_lease(self, name: str) -> LeaseRecord | None:
+        def read(conn: sqlite3.Connection) -> LeaseRecord | None:
+            row = conn.execute(Q["read_lease"], {"name": name}).fetchone()
+            if row is None:
+                return None
+            return LeaseRecord(
+                name=row["name"],
+                holder=row["holder"],
+                term=row["term"],
+                expires_at=_dt_required(row["expires_at"]),
+                remaining=row["expires_at"] - time.time(),
+            )
+
+        return await self._run(read)
+
+    async def activity(self, *, window: float, bucket: float) -> Activity:
+        def read(conn: sqlite3.Connection) -> Activity:
+            now = time.time()
+            params = {"since": now - window, "bucket": bucket}
+            buckets = [
+                ActivityBucket(
+                    start=_dt_required(r["b"] * bucket),
+                    processed=r["processed"],
+                    failed=r["failed"],
+                )
+                for r in conn.execute(Q["activity"], params)
+            ]
+            return Activity(now=_dt_required(now), bucket=bucket, buckets=buckets)
+
+        return await self._run(read)
+
+    async def step_stats(self) -> list[StepStats]:
+        def read(conn: sqlite3.Connection) -> list[StepStats]:
+            return [
+                StepStats(
+                    agent=r["agent"],
+                    operation=r["operation"],
+                    started=r["started"],
+                    completed=r["completed"],
+                    failed=r["failed"],
+                    duration_buckets=tuple(
+                        int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))
+                    ),
+                    duration_sum=float(r["duration_sum"]),
+                )
+                for r in conn.execute(Q["step_stats"])
+            ]
+
+        return await self._run(read)
+
+    async def count_events(self, kind: str) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(Q["count_events"], {"kind": kind}).fetchone()["n"])
+
+        return await self._run(read)
+
 
 def _swept(r: sqlite3.Row, kind: Literal["reassigned", "pickup", "total"]) -> StepSwept:
     return StepSwept(

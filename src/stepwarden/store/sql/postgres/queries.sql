@@ -712,3 +712,80 @@ RETURNING task_id
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 SELECT e.task_id, now(), e.kind, e.detail::json
 FROM unnest(%(task_id)s::text[], %(kind)s::text[], %(detail)s::text[]) AS e(task_id, kind, detail)
+
+-- name: find_tasks
+-- The dashboard (to the end of this file): read-only queries of the operator's dashboard
+-- and its metrics.
+-- Tasks newest first, optionally of one state and one workflow, whose id contains a search
+-- (run unprepared).
+SELECT * FROM stepwarden_tasks
+WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(search)s::text IS NULL OR strpos(task_id, %(search)s::text) > 0)
+ORDER BY created_at DESC, task_id DESC
+LIMIT %(limit)s
+
+-- name: workflow_names
+SELECT DISTINCT workflow FROM stepwarden_tasks ORDER BY workflow
+
+-- name: newest_outbox
+SELECT * FROM stepwarden_outbox WHERE channel = %(channel)s ORDER BY id DESC LIMIT %(limit)s
+
+-- name: oldest_pending
+SELECT extract(epoch FROM now() - min(created_at))::float8 AS age
+FROM stepwarden_tasks WHERE process_state = 'pending'
+
+-- name: read_lease
+SELECT name, holder, term, expires_at,
+       extract(epoch FROM expires_at - now())::float8 AS remaining
+FROM stepwarden_leases WHERE name = %(name)s
+
+-- name: activity
+-- Tasks processed and step failures per bucket of seconds over a window, by bucket number;
+-- with the database clock.
+WITH w AS (SELECT now() AS now, now() - make_interval(secs => %(window)s) AS since)
+SELECT w.now, a.b, a.processed, a.failed FROM w LEFT JOIN (
+    SELECT b, sum(processed)::int AS processed, sum(failed)::int AS failed FROM (
+        SELECT floor(extract(epoch FROM t.finished_at) / %(bucket)s)::bigint AS b,
+               1 AS processed, 0 AS failed
+        FROM stepwarden_tasks t, w
+        WHERE t.finished_at >= w.since AND t.process_state = 'processed'
+        UNION ALL
+        SELECT floor(extract(epoch FROM e.at) / %(bucket)s)::bigint, 0, 1
+        FROM stepwarden_events e, w
+        WHERE e.kind IN ('step_failed', 'expired') AND e.at >= w.since
+    ) x GROUP BY b
+) a ON true
+ORDER BY a.b
+
+-- name: step_stats
+-- Per agent and operation: steps started, completed and failed; the completed steps'
+-- durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
+SELECT agent, operation,
+       count(claimed_at)::int AS started,
+       count(*) FILTER (WHERE state = 'completed')::int AS completed,
+       count(*) FILTER (WHERE state = 'failed')::int AS failed,
+       coalesce(sum(d), 0)::float8 AS duration_sum,
+       sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END)::int AS b0,
+       sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END)::int AS b1,
+       sum(CASE WHEN d <= 0.025 THEN 1 ELSE 0 END)::int AS b2,
+       sum(CASE WHEN d <= 0.05 THEN 1 ELSE 0 END)::int AS b3,
+       sum(CASE WHEN d <= 0.1 THEN 1 ELSE 0 END)::int AS b4,
+       sum(CASE WHEN d <= 0.25 THEN 1 ELSE 0 END)::int AS b5,
+       sum(CASE WHEN d <= 0.5 THEN 1 ELSE 0 END)::int AS b6,
+       sum(CASE WHEN d <= 1.0 THEN 1 ELSE 0 END)::int AS b7,
+       sum(CASE WHEN d <= 2.5 THEN 1 ELSE 0 END)::int AS b8,
+       sum(CASE WHEN d <= 5.0 THEN 1 ELSE 0 END)::int AS b9,
+       sum(CASE WHEN d <= 10.0 THEN 1 ELSE 0 END)::int AS b10,
+       sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END)::int AS b11,
+       sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END)::int AS b12
+FROM (
+    SELECT agent, operation, state, claimed_at,
+           CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
+                THEN greatest(extract(epoch FROM finished_at - claimed_at)::float8, 0) END AS d
+    FROM stepwarden_steps
+) s
+GROUP BY agent, operation ORDER BY agent, operation
+
+-- name: count_events
+SELECT count(*)::bigint AS n FROM stepwarden_events WHERE kind = %(kind)s

@@ -425,3 +425,71 @@ WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = :stat
 
 -- name: forget_agents
 DELETE FROM stepwarden_agents WHERE expires_at < :before
+
+-- name: find_tasks
+-- The dashboard (to the end of this file): read-only queries of the operator's dashboard
+-- and its metrics.
+-- Tasks newest first, optionally of one state and one workflow, whose id contains :search.
+SELECT * FROM stepwarden_tasks
+WHERE (:state IS NULL OR process_state = :state)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:search IS NULL OR instr(task_id, :search) > 0)
+ORDER BY created_at DESC, task_id DESC
+LIMIT :limit
+
+-- name: workflow_names
+SELECT DISTINCT workflow FROM stepwarden_tasks ORDER BY workflow
+
+-- name: newest_outbox
+SELECT * FROM stepwarden_outbox WHERE channel = :channel ORDER BY id DESC LIMIT :limit
+
+-- name: oldest_pending
+SELECT min(created_at) AS oldest FROM stepwarden_tasks WHERE process_state = 'pending'
+
+-- name: read_lease
+SELECT name, holder, term, expires_at FROM stepwarden_leases WHERE name = :name
+
+-- name: activity
+-- Tasks processed and step failures per :bucket seconds since :since, by bucket number.
+SELECT b, sum(processed) AS processed, sum(failed) AS failed FROM (
+    SELECT CAST(finished_at / :bucket AS INTEGER) AS b, 1 AS processed, 0 AS failed
+    FROM stepwarden_tasks
+    WHERE finished_at >= :since AND process_state = 'processed'
+    UNION ALL
+    SELECT CAST(at / :bucket AS INTEGER), 0, 1
+    FROM stepwarden_events
+    WHERE kind IN ('step_failed', 'expired') AND at >= :since
+)
+GROUP BY b ORDER BY b
+
+-- name: step_stats
+-- Per agent and operation: steps started, completed and failed; the completed steps'
+-- durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
+SELECT agent, operation,
+       sum(CASE WHEN claimed_at IS NOT NULL THEN 1 ELSE 0 END) AS started,
+       sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END) AS completed,
+       sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed,
+       coalesce(sum(d), 0.0) AS duration_sum,
+       sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END) AS b0,
+       sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END) AS b1,
+       sum(CASE WHEN d <= 0.025 THEN 1 ELSE 0 END) AS b2,
+       sum(CASE WHEN d <= 0.05 THEN 1 ELSE 0 END) AS b3,
+       sum(CASE WHEN d <= 0.1 THEN 1 ELSE 0 END) AS b4,
+       sum(CASE WHEN d <= 0.25 THEN 1 ELSE 0 END) AS b5,
+       sum(CASE WHEN d <= 0.5 THEN 1 ELSE 0 END) AS b6,
+       sum(CASE WHEN d <= 1.0 THEN 1 ELSE 0 END) AS b7,
+       sum(CASE WHEN d <= 2.5 THEN 1 ELSE 0 END) AS b8,
+       sum(CASE WHEN d <= 5.0 THEN 1 ELSE 0 END) AS b9,
+       sum(CASE WHEN d <= 10.0 THEN 1 ELSE 0 END) AS b10,
+       sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END) AS b11,
+       sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END) AS b12
+FROM (
+    SELECT agent, operation, state, claimed_at,
+           CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
+                THEN max(finished_at - claimed_at, 0.0) END AS d
+    FROM stepwarden_steps
+)
+GROUP BY agent, operation ORDER BY agent, operation
+
+-- name: count_events
+SELECT count(*) AS n FROM stepwarden_events WHERE kind = :kind

@@ -1,0 +1,193 @@
+"""What the dashboard shows, read from the store as plain data: the JSON API sends it as it
+is, the pages render it. Payloads keep their `Secret`s, which every rendering masks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..app import App
+from ..states import TaskState
+from ..store.base import EventRecord, OutboxMessage, StepRecord, TaskRecord
+from ..supervisor import LEASE as SUPERVISOR_LEASE
+
+ALERTS = "alerts"
+"""The outbox channel of alerts (written by the database triggers)."""
+ACTIVITY_WINDOW = 3600.0
+ACTIVITY_BUCKET = 60.0
+FAILED_STATES = (TaskState.ERROR, TaskState.COMPENSATION_FAILED)
+
+
+def task_summary(t: TaskRecord) -> dict[str, Any]:
+    return {
+        "task_id": t.task_id,
+        "workflow": t.workflow,
+        "process_state": str(t.process_state),
+        "failure_count": t.failure_count,
+        "max_failures": t.max_failures,
+        "attempt": t.attempt,
+        "priority": t.priority,
+        "locked_by": t.locked_by,
+        "complete_by": t.complete_by,
+        "created_at": t.created_at,
+        "updated_at": t.updated_at,
+        "finished_at": t.finished_at,
+        "error": t.error,
+    }
+
+
+def task_detail(t: TaskRecord) -> dict[str, Any]:
+    return {
+        **task_summary(t),
+        "input": t.input,
+        "result": t.result,
+        "complete_within": t.complete_within,
+        "on_failure": t.on_failure,
+        "reply_to": t.reply_to,
+    }
+
+
+def step_dict(s: StepRecord) -> dict[str, Any]:
+    return {
+        "seq": s.seq,
+        "name": s.name,
+        "agent": s.agent,
+        "operation": s.operation,
+        "state": str(s.state),
+        "attempt": s.attempt,
+        "task_attempt": s.task_attempt,
+        "tries": s.tries,
+        "reassignments": getattr(s, "reassignments", 0),
+        "idempotency_key": s.idempotency_key,
+        "locked_by": s.locked_by,
+        "complete_by": s.complete_by,
+        "created_at": s.created_at,
+        "claimed_at": s.claimed_at,
+        "finished_at": s.finished_at,
+        "missed_deadline": _missed(s),
+        "input": s.input,
+        "result": s.result,
+        "error": s.error,
+        "compensation": s.compensation,
+        "compensates": s.compensates,
+    }
+
+
+def _missed(s: StepRecord) -> bool:
+    """Whether the step's complete_by passed before it finished (as far as is known)."""
+    if s.finished_at is not None:
+        return s.finished_at > s.complete_by
+    return False
+
+
+def event_dict(e: EventRecord) -> dict[str, Any]:
+    return {"id": e.id, "at": e.at, "kind": e.kind, "detail": e.detail}
+
+
+def alert_dict(m: OutboxMessage) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "task_id": m.task_id,
+        "kind": m.kind,
+        "detail": m.detail,
+        "at": m.at,
+        "attempts": m.attempts,
+        "delivered_to": list(m.delivered_to),
+    }
+
+
+@dataclass
+class Reader:
+    """The dashboard's reads, through the App's store for the running event loop."""
+
+    app: App
+
+    async def overview(self) -> dict[str, Any]:
+        store = await self.app.store()
+        counts = await store.count_tasks()
+        lease = await store.read_lease(SUPERVISOR_LEASE)
+        activity = await store.activity(window=ACTIVITY_WINDOW, bucket=ACTIVITY_BUCKET)
+        failed: list[TaskRecord] = []
+        for state in FAILED_STATES:
+            failed.extend(await store.find_tasks(state=state, limit=10))
+        failed.sort(key=lambda t: t.updated_at, reverse=True)
+        return {
+            "counts": {str(s): n for s, n in counts.items()},
+            "oldest_pending_age": await store.oldest_pending_age(),
+            "leader": None
+            if lease is None
+            else {
+                "holder": lease.holder,
+                "term": lease.term,
+                "expires_at": lease.expires_at,
+                "remaining": lease.remaining,
+                "live": lease.remaining > 0,
+                # A supervisor that stops lets its lease lapse at once (expires_at = epoch).
+                "released": lease.expires_at.timestamp() <= 0,
+            },
+            "activity": {
+                "now": activity.now,
+                "bucket": activity.bucket,
+                "window": ACTIVITY_WINDOW,
+                "buckets": [
+                    {"start": b.start, "processed": b.processed, "failed": b.failed}
+                    for b in activity.buckets
+                ],
+            },
+            "failed_tasks": [task_summary(t) for t in failed[:10]],
+            "alerts": [alert_dict(m) for m in await store.newest_outbox(channel=ALERTS, limit=5)],
+        }
+
+    async def tasks(
+        self,
+        *,
+        state: TaskState | None,
+        workflow: str | None,
+        search: str | None,
+        limit: int,
+    ) -> dict[str, Any]:
+        store = await self.app.store()
+        found = await store.find_tasks(state=state, workflow=workflow, search=search, limit=limit)
+        return {
+            "tasks": [task_summary(t) for t in found],
+            "workflows": await store.workflow_names(),
+        }
+
+    async def task(self, task_id: str) -> dict[str, Any] | None:
+        store = await self.app.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            return None
+        steps = await store.get_steps(task_id)
+        events = await store.events(task_id=task_id)
+        return {
+            "task": task_detail(task),
+            "steps": [step_dict(s) for s in steps],
+            "events": [event_dict(e) for e in events],
+        }
+
+    async def alerts(self, limit: int) -> dict[str, Any]:
+        store = await self.app.store()
+        found = await store.newest_outbox(channel=ALERTS, limit=limit)
+        return {"alerts": [alert_dict(m) for m in found]}
+
+
+def age(seconds: float | None) -> str:
+    """A duration for a person: 4s, 3m 12s, 2h 5m, 3d 4h."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def since(now: datetime, then: datetime | None) -> str:
+    if then is None:
+        return "-"
+    return age(max(timedelta(0), now - then).total_seconds())

@@ -1,0 +1,117 @@
+"""/metrics: the store's figures in Prometheus's text format, read at scrape time.
+
+Counts come from the rows the store keeps: finished tasks (and their steps and events) are
+deleted after their retention, so the step and deadline figures are gauges over what is kept,
+not counters since the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..app import App
+from ..states import TaskState
+from ..store.base import DURATION_BUCKETS
+from ..supervisor import LEASE as SUPERVISOR_LEASE
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _Families(Collector):
+    """Hands the registry the families read beforehand (the store is read asynchronously,
+    the registry collects synchronously)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+async def families(app: App) -> list[Metric]:
+    store = await app.store()
+    out: list[Metric] = []
+
+    tasks = GaugeMetricFamily("stepwarden_tasks", "Tasks by process_state.", labels=["state"])
+    counts = await store.count_tasks()
+    for state in TaskState:
+        tasks.add_metric([str(state)], counts.get(state, 0))
+    out.append(tasks)
+
+    age = await store.oldest_pending_age()
+    out.append(
+        GaugeMetricFamily(
+            "stepwarden_oldest_pending_age_seconds",
+            "Seconds since the oldest pending task was submitted (0 when none is pending).",
+            value=age or 0.0,
+        )
+    )
+
+    labels = ["agent", "operation"]
+    started = GaugeMetricFamily(
+        "stepwarden_steps_started", "Steps claimed by an agent, of those kept.", labels=labels
+    )
+    completed = GaugeMetricFamily(
+        "stepwarden_steps_completed", "Steps completed, of those kept.", labels=labels
+    )
+    failed = GaugeMetricFamily(
+        "stepwarden_steps_failed", "Steps failed (or abandoned), of those kept.", labels=labels
+    )
+    duration = HistogramMetricFamily(
+        "stepwarden_step_duration_seconds",
+        "Time from claim to completion of the completed steps kept.",
+        labels=labels,
+    )
+    for s in await store.step_stats():
+        key = [s.agent, s.operation]
+        started.add_metric(key, s.started)
+        completed.add_metric(key, s.completed)
+        failed.add_metric(key, s.failed)
+        buckets: list[tuple[str, float]] = [
+            (_bound(b), n) for b, n in zip(DURATION_BUCKETS, s.duration_buckets, strict=True)
+        ]
+        buckets.append(("+Inf", s.completed))
+        duration.add_metric(key, buckets, s.duration_sum)
+    out.extend([started, completed, failed, duration])
+
+    out.append(
+        GaugeMetricFamily(
+            "stepwarden_deadlines_missed",
+            "Expiries recorded by the supervisor (events of kind 'expired'), of those kept.",
+            value=await store.count_events("expired"),
+        )
+    )
+
+    lease = await store.read_lease(SUPERVISOR_LEASE)
+    out.append(
+        GaugeMetricFamily(
+            "stepwarden_supervisor_lease_remaining_seconds",
+            "Seconds the supervisor leader's lease has left (negative once lapsed).",
+            value=lease.remaining if lease else float("-inf"),
+        )
+    )
+    out.extend(await _agent_families(app))
+    return out
+
+
+async def _agent_families(app: App) -> list[Metric]:
+    """Breakers, capacity and reassignments from the agent registry, when the store has it."""
+    return []
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+async def render(app: App) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(await families(app)))
+    return generate_latest(registry)
+
+
+__all__: list[Any] = ["CONTENT_TYPE", "render"]

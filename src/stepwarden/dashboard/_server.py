@@ -1,0 +1,507 @@
+"""The dashboard's web application: the pages, the JSON API, /metrics and /openapi.json."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import _check, _json
+from ..app import App
+from ..errors import StepwardenError, StoreError
+from ..states import OPERATOR_ACTIONS, TaskState
+from ..store.base import ActionOutcome
+from . import _metrics, _openapi
+from ._auth import CSRF_FIELD, SESSION_COOKIE, Guard
+from ._data import Reader
+from ._openapi import BULK_ACTIONS, TASK_ACTIONS
+from ._views import activity_chart, render, step_timeline
+
+MAX_LIST = 1000
+MAX_BULK = 10_000
+DEFAULT_BY = "dashboard"
+_CONFIRM = {
+    "cancel": "Cancel this task? It stops for good.",
+    "compensate": "Cancel this task and undo its steps?",
+}
+_LABELS = {
+    "retry": "Retry",
+    "pause": "Pause",
+    "resume": "Resume",
+    "cancel": "Cancel",
+    "compensate": "Cancel and compensate",
+}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+class BadRequest(Exception):
+    """A request the API refuses (400), with a message for the caller."""
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # `display` masks every Secret: a payload's secret is never sent.
+    return Response(
+        _json.display(data), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def error(status: int, message: str, **extra: Any) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return json_response({"error": message, **extra}, status, headers)
+
+
+def outcome_dict(o: ActionOutcome) -> dict[str, Any]:
+    return {
+        "task_id": o.task_id,
+        "applied": o.applied,
+        "before": None if o.before is None else str(o.before),
+        "after": None if o.after is None else str(o.after),
+        "message": o.message,
+    }
+
+
+# -- reading parameters ---------------------------------------------------------------------
+
+
+def _param(request: Request, name: str, *, lenient: bool) -> str | None:
+    values = request.query_params.getlist(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{name} is given more than once")
+    if values[0] == "" and lenient:  # an empty field of the pages' filter form
+        return None
+    return values[0]
+
+
+def _filters(request: Request, *, lenient: bool) -> dict[str, Any]:
+    try:
+        state = _check.state(_param(request, "state", lenient=lenient))
+        workflow = _param(request, "workflow", lenient=lenient)
+        if workflow is not None:
+            _check.name("workflow", workflow)
+        search = _param(request, "search", lenient=lenient)
+        if search is not None:
+            _check.name("search", search)
+    except StepwardenError as exc:
+        raise BadRequest(str(exc)) from None
+    return {
+        "state": state,
+        "workflow": workflow,
+        "search": search,
+        "limit": _limit(request, lenient=lenient),
+    }
+
+
+def _limit(request: Request, *, lenient: bool, default: int = 100) -> int:
+    raw = _param(request, "limit", lenient=lenient)
+    if raw is None:
+        return default
+    try:
+        value = int(raw) if raw.strip().lstrip("-").isdigit() else None
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= MAX_LIST:
+        raise BadRequest(f"limit must be an integer from 1 to {MAX_LIST}, not {raw!r}")
+    return value
+
+
+async def _body(request: Request, *, required: bool) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise BadRequest("the request needs a JSON object as its body")
+        return {}
+    try:
+        value = _json.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("the body must be a JSON object")
+    return value
+
+
+def _only(body: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+
+
+def _integral(body: dict[str, Any], name: str) -> None:
+    """JSON Schema counts 3.0 as an integer: take it as 3."""
+    value = body.get(name)
+    if isinstance(value, float) and value.is_integer():
+        body[name] = int(value)
+
+
+def _present(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    """The field's value if given (None otherwise), which must be of `kind` (not null)."""
+    if name not in body:
+        return None
+    value = body[name]
+    ok = (
+        isinstance(value, bool)
+        if kind is bool
+        else (isinstance(value, kind) and not isinstance(value, bool))
+    )
+    if not ok:
+        raise BadRequest(f"{name} must be {what}")
+    return value
+
+
+# -- the application ------------------------------------------------------------------------
+
+
+def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
+    """The dashboard of `app` (its store), as an ASGI application. State-changing requests
+    need `token` (or a signed-in session and its CSRF token)."""
+    guard = Guard(token)
+    reader = Reader(app)
+
+    def page(
+        request: Request, template: str, live: str, status: int = 200, **context: Any
+    ) -> Response:
+        if request.headers.get("x-live") == "1":
+            template = live
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        html = render(
+            template,
+            title=context.pop("title", ""),
+            page=context.pop("page", ""),
+            csrf=guard.csrf_for(request),
+            app_name=app.name,
+            show_agents=show_agents,
+            path=path,
+            now=datetime.now(UTC),
+            **context,
+        )
+        return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+    def html_error(request: Request, status: int, message: str) -> Response:
+        return page(request, "error.html", "error.html", status, title="Error", message=message)
+
+    # -- pages ------------------------------------------------------------------------------
+    async def overview_page(request: Request) -> Response:
+        data = await reader.overview()
+        return page(
+            request,
+            "overview.html",
+            "_overview_live.html",
+            title="Overview",
+            page="overview",
+            data=data,
+            activity_chart=activity_chart(data["activity"]),
+        )
+
+    async def tasks_page(request: Request) -> Response:
+        try:
+            filters = _filters(request, lenient=True)
+        except BadRequest as exc:
+            return html_error(request, 400, str(exc))
+        data = await reader.tasks(**filters)
+        return page(
+            request,
+            "tasks.html",
+            "_tasks_live.html",
+            title="Tasks",
+            page="tasks",
+            data=data,
+            filters=filters,
+            limit=filters["limit"],
+            bulk_actions=BULK_ACTIONS,
+        )
+
+    async def task_page(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        try:
+            _check.name("task_id", task_id)
+        except StepwardenError as exc:
+            return html_error(request, 400, str(exc))
+        data = await reader.task(task_id)
+        if data is None:
+            return html_error(request, 404, f"no task {task_id!r}")
+        state = TaskState(data["task"]["process_state"])
+        actions = [
+            {
+                "name": name,
+                "label": _LABELS[name],
+                "confirm": _CONFIRM.get(name),
+                "allowed": state in OPERATOR_ACTIONS[name],
+                "why": f"not when the task is {state}",
+            }
+            for name in BULK_ACTIONS
+        ]
+        return page(
+            request,
+            "task.html",
+            "_task_live.html",
+            title=f"Task {task_id}",
+            page="tasks",
+            data=data,
+            actions=actions,
+            skip_allowed=state in OPERATOR_ACTIONS["skip"],
+            timeline=step_timeline(data["task"], data["steps"], datetime.now(UTC)),
+        )
+
+    async def alerts_page(request: Request) -> Response:
+        try:
+            limit = _limit(request, lenient=True, default=200)
+        except BadRequest as exc:
+            return html_error(request, 400, str(exc))
+        return page(
+            request,
+            "alerts.html",
+            "_alerts_live.html",
+            title="Alerts",
+            page="alerts",
+            data=await reader.alerts(limit),
+        )
+
+    async def login_page(request: Request) -> Response:
+        next_ = _safe_next(request.query_params.get("next"))
+        return page(request, "login.html", "login.html", title="Sign in", next=next_, failed=False)
+
+    async def login(request: Request) -> Response:
+        form = _form(await request.body())
+        next_ = _safe_next(form.get("next"))
+        if not guard.token_matches(form.get("token", "")):
+            return page(
+                request, "login.html", "login.html", 401, title="Sign in", next=next_, failed=True
+            )
+        response = RedirectResponse(next_, status_code=303)
+        response.set_cookie(
+            SESSION_COOKIE, guard.sign_in(), httponly=True, samesite="strict", path="/"
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        verdict = guard.check(request, _form(await request.body()).get(CSRF_FIELD))
+        if not verdict.allowed:
+            return html_error(request, verdict.status, verdict.reason)
+        guard.sign_out(request)
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    # -- the JSON API -----------------------------------------------------------------------
+    async def api_overview(request: Request) -> Response:
+        return json_response(await reader.overview())
+
+    async def api_tasks(request: Request) -> Response:
+        return json_response(await reader.tasks(**_filters(request, lenient=False)))
+
+    async def api_task(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        try:
+            _check.name("task_id", task_id)
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        data = await reader.task(task_id)
+        if data is None:
+            return error(404, f"no task {task_id!r}")
+        return json_response(data)
+
+    async def api_alerts(request: Request) -> Response:
+        return json_response(await reader.alerts(_limit(request, lenient=False)))
+
+    async def api_task_action(request: Request) -> Response:
+        verdict = guard.check(request)
+        if not verdict.allowed:
+            return error(verdict.status, verdict.reason)
+        task_id = request.path_params["task_id"]
+        action = request.path_params["action"]
+        if action not in TASK_ACTIONS:
+            return error(404, f"unknown action {action!r} (known: {', '.join(TASK_ACTIONS)})")
+        body = await _body(request, required=action == "skip")
+        _only(body, {"reason", "by", "seq", "result"} if action == "skip" else {"reason", "by"})
+        if action == "skip" and "seq" not in body:
+            raise BadRequest("skip needs the step: seq")
+        _integral(body, "seq")
+        try:
+            [outcome] = await app.operate_async(
+                action,
+                [task_id],
+                reason=body.get("reason"),
+                by=DEFAULT_BY if body.get("by") is None else body["by"],
+                seq=body.get("seq"),
+                result=body.get("result"),
+            )
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        if outcome.before is None:
+            return error(404, outcome.message)
+        if not outcome.applied:
+            return error(409, outcome.message, outcome=outcome_dict(outcome))
+        return json_response({"outcome": outcome_dict(outcome)})
+
+    async def api_bulk(request: Request) -> Response:
+        verdict = guard.check(request)
+        if not verdict.allowed:
+            return error(verdict.status, verdict.reason)
+        body = await _body(request, required=True)
+        _only(
+            body,
+            {"action", "task_ids", "state", "workflow", "limit", "reason", "by", "dry_run"},
+        )
+        action = body.get("action")
+        if action not in BULK_ACTIONS:
+            raise BadRequest(f"action must be one of {', '.join(BULK_ACTIONS)}")
+        if ("task_ids" in body) == ("state" in body or "workflow" in body):
+            raise BadRequest("name the tasks (task_ids), or a filter (state, workflow), not both")
+        _integral(body, "limit")
+        task_ids = _present(body, "task_ids", list, "a list of task ids")
+        if task_ids is not None and not 1 <= len(task_ids) <= MAX_BULK:
+            raise BadRequest(f"task_ids must list 1 to {MAX_BULK} tasks")
+        _present(body, "state", str, "a task state")
+        _present(body, "workflow", str, "a workflow name")
+        limit = _present(body, "limit", int, f"an integer from 1 to {MAX_BULK}")
+        if limit is not None and not 1 <= limit <= MAX_BULK:
+            raise BadRequest(f"limit must be an integer from 1 to {MAX_BULK}")
+        dry_run = _present(body, "dry_run", bool, "true or false")
+        try:
+            outcomes = await app.operate_async(
+                action,
+                task_ids,
+                state=body.get("state"),
+                workflow=body.get("workflow"),
+                limit=limit or MAX_BULK,
+                reason=body.get("reason"),
+                by=DEFAULT_BY if body.get("by") is None else body["by"],
+                dry_run=bool(dry_run),
+            )
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        would = [o for o in outcomes if o.message.startswith("would ")] if dry_run else []
+        applied = len(would) if dry_run else sum(o.applied for o in outcomes)
+        return json_response(
+            {
+                "dry_run": bool(dry_run),
+                "applied": applied,
+                "refused": len(outcomes) - applied,
+                "outcomes": [outcome_dict(o) for o in outcomes],
+            }
+        )
+
+    async def metrics(request: Request) -> Response:
+        body = await _metrics.render(app)
+        return Response(body, media_type=_metrics.CONTENT_TYPE)
+
+    async def openapi(request: Request) -> Response:
+        return json_response(_openapi.document(show_agents=show_agents))
+
+    # -- errors -----------------------------------------------------------------------------
+    async def on_bad_request(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/api/"):
+            return error(400, str(exc))
+        return html_error(request, 400, str(exc))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if request.url.path.startswith("/api/"):
+            return json_response({"error": exc.detail}, exc.status_code, headers or None)
+        response = html_error(request, exc.status_code, exc.detail)
+        response.headers.update(headers)
+        return response
+
+    async def on_store_error(request: Request, exc: Exception) -> Response:
+        message = f"the store is unavailable: {' '.join(str(exc).split())}"
+        if request.url.path.startswith("/api/") or request.url.path == "/metrics":
+            return error(503, message)
+        return html_error(request, 503, message)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await app.store()  # open it (and fail early) before the first request
+        try:
+            yield
+        finally:
+            await app.aclose()
+
+    routes = [
+        Route("/", overview_page),
+        Route("/tasks", tasks_page),
+        Route("/tasks/{task_id:path}", task_page),
+        Route("/alerts", alerts_page),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/api/overview", api_overview),
+        Route("/api/tasks", api_tasks),
+        Route("/api/tasks/{task_id:path}/{action}", api_task_action, methods=["POST"]),
+        Route("/api/tasks/{task_id:path}", api_task),
+        Route("/api/alerts", api_alerts),
+        Route("/api/actions", api_bulk, methods=["POST"]),
+        Route("/metrics", metrics),
+        Route("/openapi.json", openapi),
+        Mount("/static", StaticFiles(packages=[("stepwarden.dashboard", "static")])),
+    ]
+    starlette = Starlette(
+        routes=routes,
+        middleware=[Middleware(_SecurityHeaders)],
+        lifespan=lifespan,
+        exception_handlers={
+            BadRequest: on_bad_request,
+            HTTPException: on_http_error,
+            StoreError: on_store_error,
+        },
+    )
+    return starlette
+
+
+class _SecurityHeaders:
+    """The security headers on every response (no framing, no inline script)."""
+
+    def __init__(self, inner: ASGIApp) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.inner(scope, receive, with_headers)
+
+
+def _form(body: bytes) -> dict[str, str]:
+    parsed = parse_qs(body.decode(errors="replace"), keep_blank_values=True)
+    return {k: v[-1] for k, v in parsed.items()}
+
+
+def _safe_next(value: str | None) -> str:
+    """Where to go after signing in: a path of this site only."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value

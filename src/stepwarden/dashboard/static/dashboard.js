@@ -1,0 +1,134 @@
+// The dashboard's behaviour: live updates (the page's #live part is fetched again every
+// 1.5 s) and operator actions (POST to the JSON API with the session's CSRF token).
+"use strict";
+(function () {
+  const REFRESH_MS = 1500;
+
+  function csrf() {
+    const meta = document.querySelector('meta[name="csrf-token"]');
+    return meta ? meta.content : null;
+  }
+
+  function flash(text, kind) {
+    const box = document.getElementById("flash");
+    if (!box) return;
+    box.textContent = text;
+    box.className = kind;
+  }
+
+  function flashList(lines, kind) {
+    const box = document.getElementById("flash");
+    if (!box) return;
+    box.replaceChildren();
+    for (const line of lines) {
+      const div = document.createElement("div");
+      div.textContent = line;
+      box.appendChild(div);
+    }
+    box.className = kind;
+  }
+
+  let refreshing = false;
+  async function refresh() {
+    const live = document.getElementById("live");
+    if (!live || refreshing) return;
+    const active = document.activeElement;
+    if (active && live.contains(active) && ["INPUT", "TEXTAREA", "SELECT"].includes(active.tagName)) {
+      return; // the operator is typing in it
+    }
+    refreshing = true;
+    try {
+      const response = await fetch(location.href, { headers: { "X-Live": "1" }, cache: "no-store" });
+      if (response.ok) {
+        const html = await response.text();
+        const focused = document.activeElement;
+        if (!(focused && live.contains(focused) && focused.tagName === "INPUT")) {
+          live.innerHTML = html;
+          live.dataset.updated = String(Date.now());
+        }
+      }
+    } catch (err) {
+      // the dashboard is restarting, or the network is down: try again next time
+    } finally {
+      refreshing = false;
+    }
+  }
+  setInterval(refresh, REFRESH_MS);
+
+  async function post(url, body) {
+    const headers = { "Content-Type": "application/json" };
+    const token = csrf();
+    if (token) headers["X-CSRF-Token"] = token;
+    const response = await fetch(url, {
+      method: "POST",
+      headers: headers,
+      body: JSON.stringify(body),
+      credentials: "same-origin",
+    });
+    let data = {};
+    try {
+      data = await response.json();
+    } catch (err) {
+      data = {};
+    }
+    return [response, data];
+  }
+
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-action]");
+    if (!button) return;
+    event.preventDefault();
+    const action = button.dataset.action;
+    const task = button.dataset.task;
+    if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+    const body = {};
+    const reason = document.getElementById("reason");
+    if (reason && reason.value) body.reason = reason.value;
+    if (action === "skip") {
+      body.seq = Number(button.dataset.seq);
+      const field = document.getElementById("skip-result-" + button.dataset.seq);
+      try {
+        body.result = JSON.parse(field && field.value ? field.value : "null");
+      } catch (err) {
+        flash("The result is not JSON.", "error");
+        return;
+      }
+    }
+    button.disabled = true;
+    const [response, data] = await post(
+      "/api/tasks/" + encodeURIComponent(task) + "/" + action, body);
+    if (response.ok) {
+      flash(action + ": " + data.outcome.before + " → " + data.outcome.after, "ok");
+    } else {
+      flash(action + " refused (" + response.status + "): " + (data.error || response.statusText), "error");
+    }
+    refresh();
+  });
+
+  const bulk = document.getElementById("bulk");
+  if (bulk) {
+    bulk.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const form = new FormData(bulk);
+      const body = { action: form.get("action"), dry_run: form.get("dry_run") === "on" };
+      if (form.get("reason")) body.reason = form.get("reason");
+      if (bulk.dataset.search) {
+        body.task_ids = Array.from(document.querySelectorAll("#tasks tr[data-task]"),
+          (row) => row.dataset.task);
+      } else {
+        if (bulk.dataset.state) body.state = bulk.dataset.state;
+        if (bulk.dataset.workflow) body.workflow = bulk.dataset.workflow;
+      }
+      const [response, data] = await post("/api/actions", body);
+      if (!response.ok) {
+        flash("refused (" + response.status + "): " + (data.error || response.statusText), "error");
+        return;
+      }
+      const lines = [(body.dry_run ? "Dry run: " : "") + data.applied + " applied, " +
+        data.refused + " refused, of " + data.outcomes.length];
+      for (const o of data.outcomes.slice(0, 50)) lines.push(o.task_id + ": " + o.message);
+      flashList(lines, "ok");
+      refresh();
+    });
+  }
+})();

@@ -1,0 +1,127 @@
+"""The dashboard in a real browser: an operator finds a failed task, retries it and sees it
+complete; requests without the token or the CSRF token change nothing; a secret is never
+shown."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from playwright.sync_api import Page, expect
+
+from .conftest import TOKEN, Served
+from .dash_app import CARD
+
+
+def sign_in(page: Page) -> None:
+    page.click("#sign-in")
+    page.fill("input[name=token]", TOKEN)
+    page.click("form.login button[type=submit]")
+    expect(page.locator("meta[name=csrf-token]")).to_have_count(1)
+
+
+def test_a_failed_task_is_found_from_the_overview_retried_and_completes(
+    served: Served, page: Page
+) -> None:
+    page.goto(served.url + "/")
+    expect(page.locator(".card[data-state=error] .count")).to_have_text("2")
+    page.locator("#failed-tasks").get_by_role("link", name="order-1", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/tasks/order-1$"))
+    expect(page.locator("#task-state")).to_have_text("error")
+    expect(page.locator("#steps .step-failed")).to_contain_text("the stamp pad is dry")
+
+    sign_in(page)
+    expect(page).to_have_url(re.compile(r"/tasks/order-1$"))  # back where the operator was
+    page.evaluate("window.notReloaded = true")
+    served.flag.touch()  # the operator fixed the fault
+    page.fill("#reason", "pad refilled")
+    page.click("#actions button[data-action=retry]")
+    expect(page.locator("#flash")).to_have_text("retry: error → pending")
+
+    # The page follows the task without being reloaded, until the worker has completed it.
+    expect(page.locator("#task-state")).to_have_text("processed")
+    assert page.evaluate("window.notReloaded") is True
+    expect(page.locator("#steps .step-completed")).to_have_count(1)
+    expect(page.locator("#task-result")).to_contain_text('"stamped": 1')
+    operator = page.locator("#history tr.event-operator")
+    expect(operator).to_contain_text("retry by dashboard: error → pending")
+    expect(operator).to_contain_text("pad refilled")
+    assert served.state("order-1") == "processed"
+
+
+def test_actions_without_the_token_or_the_csrf_token_are_refused_and_change_nothing(
+    served: Served, page: Page
+) -> None:
+    before = served.get("/api/tasks/order-2").json()
+    assert before["task"]["process_state"] == "error"
+
+    # No credentials, a wrong token, and a GET that would change state.
+    assert served.post("/api/tasks/order-2/cancel").status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert served.post("/api/tasks/order-2/cancel", headers=wrong).status_code == 401
+    bulk = {"action": "cancel", "state": "error"}
+    assert served.post("/api/actions", json=bulk).status_code == 401
+    assert served.get("/api/tasks/order-2/cancel").status_code == 404  # no GET action
+
+    # A signed-in browser session whose request lacks the CSRF token (as a request forged by
+    # another site would), or carries a wrong one.
+    page.goto(served.url + "/tasks/order-2")
+    sign_in(page)
+    statuses = page.evaluate(
+        """async () => {
+            const post = (url, headers, body) => fetch(url, {method: "POST", headers: headers,
+                body: body, credentials: "same-origin"}).then((r) => r.status);
+            return [
+                await post("/api/tasks/order-2/cancel", {}),
+                await post("/api/tasks/order-2/cancel", {"X-CSRF-Token": "forged"}),
+                await post("/api/actions", {"Content-Type": "application/json"},
+                    JSON.stringify({action: "cancel", state: "error"})),
+            ];
+        }"""
+    )
+    assert statuses == [403, 403, 403]
+    # A form posted from another page, with the cookie but without the token.
+    refused = page.evaluate(
+        """async () => (await fetch("/logout", {method: "POST", credentials: "same-origin",
+            headers: {"Content-Type": "application/x-www-form-urlencoded"}})).status"""
+    )
+    assert refused == 403
+
+    after = served.get("/api/tasks/order-2").json()
+    assert after == before
+    assert not [e for e in after["events"] if e["kind"] == "operator"]
+
+    # The same session with its CSRF token is let through (a dry run: nothing changes).
+    allowed = page.evaluate(
+        """async () => {
+            const token = document.querySelector("meta[name=csrf-token]").content;
+            const r = await fetch("/api/actions", {method: "POST", credentials: "same-origin",
+                headers: {"Content-Type": "application/json", "X-CSRF-Token": token},
+                body: JSON.stringify({action: "cancel", task_ids: ["order-2"], dry_run: true})});
+            return [r.status, await r.json()];
+        }"""
+    )
+    assert allowed[0] == 200
+    assert allowed[1]["outcomes"][0]["message"] == "would cancel: error -> cancelled"
+    assert served.get("/api/tasks/order-2").json() == before
+
+
+def test_a_secret_never_appears_in_any_page(served: Served, page: Page) -> None:
+    shown: dict[str, str] = {}
+    for path in ("/", "/tasks", "/tasks?state=error", "/tasks/order-1", "/tasks/order-2"):
+        page.goto(served.url + path)
+        page.locator("details").evaluate_all("(ds) => ds.forEach((d) => { d.open = true; })")
+        shown[path] = page.content()
+    page.goto(served.url + "/alerts")
+    shown["/alerts"] = page.content()
+    for path in ("/api/overview", "/api/tasks", "/api/tasks/order-2", "/api/alerts", "/metrics"):
+        response = served.get(path)
+        assert response.status_code == 200
+        shown[path] = response.text
+    for path, text in shown.items():
+        assert CARD not in text, path
+    # The input is shown, its secret masked.
+    assert '"card": "***"' in shown["/tasks/order-2"]
+    assert '"card":"***"' in shown["/api/tasks/order-2"]
+    # Not by accident: the store holds it, and gives it to the operation.
+    assert httpx.get(served.url + "/api/tasks/order-2").json()["task"]["input"]["id"] == 2
