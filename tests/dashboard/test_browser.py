@@ -9,8 +9,11 @@ import re
 import httpx
 from playwright.sync_api import Page, expect
 
+from tests.cli.helpers import sql
+
 from .conftest import TOKEN, Served
 from .dash_app import CARD
+from .test_api import AGENTS, STEP_COUNTS
 
 
 def sign_in(page: Page) -> None:
@@ -112,9 +115,11 @@ def test_a_secret_never_appears_in_any_page(served: Served, page: Page) -> None:
         page.goto(served.url + path)
         page.locator("details").evaluate_all("(ds) => ds.forEach((d) => { d.open = true; })")
         shown[path] = page.content()
-    page.goto(served.url + "/alerts")
-    shown["/alerts"] = page.content()
-    for path in ("/api/overview", "/api/tasks", "/api/tasks/order-2", "/api/alerts", "/metrics"):
+    for path in ("/alerts", "/agents"):
+        page.goto(served.url + path)
+        shown[path] = page.content()
+    api = ("/api/overview", "/api/tasks", "/api/tasks/order-2", "/api/alerts", "/api/agents")
+    for path in (*api, "/metrics"):
         response = served.get(path)
         assert response.status_code == 200
         shown[path] = response.text
@@ -125,3 +130,18 @@ def test_a_secret_never_appears_in_any_page(served: Served, page: Page) -> None:
     assert '"card":"***"' in shown["/api/tasks/order-2"]
     # Not by accident: the store holds it, and gives it to the operation.
     assert httpx.get(served.url + "/api/tasks/order-2").json()["task"]["input"]["id"] == 2
+
+
+def test_the_agents_page_shows_the_worker_s_agent_instance(served: Served, page: Page) -> None:
+    [(instance, capacity)] = sql(served.store_url, AGENTS)
+    page.goto(served.url + "/")
+    page.get_by_role("link", name="Agents").click()
+    row = page.locator(f"#agents tr[data-instance='{instance}']")
+    expect(row).to_have_attribute("data-agent", "desk")
+    expect(row.locator("td").nth(2)).to_have_text("stamp")
+    expect(row.locator("td").nth(3)).to_contain_text(f"/ {capacity}")
+    expect(row.locator(".badge")).to_have_text("closed")
+    expect(row.locator("td").nth(7)).to_have_text("yes")
+    [counts] = sql(served.store_url, STEP_COUNTS)
+    cells = page.locator("#operations tr", has_text="desk.stamp").locator("td")
+    expect(cells).to_have_text(["desk.stamp", *(str(n) for n in counts), "0"])

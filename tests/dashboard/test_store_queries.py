@@ -93,7 +93,7 @@ async def test_the_dashboard_queries_read_what_the_store_holds(store_url: str) -
 
         [stats] = await store.step_stats()
         assert (stats.agent, stats.operation) == ("desk", "stamp")
-        assert (stats.started, stats.completed, stats.failed) == (2, 1, 1)
+        assert (stats.started, stats.completed, stats.failed, stats.reassignments) == (2, 1, 1, 0)
         assert len(stats.duration_buckets) == len(DURATION_BUCKETS)
         # The one completed step took at least RUN_FOR: no bucket below it counts it, the
         # widest ones (a minute) do.

@@ -33,12 +33,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: App, sock: socket.socket, *, token: str, show_agents: bool = False) -> None:
+def serve(app: App, sock: socket.socket, *, token: str) -> None:
     """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM)."""
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(app, token=token, show_agents=show_agents),
+        create_app(app, token=token),
         log_level="warning",
         access_log=False,
         lifespan="on",

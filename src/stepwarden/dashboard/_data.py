@@ -9,7 +9,7 @@ from typing import Any
 
 from ..app import App
 from ..states import TaskState
-from ..store.base import EventRecord, OutboxMessage, StepRecord, TaskRecord
+from ..store.base import AgentInstance, EventRecord, OutboxMessage, StepRecord, TaskRecord
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
 ALERTS = "alerts"
@@ -97,6 +97,22 @@ def alert_dict(m: OutboxMessage) -> dict[str, Any]:
     }
 
 
+def agent_dict(a: AgentInstance) -> dict[str, Any]:
+    return {
+        "instance": a.instance,
+        "agent": a.agent,
+        "operations": list(a.operations),
+        "capacity": a.capacity,
+        "inflight": a.inflight,
+        "breaker": a.breaker,
+        "breaker_detail": a.breaker_detail,
+        "started_at": a.started_at,
+        "heartbeat_at": a.heartbeat_at,
+        "expires_at": a.expires_at,
+        "alive": a.alive,
+    }
+
+
 @dataclass
 class Reader:
     """The dashboard's reads, through the App's store for the running event loop."""
@@ -165,6 +181,26 @@ class Reader:
             "task": task_detail(task),
             "steps": [step_dict(s) for s in steps],
             "events": [event_dict(e) for e in events],
+        }
+
+    async def agents(self) -> dict[str, Any]:
+        """The agent registry (instances gone recently included), with each agent's and
+        operation's step figures."""
+        instances = await self.app.agent_instances_async()
+        stats = await (await self.app.store()).step_stats()
+        return {
+            "instances": [agent_dict(a) for a in instances],
+            "operations": [
+                {
+                    "agent": s.agent,
+                    "operation": s.operation,
+                    "started": s.started,
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "reassignments": s.reassignments,
+                }
+                for s in stats
+            ],
         }
 
     async def alerts(self, limit: int) -> dict[str, Any]:

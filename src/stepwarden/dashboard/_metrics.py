@@ -8,18 +8,19 @@ not counters since the start.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..app import App
+from ..breaker import CLOSED, HALF_OPEN, OPEN
 from ..states import TaskState
 from ..store.base import DURATION_BUCKETS
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
 
 
 class _Families(Collector):
@@ -62,6 +63,12 @@ async def families(app: App) -> list[Metric]:
     failed = GaugeMetricFamily(
         "stepwarden_steps_failed", "Steps failed (or abandoned), of those kept.", labels=labels
     )
+    reassigned = GaugeMetricFamily(
+        "stepwarden_step_reassignments",
+        "Times steps were handed to another agent instance (theirs gone, or its breaker "
+        "open), of the steps kept.",
+        labels=labels,
+    )
     duration = HistogramMetricFamily(
         "stepwarden_step_duration_seconds",
         "Time from claim to completion of the completed steps kept.",
@@ -72,12 +79,13 @@ async def families(app: App) -> list[Metric]:
         started.add_metric(key, s.started)
         completed.add_metric(key, s.completed)
         failed.add_metric(key, s.failed)
+        reassigned.add_metric(key, s.reassignments)
         buckets: list[tuple[str, float]] = [
             (_bound(b), n) for b, n in zip(DURATION_BUCKETS, s.duration_buckets, strict=True)
         ]
         buckets.append(("+Inf", s.completed))
         duration.add_metric(key, buckets, s.duration_sum)
-    out.extend([started, completed, failed, duration])
+    out.extend([started, completed, failed, reassigned, duration])
 
     out.append(
         GaugeMetricFamily(
@@ -100,8 +108,32 @@ async def families(app: App) -> list[Metric]:
 
 
 async def _agent_families(app: App) -> list[Metric]:
-    """Breakers, capacity and reassignments from the agent registry, when the store has it."""
-    return []
+    """From the agent registry: each instance's breaker, calls in flight and capacity."""
+    labels = ["agent", "instance"]
+    breaker = GaugeMetricFamily(
+        "stepwarden_agent_breaker_state",
+        "1 for the state each agent instance's circuit breaker is in, 0 for the others.",
+        labels=[*labels, "state"],
+    )
+    inflight = GaugeMetricFamily(
+        "stepwarden_agent_inflight", "Calls an agent instance has in flight.", labels=labels
+    )
+    capacity = GaugeMetricFamily(
+        "stepwarden_agent_capacity", "Calls an agent instance makes at once.", labels=labels
+    )
+    alive = GaugeMetricFamily(
+        "stepwarden_agent_alive",
+        "1 while an agent instance's heartbeats arrive, 0 once gone (kept for an hour).",
+        labels=labels,
+    )
+    for a in await app.agent_instances_async():
+        key = [a.agent, a.instance]
+        for state in BREAKER_STATES:
+            breaker.add_metric([*key, state], float(a.breaker == state))
+        inflight.add_metric(key, a.inflight)
+        capacity.add_metric(key, a.capacity)
+        alive.add_metric(key, float(a.alive))
+    return [breaker, inflight, capacity, alive]
 
 
 def _bound(value: float) -> str:
@@ -112,6 +144,3 @@ async def render(app: App) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(await families(app)))
     return generate_latest(registry)
-
-
-__all__: list[Any] = ["CONTENT_TYPE", "render"]

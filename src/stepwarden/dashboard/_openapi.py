@@ -168,6 +168,31 @@ SCHEMAS: dict[str, Any] = {
             "alerts": {"type": "array", "items": _ref("Alert")},
         }
     ),
+    "AgentInstance": _object(
+        {
+            "instance": {"type": "string"},
+            "agent": {"type": "string"},
+            "operations": {"type": "array", "items": {"type": "string"}},
+            "capacity": {"type": "integer"},
+            "inflight": {"type": "integer"},
+            "breaker": {"type": "string", "enum": ["closed", "open", "half_open"]},
+            "breaker_detail": {"type": "object"},
+            "started_at": TIME,
+            "heartbeat_at": TIME,
+            "expires_at": TIME,
+            "alive": {"type": "boolean"},
+        }
+    ),
+    "OperationStats": _object(
+        {
+            "agent": {"type": "string"},
+            "operation": {"type": "string"},
+            "started": {"type": "integer"},
+            "completed": {"type": "integer"},
+            "failed": {"type": "integer"},
+            "reassignments": {"type": "integer"},
+        }
+    ),
     "ActionRequest": _object(
         {
             "reason": _nullable({"type": "string", "maxLength": MAX_REASON}),
@@ -229,7 +254,7 @@ LIMIT = {
 }
 
 
-def document(*, show_agents: bool = False) -> dict[str, Any]:
+def document() -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/api/overview": {
             "get": {
@@ -382,6 +407,27 @@ def document(*, show_agents: bool = False) -> dict[str, Any]:
                         "The alerts.",
                     ),
                     "400": BAD,
+                },
+            }
+        },
+        "/api/agents": {
+            "get": {
+                "operationId": "listAgents",
+                "summary": "The agent registry: every agent instance (those gone within the "
+                "last hour included), and the steps of each agent's operations.",
+                "responses": {
+                    "200": _json(
+                        _object(
+                            {
+                                "instances": {"type": "array", "items": _ref("AgentInstance")},
+                                "operations": {
+                                    "type": "array",
+                                    "items": _ref("OperationStats"),
+                                },
+                            }
+                        ),
+                        "The agents.",
+                    )
                 },
             }
         },

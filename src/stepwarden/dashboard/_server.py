@@ -173,7 +173,7 @@ def _present(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
 # -- the application ------------------------------------------------------------------------
 
 
-def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
+def create_app(app: App, *, token: str) -> Starlette:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
     need `token` (or a signed-in session and its CSRF token)."""
     guard = Guard(token)
@@ -191,7 +191,6 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
             page=context.pop("page", ""),
             csrf=guard.csrf_for(request),
             app_name=app.name,
-            show_agents=show_agents,
             path=path,
             now=datetime.now(UTC),
             **context,
@@ -278,6 +277,16 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
             data=await reader.alerts(limit),
         )
 
+    async def agents_page(request: Request) -> Response:
+        return page(
+            request,
+            "agents.html",
+            "_agents_live.html",
+            title="Agents",
+            page="agents",
+            data=await reader.agents(),
+        )
+
     async def login_page(request: Request) -> Response:
         next_ = _safe_next(request.query_params.get("next"))
         return page(request, "login.html", "login.html", title="Sign in", next=next_, failed=False)
@@ -321,6 +330,9 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
         if data is None:
             return error(404, f"no task {task_id!r}")
         return json_response(data)
+
+    async def api_agents(request: Request) -> Response:
+        return json_response(await reader.agents())
 
     async def api_alerts(request: Request) -> Response:
         return json_response(await reader.alerts(_limit(request, lenient=False)))
@@ -412,7 +424,7 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
         return Response(body, media_type=_metrics.CONTENT_TYPE)
 
     async def openapi(request: Request) -> Response:
-        return json_response(_openapi.document(show_agents=show_agents))
+        return json_response(_openapi.document())
 
     # -- errors -----------------------------------------------------------------------------
     async def on_bad_request(request: Request, exc: Exception) -> Response:
@@ -448,6 +460,7 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
         Route("/tasks", tasks_page),
         Route("/tasks/{task_id:path}", task_page),
         Route("/alerts", alerts_page),
+        Route("/agents", agents_page),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -456,6 +469,7 @@ def create_app(app: App, *, token: str, show_agents: bool = False) -> Starlette:
         Route("/api/tasks/{task_id:path}/{action}", api_task_action, methods=["POST"]),
         Route("/api/tasks/{task_id:path}", api_task),
         Route("/api/alerts", api_alerts),
+        Route("/api/agents", api_agents),
         Route("/api/actions", api_bulk, methods=["POST"]),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),

@@ -774,7 +774,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def step_stats(self) -> list[StepStats]:
         """For each agent and operation of the stored steps: how many were started
-        (claimed), completed and failed, and how long the completed ones took."""
+        (claimed), completed, failed and reassigned, and how long the completed ones took."""
 
     @abc.abstractmethod
     async def count_events(self, kind: str) -> int:
@@ -823,6 +823,8 @@ class StepStats:
     started: int
     completed: int
     failed: int
+    reassignments: int
+    """Times steps were handed to another agent instance (theirs gone, or its breaker open)."""
     duration_buckets: tuple[int, ...]
     """Completed steps that took at most each of DURATION_BUCKETS (cumulative)."""
     duration_sum: float

@@ -1258,6 +1258,7 @@ class PostgresStore(Store):
                 started=r["started"],
                 completed=r["completed"],
                 failed=r["failed"],
+                reassignments=int(r["reassignments"] or 0),
                 duration_buckets=tuple(int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))),
                 duration_sum=float(r["duration_sum"]),
             )

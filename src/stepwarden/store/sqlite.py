@@ -1057,6 +1057,7 @@ class SQLiteStore(Store):
                     started=r["started"],
                     completed=r["completed"],
                     failed=r["failed"],
+                    reassignments=int(r["reassignments"] or 0),
                     duration_buckets=tuple(
                         int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))
                     ),

@@ -759,12 +759,13 @@ SELECT w.now, a.b, a.processed, a.failed FROM w LEFT JOIN (
 ORDER BY a.b
 
 -- name: step_stats
--- Per agent and operation: steps started, completed and failed; the completed steps'
--- durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
+-- Per agent and operation: steps started, completed, failed and reassigned; the completed
+-- steps' durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
 SELECT agent, operation,
        count(claimed_at)::int AS started,
        count(*) FILTER (WHERE state = 'completed')::int AS completed,
        count(*) FILTER (WHERE state = 'failed')::int AS failed,
+       sum(reassignments)::int AS reassignments,
        coalesce(sum(d), 0)::float8 AS duration_sum,
        sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END)::int AS b0,
        sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END)::int AS b1,
@@ -780,7 +781,7 @@ SELECT agent, operation,
        sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END)::int AS b11,
        sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END)::int AS b12
 FROM (
-    SELECT agent, operation, state, claimed_at,
+    SELECT agent, operation, state, claimed_at, reassignments,
            CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
                 THEN greatest(extract(epoch FROM finished_at - claimed_at)::float8, 0) END AS d
     FROM stepwarden_steps

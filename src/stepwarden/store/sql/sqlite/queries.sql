@@ -463,12 +463,13 @@ SELECT b, sum(processed) AS processed, sum(failed) AS failed FROM (
 GROUP BY b ORDER BY b
 
 -- name: step_stats
--- Per agent and operation: steps started, completed and failed; the completed steps'
--- durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
+-- Per agent and operation: steps started, completed, failed and reassigned; the completed
+-- steps' durations (claimed to finished) counted under each bound of base.DURATION_BUCKETS.
 SELECT agent, operation,
        sum(CASE WHEN claimed_at IS NOT NULL THEN 1 ELSE 0 END) AS started,
        sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END) AS completed,
        sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed,
+       sum(reassignments) AS reassignments,
        coalesce(sum(d), 0.0) AS duration_sum,
        sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END) AS b0,
        sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END) AS b1,
@@ -484,7 +485,7 @@ SELECT agent, operation,
        sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END) AS b11,
        sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END) AS b12
 FROM (
-    SELECT agent, operation, state, claimed_at,
+    SELECT agent, operation, state, claimed_at, reassignments,
            CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
                 THEN max(finished_at - claimed_at, 0.0) END AS d
     FROM stepwarden_steps

@@ -1,0 +1,112 @@
+"""The JSON API and /metrics, against the real dashboard process: the metrics say what the
+store holds, and the API answers as its OpenAPI document (/openapi.json) says."""
+
+from __future__ import annotations
+
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from prometheus_client.parser import text_string_to_metric_families
+
+import stepwarden as sw
+from tests.cli.helpers import sql
+
+from .conftest import TOKEN, Served, submit_orders, wait_for
+
+AGENTS = "SELECT instance, capacity FROM stepwarden_agents WHERE agent = 'desk'"
+STEP_COUNTS = (
+    "SELECT count(claimed_at), "
+    "sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END), "
+    "sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) "
+    "FROM stepwarden_steps WHERE agent = 'desk' AND operation = 'stamp'"
+)
+
+EXAMPLES = 6
+"""Generated requests per operation and mode: few, so that the test stays fast."""
+
+
+def test_the_metrics_say_what_the_store_holds(served: Served) -> None:
+    served.flag.touch()
+    submit_orders(served.store_url, {"order-3": 3})
+    wait_for("order-3 processed", lambda: served.state("order-3") == "processed")
+    wait_for("the agent registered", lambda: sql(served.store_url, AGENTS))
+
+    response = served.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    in_db = dict(
+        sql(
+            served.store_url,
+            "SELECT process_state, count(*) FROM stepwarden_tasks GROUP BY process_state",
+        )
+    )
+    assert in_db == {"error": 2, "processed": 1}
+    for state in sw.TaskState:
+        assert value("stepwarden_tasks", state=str(state)) == in_db.get(str(state), 0)
+    assert value("stepwarden_oldest_pending_age_seconds") == 0  # none pending
+
+    op = {"agent": "desk", "operation": "stamp"}
+    [(started, completed, failed)] = sql(served.store_url, STEP_COUNTS)
+    assert (started, completed, failed) == (3, 1, 2)
+    assert value("stepwarden_steps_started", **op) == started
+    assert value("stepwarden_steps_completed", **op) == completed
+    assert value("stepwarden_steps_failed", **op) == failed
+    assert value("stepwarden_step_reassignments", **op) == 0
+    assert value("stepwarden_step_duration_seconds_count", **op) == completed
+    assert value("stepwarden_step_duration_seconds_bucket", **op, le="+Inf") == completed
+    assert value("stepwarden_step_duration_seconds_bucket", **op, le="60.0") == completed
+    assert 0 <= value("stepwarden_step_duration_seconds_sum", **op) < 60
+    expired = sql(served.store_url, "SELECT count(*) FROM stepwarden_events WHERE kind = 'expired'")
+    assert value("stepwarden_deadlines_missed") == expired[0][0]
+
+    # The worker's agent instance, as the registry has it.
+    [(instance, capacity)] = sql(served.store_url, AGENTS)
+    agent = {"agent": "desk", "instance": instance}
+    assert value("stepwarden_agent_breaker_state", **agent, state="closed") == 1
+    assert value("stepwarden_agent_breaker_state", **agent, state="open") == 0
+    assert value("stepwarden_agent_capacity", **agent) == capacity
+    assert value("stepwarden_agent_alive", **agent) == 1
+    assert value("stepwarden_supervisor_lease_remaining_seconds") > 0
+
+
+def test_the_api_matches_its_openapi_document(served: Served) -> None:
+    schema = schemathesis.openapi.from_url(served.url + "/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.label for op in operations} >= {
+        "GET /api/overview",
+        "GET /api/tasks",
+        "GET /api/tasks/{task_id}",
+        "POST /api/tasks/{task_id}/{action}",
+        "POST /api/tasks/{task_id}/skip",
+        "POST /api/actions",
+        "GET /api/alerts",
+        "GET /api/agents",
+        "GET /metrics",
+    }
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for operation in operations:
+        modes = [schemathesis.GenerationMode.POSITIVE]
+        if list(operation.iter_parameters()) or operation.get_request_payload_content_types():
+            modes.append(schemathesis.GenerationMode.NEGATIVE)  # something to get wrong
+        for mode in modes:
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,  # the same requests each run: no flaky CI
+                suppress_health_check=list(HealthCheck),
+            )
+            def check(case: schemathesis.Case) -> None:
+                case.call_and_validate(headers=headers)
+
+            check()
