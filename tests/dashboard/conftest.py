@@ -87,9 +87,9 @@ class Served:
         line = proc.stdout.readline()  # the first line names the address (printed at once)
         assert "http://127.0.0.1:" in line, line
         self.url = line.rsplit(" ", 1)[-1].strip().rstrip("/")
-        wait_for("the dashboard to answer", self._answers)
+        wait_for("the dashboard to answer", self.answers)
 
-    def _answers(self) -> bool:
+    def answers(self) -> bool:
         try:
             return httpx.get(self.url + "/api/overview", timeout=2).status_code == 200
         except httpx.HTTPError:

@@ -77,6 +77,37 @@ def test_the_metrics_say_what_the_store_holds(served: Served) -> None:
     assert value("stepwarden_supervisor_lease_remaining_seconds") > 0
 
 
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> None:
+    """`stepwarden --store URL dashboard`: no application, no --token."""
+    other = Served(store_url=served.store_url, flag=served.flag)
+    proc = other.start("--store", served.store_url, "dashboard", "--port", "0", read=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().rsplit(" ", 1)[-1].strip().rstrip("/")
+        line = proc.stdout.readline()
+        assert line.startswith("API token (for operator actions): "), line
+        token = line.rsplit(" ", 1)[-1].strip()
+        assert len(token) >= 24 and token != TOKEN
+        other.url = url
+        wait_for("the second dashboard", other.answers)
+        dry_run = {"action": "cancel", "task_ids": ["order-2"], "dry_run": True}
+        wrong = other.post(
+            "/api/actions", json=dry_run, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert wrong.status_code == 401
+        right = other.post(
+            "/api/actions", json=dry_run, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert right.status_code == 200, right.text
+        assert right.json()["outcomes"][0]["message"] == "would cancel: error -> cancelled"
+    finally:
+        other.stop()
+
+
 def test_the_api_matches_its_openapi_document(served: Served) -> None:
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
