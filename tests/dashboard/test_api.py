@@ -108,6 +108,30 @@ def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> Non
         other.stop()
 
 
+def test_other_hosts_and_other_sites_are_not_served(served: Served) -> None:
+    # A page of another site whose name resolves to this machine (DNS rebinding).
+    assert served.get("/api/tasks", headers={"Host": "evil.example"}).status_code == 400
+    assert served.get("/api/tasks", headers={"Host": "localhost"}).status_code == 200
+    # Signing in sends the operator back to a page of the dashboard, never elsewhere.
+    for target, expected in [
+        ("/tasks/order-1", "/tasks/order-1"),
+        ("//evil.example/", "/"),
+        ("/\t/evil.example/", "/"),
+        ("/\\evil.example", "/"),
+        ("https://evil.example/", "/"),
+    ]:
+        response = served.post("/login", data={"token": TOKEN, "next": target})
+        assert response.status_code == 303, target
+        assert response.headers["location"] == expected, target
+        assert "stepwarden_session" in response.cookies
+    refused = served.post("/login", data={"token": "wrong", "next": "/"})
+    assert refused.status_code == 401 and "stepwarden_session" not in refused.cookies
+    # Pages may not be framed by another site, and run no inline script.
+    headers = served.get("/").headers
+    assert headers["x-frame-options"] == "DENY"
+    assert "script-src 'self'" in headers["content-security-policy"]
+
+
 def test_the_api_matches_its_openapi_document(served: Served) -> None:
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]

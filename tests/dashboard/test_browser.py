@@ -145,3 +145,28 @@ def test_the_agents_page_shows_the_worker_s_agent_instance(served: Served, page:
     [counts] = sql(served.store_url, STEP_COUNTS)
     cells = page.locator("#operations tr", has_text="desk.stamp").locator("td")
     expect(cells).to_have_text(["desk.stamp", *(str(n) for n in counts), "0"])
+
+
+def test_bulk_actions_by_filter_dry_run_first(served: Served, page: Page) -> None:
+    """Last in this module: it cancels every task still in error (order-2)."""
+    page.goto(served.url + "/")
+    sign_in(page)
+    page.goto(served.url + "/tasks")
+    page.select_option("#filters select[name=state]", "error")
+    page.click("#filters button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/tasks\?state=error"))
+    expect(page.locator("#tasks tr[data-task]")).to_have_count(1)
+
+    page.select_option("#bulk select[name=action]", "cancel")
+    page.click("#bulk button[type=submit]")  # a dry run: the box is checked at first
+    expect(page.locator("#flash")).to_contain_text("Dry run, nothing changed: 1 would change")
+    expect(page.locator("#flash")).to_contain_text("order-2: would cancel: error -> cancelled")
+    assert served.state("order-2") == "error"
+
+    page.uncheck("#bulk input[name=dry_run]")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#bulk button[type=submit]")
+    expect(page.locator("#flash")).to_contain_text("1 changed, 0 refused, of 1")
+    # The list follows without a reload: no task is left in error.
+    expect(page.locator("#tasks tr[data-task]")).to_have_count(0)
+    assert served.state("order-2") == "cancelled"

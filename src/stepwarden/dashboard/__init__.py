@@ -33,12 +33,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+
+
 def serve(app: App, sock: socket.socket, *, token: str) -> None:
-    """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM)."""
+    """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). Bound to
+    127.0.0.1, it answers only requests addressed to 127.0.0.1 or localhost."""
     import uvicorn
 
+    loopback = sock.getsockname()[0] == "127.0.0.1"
+
     config = uvicorn.Config(
-        create_app(app, token=token),
+        create_app(app, token=token, hosts=LOOPBACK_NAMES if loopback else None),
         log_level="warning",
         access_log=False,
         lifespan="on",

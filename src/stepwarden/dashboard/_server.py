@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import orjson
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -173,9 +174,11 @@ def _present(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
 # -- the application ------------------------------------------------------------------------
 
 
-def create_app(app: App, *, token: str) -> Starlette:
+def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> Starlette:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
-    need `token` (or a signed-in session and its CSRF token)."""
+    need `token` (or a signed-in session and its CSRF token). With `hosts`, requests naming
+    another host (`Host` header) are refused: a web page whose name was pointed at this
+    machine's address (DNS rebinding) cannot read the dashboard through the browser."""
     guard = Guard(token)
     reader = Reader(app)
 
@@ -184,7 +187,7 @@ def create_app(app: App, *, token: str) -> Starlette:
     ) -> Response:
         if request.headers.get("x-live") == "1":
             template = live
-        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        path = quote(request.url.path) + (f"?{request.url.query}" if request.url.query else "")
         html = render(
             template,
             title=context.pop("title", ""),
@@ -477,7 +480,10 @@ def create_app(app: App, *, token: str) -> Starlette:
     ]
     starlette = Starlette(
         routes=routes,
-        middleware=[Middleware(_SecurityHeaders)],
+        middleware=[
+            Middleware(_SecurityHeaders),
+            *([Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))] if hosts else []),
+        ],
         lifespan=lifespan,
         exception_handlers={
             BadRequest: on_bad_request,
@@ -515,7 +521,10 @@ def _form(body: bytes) -> dict[str, str]:
 
 
 def _safe_next(value: str | None) -> str:
-    """Where to go after signing in: a path of this site only."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Where to go after signing in: a path of this site only (browsers drop tabs and line
+    breaks from URLs, and read a backslash as a slash)."""
+    if not value or not value.startswith("/") or "\\" in value:
         return "/"
-    return value
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        return "/"
+    return "/" if value.startswith("//") else value

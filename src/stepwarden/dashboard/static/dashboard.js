@@ -119,13 +119,16 @@
         if (bulk.dataset.state) body.state = bulk.dataset.state;
         if (bulk.dataset.workflow) body.workflow = bulk.dataset.workflow;
       }
+      if (!body.dry_run && !window.confirm(body.action + " every task this filter selects?")) return;
       const [response, data] = await post("/api/actions", body);
       if (!response.ok) {
         flash("refused (" + response.status + "): " + (data.error || response.statusText), "error");
         return;
       }
-      const lines = [(body.dry_run ? "Dry run: " : "") + data.applied + " applied, " +
-        data.refused + " refused, of " + data.outcomes.length];
+      const lines = [body.dry_run
+        ? "Dry run, nothing changed: " + data.applied + " would change, " + data.refused +
+          " would be refused, of " + data.outcomes.length
+        : data.applied + " changed, " + data.refused + " refused, of " + data.outcomes.length];
       for (const o of data.outcomes.slice(0, 50)) lines.push(o.task_id + ": " + o.message);
       flashList(lines, "ok");
       refresh();
