@@ -59,7 +59,6 @@ def test_work_goes_around_an_instance_whose_service_is_down(cluster: Cluster) ->
         return found[0] if found else None
 
     opened = c.wait_until(breaker_open, "the down instance's breaker to open", task_ids=(*first,))
-    calls_when_open = len([x for x in c.calls() if x["pid"] == down.pid])
     healthy = c.start("healthy", "--roles", "agents", "--agents", "edge")
     later = [f"later{i}" for i in range(10)]
     for t in later:
@@ -71,13 +70,17 @@ def test_work_goes_around_an_instance_whose_service_is_down(cluster: Cluster) ->
     effects = c.effects()
     assert sorted(e["task_id"] for e in effects) == sorted(first + later), why
     assert {e["pid"] for e in effects} == {healthy.pid}, why
-    # Once open, the down instance made no call: it fails fast and claims nothing.
-    assert len([x for x in calls if x["pid"] == down.pid]) == calls_when_open <= 5, why
-    assert all(x["outcome"].startswith("raised ConnectionError") for x in calls
-               if x["pid"] == down.pid), why  # fmt: skip
-    handed = [e for t in first for e in c.app.show(t).events if e.kind == "handed_back"]
-    assert handed, why
-    assert all(e.detail["from"] == opened.instance for e in handed), why
+    # Once open, the down instance called nothing: it claimed none of the later requests, and
+    # each early one it had was handed back after at most a try or two (a retry allowed while
+    # the third failure was on its way), never called by it again.
+    down_calls = [x for x in calls if x["pid"] == down.pid]
+    assert {x["task_id"] for x in down_calls} <= set(first) and len(down_calls) <= 6, why
+    assert all(x["outcome"].startswith("raised ConnectionError") for x in down_calls), why
+    for t in first:
+        [handed] = [e for e in c.app.show(t).events if e.kind == "handed_back"]
+        assert handed.detail["from"] == opened.instance, why
+        mine = [x["started_at"] for x in down_calls if x["task_id"] == t]
+        assert mine and max(mine) < handed.at.timestamp(), why
     # The registry shows both instances alive, one breaker open, one closed.
     agents = {a.instance: a for a in c.app.agent_instances() if a.agent == "edge"}
     assert agents[opened.instance].breaker == "open" and agents[opened.instance].alive, agents
