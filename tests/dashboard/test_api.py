@@ -81,6 +81,43 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def test_an_operator_skips_a_failed_step_and_retries_the_task(served: Served) -> None:
+    auth = bearer(TOKEN)
+    path = "/api/tasks/order-2"
+    refused = served.post(f"{path}/pause", headers=auth, json={"reason": "hold it"})
+    assert refused.status_code == 409  # not when the task is in error
+    assert refused.json()["outcome"] == {
+        "task_id": "order-2",
+        "applied": False,
+        "before": "error",
+        "after": "error",
+        "message": "cannot pause a task that is error (only when pending, processing)",
+    }
+    skip = {"seq": 1, "result": {"stamped": "by hand", "card": {"$secret": "x"}}, "by": "bob"}
+    done = served.post(f"{path}/skip", headers=auth, json=skip)
+    assert done.status_code == 200, done.text
+    assert done.json()["outcome"]["after"] == "error"
+    retried = served.post(f"{path}/retry", headers=auth, json={"reason": "skipped by hand"})
+    assert retried.json()["outcome"] == {
+        "task_id": "order-2",
+        "applied": True,
+        "before": "error",
+        "after": "pending",
+        "message": "done",
+    }
+    wait_for("order-2 processed", lambda: served.state("order-2") == "processed")
+    task = served.get(path).json()
+    assert task["task"]["result"] == {"stamped": "by hand", "card": "***"}
+    actions = [
+        (e["detail"]["action"], e["detail"]["by"], e["detail"]["reason"])
+        for e in task["events"]
+        if e["kind"] == "operator"
+    ]
+    assert actions == [("skip", "bob", None), ("retry", "dashboard", "skipped by hand")]
+    assert served.post(f"{path}/retry", headers=auth).status_code == 409
+    assert served.post("/api/tasks/no-such-task/retry", headers=auth).status_code == 404
+
+
 def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> None:
     """`stepwarden --store URL dashboard`: no application, no --token."""
     other = Served(store_url=served.store_url, flag=served.flag)
@@ -94,7 +131,7 @@ def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> Non
         assert len(token) >= 24 and token != TOKEN
         other.url = url
         wait_for("the second dashboard", other.answers)
-        dry_run = {"action": "cancel", "task_ids": ["order-2"], "dry_run": True}
+        dry_run = {"action": "cancel", "task_ids": ["order-1"], "dry_run": True}
         wrong = other.post(
             "/api/actions", json=dry_run, headers={"Authorization": f"Bearer {TOKEN}"}
         )
