@@ -166,9 +166,9 @@ def served(
     with store_of_kind(request.param, tmp, pg_template) as url:
         env = Served(store_url=url, flag=tmp / "stamp-pad-refilled")
         try:
+            env.start_worker()  # it starts while the dashboard does
             env.start_dashboard()
             submit_orders(url, {"order-1": 1, "order-2": 2})
-            env.start_worker()
             for task_id in ("order-1", "order-2"):
                 wait_for(f"{task_id} in error", lambda t=task_id: env.state(t) == "error")
             yield env

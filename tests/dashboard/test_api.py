@@ -20,7 +20,7 @@ STEP_COUNTS = (
     "FROM stepwarden_steps WHERE agent = 'desk' AND operation = 'stamp'"
 )
 
-EXAMPLES = 6
+EXAMPLES = 4
 """Generated requests per operation and mode: few, so that the test stays fast."""
 
 

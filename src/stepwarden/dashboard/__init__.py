@@ -38,18 +38,26 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 def serve(app: App, sock: socket.socket, *, token: str) -> None:
     """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). Bound to
-    127.0.0.1, it answers only requests addressed to 127.0.0.1 or localhost."""
+    127.0.0.1, it answers only requests addressed to 127.0.0.1 or localhost. A store that
+    cannot be opened raises its error (StoreError, SchemaVersionError) before serving."""
     import uvicorn
 
     loopback = sock.getsockname()[0] == "127.0.0.1"
-
     config = uvicorn.Config(
         create_app(app, token=token, hosts=LOOPBACK_NAMES if loopback else None),
         log_level="warning",
         access_log=False,
         lifespan="on",
     )
-    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+
+    async def run() -> None:
+        try:
+            await app.store()  # opened on the server's event loop, and its errors shown plainly
+            await uvicorn.Server(config).serve(sockets=[sock])
+        finally:
+            await app.aclose()
+
+    asyncio.run(run())
 
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "bind", "create_app", "new_token", "serve"]

@@ -383,7 +383,10 @@ def document() -> dict[str, Any]:
                         _object(
                             {
                                 "dry_run": {"type": "boolean"},
-                                "applied": {"type": "integer"},
+                                "applied": {
+                                    "type": "integer",
+                                    "description": "Tasks changed (in a dry run: that would be).",
+                                },
                                 "refused": {"type": "integer"},
                                 "outcomes": {"type": "array", "items": _ref("Outcome")},
                             }

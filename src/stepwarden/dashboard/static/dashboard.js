@@ -1,8 +1,8 @@
 // The dashboard's behaviour: live updates (the page's #live part is fetched again every
-// 1.5 s) and operator actions (POST to the JSON API with the session's CSRF token).
+// second) and operator actions (POST to the JSON API with the session's CSRF token).
 "use strict";
 (function () {
-  const REFRESH_MS = 1500;
+  const REFRESH_MS = 1000;
 
   function csrf() {
     const meta = document.querySelector('meta[name="csrf-token"]');
