@@ -3,12 +3,15 @@ store holds, and the API answers as its OpenAPI document (/openapi.json) says.""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from prometheus_client.parser import text_string_to_metric_families
 
 import stepwarden as sw
-from tests.cli.helpers import sql
+from tests.cli.helpers import error_line, run, sql
 
 from .conftest import TOKEN, Served, submit_orders, wait_for
 
@@ -202,3 +205,18 @@ def test_the_api_matches_its_openapi_document(served: Served) -> None:
                 case.call_and_validate(headers=headers)
 
             check()
+
+
+def test_a_store_that_cannot_be_served_ends_the_command_with_one_error_line(
+    tmp_path: Path,
+) -> None:
+    missing = run("--store", f"sqlite:///{tmp_path / 'none.db'}", "dashboard", "--port", "0")
+    assert missing.returncode == 1
+    assert "there is no database at" in error_line(missing.stderr)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        busy = run("--store", f"sqlite:///{tmp_path / 'x.db'}", "dashboard", "--port", port)
+    assert busy.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in error_line(busy.stderr)
