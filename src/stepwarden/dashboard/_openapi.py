@@ -84,7 +84,11 @@ SCHEMAS: dict[str, Any] = {
             "attempt": {"type": "integer", "description": "Dispatches of the step."},
             "task_attempt": {"type": "integer"},
             "tries": {"type": "integer", "description": "Calls made by the agent."},
-            "reassignments": {"type": "integer"},
+            "reassignments": {
+                "type": "integer",
+                "description": "Times handed to another agent instance, no failure counted.",
+            },
+            "heartbeat_at": _nullable(TIME),
             "idempotency_key": {"type": "string"},
             "locked_by": _nullable({"type": "string"}),
             "complete_by": TIME,
