@@ -51,6 +51,7 @@ from stepwarden.store.base import (
     EventRecord,
     NewTask,
     OperatorAction,
+    RequestHandback,
     StepDispatch,
     StepOutcome,
     StepRecord,
@@ -706,6 +707,47 @@ class StoreModel(RuleBasedStateMachine):
         s.tries = 2
         if not ok_:
             self.expect_event(t.task_id, "step_failed", seq=s.seq, attempt=attempt)
+
+    @precondition(has_tasks)
+    @rule(i=st.integers(0, 9), j=st.integers(0, 9), who=whose, token=tokens)
+    def hand_back(self, i: int, j: int, who: str, token: int) -> None:
+        """An agent instance whose breaker opened hands a claimed request back to the queue,
+        as the instance holding the step or not, for the current attempt or a stale one."""
+
+        def running(t: MTask) -> list[int]:
+            return sorted(q for q, s in t.steps.items() if s.state == StepState.RUNNING)
+
+        t = self.task_at(i, lambda t: bool(running(t)))
+        step = pick((j < 7 and running(t)) or sorted(t.steps), j)
+        s = t.steps.get(step) if step is not None else None
+        holder = (s.locked_by if s else None) or INSTANCES[0]
+        instance = holder if who == "holder" else self.other(INSTANCES, s.locked_by if s else None)
+        attempt = (s.attempt if s else 1) + token
+        back = RequestHandback(
+            task_id=t.task_id,
+            seq=step or 1,
+            attempt=attempt,
+            agent_instance=instance,
+            reason="breaker open",
+        )
+        [done], span = self.call(self.s.hand_back([back]))
+        may: Maybe = False
+        if s is not None:
+            may = all3(
+                s.state == StepState.RUNNING,
+                s.attempt == attempt,
+                s.locked_by == instance,
+                not3(s.complete_by.passed(span)),
+            )
+        agree(may, done, f"{instance} hands back {t.task_id}/{back.seq}@{attempt}")
+        if not done:
+            self.refused = True
+            return
+        assert s is not None
+        s.state = StepState.NOT_STARTED
+        s.locked_by = None
+        detail = {"seq": s.seq, "attempt": attempt, "from": instance}
+        self.expect_event(t.task_id, "handed_back", **detail)
 
     # -- the supervisors ----------------------------------------------------------------
     @rule(holder=st.sampled_from(HOLDERS), ttl=st.sampled_from([SHORT, LONG, LONG]))
