@@ -125,6 +125,7 @@ def test_a_secret_never_appears_in_any_page(served: Served, page: Page) -> None:
         shown[path] = response.text
     for path, text in shown.items():
         assert CARD not in text, path
+    assert "task_error" in shown["/alerts"] and "order-1" in shown["/alerts"]
     # The input is shown, its secret masked.
     assert '"card": "***"' in shown["/tasks/order-2"]
     assert '"card":"***"' in shown["/api/tasks/order-2"]
