@@ -155,6 +155,14 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     help="Workflows the scheduler drives at once.",
 )
 @_opt(
+    "--beyond-capacity",
+    envvar="STEPWARDEN_BEYOND_CAPACITY",
+    is_flag=True,
+    help="Claim tasks up to --concurrency even when the registered agents are full (by "
+    "default a scheduler claims no more than their capacity less the steps queued and "
+    "running: a task left pending has no deadline running).",
+)
+@_opt(
     "--agent-concurrency",
     envvar="STEPWARDEN_AGENT_CONCURRENCY",
     default=100,
@@ -247,6 +255,7 @@ def worker(
     roles: str,
     agents: str | None,
     concurrency: int,
+    beyond_capacity: bool,
     agent_concurrency: int,
     poll_interval: float | None,
     supervisor_interval: float,
@@ -271,6 +280,7 @@ def worker(
             roles=parse_roles(roles.split(",")),
             agents=frozenset(a.strip() for a in agents.split(",") if a.strip()) if agents else None,
             concurrency=concurrency,
+            admission=not beyond_capacity,
             agent_concurrency=agent_concurrency,
             poll_interval=poll_interval,
             supervisor_interval=supervisor_interval,

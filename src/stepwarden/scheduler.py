@@ -62,6 +62,7 @@ class Scheduler:
         concurrency: int = 1000,
         poll_interval: float | None = None,
         operations: Mapping[str, Operation] | None = None,
+        admission: bool = True,
     ) -> None:
         self.store = store
         self.workflows = workflows
@@ -69,6 +70,9 @@ class Scheduler:
         """The operations of the App's agents by "agent.operation"; None accepts any."""
         self.instance = instance
         self.concurrency = concurrency
+        self.admission = admission
+        """Claim no more tasks than the agents have room for (`Store.agent_room`): a task
+        left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
         self._running: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
@@ -112,6 +116,13 @@ class Scheduler:
                     continue
                 limit = min(free, 200)
                 try:
+                    if self.admission:
+                        room = await self.store.agent_room()
+                        if room is not None and room < limit:
+                            limit = room
+                            if limit <= 0:
+                                await self._wait_for_room(stop)
+                                continue
                     claimed = await self.store.claim_tasks(self.instance, names, limit)
                     failures = 0
                 except StoreError as exc:
@@ -127,6 +138,16 @@ class Scheduler:
                     await first(stop.wait(), sub.wait(self.poll_interval))
         finally:
             self.store.unsubscribe(CHANNEL_TASKS, sub)
+
+    async def _wait_for_room(self, stop: asyncio.Event) -> None:
+        """The agents are full: wait until a step finishes (or a poll interval passes)."""
+        results = self.store.subscribe(CHANNEL_RESULTS)
+        try:
+            room = await self.store.agent_room()  # again, now that no result can be missed
+            if room is not None and room <= 0:
+                await first(stop.wait(), results.wait(self.poll_interval))
+        finally:
+            self.store.unsubscribe(CHANNEL_RESULTS, results)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)

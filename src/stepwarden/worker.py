@@ -34,6 +34,9 @@ class WorkerOptions:
     """Which agents to run (all when None)."""
     concurrency: int = 1000
     """Workflows a scheduler drives at once."""
+    admission: bool = True
+    """Claim no more tasks than the registered agents have room for (capacity less the steps
+    queued and running); False claims up to `concurrency` whatever the agents' load."""
     agent_concurrency: int = 100
     """Calls each agent makes at once (its capacity in the registry)."""
     agent_heartbeat: float = DEFAULT_HEARTBEAT
@@ -103,6 +106,7 @@ class Worker:
                 instance=f"scheduler-{self.instance}",
                 concurrency=opts.concurrency,
                 poll_interval=opts.poll_interval,
+                admission=opts.admission,
                 operations={
                     op.qualname: op
                     for agent in self.app.agents.values()

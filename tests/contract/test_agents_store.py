@@ -223,3 +223,18 @@ async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(store:
     [two] = await store.claim_requests("a2", "pay", ["charge"], 10, roomy)
     assert two.task_id == "t3"
     assert await store.claim_requests("a2", "pay", ["charge"], 10, roomy) == []
+
+
+async def test_a_claim_never_takes_more_requests_than_its_limit(store: Store) -> None:
+    """An agent with one free slot claims one request, however many are queued (the pick
+    of the rows to claim is made once, not again for each row updated)."""
+    for i in range(10):
+        attempt = await held_task(store, f"t{i}")
+        await store.dispatch_steps([dispatch(f"t{i}", attempt)])
+    seen: list[str] = []
+    for _ in range(10):
+        got = await store.claim_requests("a1", "pay", ["charge"], 1)
+        assert len(got) == 1, [r.task_id for r in got]
+        seen.append(got[0].task_id)
+    assert seen == [f"t{i}" for i in range(10)]
+    assert await store.claim_requests("a1", "pay", ["charge"], 1) == []

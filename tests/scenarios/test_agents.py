@@ -252,3 +252,37 @@ def test_a_step_past_its_pickup_or_total_timeout_fails(cluster: Cluster, timeout
         ), why
         assert len(c.calls(task_id="t1")) >= 1, why
     assert step.error in (task.error or ""), why
+
+
+@pytest.mark.parametrize("beyond", [False, True])
+def test_a_scheduler_claims_no_more_than_the_agents_have_room_for(
+    cluster: Cluster, beyond: bool
+) -> None:
+    """One worker whose three agents make one call at a time each (capacity 3); ten tasks
+    whose step blocks. The scheduler holds at most 3 tasks (one running, the rest queued):
+    the others stay pending, their deadlines not running. With --beyond-capacity it claims
+    all ten, and their steps wait in the queue while their complete_by runs."""
+    c = cluster
+    gate = c.workdir / "gate"
+    args = ["--agent-concurrency", "1", *(["--beyond-capacity"] if beyond else [])]
+    c.start("worker", *args)
+    c.wait_until(lambda: len(c.app.agent_instances()) == 3, "the three agents to register")
+    ids = [f"t{i}" for i in range(10)]
+    for t in ids:
+        c.submit(t, [{"block_until": str(gate), "within": 30}])
+    c.wait_until(lambda: c.calls(), "the first call")
+
+    def held() -> int:
+        return sum(c.status(t).process_state == sw.TaskState.PROCESSING for t in ids)
+
+    if beyond:
+        c.wait_until(lambda: held() == 10, "every task to be claimed")
+    else:
+        seen = [held() for _ in range(20)]  # read twenty times while the first call blocks
+        why = c.why(f"held {seen} calls {c.calls()}", *ids[:4])
+        assert max(seen) <= 3 and len(c.calls()) == 1, why
+        pending = [t for t in ids if c.status(t).process_state == sw.TaskState.PENDING]
+        assert len(pending) >= 7 and all(c.status(t).complete_by is None for t in pending)
+    gate.touch()
+    wait_processed(c, ids)
+    assert len(c.calls()) == 10, c.why("one call per task")

@@ -662,6 +662,12 @@ class Store(abc.ABC):
         """The registry: every agent instance, alive or gone, by agent then start."""
 
     @abc.abstractmethod
+    async def agent_room(self) -> int | None:
+        """How many more tasks the agents have room for: the capacity of the alive agent
+        instances less the held tasks or the steps queued or running (in time), whichever are
+        more; None when no agent instance is alive."""
+
+    @abc.abstractmethod
     async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]:
         """Record results, each only if the step is still running under the given attempt,
         locked by the given instance, and its complete_by has not passed."""

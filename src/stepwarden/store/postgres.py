@@ -936,6 +936,10 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             await conn.execute(Q["agent_leave"], {"instance": instance, "agents": list(agents)})
 
+    async def agent_room(self) -> int | None:
+        [row] = await self._read(Q["agent_room"], {})
+        return None if row["capacity"] is None else int(row["capacity"] - row["open"])
+
     async def list_agents(self) -> list[AgentInstance]:
         return [
             AgentInstance(

@@ -816,6 +816,13 @@ class SQLiteStore(Store):
         }
         await self._write(lambda conn: conn.execute(Q["agent_leave"], params))
 
+    async def agent_room(self) -> int | None:
+        def read(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(Q["agent_room"], {"now": time.time()}).fetchone()
+            return None if row["capacity"] is None else int(row["capacity"] - row["open"])
+
+        return await self._run(read)
+
     async def list_agents(self) -> list[AgentInstance]:
         def read(conn: sqlite3.Connection) -> list[AgentInstance]:
             rows = conn.execute(Q["list_agents"], {"now": time.time()}).fetchall()

@@ -44,21 +44,21 @@ FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
 -- name: claim_tasks
 -- Claim eligible tasks by priority then age, skipping rows other claimers hold: pending ones
 -- (-> processing) and compensating ones no scheduler holds; a new attempt each.
-WITH p AS (
+WITH p AS MATERIALIZED (
     SELECT task_id, priority, created_at FROM stepwarden_tasks
     WHERE process_state = 'pending' AND eligible_at <= now()
       AND workflow = ANY(%(workflows)s::text[])
     ORDER BY priority DESC, created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), c AS (
+), c AS MATERIALIZED (
     SELECT task_id, priority, created_at FROM stepwarden_tasks
     WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= now()
       AND workflow = ANY(%(workflows)s::text[])
     ORDER BY priority DESC, created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), pick AS (
+), pick AS MATERIALIZED (
     SELECT task_id FROM (SELECT * FROM p UNION ALL SELECT * FROM c) AS x
     ORDER BY priority DESC, created_at
     LIMIT %(limit)s
@@ -231,10 +231,10 @@ WITH d AS (
 SELECT ord, process_state FROM u
 
 -- name: claim_requests
--- Claim queued requests in time: not_started -> running, skipping rows others hold.
-UPDATE stepwarden_steps
-SET state = 'running', locked_by = %(instance)s, claimed_at = now()
-WHERE (task_id, seq) IN (
+-- Claim queued requests in time: not_started -> running, skipping rows others hold. The pick
+-- is materialised: as a subquery of the UPDATE it could be run again for each row, each run
+-- locking other rows, and claim more than the limit.
+WITH pick AS MATERIALIZED (
     SELECT task_id, seq FROM stepwarden_steps
     WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
       AND operation = ANY(%(operations)s::text[])
@@ -242,11 +242,15 @@ WHERE (task_id, seq) IN (
            OR dispatched_at + make_interval(secs => pickup_within) > now())
     ORDER BY priority DESC, dispatched_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-  AND state = 'not_started'
-RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by, priority,
-          dispatched_at, compensates,
-          extract(epoch FROM complete_by - now())::float8 AS remaining
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE stepwarden_steps s
+SET state = 'running', locked_by = %(instance)s, claimed_at = now()
+FROM pick
+WHERE s.task_id = pick.task_id AND s.seq = pick.seq AND s.state = 'not_started'
+RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
+          s.complete_by, s.priority, s.dispatched_at, s.compensates,
+          extract(epoch FROM s.complete_by - now())::float8 AS remaining
 
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time, until commit.
@@ -358,6 +362,14 @@ SET operations = excluded.operations, capacity = excluded.capacity,
 -- name: agent_leave
 UPDATE stepwarden_agents SET expires_at = LEAST(expires_at, now())
 WHERE instance = %(instance)s AND agent = ANY(%(agents)s::text[])
+
+-- name: agent_room
+-- The capacity of the alive agent instances, and what takes it up: the held tasks (each about
+-- to queue a step, or waiting for one) or the steps queued or running in time, the more.
+SELECT (SELECT sum(capacity) FROM stepwarden_agents WHERE expires_at > now()) AS capacity,
+       GREATEST((SELECT count(*) FROM stepwarden_tasks WHERE complete_by IS NOT NULL),
+                (SELECT count(*) FROM stepwarden_steps
+                 WHERE state IN ('not_started', 'running') AND complete_by > now())) AS open
 
 -- name: list_agents
 SELECT *, expires_at > now() AS alive FROM stepwarden_agents

@@ -379,6 +379,15 @@ SET operations = excluded.operations, capacity = excluded.capacity,
 UPDATE stepwarden_agents SET expires_at = MIN(expires_at, :now)
 WHERE instance = :instance AND agent IN (SELECT value FROM json_each(:agents))
 
+-- name: agent_room
+-- The capacity of the alive agent instances, and what takes it up: the held tasks (each about
+-- to queue a step, or waiting for one) or the steps queued or running in time, the more.
+SELECT (SELECT sum(capacity) FROM stepwarden_agents WHERE expires_at > :now) AS capacity,
+       MAX((SELECT count(*) FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
+            WHERE complete_by IS NOT NULL),
+           (SELECT count(*) FROM stepwarden_steps INDEXED BY stepwarden_steps_expiry
+            WHERE state IN ('not_started', 'running') AND complete_by > :now)) AS open
+
 -- name: list_agents
 SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, started_at, instance
 
