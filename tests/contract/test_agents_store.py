@@ -238,3 +238,20 @@ async def test_a_claim_never_takes_more_requests_than_its_limit(store: Store) ->
         seen.append(got[0].task_id)
     assert seen == [f"t{i}" for i in range(10)]
     assert await store.claim_requests("a1", "pay", ["charge"], 1) == []
+
+
+async def test_agent_room_is_the_alive_capacity_less_what_takes_it_up(store: Store) -> None:
+    assert await store.agent_room() is None  # no agent instance: no admission
+    await store.beat([replace(beat("a1"), capacity=4), replace(beat("a2"), capacity=3)], ttl=30)
+    assert await store.agent_room() == 7
+    attempt = await held_task(store, "t1")
+    await held_task(store, "t2")
+    assert await store.agent_room() == 5  # two held tasks, about to queue their steps
+    for seq in (1, 2, 3):  # one task's steps run side by side: open steps outnumber tasks
+        await store.dispatch_steps([dispatch("t1", attempt, seq)])
+    assert await store.agent_room() == 4
+    await store.leave("a2", ["pay"])
+    assert await store.agent_room() == 1  # a gone instance has no capacity
+    await store.claim_requests("a1", "pay", ["charge"], 1)
+    assert await store.complete_steps([outcome("t1", 1)]) == [True]
+    assert await store.agent_room() == 2
