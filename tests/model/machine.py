@@ -623,6 +623,22 @@ class StoreModel(RuleBasedStateMachine):
             self.expect_event(t.task_id, "alert", reason=reason, then=str(state))
 
     # -- the agents ---------------------------------------------------------------------
+    def agents_step(
+        self, i: int, j: int, who: str, token: int
+    ) -> tuple[MTask, int | None, MStep | None, str, int]:
+        """A step an agent writes to (mostly a running one), the writing instance (its holder
+        or another) and the attempt it names (current or stale)."""
+
+        def running(t: MTask) -> list[int]:
+            return sorted(q for q, s in t.steps.items() if s.state == StepState.RUNNING)
+
+        t = self.task_at(i, lambda t: bool(running(t)))
+        step = pick((j < 7 and running(t)) or sorted(t.steps), j)
+        s = t.steps.get(step) if step is not None else None
+        holder = (s.locked_by if s else None) or INSTANCES[0]
+        instance = holder if who == "holder" else self.other(INSTANCES, s.locked_by if s else None)
+        return t, step, s, instance, (s.attempt if s else 1) + token
+
     @precondition(has_tasks)
     @rule(
         instance=st.sampled_from(INSTANCES),
@@ -667,15 +683,7 @@ class StoreModel(RuleBasedStateMachine):
         """An agent instance reports a result, as the instance holding the step or not,
         for the current step attempt or a stale one (mostly of a running step)."""
 
-        def running(t: MTask) -> list[int]:
-            return sorted(q for q, s in t.steps.items() if s.state == StepState.RUNNING)
-
-        t = self.task_at(i, lambda t: bool(running(t)))
-        step = pick((j < 7 and running(t)) or sorted(t.steps), j)
-        s = t.steps.get(step) if step is not None else None
-        holder = (s.locked_by if s else None) or INSTANCES[0]
-        instance = holder if who == "holder" else self.other(INSTANCES, s.locked_by if s else None)
-        attempt = (s.attempt if s else 1) + token
+        t, step, s, instance, attempt = self.agents_step(i, j, who, token)
         ok_ = state == StepState.COMPLETED
         o = StepOutcome(
             task_id=t.task_id,
@@ -714,15 +722,7 @@ class StoreModel(RuleBasedStateMachine):
         """An agent instance whose breaker opened hands a claimed request back to the queue,
         as the instance holding the step or not, for the current attempt or a stale one."""
 
-        def running(t: MTask) -> list[int]:
-            return sorted(q for q, s in t.steps.items() if s.state == StepState.RUNNING)
-
-        t = self.task_at(i, lambda t: bool(running(t)))
-        step = pick((j < 7 and running(t)) or sorted(t.steps), j)
-        s = t.steps.get(step) if step is not None else None
-        holder = (s.locked_by if s else None) or INSTANCES[0]
-        instance = holder if who == "holder" else self.other(INSTANCES, s.locked_by if s else None)
-        attempt = (s.attempt if s else 1) + token
+        t, step, s, instance, attempt = self.agents_step(i, j, who, token)
         back = RequestHandback(
             task_id=t.task_id,
             seq=step or 1,

@@ -242,16 +242,10 @@ class AgentBeat:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AgentInstance:
-    """An agent instance as the registry knows it; `alive` while its heartbeats arrive."""
+class AgentInstance(AgentBeat):
+    """An agent instance as the registry knows it (its last beat); `alive` while its
+    heartbeats arrive."""
 
-    instance: str
-    agent: str
-    operations: tuple[str, ...]
-    capacity: int
-    inflight: int
-    breaker: str
-    breaker_detail: dict[str, Any]
     started_at: datetime
     heartbeat_at: datetime
     expires_at: datetime
