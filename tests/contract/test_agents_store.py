@@ -143,9 +143,16 @@ async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store) -> None
         1,
         None,
     )
+    # Its task is released for a scheduler to take up again (its own may be gone too), no
+    # failure counted; the next claim adopts the step.
     task = await store.get_task("t1")
     assert task is not None and task.failure_count == 0
-    assert task.process_state == TaskState.PROCESSING
+    assert (task.process_state, task.locked_by, task.complete_by) == (TaskState.PENDING, None, None)
+    [again] = await store.claim_tasks("s2", ["wf"], 1)
+    assert (again.task.task_id, again.task.attempt) == ("t1", 2)
+    adopt = dispatch("t1", 2, scheduler="s2", kind="adopt", expected=2)
+    [adopted] = await store.dispatch_steps([adopt])
+    assert adopted is not None and adopted.attempt == 2
     # The gone instance's late answer changes nothing; the next instance's counts.
     assert await store.complete_steps([outcome("t1", 1, instance="a1")]) == [False]
     [req] = await store.claim_requests("a2", "pay", ["charge"], 1)

@@ -705,11 +705,13 @@ class Store(abc.ABC):
         self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
     ) -> list[StepSwept]:
         """Under the lease (holder, term): reassign the running steps of gone agent
-        instances (not_started, attempt + 1, reassignments + 1, a fresh complete_by within
-        the task's; failure_count unchanged), fail the steps no agent claimed within their
-        pick-up timeout and the open steps past their total timeout (an open one as
-        abandoned: it may have taken effect), and forget instances gone for `forget_after`
-        seconds. Nothing is written when the lease is no longer held at `term`."""
+        instances (not_started, attempt + 1, reassignments + 1, a full complete_by) and
+        release their tasks (pending, or compensating unheld; failure_count unchanged) for a
+        scheduler to take up again at once, since the task's own scheduler may be gone with
+        the agent; fail the steps no agent claimed within their pick-up
+        timeout and the open steps past their total timeout (an open one as abandoned: it
+        may have taken effect), and forget instances gone for `forget_after` seconds. Nothing
+        is written when the lease is no longer held at `term`."""
 
     # -- wake-ups -------------------------------------------------------------------------
     def subscribe(self, channel: str) -> Subscription:

@@ -1135,6 +1135,7 @@ class PostgresStore(Store):
             agents = sorted({s.agent for s in swept if s.kind == "reassigned"})
             if agents:
                 notices.requests(agents)
+                notices.tasks()
             failed = [step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"]
             if failed:
                 notices.listed(CHANNEL_RESULTS, failed)

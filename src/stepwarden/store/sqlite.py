@@ -951,6 +951,8 @@ class SQLiteStore(Store):
                 ).fetchone()
                 if got is None:
                     continue
+                release = {"task_id": r["task_id"], "task_attempt": r["task_attempt"], "now": now}
+                conn.execute(Q["release_reassigned"], release)
                 detail = {"seq": r["seq"], "attempt": got["attempt"], "from": r["locked_by"]}
                 _event(conn, r["task_id"], "reassigned", {**detail, **by}, now)
                 swept.append(_swept(r, "reassigned"))
@@ -977,6 +979,7 @@ class SQLiteStore(Store):
         agents = sorted({s.agent for s in swept if s.kind == "reassigned"})
         if agents:
             self.notifier.publish(CHANNEL_REQUESTS, agents)
+            self.notifier.publish(CHANNEL_TASKS, [""])
         failed = [step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"]
         if failed:
             self.notifier.publish(CHANNEL_RESULTS, failed)

@@ -381,11 +381,12 @@ WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: sweep_steps
 -- Under the lease (checked by the caller in this transaction): reassign the running steps of
--- gone agent instances (a new attempt, a fresh complete_by within the task's), fail the steps
+-- gone agent instances (a new attempt with a full complete_by; their tasks released for a
+-- scheduler to take up again), fail the steps
 -- no agent claimed within their pick-up timeout, and those past their total timeout (as
 -- abandoned when they ran: they may have taken effect).
 WITH g AS MATERIALIZED (
-    SELECT s.task_id, s.seq, s.attempt, s.locked_by, t.complete_by AS task_complete_by
+    SELECT s.task_id, s.seq, s.attempt, s.locked_by, t.attempt AS task_attempt
     FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
     WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
       AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
@@ -400,12 +401,23 @@ WITH g AS MATERIALIZED (
         locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
         complete_by = LEAST(now() + coalesce(make_interval(secs => s.complete_within),
                                              s.complete_by - s.dispatched_at),
-                            g.task_complete_by, s.give_up_by)
+                            s.give_up_by)
     FROM g
     WHERE s.task_id = g.task_id AND s.seq = g.seq AND s.attempt = g.attempt
       AND s.state = 'running'
     RETURNING s.task_id, s.seq, s.attempt, s.agent, g.locked_by, 'reassigned' AS kind,
               NULL::text AS error
+), rel AS (
+    -- The task is released too, failure_count unchanged, for a scheduler to take up again
+    -- at once (it adopts the step): its own scheduler may be gone with the agent.
+    UPDATE stepwarden_tasks t
+    SET locked_by = NULL, complete_by = NULL, eligible_at = now(), updated_at = now(),
+        process_state = CASE t.process_state WHEN 'processing' THEN 'pending'
+                             ELSE t.process_state END
+    FROM (SELECT DISTINCT task_id, task_attempt FROM g) AS x
+    WHERE t.task_id = x.task_id AND t.attempt = x.task_attempt AND t.locked_by IS NOT NULL
+      AND t.process_state IN ('processing', 'compensating')
+      AND EXISTS (SELECT 1 FROM r WHERE r.task_id = x.task_id)
 ), p AS MATERIALIZED (
     SELECT task_id, seq, attempt, locked_by, state,
            'not picked up: no agent claimed the step within '

@@ -393,7 +393,7 @@ SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, star
 
 -- name: gone_holders
 -- Running steps of the current attempt of held tasks whose agent instance is gone.
-SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_holder
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
@@ -403,17 +403,25 @@ WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT 
 LIMIT :limit
 
 -- name: reassign_step
--- Queue the step again for another instance: a new attempt, a fresh complete_by within the
--- task's, failure_count unchanged.
+-- Queue the step again for another instance: a new attempt with a full complete_by of its
+-- own (its task is released with it, and takes a new complete_by when claimed again).
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
     locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
     complete_by = MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
-                      (SELECT t.complete_by FROM stepwarden_tasks t WHERE t.task_id = :task_id),
                       coalesce(give_up_by, 1e300))
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance
 RETURNING attempt
+
+-- name: release_reassigned
+-- The task of a reassigned step is released too, failure_count unchanged, for a scheduler to
+-- take up again at once (it adopts the step): its own scheduler may be gone with the agent.
+UPDATE stepwarden_tasks
+SET locked_by = NULL, complete_by = NULL, eligible_at = :now, updated_at = :now,
+    process_state = CASE process_state WHEN 'processing' THEN 'pending' ELSE process_state END
+WHERE task_id = :task_id AND attempt = :task_attempt AND locked_by IS NOT NULL
+  AND process_state IN ('processing', 'compensating')
 
 -- name: pickup_expired
 SELECT task_id, seq, attempt, agent, locked_by, pickup_within FROM stepwarden_steps
