@@ -423,7 +423,10 @@ class AgentRunner:
                     self._inflight[task] = request.operation
                     task.add_done_callback(self._done)
                 if len(requests) < free:
-                    await first(stop.wait(), sub.wait(self.poll_interval), self._room.wait())
+                    waits = [stop.wait(), sub.wait(self.poll_interval)]
+                    if full:  # an operation at its per-instance limit: a call ending frees it
+                        waits.append(self._room.wait())
+                    await first(*waits)
         finally:
             self.store.unsubscribe(CHANNEL_REQUESTS, sub)
             beats.cancel()

@@ -40,6 +40,12 @@ logger = logging.getLogger("stepwarden.scheduler")
 
 RESULT_SLACK = 0.25
 """Seconds a scheduler waits past a step's complete_by for word of its result."""
+ROOM_EVERY = 0.05
+"""Seconds between two reads of the agents' room (admission): a claim loop that woke often
+would otherwise cost a read each time."""
+ADMIT_BATCH = 25
+"""A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
+claiming them: claims of one or two tasks each would cost a commit each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,9 @@ class Scheduler:
         self.instance = instance
         self.concurrency = concurrency
         self.admission = admission
+        self._room_left: int | None = None
+        self._room_at = float("-inf")
+        self._waited = False
         """Claim no more tasks than the agents have room for (`Store.agent_room`): a task
         left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
@@ -117,13 +126,21 @@ class Scheduler:
                 limit = min(free, 200)
                 try:
                     if self.admission:
-                        room = await self.store.agent_room()
-                        if room is not None and room < limit:
-                            limit = room
-                            if limit <= 0:
-                                await self._wait_for_room(stop)
-                                continue
+                        admitted = await self._admit(limit)
+                        if admitted < min(limit, ADMIT_BATCH) and not self._waited:
+                            # The agents are full, or nearly: let room gather for a while
+                            # rather than claim a task or two at a time (once, then claim
+                            # what there is).
+                            self._waited = True
+                            await sleep_unless(stop, ROOM_EVERY)
+                            continue
+                        self._waited = False
+                        if admitted <= 0:
+                            continue
+                        limit = admitted
                     claimed = await self.store.claim_tasks(self.instance, names, limit)
+                    if self._room_left is not None:
+                        self._room_left -= len(claimed)
                     failures = 0
                 except StoreError as exc:
                     failures += 1
@@ -139,15 +156,15 @@ class Scheduler:
         finally:
             self.store.unsubscribe(CHANNEL_TASKS, sub)
 
-    async def _wait_for_room(self, stop: asyncio.Event) -> None:
-        """The agents are full: wait until a step finishes (or a poll interval passes)."""
-        results = self.store.subscribe(CHANNEL_RESULTS)
-        try:
-            room = await self.store.agent_room()  # again, now that no result can be missed
-            if room is not None and room <= 0:
-                await first(stop.wait(), results.wait(self.poll_interval))
-        finally:
-            self.store.unsubscribe(CHANNEL_RESULTS, results)
+    async def _admit(self, limit: int) -> int:
+        """How many tasks to claim: `limit`, or fewer when the agents are full. The agents'
+        room is read at most every ROOM_EVERY seconds, and counted down by the claims made
+        in between (another scheduler's claims are seen at the next read)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._room_at >= ROOM_EVERY:
+            self._room_left = await self.store.agent_room()
+            self._room_at = now
+        return limit if self._room_left is None else min(limit, self._room_left)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
