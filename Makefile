@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo test lint clean bench
+.PHONY: demo test lint clean bench chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples
 	$(VENV)/bin/mypy
 
-test: lint
+# The dashboard's browser tests drive Debian's Chromium (never a downloaded build).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: lint chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -63,6 +63,8 @@ def test_the_metrics_say_what_the_store_holds(served: Served) -> None:
     assert value("stepwarden_steps_completed", **op) == completed
     assert value("stepwarden_steps_failed", **op) == failed
     assert value("stepwarden_step_reassignments", **op) == 0
+    retried = sql(served.store_url, "SELECT count(*) FROM stepwarden_steps WHERE attempt > 1")
+    assert value("stepwarden_steps_retried", **op) == retried[0][0]
     assert value("stepwarden_step_duration_seconds_count", **op) == completed
     assert value("stepwarden_step_duration_seconds_bucket", **op, le="+Inf") == completed
     assert value("stepwarden_step_duration_seconds_bucket", **op, le="60.0") == completed

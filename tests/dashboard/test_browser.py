@@ -30,6 +30,7 @@ def test_a_failed_task_is_found_from_the_overview_retried_and_completes(
     expect(page.locator(".card[data-state=error] .count")).to_have_text("2")
     expect(page.locator("#leader")).to_contain_text("supervisor-")  # the worker's supervisor
     expect(page.locator("#leader")).to_contain_text("sweeping")
+    expect(page.locator("#leader")).to_contain_text("last sweep")
     page.locator("#failed-tasks").get_by_role("link", name="order-1", exact=True).click()
     expect(page).to_have_url(re.compile(r"/tasks/order-1$"))
     expect(page.locator("#task-state")).to_have_text("error")

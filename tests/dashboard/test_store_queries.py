@@ -63,6 +63,9 @@ async def test_the_dashboard_queries_read_what_the_store_holds(store_url: str) -
             lease = await store.read_lease("supervisor")
             assert lease is not None and lease.holder.startswith("supervisor")
             assert lease.term >= 1 and 0 < lease.remaining <= 1.0
+            # Renewed before each sweep, for its ttl (1 s): the age of the last sweep.
+            assert lease.since_renewed is not None and 0 <= lease.since_renewed < 1.0
+            assert abs(lease.since_renewed + lease.remaining - 1.0) < 0.05
         await app.submit_async("w1", {"n": 3}, task_id="x-3")
         await store.record_events([("x-1", "expired", {"seq": 1, "attempt": 1})])
 

@@ -139,6 +139,7 @@ class Reader:
                 "term": lease.term,
                 "expires_at": lease.expires_at,
                 "remaining": lease.remaining,
+                "last_sweep": lease.since_renewed,
                 "live": lease.remaining > 0,
                 # A supervisor that stops lets its lease lapse at once (expires_at = epoch).
                 "released": lease.expires_at.timestamp() <= 0,

@@ -69,6 +69,11 @@ async def families(app: App) -> list[Metric]:
         "open), of the steps kept.",
         labels=labels,
     )
+    retried = GaugeMetricFamily(
+        "stepwarden_steps_retried",
+        "Steps dispatched more than once (complete_by passed, or agent gone), of those kept.",
+        labels=labels,
+    )
     duration = HistogramMetricFamily(
         "stepwarden_step_duration_seconds",
         "Time from claim to completion of the completed steps kept.",
@@ -80,17 +85,19 @@ async def families(app: App) -> list[Metric]:
         completed.add_metric(key, s.completed)
         failed.add_metric(key, s.failed)
         reassigned.add_metric(key, s.reassignments)
+        retried.add_metric(key, s.retried)
         buckets: list[tuple[str, float]] = [
             (_bound(b), n) for b, n in zip(DURATION_BUCKETS, s.duration_buckets, strict=True)
         ]
         buckets.append(("+Inf", s.completed))
         duration.add_metric(key, buckets, s.duration_sum)
-    out.extend([started, completed, failed, reassigned, duration])
+    out.extend([started, completed, failed, reassigned, retried, duration])
 
     out.append(
         GaugeMetricFamily(
             "stepwarden_deadlines_missed",
-            "Expiries recorded by the supervisor (events of kind 'expired'), of those kept.",
+            "Deadlines missed: the supervisor's resets of tasks and steps whose complete_by "
+            "passed (events of kind 'expired'), of those kept.",
             value=await store.count_events("expired"),
         )
     )

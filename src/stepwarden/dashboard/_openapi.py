@@ -143,6 +143,13 @@ SCHEMAS: dict[str, Any] = {
                         "term": {"type": "integer"},
                         "expires_at": TIME,
                         "remaining": {"type": "number"},
+                        "last_sweep": _nullable(
+                            {
+                                "type": "number",
+                                "description": "Seconds since the leader last renewed its "
+                                "lease, which it does before each sweep.",
+                            }
+                        ),
                         "live": {"type": "boolean"},
                         "released": {
                             "type": "boolean",

@@ -800,6 +800,9 @@ class LeaseRecord:
     expires_at: datetime
     remaining: float
     """Seconds until the lease lapses, by the database clock (negative once lapsed)."""
+    since_renewed: float | None = None
+    """Seconds since it was last taken or renewed: the supervisor renews it before each
+    sweep, so this is the age of the leader's last sweep."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -827,6 +830,8 @@ class StepStats:
     failed: int
     reassignments: int
     """Times steps were handed to another agent instance (theirs gone, or its breaker open)."""
+    retried: int = 0
+    """Steps dispatched more than once (their complete_by passed, or their agent was gone)."""
     duration_buckets: tuple[int, ...]
     """Completed steps that took at most each of DURATION_BUCKETS (cumulative)."""
     duration_sum: float

@@ -1240,6 +1240,7 @@ class PostgresStore(Store):
             term=int(row["term"]),
             expires_at=row["expires_at"],
             remaining=float(row["remaining"]),
+            since_renewed=row["since_renewed"],
         )
 
     async def activity(self, *, window: float, bucket: float) -> Activity:
@@ -1264,6 +1265,7 @@ class PostgresStore(Store):
                 completed=r["completed"],
                 failed=r["failed"],
                 reassignments=int(r["reassignments"] or 0),
+                retried=int(r["retried"] or 0),
                 duration_buckets=tuple(int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))),
                 duration_sum=float(r["duration_sum"]),
             )

@@ -892,7 +892,7 @@ class SQLiteStore(Store):
                 return None
             conn.execute(
                 Q["put_lease"],
-                {"name": name, "holder": holder, "term": term, "expires_at": now + ttl},
+                {"name": name, "holder": holder, "term": term, "expires_at": now + ttl, "now": now},
             )
             return int(term)
 
@@ -1038,6 +1038,9 @@ class SQLiteStore(Store):
                 term=row["term"],
                 expires_at=_dt_required(row["expires_at"]),
                 remaining=row["expires_at"] - time.time(),
+                since_renewed=(
+                    None if row["renewed_at"] is None else time.time() - row["renewed_at"]
+                ),
             )
 
         return await self._run(read)
@@ -1068,6 +1071,7 @@ class SQLiteStore(Store):
                     completed=r["completed"],
                     failed=r["failed"],
                     reassignments=int(r["reassignments"] or 0),
+                    retried=int(r["retried"] or 0),
                     duration_buckets=tuple(
                         int(r[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))
                     ),

@@ -492,10 +492,11 @@ SELECT ord FROM u
 -- Take or renew a lease: the term stays while its holder renews in time, else it rises.
 -- The clock is read when the row is written (clock_timestamp, not the statement's start):
 -- a statement that waited for the row lock gets its whole ttl.
-INSERT INTO stepwarden_leases AS l (name, holder, term, expires_at)
-VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s::float8))
+INSERT INTO stepwarden_leases AS l (name, holder, term, expires_at, renewed_at)
+VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s::float8),
+        clock_timestamp())
 ON CONFLICT (name) DO UPDATE
-SET holder = excluded.holder,
+SET holder = excluded.holder, renewed_at = clock_timestamp(),
     expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8),
     term = CASE WHEN l.expires_at > clock_timestamp() THEN l.term ELSE l.term + 1 END
 WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp()
@@ -761,7 +762,8 @@ FROM stepwarden_tasks WHERE process_state = 'pending'
 
 -- name: read_lease
 SELECT name, holder, term, expires_at,
-       extract(epoch FROM expires_at - now())::float8 AS remaining
+       extract(epoch FROM expires_at - now())::float8 AS remaining,
+       extract(epoch FROM now() - renewed_at)::float8 AS since_renewed
 FROM stepwarden_leases WHERE name = %(name)s
 
 -- name: activity
@@ -790,6 +792,7 @@ SELECT agent, operation,
        count(*) FILTER (WHERE state = 'completed')::int AS completed,
        count(*) FILTER (WHERE state = 'failed')::int AS failed,
        sum(reassignments)::int AS reassignments,
+       count(*) FILTER (WHERE attempt > 1)::int AS retried,
        coalesce(sum(d), 0)::float8 AS duration_sum,
        sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END)::int AS b0,
        sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END)::int AS b1,
@@ -805,7 +808,7 @@ SELECT agent, operation,
        sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END)::int AS b11,
        sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END)::int AS b12
 FROM (
-    SELECT agent, operation, state, claimed_at, reassignments,
+    SELECT agent, operation, state, claimed_at, reassignments, attempt,
            CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
                 THEN greatest(extract(epoch FROM finished_at - claimed_at)::float8, 0) END AS d
     FROM stepwarden_steps

@@ -44,3 +44,5 @@ CREATE TABLE stepwarden_starts (
     at        REAL NOT NULL
 );
 CREATE INDEX stepwarden_starts_key ON stepwarden_starts (agent, operation, limit_key, at);
+-- When a lease was last taken or renewed: the supervisor leader renews it before each sweep.
+ALTER TABLE stepwarden_leases ADD COLUMN renewed_at REAL;

@@ -199,10 +199,11 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now
 SELECT holder, term, expires_at FROM stepwarden_leases WHERE name = :name
 
 -- name: put_lease
-INSERT INTO stepwarden_leases (name, holder, term, expires_at)
-VALUES (:name, :holder, :term, :expires_at)
+INSERT INTO stepwarden_leases (name, holder, term, expires_at, renewed_at)
+VALUES (:name, :holder, :term, :expires_at, :now)
 ON CONFLICT (name) DO UPDATE
-SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at
+SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at,
+    renewed_at = excluded.renewed_at
 
 -- name: release_lease
 UPDATE stepwarden_leases SET expires_at = 0 WHERE name = :name AND holder = :holder
@@ -464,7 +465,7 @@ SELECT * FROM stepwarden_outbox WHERE channel = :channel ORDER BY id DESC LIMIT 
 SELECT min(created_at) AS oldest FROM stepwarden_tasks WHERE process_state = 'pending'
 
 -- name: read_lease
-SELECT name, holder, term, expires_at FROM stepwarden_leases WHERE name = :name
+SELECT name, holder, term, expires_at, renewed_at FROM stepwarden_leases WHERE name = :name
 
 -- name: activity
 -- Tasks processed and step failures per :bucket seconds since :since, by bucket number.
@@ -487,6 +488,7 @@ SELECT agent, operation,
        sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END) AS completed,
        sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed,
        sum(reassignments) AS reassignments,
+       sum(CASE WHEN attempt > 1 THEN 1 ELSE 0 END) AS retried,
        coalesce(sum(d), 0.0) AS duration_sum,
        sum(CASE WHEN d <= 0.005 THEN 1 ELSE 0 END) AS b0,
        sum(CASE WHEN d <= 0.01 THEN 1 ELSE 0 END) AS b1,
@@ -502,7 +504,7 @@ SELECT agent, operation,
        sum(CASE WHEN d <= 30.0 THEN 1 ELSE 0 END) AS b11,
        sum(CASE WHEN d <= 60.0 THEN 1 ELSE 0 END) AS b12
 FROM (
-    SELECT agent, operation, state, claimed_at, reassignments,
+    SELECT agent, operation, state, claimed_at, reassignments, attempt,
            CASE WHEN state = 'completed' AND claimed_at IS NOT NULL
                 THEN max(finished_at - claimed_at, 0.0) END AS d
     FROM stepwarden_steps
