@@ -285,6 +285,19 @@ class ExpectedEvent:
     """Keys the recorded detail must have with these values."""
 
 
+def agent_may_write(s: MStep | None, attempt: int, instance: str, span: Span) -> Maybe:
+    """Whether an agent's write to a step (an outcome, a hand-back) may apply: the step runs
+    under this attempt, held by this instance, and its complete_by has not passed."""
+    if s is None:
+        return False
+    return all3(
+        s.state == StepState.RUNNING,
+        s.attempt == attempt,
+        s.locked_by == instance,
+        not3(s.complete_by.passed(span)),
+    )
+
+
 def pick(items: list[T], index: int) -> T | None:
     return items[index % len(items)] if items else None
 
@@ -696,14 +709,7 @@ class StoreModel(RuleBasedStateMachine):
             tries=2,
         )
         [done], span = self.call(self.s.complete_steps([o]))
-        may: Maybe = False
-        if s is not None:
-            may = all3(
-                s.state == StepState.RUNNING,
-                s.attempt == attempt,
-                s.locked_by == instance,
-                not3(s.complete_by.passed(span)),
-            )
+        may = agent_may_write(s, attempt, instance, span)
         agree(may, done, f"{instance} completes {t.task_id}/{o.seq}@{attempt} {state}")
         if not done:
             self.refused = True
@@ -731,14 +737,7 @@ class StoreModel(RuleBasedStateMachine):
             reason="breaker open",
         )
         [done], span = self.call(self.s.hand_back([back]))
-        may: Maybe = False
-        if s is not None:
-            may = all3(
-                s.state == StepState.RUNNING,
-                s.attempt == attempt,
-                s.locked_by == instance,
-                not3(s.complete_by.passed(span)),
-            )
+        may = agent_may_write(s, attempt, instance, span)
         agree(may, done, f"{instance} hands back {t.task_id}/{back.seq}@{attempt}")
         if not done:
             self.refused = True
