@@ -35,8 +35,10 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
 - `undo`: the step's compensation is `svc.undo`, whose own spec is this value (the same keys
   as a step's);
 - `op`: another operation than `svc.act`, each doing what `svc.act` does: `edge.act` (agent
-  `edge` has a circuit breaker that opens after 3 failures; its service is down in a process
-  started with SCENARIO_DOWN=1: every call raises ConnectionError before the effect);
+  `edge` has a circuit breaker that opens after 3 failures, and retries a request up to 5
+  times, so that a request never runs out of tries before the breaker opens; its service is
+  down in a process started with SCENARIO_DOWN=1: every call raises ConnectionError before
+  the effect);
   `lim.pair` (at most 2 running at once across processes), `lim.each` (1 at once per
   `customer` of the spec), `lim.rated` (4 starts per second), `lim.here` (1 at once per
   agent instance);
@@ -279,9 +281,11 @@ def build_app(store: str) -> sw.App:
     act = svc.operation(_act, name="act")
     act_async = svc.operation(_act_async, name="act_async")
     undo = svc.operation(_undo, name="undo")
+    # More tries than the breaker's threshold: a request's own failures open the breaker
+    # before its tries run out, so the instance hands it back instead of giving up on it.
     edge = app.agent(
         "edge",
-        retry=sw.Retry(max_attempts=3, initial=0.05, maximum=0.1),
+        retry=sw.Retry(max_attempts=5, initial=0.05, maximum=0.1),
         breaker=sw.Breaker(failures=3, reset_after=60),
     )
     lim = app.agent("lim")

@@ -44,15 +44,26 @@ def wait_processed(c: Cluster, ids: list[str], timeout: float = 60.0) -> None:
 
 
 def test_work_goes_around_an_instance_whose_service_is_down(cluster: Cluster) -> None:
-    """Two instances of agent `edge`; from one of them the service is down. Its breaker
-    opens after 3 failures, it hands its requests back and claims no more; every step
-    completes through the other, and the open breaker shows in the registry and the CLI."""
+    """Two instances of agent `edge`; from one of them the service is down. The three early
+    requests are queued before it starts, so that it holds all three at once. Its breaker
+    opens after 3 failures, before any request runs out of tries (edge retries 5 times); it
+    hands every request it holds back and claims no more; every step completes through the
+    other, none through its complete_by passing, and the open breaker shows in the registry
+    and the CLI."""
     c = cluster
-    c.start("scheduler", "--roles", "scheduler,supervisor")
-    down = c.start("down", "--roles", "agents", "--agents", "edge", env={"SCENARIO_DOWN": "1"})
+    # Beyond capacity: the scheduler queues the early steps while no agent is alive yet.
+    c.start("scheduler", "--roles", "scheduler,supervisor", "--beyond-capacity")
     first = [f"early{i}" for i in range(3)]
     for t in first:
         c.submit(t, [{"op": "edge.act", "within": 20, "idempotent": True}])
+
+    def queued() -> bool:
+        return all(
+            [s.state for s in c.app.show(t).steps] == [sw.StepState.NOT_STARTED] for t in first
+        )
+
+    c.wait_until(queued, "the early steps to be queued", task_ids=(*first,))
+    down = c.start("down", "--roles", "agents", "--agents", "edge", env={"SCENARIO_DOWN": "1"})
 
     def breaker_open() -> sw.AgentInstance | None:
         found = [a for a in c.app.agent_instances() if a.breaker == "open"]
@@ -71,16 +82,18 @@ def test_work_goes_around_an_instance_whose_service_is_down(cluster: Cluster) ->
     assert sorted(e["task_id"] for e in effects) == sorted(first + later), why
     assert {e["pid"] for e in effects} == {healthy.pid}, why
     # Once open, the down instance called nothing: it claimed none of the later requests, and
-    # each early one it had was handed back after at most a try or two (a retry allowed while
-    # the third failure was on its way), never called by it again.
+    # each early one it held was handed back after at most a try or two (a retry allowed
+    # while the third failure was on its way), never called by it again.
     down_calls = [x for x in calls if x["pid"] == down.pid]
     assert {x["task_id"] for x in down_calls} <= set(first) and len(down_calls) <= 6, why
     assert all(x["outcome"].startswith("raised ConnectionError") for x in down_calls), why
+    events = {t: c.app.show(t).events for t in first + later}
     for t in first:
-        [handed] = [e for e in c.app.show(t).events if e.kind == "handed_back"]
+        [handed] = [e for e in events[t] if e.kind == "handed_back"]
         assert handed.detail["from"] == opened.instance, why
         mine = [x["started_at"] for x in down_calls if x["task_id"] == t]
         assert mine and max(mine) < handed.at.timestamp(), why
+    assert all(e.kind != "handed_back" for t in later for e in events[t]), why
     # The registry shows both instances alive, one breaker open, one closed.
     agents = {a.instance: a for a in c.app.agent_instances() if a.agent == "edge"}
     assert agents[opened.instance].breaker == "open" and agents[opened.instance].alive, agents
@@ -91,8 +104,8 @@ def test_work_goes_around_an_instance_whose_service_is_down(cluster: Cluster) ->
     assert shown.exit_code == 0, shown.output
     line = next(x for x in shown.output.splitlines() if opened.instance in x)
     assert " open " in f" {line} " and "alive" in line, shown.output
-    breaker_events = c.app.show(first[0]).events  # events of the task, not of the breaker
-    assert all(e.kind != "expired" for e in breaker_events), why
+    # Every step went around the down instance at once, none waited out its complete_by.
+    assert all(e.kind != "expired" for t in first + later for e in events[t]), why
 
 
 def test_a_killed_agents_steps_go_to_another_within_a_few_heartbeats(cluster: Cluster) -> None:
