@@ -42,6 +42,7 @@ TASK_RESULT = (
 
 
 async def _time_sweeps(url: str, expired: int) -> dict[str, Any]:
+    from stepwarden.retry import Backoff
     from stepwarden.store import open_store
 
     store = open_store(url)
@@ -55,8 +56,7 @@ async def _time_sweeps(url: str, expired: int) -> dict[str, Any]:
             holder=HOLDER,
             term=term,
             limit=BATCH,
-            backoff_initial=0.5,
-            backoff_maximum=30.0,
+            backoff=Backoff(initial=0.5, maximum=30.0),
         )
         first = time.perf_counter() - start
         if len(recovered) != expired:
@@ -69,8 +69,7 @@ async def _time_sweeps(url: str, expired: int) -> dict[str, Any]:
                 holder=HOLDER,
                 term=term,
                 limit=BATCH,
-                backoff_initial=0.5,
-                backoff_maximum=30.0,
+                backoff=Backoff(initial=0.5, maximum=30.0),
             )
             empty.append(time.perf_counter() - start)
             assert not again, again

@@ -13,6 +13,7 @@ from .errors import (
     NonDeterminismError,
     PayloadError,
     PermanentError,
+    PermanentStoreError,
     ResultTimeout,
     SchemaVersionError,
     StepFailed,
@@ -21,12 +22,10 @@ from .errors import (
     StoreError,
     TaskFailed,
     TaskNotFound,
+    TransientStoreError,
     UnknownNameError,
 )
-from .retry import Backoff, Retry
-from .secret import Secret
-from .states import OnFailure, StepState, TaskState
-from .store.base import (
+from .records import (
     ActionOutcome,
     AgentInstance,
     EventRecord,
@@ -34,6 +33,9 @@ from .store.base import (
     StepRecord,
     TaskRecord,
 )
+from .retry import Backoff, Retry
+from .secret import Secret
+from .states import OnFailure, StepState, TaskState
 from .worker import Worker, WorkerOptions
 from .workflow import Context, Workflow
 
@@ -62,6 +64,7 @@ __all__ = [
     "OutboxMessage",
     "PayloadError",
     "PermanentError",
+    "PermanentStoreError",
     "ResultTimeout",
     "Retry",
     "SchemaVersionError",
@@ -78,6 +81,7 @@ __all__ = [
     "TaskState",
     "TaskTransaction",
     "TaskView",
+    "TransientStoreError",
     "UnknownNameError",
     "WebhookSink",
     "Worker",

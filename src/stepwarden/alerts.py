@@ -22,8 +22,9 @@ from typing import Any, Protocol
 
 import httpx
 
+from .records import OutboxMessage
 from .retry import Backoff
-from .store.base import OutboxMessage, Store
+from .store import Store
 
 logger = logging.getLogger("stepwarden.alerts")
 

@@ -28,11 +28,7 @@ from .errors import (
     TaskNotFound,
     UnknownNameError,
 )
-from .retry import Retry
-from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
-from .store import Store, open_store
-from .store.base import (
-    CHANNEL_OUTBOX,
+from .records import (
     ActionOutcome,
     AgentInstance,
     EventRecord,
@@ -41,9 +37,11 @@ from .store.base import (
     OutboxMessage,
     StepRecord,
     TaskRecord,
-    Transaction,
-    plan_action,
 )
+from .retry import Retry
+from .rules import plan_action
+from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
+from .store import CHANNEL_OUTBOX, Store, Transaction, open_store
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
@@ -466,22 +464,10 @@ class App:
     async def _preview(self, store: Store, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)
         if task is None:
-            return ActionOutcome(
-                task_id=action.task_id,
-                applied=False,
-                before=None,
-                after=None,
-                message=f"no task {action.task_id!r}",
-            )
+            return ActionOutcome.missing(action.task_id)
         plan = plan_action(action, task.process_state)
-        if isinstance(plan, str):
-            return ActionOutcome(
-                task_id=action.task_id,
-                applied=False,
-                before=task.process_state,
-                after=task.process_state,
-                message=plan,
-            )
+        if isinstance(plan, ActionOutcome):
+            return plan
         return ActionOutcome(
             task_id=action.task_id,
             applied=False,

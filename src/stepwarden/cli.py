@@ -18,13 +18,13 @@ import click
 import orjson
 
 from . import _check, _json
-from .agent import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .app import App, TaskView
 from .errors import ConfigurationError, StepwardenError
+from .records import ActionOutcome, AgentInstance, TaskRecord
 from .retry import Backoff
+from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .states import TaskState
 from .store import open_store
-from .store.base import ActionOutcome, AgentInstance, TaskRecord
 from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 

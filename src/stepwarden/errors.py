@@ -5,7 +5,11 @@ StepwardenError
 ├── PayloadError              a value that is not JSON, or too large
 ├── UnknownNameError          an unknown workflow, agent or operation
 ├── StoreError                the database failed; the driver's error is the __cause__
-│   └── SchemaVersionError    the database schema is newer than this code
+│   ├── TransientStoreError   connection lost, failover, serialization failure, lock timeout:
+│   │                         the same call may succeed if tried again
+│   └── PermanentStoreError   refused by the database (a constraint, a bug): trying again
+│       │                     gives the same answer
+│       └── SchemaVersionError  the database schema is not the one this code needs
 ├── TaskNotFound
 ├── TaskFailed                a task did not succeed; raised by App.result
 ├── ActionRefused             an operator action does not apply to the task's state
@@ -40,8 +44,20 @@ class StoreError(StepwardenError):
     """The state store failed."""
 
 
-class SchemaVersionError(StoreError):
-    """The database schema is newer than this version of stepwarden understands."""
+class TransientStoreError(StoreError):
+    """The database could not be reached or could not finish the call this time (connection
+    lost, failover, serialization failure, deadlock, lock timeout, a busy SQLite file): the
+    call may be tried again; a write that was fenced is applied at most once."""
+
+
+class PermanentStoreError(StoreError):
+    """The database refused the call (a constraint, a query it cannot run): trying again
+    would give the same answer."""
+
+
+class SchemaVersionError(PermanentStoreError):
+    """The database schema is newer than this version of stepwarden understands, or older
+    than it needs."""
 
 
 class TaskNotFound(StepwardenError):

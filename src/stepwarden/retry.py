@@ -1,11 +1,54 @@
-"""Retry policy of agents: exponential backoff with jitter, bounded by complete_by."""
+"""Delays that grow: the agents' retry policy, the supervisor's backoff, alert delivery.
+
+Every delay that grows with a count of failures comes from `backoff`, whose exponent is
+capped: a count that keeps rising (a task retried for days, an alert undeliverable for a
+week) gives the maximum delay, never an overflow.
+"""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError, PermanentError
+
+MAX_EXPONENT = 32
+"""The highest power of the multiplier a delay is computed with."""
+MAX_DELAY = 365 * 24 * 3600.0
+"""The longest delay, in seconds: a deadline must stay a date both stores hold."""
+
+
+def backoff(
+    failures: int,
+    *,
+    initial: float,
+    maximum: float,
+    multiplier: float = 2.0,
+    max_exponent: int = MAX_EXPONENT,
+) -> float:
+    """Seconds to wait after the `failures`-th failure in a row (1-based): `initial`, then
+    growing by `multiplier` each time, never more than `maximum`."""
+    exponent = min(max(0, failures - 1), max_exponent)
+    try:
+        delay = initial * multiplier**exponent
+    except OverflowError:
+        return maximum
+    return min(maximum, delay)
+
+
+def _check_delays(what: str, initial: float, maximum: float, multiplier: float) -> None:
+    for name, value in (("initial", initial), ("maximum", maximum), ("multiplier", multiplier)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ConfigurationError(f"{what}.{name} must be a finite number, not {value!r}")
+    if not 0 <= initial <= maximum <= MAX_DELAY or multiplier < 1:
+        raise ConfigurationError(
+            f"{what} needs 0 <= initial <= maximum <= {MAX_DELAY:g} seconds and multiplier >= 1"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,26 +69,34 @@ class Retry:
     permanent: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ConfigurationError("Retry.max_attempts must be an integer")
         if self.max_attempts < 1:
             raise ConfigurationError("Retry.max_attempts must be at least 1")
-        if self.initial < 0 or self.maximum < self.initial or self.multiplier < 1:
-            raise ConfigurationError("Retry needs 0 <= initial <= maximum and multiplier >= 1")
+        _check_delays("Retry", self.initial, self.maximum, self.multiplier)
 
     def is_permanent(self, exc: BaseException) -> bool:
         return isinstance(exc, (PermanentError, *self.permanent))
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after call number `attempt` (1-based) failed."""
-        ceiling = min(self.maximum, self.initial * self.multiplier ** float(attempt - 1))
+        ceiling = backoff(
+            attempt, initial=self.initial, maximum=self.maximum, multiplier=self.multiplier
+        )
         return random.uniform(0, ceiling) if self.jitter else ceiling
 
 
 @dataclass(frozen=True, kw_only=True)
 class Backoff:
-    """How long the supervisor keeps a reset task waiting before a scheduler may claim it."""
+    """How long the supervisor keeps a reset task waiting before a scheduler may claim it
+    (and how long alert delivery waits before trying a failing sink again): `initial`,
+    doubling with each failure in a row, up to `maximum` seconds."""
 
     initial: float = 0.5
     maximum: float = 30.0
 
-    def delay(self, failure_count: int) -> float:
-        return min(self.maximum, self.initial * 2.0 ** max(0, failure_count - 1))
+    def __post_init__(self) -> None:
+        _check_delays("Backoff", self.initial, self.maximum, 2.0)
+
+    def delay(self, failures: int) -> float:
+        return backoff(failures, initial=self.initial, maximum=self.maximum)

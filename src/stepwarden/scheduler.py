@@ -12,29 +12,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
+from .agent import Operation
 from .errors import PayloadError, StepFailed, StoreError, UnknownNameError
-from .states import ABANDONED, StepState, TaskState
-from .store.base import (
-    CHANNEL_RESULTS,
-    CHANNEL_TASKS,
+from .records import (
+    Adopt,
     ClaimedTask,
     DispatchedStep,
+    Held,
+    NewStep,
+    Redispatch,
     StepDispatch,
     StepRecord,
-    Store,
     TaskOutcome,
     step_key,
 )
+from .rules import AlertReason, step_needs_compensation
+from .states import StepState, TaskState
+from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
 from .workflow import Abandon, Context, Workflow
-
-if TYPE_CHECKING:
-    from .agent import Operation
 
 logger = logging.getLogger("stepwarden.scheduler")
 
@@ -46,16 +46,6 @@ would otherwise cost a read each time."""
 ADMIT_BATCH = 25
 """A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
 claiming them: claims of one or two tasks each would cost a commit each."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """A task this scheduler holds under one attempt."""
-
-    task_id: str
-    attempt: int
-    workflow: str
-    priority: int
 
 
 class Scheduler:
@@ -91,7 +81,7 @@ class Scheduler:
         )
         self._finishes: Batcher[TaskOutcome, bool] = Batcher(store.finish_tasks)
 
-    def workflow_of(self, held: _Held) -> Workflow:
+    def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[held.workflow]
 
     # -- the loops ------------------------------------------------------------------------
@@ -214,7 +204,7 @@ class Scheduler:
             await self._drive_compensation(claimed)
             return
         workflow = self.workflows[task.workflow]
-        held = _Held(task.task_id, task.attempt, task.workflow, task.priority)
+        held = Held(task.task_id, task.attempt, task.workflow, task.priority)
         ctx = Context(self, held, claimed.steps)
         loop = asyncio.get_running_loop()
         state: TaskState
@@ -268,11 +258,12 @@ class Scheduler:
         """Run the compensations of the task's steps that took (or may have taken) effect,
         newest first, each as a recorded step of its own; resume those already recorded."""
         task = claimed.task
-        held = _Held(task.task_id, task.attempt, task.workflow, task.priority)
+        held = Held(task.task_id, task.attempt, task.workflow, task.priority)
         workflow = self.workflows[task.workflow]
         recorded = {s.compensates: s for s in claimed.steps if s.compensates is not None}
         next_seq = max((s.seq for s in claimed.steps), default=0) + 1
-        to_undo = [s for s in reversed(claimed.steps) if needs_compensation(s)]
+        to_undo = [s for s in reversed(claimed.steps) if step_needs_compensation(s)]
+        within = workflow.complete_within.total_seconds()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
@@ -287,30 +278,52 @@ class Scheduler:
                     undo = (self.operations or {}).get(step.compensation)
                     args = step.compensation_input
                     args = args if isinstance(args, list) else [args]
-                    dispatch = StepDispatch(
-                        kind="new",
-                        task_id=task.task_id,
-                        task_attempt=task.attempt,
-                        scheduler=self.instance,
-                        seq=next_seq if done is None else done.seq,
-                        name=f"compensate {step.name}",
-                        agent=agent,
-                        operation=operation,
-                        input=_json.dumps(step.compensation_input, what="a compensation input"),
-                        priority=task.priority,
-                        complete_within=workflow.complete_within.total_seconds(),
-                        compensates=step.seq,
-                        limit_key=(
-                            None if undo is None or undo.limit is None else undo.limit.key_of(args)
-                        ),
-                    )
+                    seq = next_seq if done is None else done.seq
+                    name = f"compensate {step.name}"
                     if done is None:
                         next_seq += 1
-                        await self.run_step(held, dispatch, dispatch.name)
+                        await self.run_step(
+                            held,
+                            NewStep(
+                                task_id=task.task_id,
+                                task_attempt=task.attempt,
+                                scheduler=self.instance,
+                                seq=seq,
+                                name=name,
+                                agent=agent,
+                                operation=operation,
+                                input=_json.dumps(
+                                    step.compensation_input, what="a compensation input"
+                                ),
+                                priority=task.priority,
+                                complete_within=within,
+                                compensates=step.seq,
+                                limit_key=(
+                                    None
+                                    if undo is None or undo.limit is None
+                                    else undo.limit.key_of(args)
+                                ),
+                            ),
+                            name,
+                        )
                     else:
-                        adopt = replace(dispatch, kind="adopt", expected_attempt=done.attempt)
-                        again = replace(adopt, kind="redispatch")
-                        await self.run_step(held, adopt, dispatch.name, fallback=again)
+                        fence = Adopt(
+                            task_id=task.task_id,
+                            task_attempt=task.attempt,
+                            scheduler=self.instance,
+                            seq=seq,
+                            expected_attempt=done.attempt,
+                        )
+                        again = Redispatch(
+                            task_id=task.task_id,
+                            task_attempt=task.attempt,
+                            scheduler=self.instance,
+                            seq=seq,
+                            agent=agent,
+                            expected_attempt=done.attempt,
+                            complete_within=within,
+                        )
+                        await self.run_step(held, fence, name, fallback=again)
         except Abandon:
             return
         except TimeoutError:
@@ -327,7 +340,7 @@ class Scheduler:
 
     async def run_step(
         self,
-        held: _Held,
+        held: Held,
         dispatch: StepDispatch,
         step_name: str,
         *,
@@ -365,13 +378,13 @@ class Scheduler:
         raise StepFailed(step_name, record.error)
 
     async def _alert_if_retried_too_often(
-        self, held: _Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
+        self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
     ) -> None:
         threshold = self.workflows[held.workflow].alert_after
         if got.attempt != threshold:
             return
         detail = {
-            "reason": "step_retried",
+            "reason": str(AlertReason.STEP_RETRIED),
             "seq": dispatch.seq,
             "step": step_name,
             "attempt": got.attempt,
@@ -385,7 +398,7 @@ class Scheduler:
 
     async def _result(
         self,
-        held: _Held,
+        held: Held,
         where: tuple[str, int],
         future: asyncio.Future[StepRecord],
         remaining: float,
@@ -417,14 +430,3 @@ class Scheduler:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def needs_compensation(step: StepRecord) -> bool:
-    """A step is undone if it has a compensation and took effect, or may have: it completed,
-    or its task gave it up while it was still open (abandoned). A step that failed on its
-    own (a permanent error) did nothing to undo."""
-    if step.compensation is None or step.compensates is not None:
-        return False
-    if step.state == StepState.COMPLETED:
-        return True
-    return step.state == StepState.FAILED and (step.error or "").startswith(ABANDONED)

@@ -104,42 +104,6 @@ FINISHED_TASK_STATES = frozenset(
 """States in which no scheduler will take the task up again unless an operator acts."""
 HELD_TASK_STATES = frozenset({TaskState.PROCESSING, TaskState.COMPENSATING})
 OPEN_STEP_STATES = frozenset({StepState.NOT_STARTED, StepState.RUNNING})
-ABANDONED = "abandoned: "
-"""How the error of a step closed because its task finished begins."""
-
-
-def next_after_expiry(
-    held_as: TaskState,
-    on_failure: str,
-    failure_count: int,
-    max_failures: int,
-    compensable: bool = True,
-) -> tuple[TaskState, int, bool]:
-    """Where the supervisor sends a held task whose complete_by passed, the failure_count it
-    then has, and whether an alert is raised. `failure_count` already counts this expiry;
-    `compensable` says whether any step of the task has something to undo."""
-    if held_as == TaskState.COMPENSATING:
-        if failure_count >= max_failures:
-            return TaskState.COMPENSATION_FAILED, failure_count, True
-        return TaskState.COMPENSATING, failure_count, False
-    if failure_count < max_failures:
-        return TaskState.PENDING, failure_count, False
-    if on_failure == OnFailure.STOP:
-        return TaskState.ERROR, failure_count, True
-    if on_failure == OnFailure.COMPENSATE and not compensable:
-        return TaskState.ERROR, failure_count, True
-    if on_failure == OnFailure.RETRY:  # wait for the fault to clear; alert once
-        return TaskState.PENDING, failure_count, failure_count == max_failures
-    return TaskState.COMPENSATING, 0, True
-
-
-def expiry_error(failure_count: int, seq: int | None) -> str:
-    what = "the task" if seq is None else f"step {seq}"
-    return (
-        f"complete_by passed {failure_count} time(s), the last time on {what}; max_failures reached"
-    )
-
-
 OPERATOR_ACTIONS: dict[str, dict[TaskState, TaskState]] = {
     # The operator's resubmission: the failed steps run again, the completed ones are kept.
     "retry": {

@@ -17,9 +17,11 @@ import logging
 
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
+from .errors import TransientStoreError
+from .records import Expired, StepSwept
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
-from .store.base import Expired, StepSwept, Store
+from .store import Store
 
 logger = logging.getLogger("stepwarden.supervisor")
 
@@ -60,8 +62,10 @@ class Supervisor:
             while not stop.is_set():
                 try:
                     await self.tick()
-                except Exception as exc:  # the store is down: try again next interval
+                except TransientStoreError as exc:  # the store is out of reach: next interval
                     logger.warning("supervisor: %s", exc)
+                except Exception:  # a bug, or the store refusing a query: said in full
+                    logger.exception("supervisor: the tick failed")
                 await sleep_unless(stop, self.interval)
         finally:
             if self.term is not None:
@@ -129,10 +133,11 @@ class Supervisor:
                 holder=self.instance,
                 term=term,
                 limit=self.batch,
-                backoff_initial=self.backoff.initial,
-                backoff_maximum=self.backoff.maximum,
+                backoff=self.backoff,
             )
             for e in expired:
+                if e.set_aside:
+                    continue  # said by the store, with its reason
                 where = f"step {e.seq}" if e.seq is not None else "task"
                 log = logger.error if e.process_state in FINISHED_TASK_STATES else logger.warning
                 log(

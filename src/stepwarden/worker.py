@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .agent import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import ConfigurationError, UnknownNameError
 from .retry import Backoff
+from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import Scheduler
 from .store import Store, open_store
 from .supervisor import DEFAULT_RETENTION, Supervisor

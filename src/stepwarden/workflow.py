@@ -8,19 +8,16 @@ once, so its code must take the same steps in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _check, _json
+from .agent import Operation
 from .errors import ConfigurationError, NonDeterminismError, StepFailed, UnknownNameError
+from .records import Adopt, Held, NewStep, Redispatch, StepDispatch, StepRecord
 from .states import OnFailure, StepState
-from .store.base import StepDispatch, StepRecord
-
-if TYPE_CHECKING:
-    from .agent import Operation
-    from .scheduler import Scheduler, _Held
 
 WorkflowFn = Callable[..., Awaitable[Any]]
 MAX_COMPLETE_WITHIN = timedelta(days=365)
@@ -56,11 +53,32 @@ class Abandon(BaseException):
     workflow stops and writes nothing, like an agent whose complete_by has passed."""
 
 
+class StepRunner(Protocol):
+    """What runs a workflow's steps (the scheduler): the Context talks to it only."""
+
+    instance: str
+    operations: Mapping[str, Operation] | None
+    """The operations of the App's agents by "agent.operation"; None accepts any."""
+
+    def workflow_of(self, held: Held) -> Workflow: ...
+
+    async def run_step(
+        self,
+        held: Held,
+        dispatch: StepDispatch,
+        step_name: str,
+        *,
+        fallback: StepDispatch | None = None,
+    ) -> Any:
+        """Write `dispatch` (or, when it is fenced out, `fallback`), then wait for the
+        step's result: its value, or StepFailed."""
+
+
 class Context:
     """Handed to a workflow: records and dispatches its steps, replays the recorded ones."""
 
-    def __init__(self, scheduler: Scheduler, held: _Held, steps: list[StepRecord]) -> None:
-        self._scheduler = scheduler
+    def __init__(self, runner: StepRunner, held: Held, steps: list[StepRecord]) -> None:
+        self._runner = runner
         self._held = held
         self._recorded = {s.seq: s for s in steps}
         self._next_seq = 1
@@ -99,7 +117,7 @@ class Context:
         `total_within`: the step fails when not completed that long after its first
         dispatch, across every attempt.
         """
-        known = self._scheduler.operations
+        known = self._runner.operations
         for op in (operation, compensate):
             if op is not None and known is not None and op.qualname not in known:
                 raise UnknownNameError(
@@ -116,38 +134,35 @@ class Context:
         ):
             if value is not None:
                 _check_within(f"step {step_name!r}", value, what)
-        within = complete_within or self._scheduler.workflow_of(self._held).complete_within
+        within = complete_within or self._runner.workflow_of(self._held).complete_within
+        held = self._held
+        scheduler = self._runner.instance
         recorded = self._recorded.get(seq)
-        first = StepDispatch(
-            kind="new",
-            task_id=self._held.task_id,
-            task_attempt=self._held.attempt,
-            scheduler=self._scheduler.instance,
-            seq=seq,
-            name=step_name,
-            agent=operation.agent.name,
-            operation=operation.name,
-            input="",
-            priority=self._held.priority,
-            complete_within=within.total_seconds(),
-        )
         if recorded is None:
             payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
-            new = replace(
-                first,
+            new = NewStep(
+                task_id=held.task_id,
+                task_attempt=held.attempt,
+                scheduler=scheduler,
+                seq=seq,
+                name=step_name,
+                agent=operation.agent.name,
+                operation=operation.name,
                 input=payload,
+                priority=held.priority,
+                complete_within=within.total_seconds(),
+                compensation=None if compensate is None else compensate.qualname,
+                compensation_input=None if compensate is None else payload,
                 limit_key=None if operation.limit is None else operation.limit.key_of(args),
                 pickup_within=None if pickup_within is None else pickup_within.total_seconds(),
                 total_within=None if total_within is None else total_within.total_seconds(),
             )
-            if compensate is not None:
-                new = replace(new, compensation=compensate.qualname, compensation_input=payload)
-            return await self._scheduler.run_step(self._held, new, step_name)
+            return await self._runner.run_step(held, new, step_name)
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:
             raise NonDeterminismError(
-                f"task {self._held.task_id!r} step {seq}: the workflow asked for "
+                f"task {held.task_id!r} step {seq}: the workflow asked for "
                 f"{wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the recorded step is "
                 f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
                 "in the same order when it is resumed"
@@ -158,6 +173,20 @@ class Context:
             raise StepFailed(step_name, recorded.error)
         # Open step dispatched by an earlier attempt: take it over while it is in time,
         # otherwise dispatch it again under a new attempt and the same idempotency key.
-        adopt = replace(first, kind="adopt", expected_attempt=recorded.attempt)
-        again = replace(first, kind="redispatch", expected_attempt=recorded.attempt)
-        return await self._scheduler.run_step(self._held, adopt, step_name, fallback=again)
+        adopt = Adopt(
+            task_id=held.task_id,
+            task_attempt=held.attempt,
+            scheduler=scheduler,
+            seq=seq,
+            expected_attempt=recorded.attempt,
+        )
+        again = Redispatch(
+            task_id=held.task_id,
+            task_attempt=held.attempt,
+            scheduler=scheduler,
+            seq=seq,
+            agent=recorded.agent,
+            expected_attempt=recorded.attempt,
+            complete_within=within.total_seconds(),
+        )
+        return await self._runner.run_step(held, adopt, step_name, fallback=again)

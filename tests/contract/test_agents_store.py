@@ -7,9 +7,9 @@ import asyncio
 import time
 from dataclasses import replace
 
+from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
-from stepwarden.store.base import AgentBeat, OpLimit, RequestHandback, StepSwept
 
 from .test_store import dispatch, new_task, outcome
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
-from stepwarden.store.base import StepDispatch, StepOutcome
+from stepwarden.records import NewStep, StepOutcome
 
 FAST = sw.WorkerOptions(
     poll_interval=0.01,
@@ -179,8 +179,7 @@ async def _record_first_step(shop: Shop, task_id: str, *, complete: bool) -> Non
     [claimed] = await store.claim_tasks("dead-scheduler", ["process_order"], 1)
     await store.dispatch_steps(
         [
-            StepDispatch(
-                kind="new",
+            NewStep(
                 task_id=task_id,
                 task_attempt=claimed.task.attempt,
                 scheduler="dead-scheduler",
@@ -250,8 +249,7 @@ async def test_a_workflow_that_changed_its_steps_fails_clearly(store_url: str) -
         [claimed] = await store.claim_tasks("old-code", ["process_order"], 1)
         await store.dispatch_steps(
             [
-                StepDispatch(
-                    kind="new",
+                NewStep(
                     task_id="order-1",
                     task_attempt=claimed.task.attempt,
                     scheduler="old-code",

@@ -10,20 +10,26 @@ import psycopg
 import pytest
 
 from stepwarden.errors import ConfigurationError, SchemaVersionError, StoreError
-from stepwarden.states import StepState, TaskState
-from stepwarden.store import _sql, open_store
-from stepwarden.store.base import (
-    CHANNEL_REQUESTS,
-    CHANNEL_RESULTS,
-    CHANNEL_TASK_DONE,
-    CHANNEL_TASKS,
+from stepwarden.records import (
     NewTask,
     StepDispatch,
     StepOutcome,
     TaskOutcome,
     step_key,
 )
+from stepwarden.retry import Backoff
+from stepwarden.states import StepState, TaskState
+from stepwarden.store import (
+    CHANNEL_REQUESTS,
+    CHANNEL_RESULTS,
+    CHANNEL_TASK_DONE,
+    CHANNEL_TASKS,
+    _sql,
+    open_store,
+)
 from stepwarden.store.postgres import STALLED, PostgresStore, _chunks
+
+from ..dispatching import step_dispatch
 
 
 def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
@@ -52,7 +58,8 @@ def dispatch(task_id: str, attempt: int, seq: int = 1, **kw: object) -> StepDisp
         complete_within=10,
     )
     args.update(kw)
-    return StepDispatch(**args)  # type: ignore[arg-type]
+    kind = str(args.pop("kind"))
+    return step_dispatch(kind, **args)  # type: ignore[arg-type]
 
 
 def outcome(task_id: str, attempt: int, seq: int = 1, **kw: object) -> StepOutcome:
@@ -210,7 +217,7 @@ async def test_claims_carry_steps_and_batches_with_duplicates(pg_url: str) -> No
         term = await store.acquire_lease("sup", "me", 10)
         assert term is not None
         [e] = await store.sweep(
-            lease="sup", holder="me", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+            lease="sup", holder="me", term=term, limit=10, backoff=Backoff(initial=0, maximum=0)
         )
         assert (e.task_id, e.seq, e.process_state) == ("t1", 2, TaskState.PENDING)
         [again] = await store.claim_tasks("s2", ["wf"], 5)

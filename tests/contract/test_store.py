@@ -7,16 +7,12 @@ import asyncio
 import pytest
 
 from stepwarden.errors import SchemaVersionError
+from stepwarden.records import NewTask, StepDispatch, StepOutcome, TaskOutcome
+from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
-from stepwarden.store import Store, open_store
-from stepwarden.store.base import (
-    CHANNEL_REQUESTS,
-    CHANNEL_RESULTS,
-    NewTask,
-    StepDispatch,
-    StepOutcome,
-    TaskOutcome,
-)
+from stepwarden.store import CHANNEL_REQUESTS, CHANNEL_RESULTS, Store, open_store
+
+from ..dispatching import step_dispatch
 
 
 def new_task(
@@ -48,10 +44,10 @@ def dispatch(
     within: float = 10,
     agent: str = "pay",
 ) -> StepDispatch:
-    return StepDispatch(
-        kind=kind,
+    return step_dispatch(
+        kind,
         task_id=task_id,
-        task_attempt=attempt,  # type: ignore[arg-type]
+        task_attempt=attempt,
         scheduler=scheduler,
         seq=seq,
         name=f"{agent}.charge",
@@ -241,8 +237,7 @@ async def test_redispatch_keeps_the_key_and_fences_the_old_attempt(store: Store)
         holder="sup",
         term=term,
         limit=10,
-        backoff_initial=0.0,
-        backoff_maximum=0.0,
+        backoff=Backoff(initial=0.0, maximum=0.0),
     )
     assert expired.task_id == "t1" and expired.process_state == TaskState.PENDING
     second = await claim_one(store, "s2")
@@ -329,7 +324,7 @@ async def test_lease_terms_only_rise(store: Store) -> None:
     await claim_one(store)
     await asyncio.sleep(0.15)
     stale = await store.sweep(
-        lease="supervisor", holder="a", term=t1, limit=10, backoff_initial=0, backoff_maximum=0
+        lease="supervisor", holder="a", term=t1, limit=10, backoff=Backoff(initial=0, maximum=0)
     )
     assert stale == []
     task = await store.get_task("t1")
@@ -353,8 +348,7 @@ async def test_sweep_resets_with_backoff_then_sets_error_at_max_failures(store: 
             holder="sup",
             term=term,
             limit=10,
-            backoff_initial=0.3,
-            backoff_maximum=0.3,
+            backoff=Backoff(initial=0.3, maximum=0.3),
         )
         return [e.process_state for e in swept]
 
@@ -382,7 +376,7 @@ async def test_sweep_finds_expired_steps_of_the_current_attempt_only(store: Stor
     assert term is not None
     await asyncio.sleep(0.1)
     [e] = await store.sweep(
-        lease="supervisor", holder="sup", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+        lease="supervisor", holder="sup", term=term, limit=10, backoff=Backoff(initial=0, maximum=0)
     )
     assert (e.task_id, e.seq, e.failure_count) == ("t1", 1, 1)
     # Claimed again, the old step is not counted a second time before it is re-dispatched.
@@ -393,8 +387,7 @@ async def test_sweep_finds_expired_steps_of_the_current_attempt_only(store: Stor
             holder="sup",
             term=term,
             limit=10,
-            backoff_initial=0,
-            backoff_maximum=0,
+            backoff=Backoff(initial=0, maximum=0),
         )
         == []
     )
@@ -430,7 +423,7 @@ async def test_a_finished_task_leaves_no_request_behind(store: Store) -> None:
     assert term is not None
     await asyncio.sleep(0.1)
     [swept] = await store.sweep(
-        lease="supervisor", holder="sup", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+        lease="supervisor", holder="sup", term=term, limit=10, backoff=Backoff(initial=0, maximum=0)
     )
     assert (swept.task_id, swept.process_state) == ("by-supervisor", TaskState.ERROR)
 

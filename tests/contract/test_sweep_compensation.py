@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from stepwarden.records import OperatorAction, StepDispatch, TaskOutcome
+from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
-from stepwarden.store.base import OperatorAction, StepDispatch, TaskOutcome
 
 from .test_store import claim_one, dispatch, new_task, outcome
 
@@ -21,7 +22,7 @@ async def sweep(store: Store) -> list[tuple[str, TaskState, int]]:
     term = await store.acquire_lease("supervisor", "sup", 30)
     assert term is not None
     swept = await store.sweep(
-        lease="supervisor", holder="sup", term=term, limit=10, backoff_initial=0, backoff_maximum=0
+        lease="supervisor", holder="sup", term=term, limit=10, backoff=Backoff(initial=0, maximum=0)
     )
     return sorted((e.task_id, e.process_state, e.failure_count) for e in swept)
 

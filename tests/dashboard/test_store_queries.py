@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
-from stepwarden.store.base import DURATION_BUCKETS
+from stepwarden.records import DURATION_BUCKETS
 
 from ..contract.test_engine import running
 

@@ -37,6 +37,17 @@ from hypothesis.stateful import (
     rule,
 )
 
+from stepwarden.records import (
+    EventRecord,
+    NewTask,
+    OperatorAction,
+    RequestHandback,
+    StepOutcome,
+    StepRecord,
+    TaskOutcome,
+    TaskRecord,
+)
+from stepwarden.retry import Backoff
 from stepwarden.states import (
     FINISHED_TASK_STATES,
     HELD_TASK_STATES,
@@ -47,17 +58,8 @@ from stepwarden.states import (
     TaskState,
 )
 from stepwarden.store import Store
-from stepwarden.store.base import (
-    EventRecord,
-    NewTask,
-    OperatorAction,
-    RequestHandback,
-    StepDispatch,
-    StepOutcome,
-    StepRecord,
-    TaskOutcome,
-    TaskRecord,
-)
+
+from ..dispatching import step_dispatch
 
 T = TypeVar("T")
 
@@ -164,6 +166,7 @@ class MStep:
     locked_by: str | None = None
     result: Any = None
     error: str | None = None
+    abandoned: bool = False
     tries: int = 0
     compensation: str | None = None
     compensates: int | None = None
@@ -216,8 +219,7 @@ class MTask:
             s.compensation is not None
             and s.compensates is None
             and (
-                s.state in (StepState.COMPLETED, *OPEN_STEP_STATES)
-                or (s.state == StepState.FAILED and (s.error or "").startswith("abandoned:"))
+                s.state in (StepState.COMPLETED, *OPEN_STEP_STATES) or s.abandoned
             )
             for s in self.steps.values()
         )
@@ -227,6 +229,7 @@ class MTask:
         for s in self.open_steps():
             s.state = StepState.FAILED
             s.error = ABANDONED + self.state
+            s.abandoned = True
             s.locked_by = None
 
     def release(self, state: TaskState) -> None:
@@ -530,8 +533,8 @@ class StoreModel(RuleBasedStateMachine):
         assert seq is not None
         step = t.steps.get(seq)
         expected_attempt = (step.attempt if step else 1) + expected
-        d = StepDispatch(
-            kind=kind,  # type: ignore[arg-type]
+        d = step_dispatch(
+            kind,
             task_id=t.task_id,
             task_attempt=task_attempt,
             scheduler=scheduler,
@@ -823,8 +826,7 @@ class StoreModel(RuleBasedStateMachine):
                 holder=holder,
                 term=term,
                 limit=100,
-                backoff_initial=backoff,
-                backoff_maximum=BACKOFF_MAXIMUM,
+                backoff=Backoff(initial=backoff, maximum=BACKOFF_MAXIMUM),
             )
         )
         swept = {e.task_id: e for e in expired}
@@ -928,6 +930,7 @@ class StoreModel(RuleBasedStateMachine):
             s.state = StepState.COMPLETED
             s.result = "by hand"
             s.error = None
+            s.abandoned = False
             s.locked_by = None
             detail["seq"] = seq
         else:
@@ -946,6 +949,7 @@ class StoreModel(RuleBasedStateMachine):
                         s.complete_by = now
                         s.locked_by = None
                         s.error = None
+                        s.abandoned = False
         self.expect_event(t.task_id, "operator", **detail)
 
     # -- progress -----------------------------------------------------------------------
@@ -1149,6 +1153,7 @@ class StoreModel(RuleBasedStateMachine):
                 m.key,
                 m.result,
                 m.error,
+                m.abandoned,
                 m.tries,
                 m.operation,
                 m.compensation,
@@ -1162,6 +1167,7 @@ class StoreModel(RuleBasedStateMachine):
                 s.idempotency_key,
                 s.result,
                 s.error,
+                s.abandoned,
                 s.tries,
                 s.operation,
                 s.compensation,
@@ -1169,7 +1175,7 @@ class StoreModel(RuleBasedStateMachine):
             )
             assert got_s == want_s, (
                 f"{tid}/{seq}: (state, attempt, task_attempt, locked_by, key, result, error, "
-                f"tries, operation, compensation, compensates) is {got_s}, the model says "
+                f"abandoned, tries, operation, compensation, compensates) is {got_s}, the model says "
                 f"{want_s}"
             )
             assert s.input == {"n": 1}

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import psycopg
 
 import stepwarden as sw
-from stepwarden.store.base import TaskRecord
+from stepwarden.records import TaskRecord
 
 from . import scenario_app
 

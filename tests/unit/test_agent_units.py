@@ -7,7 +7,8 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from stepwarden.store.base import OpLimit, pick_within_limits
+from stepwarden.records import OpLimit
+from stepwarden.rules import pick_within_limits
 
 
 class Clock:

@@ -13,12 +13,13 @@ import pytest
 import stepwarden as sw
 from stepwarden import _json
 from stepwarden._batch import Batcher
+from stepwarden.retry import backoff
+from stepwarden.rules import AlertReason, plan_expiry
 from stepwarden.states import (
     STEP_TRANSITIONS,
     TASK_TRANSITIONS,
     StepState,
     TaskState,
-    next_after_expiry,
 )
 
 
@@ -62,6 +63,26 @@ def test_backoff_escalates_to_its_maximum() -> None:
     assert [b.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3, 3]
 
 
+@pytest.mark.parametrize("failures", [1_025, 2_000, 10**9])
+def test_a_delay_stays_at_its_maximum_however_many_failures(failures: int) -> None:
+    """The exponent is capped: a count that keeps rising gives the maximum, not an
+    OverflowError (a task retried for days, an alert undeliverable for a week)."""
+    assert sw.Backoff(initial=0.5, maximum=30).delay(failures) == 30
+    assert sw.Backoff(initial=1.0, maximum=300).delay(failures) == 300
+    assert sw.Retry(initial=0.1, maximum=5, multiplier=1e9, jitter=False).delay(failures) == 5
+    assert backoff(failures, initial=1e-300, maximum=1e6, multiplier=1e300) == 1e6
+
+
+def test_delays_are_finite_and_bounded() -> None:
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(sw.ConfigurationError):
+            sw.Backoff(initial=0.5, maximum=bad)
+    with pytest.raises(sw.ConfigurationError):
+        sw.Backoff(initial=0.5, maximum=10**12)
+    with pytest.raises(sw.ConfigurationError):
+        sw.Retry(multiplier=float("inf"))
+
+
 def test_only_an_operator_takes_a_finished_task_up_again() -> None:
     assert TASK_TRANSITIONS[TaskState.PROCESSED] == frozenset()
     assert TASK_TRANSITIONS[TaskState.COMPENSATED] == frozenset()
@@ -73,15 +94,21 @@ def test_only_an_operator_takes_a_finished_task_up_again() -> None:
 @pytest.mark.parametrize(
     ("held_as", "on_failure", "count", "compensable", "expected"),
     [
-        (TaskState.PROCESSING, "compensate", 1, True, (TaskState.PENDING, 1, False)),
-        (TaskState.PROCESSING, "compensate", 3, True, (TaskState.COMPENSATING, 0, True)),
-        (TaskState.PROCESSING, "compensate", 3, False, (TaskState.ERROR, 3, True)),
-        (TaskState.PROCESSING, "stop", 3, True, (TaskState.ERROR, 3, True)),
+        (TaskState.PROCESSING, "compensate", 1, True, (TaskState.PENDING, 1, None)),
+        (TaskState.PROCESSING, "compensate", 3, True, (TaskState.COMPENSATING, 0, "max_failures")),
+        (TaskState.PROCESSING, "compensate", 3, False, (TaskState.ERROR, 3, "max_failures")),
+        (TaskState.PROCESSING, "stop", 3, True, (TaskState.ERROR, 3, "max_failures")),
         # Waiting for the fault to clear: pending again, one alert when the threshold is met.
-        (TaskState.PROCESSING, "retry", 3, True, (TaskState.PENDING, 3, True)),
-        (TaskState.PROCESSING, "retry", 4, True, (TaskState.PENDING, 4, False)),
-        (TaskState.COMPENSATING, "compensate", 2, True, (TaskState.COMPENSATING, 2, False)),
-        (TaskState.COMPENSATING, "compensate", 3, True, (TaskState.COMPENSATION_FAILED, 3, True)),
+        (TaskState.PROCESSING, "retry", 3, True, (TaskState.PENDING, 3, "max_failures")),
+        (TaskState.PROCESSING, "retry", 4, True, (TaskState.PENDING, 4, None)),
+        (TaskState.COMPENSATING, "compensate", 2, True, (TaskState.COMPENSATING, 2, None)),
+        (
+            TaskState.COMPENSATING,
+            "compensate",
+            3,
+            True,
+            (TaskState.COMPENSATION_FAILED, 3, "compensation_failed"),
+        ),
     ],
 )
 def test_where_the_supervisor_sends_an_expired_task(
@@ -89,9 +116,24 @@ def test_where_the_supervisor_sends_an_expired_task(
     on_failure: str,
     count: int,
     compensable: bool,
-    expected: tuple[TaskState, int, bool],
+    expected: tuple[TaskState, int, str | None],
 ) -> None:
-    assert next_after_expiry(held_as, on_failure, count, 3, compensable) == expected
+    plan = plan_expiry(
+        held_as=held_as,
+        on_failure=on_failure,
+        failure_count=count - 1,
+        max_failures=3,
+        seq=None,
+        compensable=compensable,
+        backoff=sw.Backoff(initial=0.5, maximum=30),
+    )
+    assert (plan.state, plan.failure_count, plan.alert) == expected
+    assert plan.expiries == count
+    assert plan.delay == sw.Backoff(initial=0.5, maximum=30).delay(count)
+    assert plan.abandon == (plan.state not in (TaskState.PENDING, held_as))
+    assert (plan.error is None) == (plan.alert is None)
+    if plan.alert is not None:
+        assert AlertReason(plan.alert)
 
 
 async def test_batcher_writes_concurrent_items_in_one_flush() -> None:

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..app import App
+from ..records import AgentInstance, EventRecord, OutboxMessage, StepRecord, TaskRecord
 from ..states import TaskState
-from ..store.base import AgentInstance, EventRecord, OutboxMessage, StepRecord, TaskRecord
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
 ALERTS = "alerts"

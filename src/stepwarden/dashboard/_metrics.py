@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector
 
 from ..app import App
 from ..breaker import CLOSED, HALF_OPEN, OPEN
+from ..records import DURATION_BUCKETS
 from ..states import TaskState
-from ..store.base import DURATION_BUCKETS
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import _check, _json
 from ..app import App
 from ..errors import StepwardenError, StoreError
+from ..records import ActionOutcome
 from ..states import OPERATOR_ACTIONS, TaskState
-from ..store.base import ActionOutcome
 from . import _metrics, _openapi
 from ._auth import CSRF_FIELD, SESSION_COOKIE, Guard
 from ._data import Reader

@@ -1,4 +1,5 @@
-"""The state store: one interface (`base.Store`), one SQLite and one PostgreSQL implementation."""
+"""The state store: the Store (`base.py`) and its policy (`policy.py`), written once, over one
+driver per database (`sqlite.py`, `postgres.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import re
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from .base import Store
+from ._flow import (
+    CHANNEL_OUTBOX,
+    CHANNEL_REQUESTS,
+    CHANNEL_RESULTS,
+    CHANNEL_TASK_DONE,
+    CHANNEL_TASKS,
+)
+from .base import Store, Subscription, Transaction
 
 
 def open_store(url: str) -> Store:
@@ -42,4 +50,14 @@ def _masked(url: str) -> str:
     return re.sub(r"^([^:/]*://[^/@:]*:)[^/]*@", r"\1***@", url)
 
 
-__all__ = ["Store", "open_store"]
+__all__ = [
+    "CHANNEL_OUTBOX",
+    "CHANNEL_REQUESTS",
+    "CHANNEL_RESULTS",
+    "CHANNEL_TASKS",
+    "CHANNEL_TASK_DONE",
+    "Store",
+    "Subscription",
+    "Transaction",
+    "open_store",
+]

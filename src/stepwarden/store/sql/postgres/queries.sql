@@ -173,62 +173,57 @@ SELECT * FROM stepwarden_steps
 WHERE (task_id, seq) IN (SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[]))
   AND state IN ('completed', 'failed')
 
+-- name: compensation_facts
+-- The facts rules.needs_compensation decides on: the steps of the given tasks that have a
+-- compensation, with their task's on_failure.
+SELECT s.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.task_id = ANY(%(task_ids)s::text[]) AND s.compensation IS NOT NULL
+ORDER BY s.task_id, s.seq
+
 -- name: finish_tasks
--- End the hold of tasks under the holding attempt and scheduler (in the state held_as).
--- An error becomes compensating unless on_failure is 'stop', eligible once the open steps'
--- complete_by has passed (an agent still calling may apply its effect until then). Alerts on
--- error and compensation_failed; the open steps of each task are closed (abandoned).
+-- End the hold of tasks under the holding attempt and scheduler (in the state held_as), into
+-- the state the caller planned (rules.plan_finish), eligible once the open steps'
+-- complete_by has passed (an agent still calling may apply its effect until then); the
+-- planned alert, and the open steps of each task closed (abandoned).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
-                         %(state)s::text[], %(held_as)s::text[], %(result)s::text[],
-                         %(error)s::text[], %(ord)s::int[])
-        AS d(task_id, attempt, scheduler, state, held_as, result, error, ord)
+                         %(held_as)s::text[], %(state)s::text[], %(reset_failures)s::bool[],
+                         %(finished)s::bool[], %(result)s::text[], %(error)s::text[],
+                         %(alert)s::text[], %(abandoned_error)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, scheduler, held_as, state, reset_failures, finished, result,
+             error, alert, abandoned_error, ord)
 ), o AS MATERIALIZED (
     SELECT s.task_id, max(s.complete_by) AS open_until FROM stepwarden_steps s
     WHERE s.task_id IN (SELECT task_id FROM d) AND s.state IN ('not_started', 'running')
     GROUP BY s.task_id
-), k AS MATERIALIZED (
-    -- The tasks with a step to undo: one with a compensation that took effect or may have.
-    SELECT DISTINCT s.task_id FROM stepwarden_steps s
-    WHERE s.task_id IN (SELECT task_id FROM d WHERE state = 'error')
-      AND s.compensation IS NOT NULL AND s.compensates IS NULL
-      AND (s.state IN ('completed', 'not_started', 'running')
-           OR (s.state = 'failed' AND s.error LIKE 'abandoned:%%'))
 ), u AS (
     UPDATE stepwarden_tasks t
-    SET process_state = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
-                                  AND t.task_id IN (SELECT task_id FROM k)
-                             THEN 'compensating' ELSE d.state END,
-        failure_count = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
-                                  AND t.task_id IN (SELECT task_id FROM k)
-                             THEN 0 ELSE t.failure_count END,
+    SET process_state = d.state,
+        failure_count = CASE WHEN d.reset_failures THEN 0 ELSE t.failure_count END,
         eligible_at = GREATEST(now(), (SELECT o.open_until FROM o WHERE o.task_id = t.task_id)),
-        finished_at = CASE WHEN d.state = 'error' AND t.on_failure <> 'stop'
-                                AND t.task_id IN (SELECT task_id FROM k)
-                           THEN NULL ELSE now() END,
+        finished_at = CASE WHEN d.finished THEN now() END,
         result = d.result::json, error = d.error, locked_by = NULL, complete_by = NULL,
         updated_at = now()
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
       AND t.process_state = d.held_as
-    RETURNING d.ord, d.task_id, d.state AS outcome, t.process_state, d.error
+    RETURNING d.ord, d.task_id, t.process_state, d.error, d.alert, d.abandoned_error
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT task_id, now(), 'alert',
-           json_build_object('reason', CASE WHEN outcome = 'error' THEN 'task_error'
-                                            ELSE outcome END,
-                             'error', error, 'then', process_state)
-    FROM u WHERE outcome IN ('error', 'compensation_failed')
+           json_build_object('reason', alert, 'error', error, 'then', process_state)
+    FROM u WHERE alert IS NOT NULL
     ORDER BY ord
 ), c AS (
     -- A finished task leaves no request behind: its open steps are closed.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = 'abandoned: the task is ' || u.process_state,
-        locked_by = NULL, finished_at = now()
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
+        finished_at = now()
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
-SELECT ord, process_state FROM u
+SELECT ord, task_id, process_state FROM u
 
 -- name: claim_requests
 -- Claim queued requests in time: not_started -> running, skipping rows others hold. The pick
@@ -273,15 +268,17 @@ FROM stepwarden_steps
 WHERE state = 'running' AND agent = %(agent)s AND operation = ANY(%(operations)s::text[])
 GROUP BY operation, coalesce(limit_key, '')
 
+-- name: forget_starts
+-- Starts of rate-limited operations older than their period are forgotten.
+DELETE FROM stepwarden_starts s
+USING unnest(%(operation)s::text[], %(per)s::float8[]) AS r(operation, per)
+WHERE s.agent = %(agent)s AND s.operation = r.operation
+  AND s.at <= now() - make_interval(secs => r.per)
+
 -- name: start_counts
--- Starts of rate-limited operations within each one's period, by limit key; older starts
--- are forgotten.
+-- Starts of rate-limited operations within each one's period, by limit key.
 WITH r AS (
-    SELECT * FROM unnest(%(rated)s::text[], %(per)s::float8[]) AS r(operation, per)
-), gone AS (
-    DELETE FROM stepwarden_starts s USING r
-    WHERE s.agent = %(agent)s AND s.operation = r.operation
-      AND s.at <= now() - make_interval(secs => r.per)
+    SELECT * FROM unnest(%(operation)s::text[], %(per)s::float8[]) AS r(operation, per)
 )
 SELECT s.operation, s.limit_key, count(*)::int AS n
 FROM stepwarden_starts s JOIN r ON r.operation = s.operation
@@ -327,7 +324,7 @@ WITH d AS (
            json_build_object('seq', seq, 'attempt', attempt, 'from', instance, 'reason', reason)
     FROM u ORDER BY ord
 )
-SELECT ord, agent FROM u
+SELECT ord, task_id, seq, agent FROM u
 
 -- name: heartbeat_step
 -- Extend a running step's complete_by by its complete_within from now: never shorter than
@@ -379,22 +376,44 @@ ORDER BY agent, started_at, instance
 SELECT *, extract(epoch FROM complete_by - now())::float8 AS remaining FROM stepwarden_steps
 WHERE task_id = %(task_id)s AND seq = %(seq)s
 
--- name: sweep_steps
--- Under the lease (checked by the caller in this transaction): reassign the running steps of
--- gone agent instances (a new attempt with a full complete_by; their tasks released for a
--- scheduler to take up again), fail the steps
--- no agent claimed within their pick-up timeout, and those past their total timeout (as
--- abandoned when they ran: they may have taken effect).
-WITH g AS MATERIALIZED (
-    SELECT s.task_id, s.seq, s.attempt, s.locked_by, t.attempt AS task_attempt
-    FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-    WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
-      AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
-      AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
-                      WHERE a.instance = s.locked_by AND a.agent = s.agent
-                        AND a.expires_at > now())
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+-- name: gone_holders
+-- Running steps of the current attempt of held tasks whose agent instance is gone.
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
+  AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
+  AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
+                  WHERE a.instance = s.locked_by AND a.agent = s.agent
+                    AND a.expires_at > now())
+LIMIT %(limit)s
+FOR UPDATE OF s SKIP LOCKED
+
+-- name: pickup_expired
+-- Steps no agent claimed within their pick-up timeout.
+SELECT task_id, seq, attempt, agent, locked_by, state, pickup_within FROM stepwarden_steps
+WHERE state = 'not_started' AND pickup_within IS NOT NULL
+  AND dispatched_at + make_interval(secs => pickup_within) < now()
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: total_expired
+-- Open steps past their total timeout (`total`: seconds from the first dispatch).
+SELECT task_id, seq, attempt, agent, locked_by, state,
+       extract(epoch FROM give_up_by - created_at)::float8 AS total
+FROM stepwarden_steps
+WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < now()
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: reassign_steps
+-- The running steps of gone agent instances queued again for another: a new attempt with a
+-- full complete_by of its own. The task is released too, failure_count unchanged, for a
+-- scheduler to take up again at once (it adopts the step): its own scheduler may be gone
+-- with the agent.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
+                         %(instance)s::text[], %(task_attempt)s::int[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, task_attempt, ord)
 ), r AS (
     UPDATE stepwarden_steps s
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
@@ -402,67 +421,57 @@ WITH g AS MATERIALIZED (
         complete_by = LEAST(now() + coalesce(make_interval(secs => s.complete_within),
                                              s.complete_by - s.dispatched_at),
                             s.give_up_by)
-    FROM g
-    WHERE s.task_id = g.task_id AND s.seq = g.seq AND s.attempt = g.attempt
-      AND s.state = 'running'
-    RETURNING s.task_id, s.seq, s.attempt, s.agent, g.locked_by, 'reassigned' AS kind,
-              NULL::text AS error
+    FROM d
+    WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
+      AND s.state = 'running' AND s.locked_by = d.instance
+    RETURNING d.ord, s.task_id, s.seq, s.attempt, d.instance, d.task_attempt
 ), rel AS (
-    -- The task is released too, failure_count unchanged, for a scheduler to take up again
-    -- at once (it adopts the step): its own scheduler may be gone with the agent.
     UPDATE stepwarden_tasks t
     SET locked_by = NULL, complete_by = NULL, eligible_at = now(), updated_at = now(),
         process_state = CASE t.process_state WHEN 'processing' THEN 'pending'
                              ELSE t.process_state END
-    FROM (SELECT DISTINCT task_id, task_attempt FROM g) AS x
+    FROM (SELECT DISTINCT task_id, task_attempt FROM r) AS x
     WHERE t.task_id = x.task_id AND t.attempt = x.task_attempt AND t.locked_by IS NOT NULL
       AND t.process_state IN ('processing', 'compensating')
-      AND EXISTS (SELECT 1 FROM r WHERE r.task_id = x.task_id)
-), p AS MATERIALIZED (
-    SELECT task_id, seq, attempt, locked_by, state,
-           'not picked up: no agent claimed the step within '
-           || trim(to_char(pickup_within, 'FM999999999990.999'), '.') || 's' AS error,
-           'pickup' AS kind
-    FROM stepwarden_steps
-    WHERE state = 'not_started' AND pickup_within IS NOT NULL
-      AND dispatched_at + make_interval(secs => pickup_within) < now()
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), o AS MATERIALIZED (
-    SELECT task_id, seq, attempt, locked_by, state,
-           CASE WHEN state = 'running' OR attempt > 1 THEN 'abandoned: ' ELSE '' END
-           || 'total timeout: not completed within '
-           || trim(to_char(extract(epoch FROM give_up_by - created_at), 'FM999999999990.999'),
-                   '.')
-           || 's of its first dispatch' AS error,
-           'total' AS kind
-    FROM stepwarden_steps
-    WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < now()
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), f AS (
-    UPDATE stepwarden_steps s
-    SET state = 'failed', error = x.error, locked_by = NULL, finished_at = now()
-    FROM (SELECT * FROM p UNION ALL SELECT * FROM o WHERE (task_id, seq) NOT IN
-          (SELECT task_id, seq FROM p)) AS x
-    WHERE s.task_id = x.task_id AND s.seq = x.seq AND s.attempt = x.attempt
-      AND s.state = x.state
-    RETURNING s.task_id, s.seq, s.attempt, s.agent, x.locked_by, x.kind, x.error
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
-    SELECT task_id, now(),
-           CASE kind WHEN 'reassigned' THEN 'reassigned' ELSE 'step_failed' END,
-           CASE kind WHEN 'reassigned'
-                THEN json_build_object('seq', seq, 'attempt', attempt, 'from', locked_by,
-                                       'by', %(holder)s::text, 'term', %(term)s::bigint)
-                ELSE json_build_object('seq', seq, 'attempt', attempt, 'error', error,
-                                       'by', %(holder)s::text, 'term', %(term)s::bigint) END
-    FROM (SELECT * FROM r UNION ALL SELECT * FROM f) AS x
-), forget AS (
-    DELETE FROM stepwarden_agents
-    WHERE expires_at < now() - make_interval(secs => %(forget_after)s)
+    SELECT task_id, now(), 'reassigned',
+           json_build_object('seq', seq, 'attempt', attempt, 'from', instance,
+                             'by', %(holder)s::text, 'term', %(term)s::bigint)
+    FROM r ORDER BY ord
 )
-SELECT * FROM r UNION ALL SELECT * FROM f
+SELECT ord, task_id, seq, attempt FROM r
+
+-- name: fail_steps
+-- Steps past their pick-up or total timeout fail with the error (and abandonment) the caller
+-- worked out (rules.pickup_failure, rules.total_failure), fenced by the attempt and state
+-- read.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
+                         %(state)s::text[], %(error)s::text[], %(abandoned)s::bool[],
+                         %(ord)s::int[])
+        AS d(task_id, seq, attempt, state, error, abandoned, ord)
+), f AS (
+    UPDATE stepwarden_steps s
+    SET state = 'failed', error = d.error, abandoned = d.abandoned, locked_by = NULL,
+        finished_at = now()
+    FROM d
+    WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
+      AND s.state = d.state
+    RETURNING d.ord, s.task_id, s.seq, s.attempt, d.error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'step_failed',
+           json_build_object('seq', seq, 'attempt', attempt, 'error', error,
+                             'by', %(holder)s::text, 'term', %(term)s::bigint)
+    FROM f ORDER BY ord
+)
+SELECT ord, task_id, seq, attempt FROM f
+
+-- name: forget_agents
+-- Agent instances gone for a while leave the registry.
+DELETE FROM stepwarden_agents
+WHERE expires_at < now() - make_interval(secs => %(forget_after)s::float8)
 
 -- name: complete_steps
 -- running -> completed | failed for the current attempt, its agent, before complete_by.
@@ -486,20 +495,26 @@ WITH d AS (
     FROM u WHERE state = 'failed'
     ORDER BY ord
 )
-SELECT ord FROM u
+SELECT ord, task_id, seq FROM u
 
--- name: acquire_lease
--- Take or renew a lease: the term stays while its holder renews in time, else it rises.
--- The clock is read when the row is written (clock_timestamp, not the statement's start):
--- a statement that waited for the row lock gets its whole ttl.
+-- name: lock_lease_row
+-- A lease as it stands, locked until commit, and whether it is live (by the clock now, not
+-- the statement's start: a read that waited for the row lock sees the lease as it is).
+SELECT holder, term, expires_at > clock_timestamp() AS live FROM stepwarden_leases
+WHERE name = %(name)s
+FOR UPDATE
+
+-- name: put_lease
+-- Take or renew a lease under the term the caller worked out (rules.lease_term), only while
+-- the term read (`seen`) stands: a lease first taken by another meanwhile is not overwritten.
+-- Its ttl runs from when the row is written (clock_timestamp).
 INSERT INTO stepwarden_leases AS l (name, holder, term, expires_at, renewed_at)
-VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s::float8),
-        clock_timestamp())
+VALUES (%(name)s, %(holder)s, %(term)s,
+        clock_timestamp() + make_interval(secs => %(ttl)s::float8), clock_timestamp())
 ON CONFLICT (name) DO UPDATE
-SET holder = excluded.holder, renewed_at = clock_timestamp(),
-    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8),
-    term = CASE WHEN l.expires_at > clock_timestamp() THEN l.term ELSE l.term + 1 END
-WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp()
+SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at,
+    renewed_at = excluded.renewed_at
+WHERE l.term = %(seen)s::bigint
 RETURNING term
 
 -- name: end_stalled_sessions
@@ -550,50 +565,42 @@ WHERE complete_by < now() AND process_state IN ('processing', 'compensating')
 ORDER BY complete_by
 LIMIT %(limit)s
 
--- name: compensable
--- Of the given tasks, those with a step to undo: one with a compensation that took effect
--- or may have (completed, open, or abandoned while open).
-SELECT DISTINCT task_id FROM stepwarden_steps
-WHERE task_id = ANY(%(task_ids)s::text[]) AND compensation IS NOT NULL AND compensates IS NULL
-  AND (state IN ('completed', 'not_started', 'running')
-       OR (state = 'failed' AND error LIKE 'abandoned:%%'))
-
 -- name: reset_tasks
--- The supervisor's recovery of expired tasks into the states worked out by the caller from
--- the rows read in this transaction, each fenced by the attempt and state it read. `count`
--- is the number of expiries (failure_count may start again at 0 for a compensation). A task
--- whose open steps are abandoned waits for their complete_by too: an agent still calling
--- may yet apply its effect until then.
+-- The supervisor's recovery of expired tasks into the states the caller planned
+-- (rules.plan_expiry), each fenced by the attempt and state it read. A task whose open
+-- steps are abandoned waits for their complete_by too: an agent still calling may yet apply
+-- its effect until then.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
                          %(held_as)s::text[], %(state)s::text[], %(failure_count)s::int[],
-                         %(count)s::int[], %(error)s::text[], %(backoff)s::float8[],
-                         %(finished)s::bool[], %(alert)s::text[], %(ord)s::int[])
-        AS d(task_id, attempt, seq, held_as, state, failure_count, count, error, backoff,
-             finished, alert, ord)
+                         %(expiries)s::int[], %(error)s::text[], %(delay)s::float8[],
+                         %(finished)s::bool[], %(abandon)s::bool[], %(alert)s::text[],
+                         %(abandoned_error)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, seq, held_as, state, failure_count, expiries, error, delay,
+             finished, abandon, alert, abandoned_error, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
     SET failure_count = d.failure_count, locked_by = NULL, complete_by = NULL,
         process_state = d.state, error = coalesce(d.error, t.error),
         finished_at = CASE WHEN d.finished THEN now() END,
-        eligible_at = CASE WHEN d.state NOT IN ('pending', d.held_as)
-                           THEN GREATEST(now() + make_interval(secs => d.backoff),
+        eligible_at = CASE WHEN d.abandon
+                           THEN GREATEST(now() + make_interval(secs => d.delay),
                                          (SELECT max(s.complete_by) FROM stepwarden_steps s
                                           WHERE s.task_id = t.task_id
                                             AND s.state IN ('not_started', 'running')))
-                           ELSE now() + make_interval(secs => d.backoff) END,
+                           ELSE now() + make_interval(secs => d.delay) END,
         updated_at = now()
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = d.held_as
       AND t.locked_by IS NOT NULL
-    RETURNING d.ord, t.task_id, d.attempt, d.seq, d.held_as, d.count,
-              t.process_state, t.error, d.alert
+    RETURNING d.ord, t.task_id, d.attempt, d.seq, d.expiries, t.process_state, t.error,
+              d.alert, d.abandon, d.abandoned_error
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT u.task_id, now(), x.kind, x.detail
     FROM u CROSS JOIN LATERAL (VALUES
         (1, 'expired', json_build_object('seq', u.seq, 'attempt', u.attempt,
-                                         'failure_count', u.count, 'by', %(holder)s::text,
+                                         'failure_count', u.expiries, 'by', %(holder)s::text,
                                          'term', %(term)s::bigint)),
         (2, 'alert', CASE WHEN u.alert IS NOT NULL
                           THEN json_build_object('reason', u.alert, 'error', u.error,
@@ -604,13 +611,48 @@ WITH d AS (
 ), c AS (
     -- A task leaving the held states leaves no request behind.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = 'abandoned: the task is ' || u.process_state,
-        locked_by = NULL, finished_at = now()
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
+        finished_at = now()
     FROM u
-    WHERE u.process_state NOT IN ('pending', u.held_as) AND s.task_id = u.task_id
-      AND s.state IN ('not_started', 'running')
+    WHERE u.abandon AND s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
-SELECT ord, task_id, seq, count AS failure_count, process_state FROM u ORDER BY ord
+SELECT ord, task_id, seq, expiries AS failure_count, process_state FROM u ORDER BY ord
+
+-- name: set_aside
+-- Tasks the sweep could not recover wait for an operator in the state the caller planned
+-- (rules.plan_set_aside), fenced by the attempt and state read; a `set_aside` event and an
+-- alert each, their open steps closed (abandoned).
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(held_as)s::text[],
+                         %(state)s::text[], %(error)s::text[], %(alert)s::text[],
+                         %(abandoned_error)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, held_as, state, error, alert, abandoned_error, ord)
+), u AS (
+    UPDATE stepwarden_tasks t
+    SET process_state = d.state, error = d.error, locked_by = NULL, complete_by = NULL,
+        finished_at = now(), eligible_at = now(), updated_at = now()
+    FROM d
+    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = d.held_as
+      AND t.locked_by IS NOT NULL
+    RETURNING d.ord, t.task_id, t.failure_count, t.process_state, t.error, d.alert,
+              d.abandoned_error
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT u.task_id, now(), x.kind, x.detail
+    FROM u CROSS JOIN LATERAL (VALUES
+        (1, 'set_aside', json_build_object('error', u.error, 'by', %(holder)s::text,
+                                           'term', %(term)s::bigint)),
+        (2, 'alert', json_build_object('reason', u.alert, 'error', u.error,
+                                       'then', u.process_state))) AS x(k, kind, detail)
+    ORDER BY u.ord, x.k
+), c AS (
+    UPDATE stepwarden_steps s
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
+        finished_at = now()
+    FROM u
+    WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
+)
+SELECT ord, task_id, failure_count, process_state FROM u ORDER BY ord
 
 -- name: get_task
 -- One task.
@@ -658,13 +700,21 @@ SET process_state = %(to)s, locked_by = NULL, complete_by = NULL,
     finished_at = CASE WHEN %(final)s THEN now() END, updated_at = now()
 WHERE task_id = %(task_id)s AND process_state = %(from)s AND attempt = %(attempt)s
 
+-- name: close_open_steps
+-- A task leaving the held states by an operator's hand leaves no request behind: its open
+-- steps are closed (abandoned), so no agent claims them and a late answer changes nothing.
+UPDATE stepwarden_steps
+SET state = 'failed', error = %(error)s, abandoned = true, locked_by = NULL,
+    finished_at = now()
+WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
+
 -- name: op_reopen_steps
 -- Resubmission: the failed steps (of the forward path, or the compensations) are open again,
 -- already past complete_by, so that the scheduler taking the task up re-dispatches each under
 -- a new attempt and the same idempotency key, and no agent claims them before.
 UPDATE stepwarden_steps
 SET state = 'not_started', complete_by = now(), locked_by = NULL, error = NULL,
-    finished_at = NULL
+    abandoned = false, finished_at = NULL
 WHERE task_id = %(task_id)s AND state = 'failed'
   AND (compensates IS NOT NULL) = %(compensations)s
 RETURNING seq
@@ -672,22 +722,10 @@ RETURNING seq
 -- name: op_skip_step
 -- Mark a step that is not completed as completed with the operator's result.
 UPDATE stepwarden_steps
-SET state = 'completed', result = %(result)s::json, error = NULL, locked_by = NULL,
-    finished_at = now()
+SET state = 'completed', result = %(result)s::json, error = NULL, abandoned = false,
+    locked_by = NULL, finished_at = now()
 WHERE task_id = %(task_id)s AND seq = %(seq)s AND state <> 'completed'
 RETURNING seq
-
--- name: op_close_open_steps
--- A task leaving the held states by an operator's hand leaves no request behind.
-UPDATE stepwarden_steps
-SET state = 'failed', error = 'abandoned: the task is ' || %(state)s, locked_by = NULL,
-    finished_at = now()
-WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
-
--- name: op_event
--- The operator's action in the task's history.
-INSERT INTO stepwarden_events (task_id, at, kind, detail)
-VALUES (%(task_id)s, now(), 'operator', %(detail)s::json)
 
 -- name: outbox_read
 -- Outbox messages of a channel or a task, after an id, oldest first.
@@ -733,10 +771,12 @@ DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT task_id FROM p)
 RETURNING task_id
 
 -- name: insert_events
--- Events written by a process for itself (an alert raised by a scheduler, say).
+-- Events, in the order given.
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 SELECT e.task_id, now(), e.kind, e.detail::json
-FROM unnest(%(task_id)s::text[], %(kind)s::text[], %(detail)s::text[]) AS e(task_id, kind, detail)
+FROM unnest(%(task_id)s::text[], %(kind)s::text[], %(detail)s::text[], %(ord)s::int[])
+     AS e(task_id, kind, detail, ord)
+ORDER BY e.ord
 
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard

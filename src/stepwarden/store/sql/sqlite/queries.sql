@@ -1,10 +1,17 @@
--- name: insert_task
+-- The named queries of the SQLite driver (store/sqlite.py). `:now` is the transaction's
+-- reading of the clock; a list parameter is JSON text (read with json_each). A batch query
+-- runs once for each row of the batch, with `:ord` its position. A query of several
+-- statements runs the first, then the others once for each row the first returned, with
+-- that row's columns as parameters too.
+
+-- name: insert_tasks
 -- Record a pending task; an existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now)
 ON CONFLICT (task_id) DO NOTHING
+RETURNING task_id
 
 -- name: any_pending
 -- A cheap read before taking the write lock.
@@ -36,7 +43,7 @@ WHERE task_id IN (
     ORDER BY priority DESC, created_at
     LIMIT :limit)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
-RETURNING *
+RETURNING *, complete_by - :now AS remaining
 
 -- name: steps_of_tasks
 SELECT * FROM stepwarden_steps
@@ -58,7 +65,7 @@ FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
 ON CONFLICT (task_id, seq) DO NOTHING
-RETURNING attempt, complete_by
+RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
 
 -- name: dispatch_again
 -- Re-dispatch an expired step: a new attempt, the same idempotency key.
@@ -73,7 +80,7 @@ WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
               WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
                 AND t.process_state IN ('processing', 'compensating'))
-RETURNING attempt, complete_by
+RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
 
 -- name: dispatch_adopt
 -- Take over a step an earlier attempt of the task dispatched, while it is still in time.
@@ -84,48 +91,45 @@ WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
               WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
                 AND t.process_state IN ('processing', 'compensating'))
-RETURNING attempt, complete_by
+RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
 
 -- name: finished_steps
+-- The step, when it is completed or failed.
 SELECT * FROM stepwarden_steps
-WHERE (task_id, seq) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                         FROM json_each(:keys))
-  AND state IN ('completed', 'failed')
+WHERE task_id = :task_id AND seq = :seq AND state IN ('completed', 'failed')
 
--- name: finish_task
--- End the hold of a task, only under the attempt and scheduler that hold it in :held_as.
--- An error becomes compensating (unless on_failure is 'stop'), eligible once the open steps'
--- complete_by has passed: an agent still calling may yet apply its effect until then.
+-- name: compensation_facts
+-- The facts rules.needs_compensation decides on: the steps of the given tasks that have a
+-- compensation, with their task's on_failure.
+SELECT s.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.task_id IN (SELECT value FROM json_each(:task_ids)) AND s.compensation IS NOT NULL
+ORDER BY s.task_id, s.seq
+
+-- name: finish_tasks
+-- End the hold of a task, only under the attempt and scheduler that hold it in :held_as, into
+-- the state the caller planned (rules.plan_finish), eligible once the open steps'
+-- complete_by has passed: an agent still calling may yet apply its effect until then. Then
+-- the planned alert, and the open steps closed (abandoned).
 UPDATE stepwarden_tasks
-SET process_state = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
-                         THEN 'compensating' ELSE :state END,
-    result = :result, error = :error, locked_by = NULL, complete_by = NULL, updated_at = :now,
-    failure_count = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
-                         THEN 0 ELSE failure_count END,
+SET process_state = :state, result = :result, error = :error, locked_by = NULL,
+    complete_by = NULL, updated_at = :now,
+    failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
     eligible_at = MAX(:now, coalesce((SELECT max(complete_by) FROM stepwarden_steps s
                                       WHERE s.task_id = :task_id
                                         AND s.state IN ('not_started', 'running')), 0)),
-    finished_at = CASE WHEN :state = 'error' AND :compensable AND on_failure <> 'stop'
-                       THEN NULL ELSE :now END
+    finished_at = CASE WHEN :finished THEN :now END
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
   AND process_state = :held_as
-RETURNING process_state
-
--- name: close_open_steps
--- A finished task leaves no request behind: its open steps are closed, so no agent claims them
--- and a late answer to one changes nothing.
+RETURNING :ord AS ord, task_id, process_state;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+SELECT :task_id, :now, 'alert',
+       json_object('reason', :alert, 'error', :error, 'then', :process_state)
+WHERE :alert IS NOT NULL;
 UPDATE stepwarden_steps
-SET state = 'failed', error = :error, locked_by = NULL, finished_at = :now
-WHERE task_id = :task_id AND state IN ('not_started', 'running')
-
--- name: compensable
--- Whether a task has a step to undo: one with a compensation that took effect or may have
--- (completed, open, or abandoned while open).
-SELECT EXISTS (
-    SELECT 1 FROM stepwarden_steps
-    WHERE task_id = :task_id AND compensation IS NOT NULL AND compensates IS NULL
-      AND (state IN ('completed', 'not_started', 'running')
-           OR (state = 'failed' AND error LIKE 'abandoned:%'))) AS compensable
+SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
+    finished_at = :now
+WHERE task_id = :task_id AND state IN ('not_started', 'running');
 
 -- name: any_request
 SELECT 1 FROM stepwarden_steps
@@ -147,7 +151,12 @@ WHERE (task_id, seq) IN (
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          compensates, priority, dispatched_at
+          priority, dispatched_at, compensates, complete_by - :now AS remaining
+
+-- name: limits_lock
+-- Claims within limits of one agent's operations go one at a time: BEGIN IMMEDIATE already
+-- makes every write transaction exclusive.
+SELECT 1 AS locked
 
 -- name: limited_candidates
 -- Queued requests of an agent in claim order, for a claim within the operations' limits.
@@ -165,182 +174,27 @@ WHERE state = 'running' AND agent = :agent
   AND operation IN (SELECT value FROM json_each(:operations))
 GROUP BY operation, coalesce(limit_key, '')
 
--- name: start_counts
--- Starts of one rate-limited operation within its period, by limit key.
-SELECT limit_key, count(*) AS n FROM stepwarden_starts
-WHERE agent = :agent AND operation = :operation AND at > :since
-GROUP BY limit_key
-
 -- name: forget_starts
-DELETE FROM stepwarden_starts WHERE agent = :agent AND operation = :operation AND at <= :since
+-- Starts of a rate-limited operation older than its period are forgotten.
+DELETE FROM stepwarden_starts WHERE agent = :agent AND operation = :operation
+  AND at <= :now - :per
 
--- name: record_start
-INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
-VALUES (:agent, :operation, :limit_key, :now)
+-- name: start_counts
+-- Starts of a rate-limited operation within its period, by limit key.
+SELECT operation, limit_key, count(*) AS n FROM stepwarden_starts
+WHERE agent = :agent AND operation = :operation AND at > :now - :per
+GROUP BY operation, limit_key
 
--- name: claim_one
+-- name: claim_chosen
+-- Claim a request chosen within limits, and note the start of a rate-limited one.
 UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          compensates, priority, dispatched_at, limit_key
-
--- name: complete_step
--- running -> completed | failed, only for the current attempt, its agent, before complete_by.
-UPDATE stepwarden_steps
-SET state = :state, result = :result, error = :error, tries = :tries, finished_at = :now
-WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
-  AND locked_by = :instance AND complete_by > :now
-
--- name: insert_event
-INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now, :kind, :detail)
-
--- name: get_lease
-SELECT holder, term, expires_at FROM stepwarden_leases WHERE name = :name
-
--- name: put_lease
-INSERT INTO stepwarden_leases (name, holder, term, expires_at, renewed_at)
-VALUES (:name, :holder, :term, :expires_at, :now)
-ON CONFLICT (name) DO UPDATE
-SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at,
-    renewed_at = excluded.renewed_at
-
--- name: release_lease
-UPDATE stepwarden_leases SET expires_at = 0 WHERE name = :name AND holder = :holder
-
--- name: holds_lease
-SELECT 1 FROM stepwarden_leases
-WHERE name = :name AND holder = :holder AND term = :term AND expires_at > :now
-
--- name: expired_tasks
-SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure, NULL AS seq
-FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
-WHERE complete_by < :now AND process_state IN ('processing', 'compensating')
-ORDER BY complete_by
-LIMIT :limit
-
--- name: expired_steps
--- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
--- sweep released, or an operator's retry reopened, is held again only once claimed.)
-SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
-       s.seq
-FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
-JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
-  AND t.process_state IN ('processing', 'compensating') AND t.locked_by IS NOT NULL
-  AND s.task_attempt = t.attempt
-ORDER BY s.complete_by
-LIMIT :limit
-
--- name: reset_task
--- The supervisor's recovery of an expired task into :state (worked out by the caller from
--- the row it read in this transaction), fenced by the attempt and state it read. When the
--- open steps are to be abandoned (:wait_open), the task waits for their complete_by too: an
--- agent still calling may yet apply its effect until then.
-UPDATE stepwarden_tasks
-SET failure_count = :failure_count, locked_by = NULL, complete_by = NULL,
-    process_state = :state, error = coalesce(:error, error),
-    finished_at = :finished_at, updated_at = :now,
-    eligible_at = CASE WHEN :wait_open
-                       THEN MAX(:eligible_at,
-                                coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
-                                          WHERE s.task_id = :task_id
-                                            AND s.state IN ('not_started', 'running')), 0))
-                       ELSE :eligible_at END
-WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
-  AND locked_by IS NOT NULL
-RETURNING failure_count, process_state
-
--- name: get_task
-SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
-
--- name: get_steps
-SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
-
--- name: count_tasks
-SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
-
--- name: op_read_task
--- An operator action reads the task it acts on (under the write lock).
-SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
-
--- name: op_move_task
--- An operator action moves the task from the state and attempt it read. Releasing a held task
--- fences out its scheduler; a compensation waits for the open steps' complete_by.
-UPDATE stepwarden_tasks
-SET process_state = :to, locked_by = NULL, complete_by = NULL,
-    failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
-    eligible_at = CASE WHEN :wait_open
-                       THEN MAX(:now, coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
-                                                WHERE s.task_id = :task_id
-                                                  AND s.state IN ('not_started', 'running')),
-                                               0))
-                       ELSE :now END,
-    finished_at = CASE WHEN :final THEN :now ELSE NULL END, updated_at = :now
-WHERE task_id = :task_id AND process_state = :from AND attempt = :attempt
-
--- name: op_reopen_steps
--- Resubmission: the failed steps (of the forward path, or the compensations) are open again,
--- already past complete_by, so that the scheduler taking the task up re-dispatches each under
--- a new attempt and the same idempotency key, and no agent claims them before.
-UPDATE stepwarden_steps
-SET state = 'not_started', complete_by = :now, locked_by = NULL, error = NULL,
-    finished_at = NULL
-WHERE task_id = :task_id AND state = 'failed'
-  AND ((:compensations AND compensates IS NOT NULL) OR (NOT :compensations AND compensates IS NULL))
-RETURNING seq
-
--- name: op_skip_step
--- Mark a step that is not completed as completed with the operator's result.
-UPDATE stepwarden_steps
-SET state = 'completed', result = :result, error = NULL, locked_by = NULL, finished_at = :now
-WHERE task_id = :task_id AND seq = :seq AND state <> 'completed'
-RETURNING seq
-
--- name: outbox_read
--- Outbox messages of a channel or a task, after an id, oldest first.
-SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
-WHERE (:channel IS NULL OR channel = :channel) AND (:task_id IS NULL OR task_id = :task_id)
-  AND id > :after
-ORDER BY id
-LIMIT :limit
-
--- name: outbox_due
--- Alerts due for delivery, oldest first.
-SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to
-FROM stepwarden_outbox INDEXED BY stepwarden_outbox_due
-WHERE next_at <= :now
-ORDER BY next_at, id
-LIMIT :limit
-
--- name: outbox_delivered
--- Record a delivery round of one alert: the sinks reached so far; done, or due again later.
-UPDATE stepwarden_outbox
-SET delivered_to = :delivered_to, attempts = attempts + 1,
-    next_at = CASE WHEN :done THEN NULL ELSE :now + :retry_in END,
-    delivered_at = CASE WHEN :done THEN :now END
-WHERE id = :id AND next_at IS NOT NULL
-
--- name: purge_pick
--- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first.
-SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
-WHERE finished_at < :before AND process_state IN ('processed', 'compensated', 'cancelled')
-ORDER BY finished_at
-LIMIT :limit
-
--- name: purge_events
-DELETE FROM stepwarden_events WHERE task_id IN (SELECT value FROM json_each(:task_ids))
-
--- name: purge_outbox
-DELETE FROM stepwarden_outbox WHERE task_id IN (SELECT value FROM json_each(:task_ids))
-  AND next_at IS NULL
-
--- name: purge_tasks
--- Their steps go with them (ON DELETE CASCADE).
-DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT value FROM json_each(:task_ids))
-
--- name: read_step
-SELECT * FROM stepwarden_steps WHERE task_id = :task_id AND seq = :seq
+          priority, dispatched_at, compensates, limit_key, complete_by - :now AS remaining;
+INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
+SELECT :agent, :operation, coalesce(:limit_key, ''), :now
+WHERE :operation IN (SELECT value FROM json_each(:rated));
 
 -- name: hand_back
 -- A claimed request back in the queue, untried here, fenced like an outcome.
@@ -349,7 +203,10 @@ SET state = 'not_started', locked_by = NULL, claimed_at = NULL,
     reassignments = reassignments + 1
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance AND complete_by > :now
-RETURNING agent
+RETURNING :ord AS ord, task_id, seq, agent;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'handed_back',
+        json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'reason', :reason));
 
 -- name: heartbeat_step
 -- Extend a running step's complete_by by its complete_within from now: never shorter than
@@ -363,7 +220,7 @@ SET heartbeat = :detail, heartbeat_at = :now,
                           coalesce(give_up_by, 1e300)))
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance AND complete_by > :now
-RETURNING complete_by
+RETURNING complete_by - :now AS remaining
 
 -- name: agent_beat
 INSERT INTO stepwarden_agents (instance, agent, operations, capacity, inflight, breaker,
@@ -392,6 +249,10 @@ SELECT (SELECT sum(capacity) FROM stepwarden_agents WHERE expires_at > :now) AS 
 -- name: list_agents
 SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, started_at, instance
 
+-- name: read_step
+SELECT *, complete_by - :now AS remaining FROM stepwarden_steps
+WHERE task_id = :task_id AND seq = :seq
+
 -- name: gone_holders
 -- Running steps of the current attempt of held tasks whose agent instance is gone.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt
@@ -403,9 +264,25 @@ WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT 
                   WHERE a.instance = s.locked_by AND a.agent = s.agent AND a.expires_at > :now)
 LIMIT :limit
 
--- name: reassign_step
--- Queue the step again for another instance: a new attempt with a full complete_by of its
--- own (its task is released with it, and takes a new complete_by when claimed again).
+-- name: pickup_expired
+-- Steps no agent claimed within their pick-up timeout.
+SELECT task_id, seq, attempt, agent, locked_by, state, pickup_within FROM stepwarden_steps
+WHERE state = 'not_started' AND pickup_within IS NOT NULL
+  AND dispatched_at + pickup_within < :now
+LIMIT :limit
+
+-- name: total_expired
+-- Open steps past their total timeout (`total`: seconds from the first dispatch).
+SELECT task_id, seq, attempt, agent, locked_by, state, give_up_by - created_at AS total
+FROM stepwarden_steps
+WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < :now
+LIMIT :limit
+
+-- name: reassign_steps
+-- The running step of a gone agent instance queued again for another: a new attempt with a
+-- full complete_by of its own. The task is released too, failure_count unchanged, for a
+-- scheduler to take up again at once (it adopts the step): its own scheduler may be gone
+-- with the agent.
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
     locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
@@ -413,36 +290,256 @@ SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments 
                       coalesce(give_up_by, 1e300))
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance
-RETURNING attempt
-
--- name: release_reassigned
--- The task of a reassigned step is released too, failure_count unchanged, for a scheduler to
--- take up again at once (it adopts the step): its own scheduler may be gone with the agent.
+RETURNING :ord AS ord, task_id, seq, attempt;
 UPDATE stepwarden_tasks
 SET locked_by = NULL, complete_by = NULL, eligible_at = :now, updated_at = :now,
     process_state = CASE process_state WHEN 'processing' THEN 'pending' ELSE process_state END
 WHERE task_id = :task_id AND attempt = :task_attempt AND locked_by IS NOT NULL
-  AND process_state IN ('processing', 'compensating')
+  AND process_state IN ('processing', 'compensating');
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'reassigned',
+        json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'by', :holder,
+                    'term', :term));
 
--- name: pickup_expired
-SELECT task_id, seq, attempt, agent, locked_by, pickup_within FROM stepwarden_steps
-WHERE state = 'not_started' AND pickup_within IS NOT NULL
-  AND dispatched_at + pickup_within < :now
-LIMIT :limit
-
--- name: give_up_expired
-SELECT task_id, seq, attempt, agent, locked_by, state, give_up_by - created_at AS total
-FROM stepwarden_steps
-WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up_by < :now
-LIMIT :limit
-
--- name: fail_step
+-- name: fail_steps
+-- A step past its pick-up or total timeout fails with the error (and abandonment) the
+-- caller worked out (rules.pickup_failure, rules.total_failure), fenced by the attempt and
+-- state read.
 UPDATE stepwarden_steps
-SET state = 'failed', error = :error, locked_by = NULL, finished_at = :now
+SET state = 'failed', error = :error, abandoned = :abandoned, locked_by = NULL,
+    finished_at = :now
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = :state
+RETURNING :ord AS ord, task_id, seq, attempt;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'step_failed',
+        json_object('seq', :seq, 'attempt', :attempt, 'error', :error, 'by', :holder,
+                    'term', :term));
 
 -- name: forget_agents
-DELETE FROM stepwarden_agents WHERE expires_at < :before
+-- Agent instances gone for a while leave the registry.
+DELETE FROM stepwarden_agents WHERE expires_at < :now - :forget_after
+
+-- name: complete_steps
+-- running -> completed | failed, only for the current attempt, its agent, before complete_by.
+UPDATE stepwarden_steps
+SET state = :state, result = :result, error = :error, tries = :tries, finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
+  AND locked_by = :instance AND complete_by > :now
+RETURNING :ord AS ord, task_id, seq;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+SELECT :task_id, :now, 'step_failed', json_object('seq', :seq, 'attempt', :attempt, 'error', :error)
+WHERE :state = 'failed';
+
+-- name: lock_lease_row
+-- A lease as it stands, and whether it is live (BEGIN IMMEDIATE holds it until commit).
+SELECT holder, term, expires_at > :now AS live FROM stepwarden_leases WHERE name = :name
+
+-- name: put_lease
+-- Take or renew a lease under the term the caller worked out (rules.lease_term), only while
+-- the term read (`seen`) stands.
+INSERT INTO stepwarden_leases (name, holder, term, expires_at, renewed_at)
+VALUES (:name, :holder, :term, :now + :ttl, :now)
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder, term = excluded.term, expires_at = excluded.expires_at,
+    renewed_at = excluded.renewed_at
+WHERE stepwarden_leases.term = :seen
+RETURNING term
+
+-- name: release_lease
+-- Let the lease lapse at once, so that the next taker gets a new term.
+UPDATE stepwarden_leases SET expires_at = 0 WHERE name = :name AND holder = :holder
+
+-- name: lock_lease
+-- The sweep's fence: the lease, when held at this term (BEGIN IMMEDIATE holds it).
+SELECT term FROM stepwarden_leases
+WHERE name = :name AND holder = :holder AND term = :term AND expires_at > :now
+
+-- name: expired_tasks
+-- Held tasks (processing, compensating) whose complete_by passed.
+SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure, NULL AS seq
+FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
+WHERE complete_by < :now AND process_state IN ('processing', 'compensating')
+ORDER BY complete_by
+LIMIT :limit
+
+-- name: expired_steps
+-- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
+-- sweep released, or an operator's retry reopened, is held again only once claimed.)
+SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
+       s.seq
+FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
+JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
+  AND t.process_state IN ('processing', 'compensating') AND t.locked_by IS NOT NULL
+  AND s.task_attempt = t.attempt
+ORDER BY s.complete_by
+LIMIT :limit
+
+-- name: reset_tasks
+-- The supervisor's recovery of an expired task into the state the caller planned
+-- (rules.plan_expiry), fenced by the attempt and state it read. When its open steps are
+-- abandoned, the task waits for their complete_by too: an agent still calling may yet apply
+-- its effect until then. Then its `expired` event, the planned alert, and its open steps
+-- closed when abandoned.
+UPDATE stepwarden_tasks
+SET failure_count = :failure_count, locked_by = NULL, complete_by = NULL,
+    process_state = :state, error = coalesce(:error, error),
+    finished_at = CASE WHEN :finished THEN :now END, updated_at = :now,
+    eligible_at = CASE WHEN :abandon
+                       THEN MAX(:now + :delay,
+                                coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
+                                          WHERE s.task_id = :task_id
+                                            AND s.state IN ('not_started', 'running')), 0))
+                       ELSE :now + :delay END
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
+  AND locked_by IS NOT NULL
+RETURNING :ord AS ord, task_id, :seq AS seq, :expiries AS failure_count, process_state;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'expired',
+        json_object('seq', :seq, 'attempt', :attempt, 'failure_count', :expiries,
+                    'by', :holder, 'term', :term));
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+SELECT :task_id, :now, 'alert',
+       json_object('reason', :alert, 'error', :error, 'then', :process_state)
+WHERE :alert IS NOT NULL;
+UPDATE stepwarden_steps
+SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
+    finished_at = :now
+WHERE :abandon AND task_id = :task_id AND state IN ('not_started', 'running');
+
+-- name: set_aside
+-- A task the sweep could not recover waits for an operator in the state the caller planned
+-- (rules.plan_set_aside), fenced by the attempt and state read: a `set_aside` event, an
+-- alert, and its open steps closed (abandoned).
+UPDATE stepwarden_tasks
+SET process_state = :state, error = :error, locked_by = NULL, complete_by = NULL,
+    finished_at = :now, eligible_at = :now, updated_at = :now
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
+  AND locked_by IS NOT NULL
+RETURNING :ord AS ord, task_id, failure_count, process_state;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'set_aside', json_object('error', :error, 'by', :holder, 'term', :term));
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'alert',
+        json_object('reason', :alert, 'error', :error, 'then', :process_state));
+UPDATE stepwarden_steps
+SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
+    finished_at = :now
+WHERE task_id = :task_id AND state IN ('not_started', 'running');
+
+-- name: get_task
+SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: get_steps
+SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
+
+-- name: list_tasks
+-- Tasks, optionally of one state and one workflow, oldest first.
+SELECT * FROM stepwarden_tasks
+WHERE (:state IS NULL OR process_state = :state)
+  AND (:workflow IS NULL OR workflow = :workflow)
+ORDER BY created_at, task_id
+LIMIT :limit
+
+-- name: count_tasks
+SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
+
+-- name: events
+-- Events, optionally of one task and one kind, in order; each filter read through its index.
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE task_id = :task_id AND (:kind IS NULL OR kind = :kind)
+UNION ALL
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE :task_id IS NULL AND kind = :kind
+UNION ALL
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE :task_id IS NULL AND :kind IS NULL
+ORDER BY id
+LIMIT :limit
+
+-- name: op_read_task
+-- An operator action reads the task it acts on (under the write lock).
+SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: op_move_task
+-- An operator action moves the task from the state and attempt it read. Releasing a held task
+-- fences out its scheduler; a compensation waits for the open steps' complete_by.
+UPDATE stepwarden_tasks
+SET process_state = :to, locked_by = NULL, complete_by = NULL,
+    failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
+    eligible_at = CASE WHEN :wait_open
+                       THEN MAX(:now, coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
+                                                WHERE s.task_id = :task_id
+                                                  AND s.state IN ('not_started', 'running')),
+                                               0))
+                       ELSE :now END,
+    finished_at = CASE WHEN :final THEN :now ELSE NULL END, updated_at = :now
+WHERE task_id = :task_id AND process_state = :from AND attempt = :attempt
+
+-- name: close_open_steps
+-- A task leaving the held states by an operator's hand leaves no request behind: its open
+-- steps are closed (abandoned), so no agent claims them and a late answer changes nothing.
+UPDATE stepwarden_steps
+SET state = 'failed', error = :error, abandoned = 1, locked_by = NULL, finished_at = :now
+WHERE task_id = :task_id AND state IN ('not_started', 'running')
+
+-- name: op_reopen_steps
+-- Resubmission: the failed steps (of the forward path, or the compensations) are open again,
+-- already past complete_by, so that the scheduler taking the task up re-dispatches each under
+-- a new attempt and the same idempotency key, and no agent claims them before.
+UPDATE stepwarden_steps
+SET state = 'not_started', complete_by = :now, locked_by = NULL, error = NULL, abandoned = 0,
+    finished_at = NULL
+WHERE task_id = :task_id AND state = 'failed'
+  AND ((:compensations AND compensates IS NOT NULL) OR (NOT :compensations AND compensates IS NULL))
+RETURNING seq
+
+-- name: op_skip_step
+-- Mark a step that is not completed as completed with the operator's result.
+UPDATE stepwarden_steps
+SET state = 'completed', result = :result, error = NULL, abandoned = 0, locked_by = NULL,
+    finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND state <> 'completed'
+RETURNING seq
+
+-- name: outbox_read
+-- Outbox messages of a channel or a task, after an id, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
+WHERE (:channel IS NULL OR channel = :channel) AND (:task_id IS NULL OR task_id = :task_id)
+  AND id > :after
+ORDER BY id
+LIMIT :limit
+
+-- name: outbox_due
+-- Alerts due for delivery, oldest first.
+SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to
+FROM stepwarden_outbox INDEXED BY stepwarden_outbox_due
+WHERE next_at <= :now
+ORDER BY next_at, id
+LIMIT :limit
+
+-- name: outbox_delivered
+-- Record a delivery round of one alert: the sinks reached so far; done, or due again later.
+UPDATE stepwarden_outbox
+SET delivered_to = :delivered_to, attempts = attempts + 1,
+    next_at = CASE WHEN :done THEN NULL ELSE :now + :retry_in END,
+    delivered_at = CASE WHEN :done THEN :now END
+WHERE id = :id AND next_at IS NOT NULL
+
+-- name: purge
+-- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,
+-- deleted with their events, delivered outbox messages and steps (ON DELETE CASCADE).
+SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
+WHERE finished_at < :now - :older_than
+  AND process_state IN ('processed', 'compensated', 'cancelled')
+ORDER BY finished_at
+LIMIT :limit;
+DELETE FROM stepwarden_events WHERE task_id = :task_id;
+DELETE FROM stepwarden_outbox WHERE task_id = :task_id AND next_at IS NULL;
+DELETE FROM stepwarden_tasks WHERE task_id = :task_id;
+
+-- name: insert_events
+INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now, :kind, :detail)
 
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
@@ -462,23 +559,29 @@ SELECT DISTINCT workflow FROM stepwarden_tasks ORDER BY workflow
 SELECT * FROM stepwarden_outbox WHERE channel = :channel ORDER BY id DESC LIMIT :limit
 
 -- name: oldest_pending
-SELECT min(created_at) AS oldest FROM stepwarden_tasks WHERE process_state = 'pending'
+SELECT :now - min(created_at) AS age FROM stepwarden_tasks WHERE process_state = 'pending'
 
 -- name: read_lease
-SELECT name, holder, term, expires_at, renewed_at FROM stepwarden_leases WHERE name = :name
+SELECT name, holder, term, expires_at, expires_at - :now AS remaining,
+       :now - renewed_at AS since_renewed
+FROM stepwarden_leases WHERE name = :name
 
 -- name: activity
--- Tasks processed and step failures per :bucket seconds since :since, by bucket number.
-SELECT b, sum(processed) AS processed, sum(failed) AS failed FROM (
-    SELECT CAST(finished_at / :bucket AS INTEGER) AS b, 1 AS processed, 0 AS failed
-    FROM stepwarden_tasks
-    WHERE finished_at >= :since AND process_state = 'processed'
-    UNION ALL
-    SELECT CAST(at / :bucket AS INTEGER), 0, 1
-    FROM stepwarden_events
-    WHERE kind IN ('step_failed', 'expired') AND at >= :since
-)
-GROUP BY b ORDER BY b
+-- Tasks processed and step failures per :bucket seconds over the last :window, by bucket
+-- number, with the clock read (`now`); one row with no bucket when nothing happened.
+SELECT :now AS now, a.b, a.processed, a.failed FROM (SELECT 1) LEFT JOIN (
+    SELECT b, sum(processed) AS processed, sum(failed) AS failed FROM (
+        SELECT CAST(finished_at / :bucket AS INTEGER) AS b, 1 AS processed, 0 AS failed
+        FROM stepwarden_tasks
+        WHERE finished_at >= :now - :window AND process_state = 'processed'
+        UNION ALL
+        SELECT CAST(at / :bucket AS INTEGER), 0, 1
+        FROM stepwarden_events
+        WHERE kind IN ('step_failed', 'expired') AND at >= :now - :window
+    )
+    GROUP BY b
+) AS a ON 1
+ORDER BY a.b
 
 -- name: step_stats
 -- Per agent and operation: steps started, completed, failed and reassigned; the completed

@@ -1,0 +1,430 @@
+"""The records the engine reads and writes: tasks, steps, requests, outcomes, events.
+
+Plain values, with no behaviour beyond naming themselves: the rules that decide what
+happens to them are in `rules.py`, the SQL that stores them in `store/`. Payloads travel to
+the store as JSON text and come back as Python values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from .states import StepState, TaskState
+
+
+def step_key(task_id: str, seq: int) -> str:
+    """A step's identity as one string (wake-up payloads, dictionary keys)."""
+    return f"{task_id}\x1f{seq}"
+
+
+def idempotency_key(task_id: str, seq: int) -> str:
+    """The key every dispatch and retry of a step carries to the remote service."""
+    return f"{task_id}/{seq}"
+
+
+# -- tasks --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewTask:
+    task_id: str
+    workflow: str
+    input: str  # JSON text
+    priority: int
+    complete_within: float
+    max_failures: int
+    on_failure: str = "compensate"
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRecord:
+    task_id: str
+    workflow: str
+    input: Any
+    process_state: TaskState
+    locked_by: str | None
+    complete_by: datetime | None
+    failure_count: int
+    max_failures: int
+    attempt: int
+    priority: int
+    complete_within: float
+    result: Any
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    on_failure: str = "compensate"
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    task_id: str
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    state: StepState
+    attempt: int
+    task_attempt: int
+    complete_by: datetime
+    idempotency_key: str
+    input: Any
+    result: Any
+    error: str | None
+    locked_by: str | None
+    tries: int
+    created_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+    compensation: str | None = None
+    """The operation ("agent.operation") that undoes this step, recorded with it."""
+    compensation_input: Any = None
+    compensates: int | None = None
+    """On a compensation step: the seq of the step it undoes."""
+    abandoned: bool = False
+    """Closed (failed) while it was open because its task stopped holding it, or past its
+    total timeout after it ran: it may have taken effect, so it is compensated."""
+    reassignments: int = 0
+    """Times the step was handed to another agent instance (its holder gone, or its
+    breaker open) without a failure counted."""
+    heartbeat: Any = None
+    """The details of the step's last heartbeat (`Call.heartbeat`)."""
+    heartbeat_at: datetime | None = None
+    limit_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedTask:
+    task: TaskRecord
+    steps: list[StepRecord]
+    remaining: float
+    """Seconds until the task's complete_by, by the database clock at claim time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A task a scheduler holds under one attempt: the fencing token of its writes."""
+
+    task_id: str
+    attempt: int
+    workflow: str
+    priority: int
+
+
+# -- what a scheduler writes --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewStep:
+    """Record a step not yet recorded, and so queue its request for its agent."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    input: str  # JSON text
+    priority: int
+    complete_within: float
+    compensation: str | None = None  # "agent.operation"
+    compensation_input: str | None = None  # JSON text
+    compensates: int | None = None  # on a compensation step: the seq it undoes
+    limit_key: str | None = None  # the key of the operation's limits
+    pickup_within: float | None = None
+    total_within: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redispatch:
+    """Queue a recorded step whose complete_by passed again: its attempt rises, its
+    idempotency key stays."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seq: int
+    agent: str
+    expected_attempt: int  # the step attempt seen
+    complete_within: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Adopt:
+    """Take over a recorded step that an earlier attempt of the task dispatched, while its
+    complete_by has not passed."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seq: int
+    expected_attempt: int  # the step attempt seen
+
+
+StepDispatch = NewStep | Redispatch | Adopt
+"""A scheduler's write of one step of a task it holds, fenced by the task's attempt."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchedStep:
+    task_id: str
+    seq: int
+    attempt: int
+    remaining: float
+    """Seconds until the step's complete_by, by the database clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOutcome:
+    """How a scheduler ends its hold of a task: processed or error (the workflow ran),
+    compensated or compensation_failed (its compensations ran). An error becomes
+    compensating unless the task's on_failure is "stop" (`rules.plan_finish`)."""
+
+    task_id: str
+    attempt: int
+    scheduler: str
+    state: Literal[
+        TaskState.PROCESSED,
+        TaskState.ERROR,
+        TaskState.COMPENSATED,
+        TaskState.COMPENSATION_FAILED,
+    ]
+    result: str | None  # JSON text
+    error: str | None
+
+    @property
+    def held_as(self) -> TaskState:
+        """The state the task must be in for this outcome to apply."""
+        if self.state in (TaskState.PROCESSED, TaskState.ERROR):
+            return TaskState.PROCESSING
+        return TaskState.COMPENSATING
+
+
+# -- what agents read and write -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """A step claimed by an agent instance: what the remote call needs."""
+
+    task_id: str
+    seq: int
+    attempt: int
+    agent: str
+    operation: str
+    input: Any
+    idempotency_key: str
+    complete_by: datetime
+    remaining: float
+    """Seconds until complete_by, by the database clock at claim time."""
+    compensates: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    task_id: str
+    seq: int
+    attempt: int
+    agent_instance: str
+    state: Literal[StepState.COMPLETED, StepState.FAILED]
+    result: str | None  # JSON text
+    error: str | None
+    tries: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestHandback:
+    """An agent instance giving a claimed request back to the queue, untried or to be tried
+    elsewhere (its breaker is open): running -> not_started, fenced like an outcome."""
+
+    task_id: str
+    seq: int
+    attempt: int
+    agent_instance: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentBeat:
+    """One agent instance's heartbeat: who it is, what it serves and how it is doing."""
+
+    instance: str
+    agent: str
+    operations: tuple[str, ...]
+    capacity: int
+    inflight: int
+    breaker: str
+    breaker_detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentInstance(AgentBeat):
+    """An agent instance as the registry knows it (its last beat); `alive` while its
+    heartbeats arrive."""
+
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpLimit:
+    """The limits an agent instance claims one operation under: across every process
+    (`concurrency`: steps running at once; `rate` starts per `per` seconds, each per limit
+    key when the operation has a key), and its own room (`room`: more calls it may start)."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float = 1.0
+    room: int | None = None
+
+
+# -- what the supervisor does -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expired:
+    """What one supervisor sweep did to one task: released or given up after its
+    complete_by passed, or set aside (`set_aside`: the sweep could not recover it, so it
+    waits for an operator with the reason as its error)."""
+
+    task_id: str
+    seq: int | None  # the expired step, or None when the task itself expired
+    failure_count: int
+    process_state: TaskState
+    set_aside: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSwept:
+    """What one supervisor sweep did to one open step, besides expiries: `reassigned` (its
+    agent instance is gone: queued again, attempt + 1, failure_count unchanged), `pickup`
+    (no agent claimed it within its pick-up timeout: failed) or `total` (not completed within
+    its total timeout: failed)."""
+
+    task_id: str
+    seq: int
+    kind: Literal["reassigned", "pickup", "total"]
+    agent: str
+    instance: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRecord:
+    name: str
+    holder: str
+    term: int
+    expires_at: datetime
+    remaining: float
+    """Seconds until the lease lapses, by the database clock (negative once lapsed)."""
+    since_renewed: float | None = None
+    """Seconds since it was last taken or renewed: the supervisor renews it before each
+    sweep, so this is the age of the leader's last sweep."""
+
+
+# -- history, messages and the operator ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    id: int
+    task_id: str | None
+    at: datetime
+    kind: str
+    detail: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxMessage:
+    """An alert (channel "alerts") or a status message for an application's reply channel.
+    `id` is unique and rises with time: a message delivered twice carries the same id."""
+
+    id: int
+    channel: str
+    task_id: str | None
+    kind: str
+    detail: Any
+    at: datetime
+    attempts: int = 0
+    delivered_to: tuple[str, ...] = ()
+
+
+OperatorVerb = Literal["retry", "skip", "pause", "resume", "cancel", "compensate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorAction:
+    """One operator action on one task (see `states.OPERATOR_ACTIONS`)."""
+
+    action: OperatorVerb
+    task_id: str
+    actor: str
+    reason: str | None = None
+    seq: int | None = None  # skip: the step
+    result: str | None = None  # skip: the step's result, JSON text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionOutcome:
+    task_id: str
+    applied: bool
+    before: TaskState | None  # None when there is no such task
+    after: TaskState | None
+    message: str
+
+    @classmethod
+    def missing(cls, task_id: str) -> ActionOutcome:
+        return cls(task_id=task_id, applied=False, before=None, after=None,
+                   message=f"no task {task_id!r}")  # fmt: skip
+
+    @classmethod
+    def refused(cls, task_id: str, state: TaskState, why: str) -> ActionOutcome:
+        return cls(task_id=task_id, applied=False, before=state, after=state, message=why)
+
+
+# -- the dashboard ------------------------------------------------------------------------
+
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the step duration histogram; `step_stats` in each dialect's
+queries.sql counts one column per bound (b0 ... b12)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityBucket:
+    start: datetime
+    processed: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Activity:
+    now: datetime
+    """The database clock when read."""
+    bucket: float
+    buckets: list[ActivityBucket]
+    """Only the buckets in which something happened, oldest first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStats:
+    agent: str
+    operation: str
+    started: int
+    completed: int
+    failed: int
+    reassignments: int
+    """Times steps were handed to another agent instance (theirs gone, or its breaker open)."""
+    retried: int = 0
+    """Steps dispatched more than once (their complete_by passed, or their agent was gone)."""
+    duration_buckets: tuple[int, ...]
+    """Completed steps that took at most each of DURATION_BUCKETS (cumulative)."""
+    duration_sum: float

@@ -1,0 +1,313 @@
+"""The engine's rules, each computed once, whatever the database.
+
+The stores read the facts a rule needs in the transaction that applies it, call the rule
+here, and write what it decided: where a task goes when its complete_by passes or its
+scheduler ends its hold, how long it waits, which alert is raised and why, which steps must
+be undone, who may hold the supervisor's lease, which queued requests may start within their
+limits, and what an operator's action does. Nothing here touches the database or the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from .records import ActionOutcome, OperatorAction, OpLimit, StepRecord, TaskOutcome
+from .retry import Backoff
+from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, StepState, TaskState
+
+
+class AlertReason(StrEnum):
+    """Why an alert was raised (the `reason` of an `alert` event and outbox message)."""
+
+    TASK_ERROR = "task_error"
+    """The workflow failed (a permanent error) and its task ended in error or compensates."""
+    MAX_FAILURES = "max_failures"
+    """The task's complete_by passed max_failures times."""
+    COMPENSATION_FAILED = "compensation_failed"
+    """A compensation failed, or the compensating task expired max_failures times."""
+    STEP_RETRIED = "step_retried"
+    """A step was dispatched the workflow's alert_after times."""
+    SET_ASIDE = "set_aside"
+    """The engine could not apply its rule to the task (a bug, a row it cannot read): the
+    task was set aside for an operator, in error or compensation_failed."""
+
+
+# -- what may have taken effect -----------------------------------------------------------
+
+
+def needs_compensation(
+    *, state: StepState, abandoned: bool, compensation: str | None, compensates: int | None
+) -> bool:
+    """Whether a step is undone when its task compensates: it has a compensation (and is not
+    one itself) and took effect, or may have: it completed, is still open (it is abandoned
+    when the task stops holding it), or was abandoned. A step that failed on its own (a
+    permanent error, a pick-up timeout) did nothing to undo."""
+    if compensation is None or compensates is not None:
+        return False
+    return abandoned or state in (StepState.COMPLETED, StepState.NOT_STARTED, StepState.RUNNING)
+
+
+def step_needs_compensation(step: StepRecord) -> bool:
+    return needs_compensation(
+        state=step.state,
+        abandoned=step.abandoned,
+        compensation=step.compensation,
+        compensates=step.compensates,
+    )
+
+
+def compensable_tasks(steps: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Of steps read as rows (task_id, state, abandoned, compensation, compensates), the
+    tasks with at least one step to undo."""
+    return {
+        s["task_id"]
+        for s in steps
+        if needs_compensation(
+            state=StepState(s["state"]),
+            abandoned=bool(s["abandoned"]),
+            compensation=s["compensation"],
+            compensates=s["compensates"],
+        )
+    }
+
+
+def abandoned_error(state: TaskState) -> str:
+    """The error of an open step closed because its task went to `state`."""
+    return f"abandoned: the task is {state}"
+
+
+# -- the supervisor: expired tasks --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpiryPlan:
+    """What the supervisor writes for one held task whose complete_by (or that of one of
+    its open steps of the current attempt) passed."""
+
+    state: TaskState
+    failure_count: int
+    """As stored: it starts again at 0 when compensation starts."""
+    expiries: int
+    """The task's expiries, this one included."""
+    delay: float
+    """Seconds before a scheduler may claim it again."""
+    error: str | None
+    """Stored as the task's error when the task is given up (with an alert)."""
+    alert: AlertReason | None
+    finished: bool
+    abandon: bool
+    """Its open steps are closed (abandoned) and it waits for their complete_by too: an
+    agent still calling may yet apply its effect until then."""
+
+
+def plan_expiry(
+    *,
+    held_as: TaskState,
+    on_failure: str,
+    failure_count: int,
+    max_failures: int,
+    seq: int | None,
+    compensable: bool,
+    backoff: Backoff,
+) -> ExpiryPlan:
+    """The supervisor's rule for an expired held task. `failure_count` is the stored count,
+    before this expiry; `compensable` says whether any step has something to undo. Below
+    max_failures the task is released (processing: back to pending; compensating: stays,
+    unheld) after a backoff; at max_failures it is given up by its on_failure (compensate:
+    compensating, or error when nothing is to undo; retry: pending, the backoff growing on,
+    alerting once; stop: error), a compensating one to compensation_failed."""
+    count = failure_count + 1
+    policy = OnFailure(on_failure)
+    state, stored, alert = held_as, count, None
+    if held_as == TaskState.COMPENSATING:
+        if count >= max_failures:
+            state, alert = TaskState.COMPENSATION_FAILED, AlertReason.COMPENSATION_FAILED
+    elif held_as != TaskState.PROCESSING:
+        raise ValueError(f"a task that is {held_as} is not held")
+    elif count < max_failures:
+        state = TaskState.PENDING
+    elif policy == OnFailure.RETRY:  # wait for the fault to clear; alert once
+        state = TaskState.PENDING
+        alert = AlertReason.MAX_FAILURES if count == max_failures else None
+    elif policy == OnFailure.COMPENSATE and compensable:
+        state, stored, alert = TaskState.COMPENSATING, 0, AlertReason.MAX_FAILURES
+    else:
+        state, alert = TaskState.ERROR, AlertReason.MAX_FAILURES
+    where = "the task" if seq is None else f"step {seq}"
+    return ExpiryPlan(
+        state=state,
+        failure_count=stored,
+        expiries=count,
+        delay=backoff.delay(count),
+        error=(
+            None
+            if alert is None
+            else f"complete_by passed {count} time(s), the last time on {where}; "
+            "max_failures reached"
+        ),
+        alert=alert,
+        finished=state in FINISHED_TASK_STATES,
+        abandon=state not in (TaskState.PENDING, held_as),
+    )
+
+
+def plan_set_aside(held_as: TaskState, exc: BaseException) -> tuple[TaskState, str]:
+    """A held task a rule or the database refused (a bug, a row that cannot be read): it
+    waits for an operator, in error (compensation_failed if it was compensating), with the
+    reason as its error and a `set_aside` alert, while the others of its batch go on."""
+    state = TaskState.COMPENSATION_FAILED if held_as == TaskState.COMPENSATING else TaskState.ERROR
+    return state, f"set aside for an operator: {type(exc).__name__}: {exc}"
+
+
+# -- the scheduler: the end of a hold -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinishPlan:
+    """What the store writes for a scheduler's outcome of a task it holds."""
+
+    state: TaskState
+    reset_failures: bool
+    finished: bool
+    alert: AlertReason | None
+
+
+def plan_finish(outcome: TaskOutcome, *, on_failure: str, compensable: bool) -> FinishPlan:
+    """A processed, compensated or compensation_failed outcome is final; an error becomes
+    compensating when the task's on_failure is not "stop" and a step has something to undo
+    (eligible once its open steps' complete_by has passed), else error. Alerts on error and
+    compensation_failed."""
+    state = TaskState(outcome.state)
+    alert = {
+        TaskState.ERROR: AlertReason.TASK_ERROR,
+        TaskState.COMPENSATION_FAILED: AlertReason.COMPENSATION_FAILED,
+    }.get(state)
+    if state == TaskState.ERROR and OnFailure(on_failure) != OnFailure.STOP and compensable:
+        return FinishPlan(
+            state=TaskState.COMPENSATING, reset_failures=True, finished=False, alert=alert
+        )
+    return FinishPlan(state=state, reset_failures=False, finished=True, alert=alert)
+
+
+# -- the supervisor: steps past their timeouts --------------------------------------------
+
+
+def pickup_failure(pickup_within: float) -> tuple[str, bool]:
+    """The error of a step no agent claimed within its pick-up timeout; never abandoned:
+    it never ran."""
+    return f"not picked up: no agent claimed the step within {pickup_within:g}s", False
+
+
+def total_failure(total: float, state: StepState, attempt: int) -> tuple[str, bool]:
+    """The error of a step past its total timeout, and whether it is abandoned: one that is
+    running, or ran before, may have taken effect, and is compensated."""
+    text = f"total timeout: not completed within {total:g}s of its first dispatch"
+    ran = state == StepState.RUNNING or attempt > 1
+    return ("abandoned: " + text if ran else text), ran
+
+
+# -- the supervisor's lease ---------------------------------------------------------------
+
+
+def lease_term(current: Mapping[str, Any] | None, holder: str) -> int | None:
+    """The term under which `holder` takes or renews a lease read as (holder, term, live):
+    the same while its holder renews it in time, one more when it lapsed or changed hands,
+    1 the first time; None while another holds it."""
+    if current is None:
+        return 1
+    if current["live"]:
+        return int(current["term"]) if current["holder"] == holder else None
+    return int(current["term"]) + 1
+
+
+# -- agents: claims within limits ---------------------------------------------------------
+
+SCAN = 1000
+"""How many queued requests a claim within limits looks at, past those it may not start."""
+
+
+def pick_within_limits(
+    candidates: Sequence[tuple[str, str | None]],
+    limits: Mapping[str, OpLimit],
+    running: Mapping[tuple[str, str], int],
+    started: Mapping[tuple[str, str], int],
+    limit: int,
+) -> list[int]:
+    """Which of the queued requests (operation, limit key), in claim order, may start now:
+    the positions of at most `limit` of them that keep each operation within its limits,
+    given the steps `running` and the starts within each rate's period (`started`), both by
+    (operation, key) with "" for no key. Requests of an operation with no limits all may."""
+    running = dict(running)
+    started = dict(started)
+    room = {op: lim.room for op, lim in limits.items() if lim.room is not None}
+    chosen: list[int] = []
+    for i, (op, key) in enumerate(candidates):
+        if len(chosen) >= limit:
+            break
+        lim = limits.get(op)
+        if lim is not None:
+            k = (op, key or "")
+            if op in room and room[op] <= 0:
+                continue
+            if lim.concurrency is not None and running.get(k, 0) >= lim.concurrency:
+                continue
+            if lim.rate is not None and started.get(k, 0) >= lim.rate:
+                continue
+            running[k] = running.get(k, 0) + 1
+            started[k] = started.get(k, 0) + 1
+            if op in room:
+                room[op] -= 1
+        chosen.append(i)
+    return chosen
+
+
+# -- the operator -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPlan:
+    """What the store writes for one operator action on a task found in `before`."""
+
+    before: TaskState
+    after: TaskState
+    reset_failures: bool
+    wait_open: bool  # eligible once the open steps' complete_by has passed
+    final: bool
+    close_open: bool  # the open steps are closed (abandoned)
+    reopen: bool | None  # retry: reopen the failed compensations (True) or forward steps
+
+
+def plan_action(action: OperatorAction, before: TaskState) -> ActionPlan | ActionOutcome:
+    """The plan for `action` on a task in `before`, or the outcome that refuses it."""
+    moves = OPERATOR_ACTIONS[action.action]
+    if before not in moves:
+        allowed = ", ".join(sorted(moves))
+        why = f"cannot {action.action} a task that is {before} (only when {allowed})"
+        return ActionOutcome.refused(action.task_id, before, why)
+    after = moves[before]
+    return ActionPlan(
+        before=before,
+        after=after,
+        reset_failures=action.action in ("retry", "compensate"),
+        wait_open=after == TaskState.COMPENSATING,
+        final=after in FINISHED_TASK_STATES,
+        close_open=action.action in ("cancel", "compensate"),
+        reopen=(after == TaskState.COMPENSATING) if action.action == "retry" else None,
+    )
+
+
+def action_detail(action: OperatorAction, plan: ActionPlan) -> dict[str, Any]:
+    """The `operator` event of an applied action: who, why, from, to (and the step)."""
+    detail: dict[str, Any] = {
+        "action": action.action,
+        "by": action.actor,
+        "reason": action.reason,
+        "from": str(plan.before),
+        "to": str(plan.after),
+    }
+    if action.seq is not None:
+        detail["seq"] = action.seq
+    return detail

@@ -1,0 +1,191 @@
+"""One mapper per record, from a row as either dialect returns it.
+
+Rows are dictionaries of column names; the dialects' queries return the same columns
+(computed ones included, such as `remaining`). Times are `datetime`s on PostgreSQL and
+seconds since the epoch on SQLite; JSON comes back as its text on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from .._json import loads
+from ..records import (
+    DURATION_BUCKETS,
+    Activity,
+    ActivityBucket,
+    AgentInstance,
+    EventRecord,
+    LeaseRecord,
+    OutboxMessage,
+    Request,
+    StepRecord,
+    StepStats,
+    TaskRecord,
+)
+from ..states import StepState, TaskState
+
+Row = Mapping[str, Any]
+
+
+def when(value: datetime | float | None) -> datetime | None:
+    """A stored time: a datetime (PostgreSQL) or seconds since the epoch (SQLite)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromtimestamp(value, UTC)
+
+
+def at(value: datetime | float) -> datetime:
+    """A stored time that is never null."""
+    return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
+
+
+def task_record(row: Row) -> TaskRecord:
+    return TaskRecord(
+        task_id=row["task_id"],
+        workflow=row["workflow"],
+        input=loads(row["input"]),
+        process_state=TaskState(row["process_state"]),
+        locked_by=row["locked_by"],
+        complete_by=when(row["complete_by"]),
+        failure_count=row["failure_count"],
+        max_failures=row["max_failures"],
+        attempt=row["attempt"],
+        priority=row["priority"],
+        complete_within=row["complete_within"],
+        result=loads(row["result"]),
+        error=row["error"],
+        created_at=at(row["created_at"]),
+        updated_at=at(row["updated_at"]),
+        finished_at=when(row["finished_at"]),
+        on_failure=row["on_failure"],
+        reply_to=row["reply_to"],
+    )
+
+
+def step_record(row: Row) -> StepRecord:
+    return StepRecord(
+        task_id=row["task_id"],
+        seq=row["seq"],
+        name=row["name"],
+        agent=row["agent"],
+        operation=row["operation"],
+        state=StepState(row["state"]),
+        attempt=row["attempt"],
+        task_attempt=row["task_attempt"],
+        complete_by=at(row["complete_by"]),
+        idempotency_key=row["idempotency_key"],
+        input=loads(row["input"]),
+        result=loads(row["result"]),
+        error=row["error"],
+        locked_by=row["locked_by"],
+        tries=row["tries"],
+        created_at=at(row["created_at"]),
+        claimed_at=when(row["claimed_at"]),
+        finished_at=when(row["finished_at"]),
+        compensation=row["compensation"],
+        compensation_input=loads(row["compensation_input"]),
+        compensates=row["compensates"],
+        abandoned=bool(row["abandoned"]),
+        reassignments=row["reassignments"],
+        heartbeat=loads(row["heartbeat"]),
+        heartbeat_at=when(row["heartbeat_at"]),
+        limit_key=row["limit_key"],
+    )
+
+
+def request(row: Row) -> Request:
+    return Request(
+        task_id=row["task_id"],
+        seq=row["seq"],
+        attempt=row["attempt"],
+        agent=row["agent"],
+        operation=row["operation"],
+        input=loads(row["input"]),
+        idempotency_key=row["idempotency_key"],
+        complete_by=at(row["complete_by"]),
+        remaining=float(row["remaining"]),
+        compensates=row["compensates"],
+    )
+
+
+def event(row: Row) -> EventRecord:
+    return EventRecord(
+        id=row["id"],
+        task_id=row["task_id"],
+        at=at(row["at"]),
+        kind=row["kind"],
+        detail=loads(row["detail"]),
+    )
+
+
+def message(row: Row) -> OutboxMessage:
+    return OutboxMessage(
+        id=row["id"],
+        channel=row["channel"],
+        task_id=row["task_id"],
+        kind=row["kind"],
+        detail=loads(row["detail"]),
+        at=at(row["at"]),
+        attempts=row["attempts"],
+        delivered_to=tuple(loads(row["delivered_to"])),
+    )
+
+
+def agent_instance(row: Row) -> AgentInstance:
+    return AgentInstance(
+        instance=row["instance"],
+        agent=row["agent"],
+        operations=tuple(loads(row["operations"])),
+        capacity=row["capacity"],
+        inflight=row["inflight"],
+        breaker=row["breaker"],
+        breaker_detail=loads(row["breaker_detail"]),
+        started_at=at(row["started_at"]),
+        heartbeat_at=at(row["heartbeat_at"]),
+        expires_at=at(row["expires_at"]),
+        alive=bool(row["alive"]),
+    )
+
+
+def lease(row: Row) -> LeaseRecord:
+    since = row["since_renewed"]
+    return LeaseRecord(
+        name=row["name"],
+        holder=row["holder"],
+        term=int(row["term"]),
+        expires_at=at(row["expires_at"]),
+        remaining=float(row["remaining"]),
+        since_renewed=None if since is None else float(since),
+    )
+
+
+def step_stats(row: Row) -> StepStats:
+    return StepStats(
+        agent=row["agent"],
+        operation=row["operation"],
+        started=int(row["started"] or 0),
+        completed=int(row["completed"] or 0),
+        failed=int(row["failed"] or 0),
+        reassignments=int(row["reassignments"] or 0),
+        retried=int(row["retried"] or 0),
+        duration_buckets=tuple(int(row[f"b{i}"] or 0) for i in range(len(DURATION_BUCKETS))),
+        duration_sum=float(row["duration_sum"] or 0.0),
+    )
+
+
+def activity(rows: Sequence[Row], bucket: float) -> Activity:
+    """The `activity` query's rows: the database clock (`now`, on every row) and one row per
+    bucket number `b` in which something happened (none when `b` is null)."""
+    buckets = [
+        ActivityBucket(
+            start=datetime.fromtimestamp(r["b"] * bucket, UTC),
+            processed=int(r["processed"]),
+            failed=int(r["failed"]),
+        )
+        for r in rows
+        if r["b"] is not None
+    ]
+    return Activity(now=at(rows[0]["now"]), bucket=bucket, buckets=buckets)

@@ -1,0 +1,703 @@
+"""What each writing store method reads, decides and writes, once for every database.
+
+Each function is a flow (`_flow.py`): the transaction of one store method, as named queries
+and the rules (`rules.py`) that decide between them. The dialects' SQL (`sql/<dialect>/`)
+applies a batch set-based (PostgreSQL: arrays) or one row at a time (SQLite); both return the
+same columns. A flow notes the wake-ups its commit owes in `wake`.
+
+No flow is stopped by one row it cannot handle: the supervisor's sweep sets such a task
+aside for an operator (`rules.plan_set_aside`) and goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import _json
+from ..errors import PermanentStoreError
+from ..records import (
+    ActionOutcome,
+    Adopt,
+    AgentBeat,
+    ClaimedTask,
+    DispatchedStep,
+    Expired,
+    NewStep,
+    NewTask,
+    OperatorAction,
+    OpLimit,
+    Redispatch,
+    Request,
+    RequestHandback,
+    StepDispatch,
+    StepOutcome,
+    StepRecord,
+    StepSwept,
+    TaskOutcome,
+    idempotency_key,
+    step_key,
+)
+from ..retry import Backoff
+from ..rules import (
+    SCAN,
+    ActionPlan,
+    AlertReason,
+    ExpiryPlan,
+    FinishPlan,
+    abandoned_error,
+    action_detail,
+    compensable_tasks,
+    lease_term,
+    pick_within_limits,
+    pickup_failure,
+    plan_action,
+    plan_expiry,
+    plan_finish,
+    plan_set_aside,
+    total_failure,
+)
+from ..states import FINISHED_TASK_STATES, StepState, TaskState
+from . import _rows
+from ._flow import Flow, Query, Row, Rows, Wakeups, fetch, first_of_each
+
+logger = logging.getLogger("stepwarden.store")
+
+
+def _json_text(value: Any) -> str:
+    return _json.dumps(value, what="a stored detail")
+
+
+def _by_ord(rows: Rows, positions: Sequence[int]) -> dict[int, Row]:
+    """The rows a batch query returned, by the position in the caller's list of the item
+    each applies to (`positions[ord]`)."""
+    return {positions[r["ord"]]: r for r in rows}
+
+
+# -- the application ----------------------------------------------------------------------
+
+
+def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
+    """Record pending tasks; an existing task_id is left as it is. A task_id given twice is
+    created once, by its first occurrence."""
+    if not tasks:
+        return []
+    each = [
+        {
+            "task_id": t.task_id,
+            "workflow": t.workflow,
+            "input": t.input,
+            "priority": t.priority,
+            "complete_within": float(t.complete_within),
+            "max_failures": t.max_failures,
+            "on_failure": t.on_failure,
+            "reply_to": t.reply_to,
+        }
+        for t in tasks
+    ]
+    [rows] = yield [Query("insert_tasks", each=each)]
+    inserted = {r["task_id"] for r in rows}
+    created = []
+    for t in tasks:
+        created.append(t.task_id in inserted)
+        inserted.discard(t.task_id)
+    if any(created):
+        wake.tasks()
+    return created
+
+
+def record_events(events: Sequence[tuple[str | None, str, Any]], wake: Wakeups) -> Flow[None]:
+    if events:
+        each = [{"task_id": t, "kind": k, "detail": _json_text(d)} for t, k, d in events]
+        yield [Query("insert_events", each=each)]
+
+
+def record_delivery(
+    message_id: int, delivered_to: Sequence[str], done: bool, retry_in: float, wake: Wakeups
+) -> Flow[None]:
+    params = {
+        "id": message_id,
+        "delivered_to": _json_text(list(delivered_to)),
+        "done": done,
+        "retry_in": float(retry_in),
+    }
+    yield [Query("outbox_delivered", params)]
+
+
+def purge(older_than: float, limit: int, wake: Wakeups) -> Flow[int]:
+    rows = yield from fetch("purge", older_than=float(older_than), limit=limit)
+    return len(rows)
+
+
+# -- the operator -------------------------------------------------------------------------
+
+
+def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[ActionOutcome]]:
+    """Each action reads its task (locking it until commit) and applies its plan
+    (`rules.plan_action`), recorded as an `operator` event; in order, so that a second action
+    on one task sees the first."""
+    outcomes: list[ActionOutcome] = []
+    for action in actions:
+        outcomes.append((yield from _operate(action)))
+    moved = {o.after for o in outcomes if o.applied}
+    if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
+        wake.tasks()
+    if moved & FINISHED_TASK_STATES:
+        wake.done([o.task_id for o in outcomes if o.applied])
+    wake.results(
+        [
+            step_key(a.task_id, a.seq)
+            for a, o in zip(actions, outcomes, strict=True)
+            if o.applied and a.action == "skip" and a.seq is not None
+        ]
+    )
+    return outcomes
+
+
+def _operate(action: OperatorAction) -> Flow[ActionOutcome]:
+    found = yield from fetch("op_read_task", task_id=action.task_id)
+    if not found:
+        return ActionOutcome.missing(action.task_id)
+    before = TaskState(found[0]["process_state"])
+    plan = plan_action(action, before)
+    if isinstance(plan, ActionOutcome):
+        return plan
+    event = {"task_id": action.task_id, "kind": "operator",
+             "detail": _json_text(action_detail(action, plan))}  # fmt: skip
+    if action.action == "skip":
+        skip = {"task_id": action.task_id, "seq": action.seq, "result": action.result}
+        [skipped] = yield [Query("op_skip_step", skip)]
+        if not skipped:
+            why = f"task {action.task_id!r} has no step {action.seq} left to complete"
+            return ActionOutcome.refused(action.task_id, before, why)
+        yield [Query("insert_events", each=[event])]
+    else:
+        yield [*_moves(action, plan, found[0]["attempt"]), Query("insert_events", each=[event])]
+    return ActionOutcome(
+        task_id=action.task_id, applied=True, before=before, after=plan.after, message="done"
+    )
+
+
+def _moves(action: OperatorAction, plan: ActionPlan, attempt: int) -> list[Query]:
+    task = {"task_id": action.task_id}
+    queries = [
+        Query(
+            "op_move_task",
+            {
+                **task,
+                "from": str(plan.before),
+                "attempt": attempt,
+                "to": str(plan.after),
+                "reset_failures": plan.reset_failures,
+                "wait_open": plan.wait_open,
+                "final": plan.final,
+            },
+        )
+    ]
+    if plan.close_open:
+        queries.append(Query("close_open_steps", {**task, "error": abandoned_error(plan.after)}))
+    if plan.reopen is not None:
+        queries.append(Query("op_reopen_steps", {**task, "compensations": plan.reopen}))
+    return queries
+
+
+# -- the scheduler ------------------------------------------------------------------------
+
+
+def claim_tasks(
+    scheduler: str, workflows: Sequence[str], limit: int, wake: Wakeups
+) -> Flow[list[ClaimedTask]]:
+    if limit <= 0 or not workflows:
+        return []
+    params = {"scheduler": scheduler, "workflows": list(workflows), "limit": limit}
+    rows = yield from fetch("claim_tasks", **params)
+    if not rows:
+        return []
+    ids = [r["task_id"] for r in rows]
+    [step_rows] = yield [Query("steps_of_tasks", {"task_ids": ids}, after_commit=True)]
+    steps: dict[str, list[StepRecord]] = {}
+    for s in step_rows:
+        steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
+    claimed = [
+        ClaimedTask(
+            task=_rows.task_record(r),
+            steps=steps.get(r["task_id"], []),
+            remaining=float(r["remaining"]),
+        )
+        for r in rows
+    ]
+    claimed.sort(key=lambda c: (-c.task.priority, c.task.created_at))
+    return claimed
+
+
+def dispatch_steps(
+    batch: Sequence[StepDispatch], wake: Wakeups
+) -> Flow[list[DispatchedStep | None]]:
+    """New steps are recorded, recorded ones re-dispatched or adopted, each only while its
+    task is held under the given attempt and scheduler (and the step under the attempt
+    seen). Of identical dispatches in one batch, the first."""
+    out: list[DispatchedStep | None] = [None] * len(batch)
+    keep = first_of_each(batch, lambda d: (type(d), d.task_id, d.seq, d.task_attempt, d.scheduler))
+    groups: dict[str, list[int]] = {"dispatch_new": [], "dispatch_again": [], "dispatch_adopt": []}
+    for i in keep:
+        d = batch[i]
+        name = (
+            "dispatch_new"
+            if isinstance(d, NewStep)
+            else "dispatch_again"
+            if isinstance(d, Redispatch)
+            else "dispatch_adopt"
+        )
+        groups[name].append(i)
+    queries, positions = [], []
+    for name, where in groups.items():
+        if where:
+            queries.append(Query(name, each=[_dispatch_params(batch[i]) for i in where]))
+            positions.append(where)
+    results = yield queries
+    for rows, where in zip(results, positions, strict=True):
+        for i, r in _by_ord(rows, where).items():
+            out[i] = DispatchedStep(
+                task_id=batch[i].task_id,
+                seq=batch[i].seq,
+                attempt=r["attempt"],
+                remaining=float(r["remaining"]),
+            )
+    wake.requests(
+        [d.agent for d, o in zip(batch, out, strict=True) if o and not isinstance(d, Adopt)]
+    )
+    return out
+
+
+def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
+    fence = {
+        "task_id": d.task_id,
+        "seq": d.seq,
+        "task_attempt": d.task_attempt,
+        "scheduler": d.scheduler,
+    }
+    if isinstance(d, NewStep):
+        return {
+            **fence,
+            "name": d.name,
+            "agent": d.agent,
+            "operation": d.operation,
+            "priority": d.priority,
+            "complete_within": float(d.complete_within),
+            "idempotency_key": idempotency_key(d.task_id, d.seq),
+            "input": d.input,
+            "compensation": d.compensation,
+            "compensation_input": d.compensation_input,
+            "compensates": d.compensates,
+            "pickup_within": d.pickup_within,
+            "total_within": d.total_within,
+            "limit_key": d.limit_key,
+        }
+    if isinstance(d, Redispatch):
+        return {
+            **fence,
+            "expected_attempt": d.expected_attempt,
+            "complete_within": float(d.complete_within),
+        }
+    return {**fence, "expected_attempt": d.expected_attempt}
+
+
+def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]]:
+    """End the hold of each task still held (`TaskOutcome.held_as`) under the given attempt
+    and scheduler, as `rules.plan_finish` says; its open steps are closed (abandoned)."""
+    keep = first_of_each(batch, lambda o: (o.task_id, o.attempt, o.scheduler))
+    errors = sorted({batch[i].task_id for i in keep if batch[i].state == TaskState.ERROR})
+    policies: dict[str, str] = {}
+    compensable: set[str] = set()
+    if errors:
+        facts = yield from fetch("compensation_facts", task_ids=errors)
+        policies = {f["task_id"]: f["on_failure"] for f in facts}
+        compensable = compensable_tasks(facts)
+    each = []
+    for i in keep:
+        o = batch[i]
+        error = o.error
+        try:
+            plan = plan_finish(
+                o, on_failure=policies.get(o.task_id, "stop"), compensable=o.task_id in compensable
+            )
+        except Exception as exc:  # a row the rule cannot read: the task waits for an operator
+            state, why = plan_set_aside(o.held_as, exc)
+            logger.error("task %s: set aside: %s", o.task_id, why, exc_info=exc)
+            plan = FinishPlan(
+                state=state, reset_failures=False, finished=True, alert=AlertReason.SET_ASIDE
+            )
+            error = why if error is None else f"{error}; then {why}"
+        each.append(
+            {
+                "task_id": o.task_id,
+                "attempt": o.attempt,
+                "scheduler": o.scheduler,
+                "held_as": str(o.held_as),
+                "state": str(plan.state),
+                "reset_failures": plan.reset_failures,
+                "finished": plan.finished,
+                "result": o.result,
+                "error": error,
+                "alert": None if plan.alert is None else str(plan.alert),
+                "abandoned_error": abandoned_error(plan.state),
+            }
+        )
+    [rows] = yield [Query("finish_tasks", each=each)]
+    applied = _by_ord(rows, keep)
+    wake.done([batch[i].task_id for i in sorted(applied)])
+    if any(r["process_state"] == TaskState.COMPENSATING for r in applied.values()):
+        wake.tasks()
+    return [i in applied for i in range(len(batch))]
+
+
+# -- the agents ---------------------------------------------------------------------------
+
+
+def claim_requests(
+    instance: str,
+    agent: str,
+    operations: Sequence[str],
+    limit: int,
+    limits: Mapping[str, OpLimit],
+    wake: Wakeups,
+) -> Flow[list[Request]]:
+    """Claim up to `limit` queued requests of these operations, by priority then age; those
+    of operations with limits only within them (`rules.pick_within_limits`), the claims of
+    one agent's limited operations one at a time."""
+    if limit <= 0 or not operations:
+        return []
+    limits = {op: lim for op, lim in limits.items() if op in operations}
+    params = {"instance": instance, "agent": agent, "operations": list(operations)}
+    if not limits:
+        rows = yield from fetch("claim_requests", **params, limit=limit)
+    else:
+        rated = [{"operation": op, "per": float(lim.per)}
+                 for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
+        _, found, running, started = yield [
+            Query("limits_lock", params),
+            Query("limited_candidates", {**params, "scan": SCAN}),
+            Query("running_counts", params),
+            Query("start_counts", params, each=rated),
+        ]
+        chosen = pick_within_limits(
+            [(r["operation"], r["limit_key"]) for r in found],
+            limits,
+            {(r["operation"], r["limit_key"]): r["n"] for r in running},
+            {(r["operation"], r["limit_key"]): r["n"] for r in started},
+            limit,
+        )
+        if not chosen:
+            return []
+        picked = [{"task_id": found[i]["task_id"], "seq": found[i]["seq"]} for i in chosen]
+        rate_limited = {**params, "rated": [r["operation"] for r in rated]}
+        [rows] = yield [Query("claim_chosen", rate_limited, each=picked)]
+    requests = sorted(rows, key=lambda r: (-r["priority"], r["dispatched_at"]))
+    return [_rows.request(r) for r in requests]
+
+
+def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool]]:
+    if not batch:
+        return []
+    each = [
+        {
+            "task_id": h.task_id,
+            "seq": h.seq,
+            "attempt": h.attempt,
+            "instance": h.agent_instance,
+            "reason": h.reason,
+        }
+        for h in batch
+    ]
+    [rows] = yield [Query("hand_back", each=each)]
+    back = _by_ord(rows, range(len(batch)))
+    wake.requests([r["agent"] for r in back.values()])
+    return [i in back for i in range(len(batch))]
+
+
+def heartbeat_step(
+    task_id: str, seq: int, attempt: int, instance: str, detail: str | None, wake: Wakeups
+) -> Flow[float | None]:
+    rows = yield from fetch(
+        "heartbeat_step",
+        task_id=task_id,
+        seq=seq,
+        attempt=attempt,
+        instance=instance,
+        detail=detail,
+    )
+    return float(rows[0]["remaining"]) if rows else None
+
+
+def beat(beats: Sequence[AgentBeat], ttl: float, wake: Wakeups) -> Flow[None]:
+    each = [
+        {
+            "instance": b.instance,
+            "agent": b.agent,
+            "operations": _json_text(list(b.operations)),
+            "capacity": b.capacity,
+            "inflight": b.inflight,
+            "breaker": b.breaker,
+            "breaker_detail": _json_text(b.breaker_detail),
+        }
+        for b in beats
+    ]
+    if each:
+        yield [Query("agent_beat", {"ttl": float(ttl)}, each=each)]
+
+
+def leave(instance: str, agents: Sequence[str], wake: Wakeups) -> Flow[None]:
+    yield [Query("agent_leave", {"instance": instance, "agents": list(agents)})]
+
+
+def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[bool]]:
+    """Record results, each only while the step is running under the given attempt, held by
+    the given instance, before its complete_by."""
+    if not batch:
+        return []
+    keep = first_of_each(batch, lambda o: (o.task_id, o.seq, o.attempt, o.agent_instance))
+    each = [
+        {
+            "task_id": o.task_id,
+            "seq": o.seq,
+            "attempt": o.attempt,
+            "instance": o.agent_instance,
+            "state": str(o.state),
+            "result": o.result,
+            "error": o.error,
+            "tries": o.tries,
+        }
+        for o in (batch[i] for i in keep)
+    ]
+    [rows] = yield [Query("complete_steps", each=each)]
+    applied = _by_ord(rows, keep)
+    wake.results([step_key(batch[i].task_id, batch[i].seq) for i in sorted(applied)])
+    return [i in applied for i in range(len(batch))]
+
+
+# -- the supervisor -----------------------------------------------------------------------
+
+
+def acquire_lease(name: str, holder: str, ttl: float, wake: Wakeups) -> Flow[int | None]:
+    """Take or renew the lease under the term `rules.lease_term` gives; None while another
+    holds it (or took it first)."""
+    found = yield from fetch("lock_lease_row", name=name)
+    term = lease_term(found[0] if found else None, holder)
+    if term is None:
+        return None
+    seen = found[0]["term"] if found else None
+    rows = yield from fetch(
+        "put_lease", name=name, holder=holder, term=term, seen=seen, ttl=float(ttl)
+    )
+    return term if rows else None
+
+
+def release_lease(name: str, holder: str, wake: Wakeups) -> Flow[None]:
+    yield [Query("release_lease", {"name": name, "holder": holder})]
+
+
+def _held(lease: str, holder: str, term: int) -> Query:
+    """The sweep's fence: the lease row, locked until commit (PostgreSQL), if held at `term`."""
+    return Query("lock_lease", {"name": lease, "holder": holder, "term": term})
+
+
+def sweep(
+    *, lease: str, holder: str, term: int, limit: int, backoff: Backoff, wake: Wakeups
+) -> Flow[list[Expired]]:
+    """Under the lease: held tasks whose complete_by passed, and held tasks with an open step
+    of the current attempt whose complete_by passed, go where `rules.plan_expiry` says. A
+    task the rule or the database refuses is set aside for an operator; the others go on."""
+    if limit <= 0:
+        return []
+    held, steps, tasks = yield [
+        _held(lease, holder, term),
+        Query("expired_steps", {"limit": limit}),
+        Query("expired_tasks", {"limit": limit}),
+    ]
+    if not held:
+        return []
+    found: dict[str, Row] = {}
+    for r in [*steps, *tasks]:
+        found.setdefault(r["task_id"], r)
+    rows = list(found.values())[:limit]
+    if not rows:
+        return []
+    facts = yield from fetch("compensation_facts", task_ids=[r["task_id"] for r in rows])
+    compensable = compensable_tasks(facts)
+    plans: list[tuple[Row, ExpiryPlan]] = []
+    aside: list[tuple[Row, BaseException]] = []
+    for r in rows:
+        try:
+            plans.append((r, _plan_expiry(r, r["task_id"] in compensable, backoff)))
+        except Exception as exc:
+            aside.append((r, exc))
+    by = {"holder": holder, "term": term}
+    applied, refused = yield from _apply_each(
+        "reset_tasks", by, [_reset_params(r, p) for r, p in plans]
+    )
+    aside.extend((plans[i][0], exc) for i, exc in refused)
+    expired = [
+        Expired(
+            task_id=r["task_id"],
+            seq=r["seq"],
+            failure_count=r["failure_count"],
+            process_state=TaskState(r["process_state"]),
+        )
+        for r in applied
+    ]
+    if aside:
+        expired.extend((yield from _set_aside(aside, by)))
+    if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
+        wake.tasks()
+    wake.done([e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES])
+    return expired
+
+
+def _plan_expiry(r: Row, compensable: bool, backoff: Backoff) -> ExpiryPlan:
+    return plan_expiry(
+        held_as=TaskState(r["process_state"]),
+        on_failure=r["on_failure"],
+        failure_count=r["failure_count"],
+        max_failures=r["max_failures"],
+        seq=r["seq"],
+        compensable=compensable,
+        backoff=backoff,
+    )
+
+
+def _reset_params(r: Row, p: ExpiryPlan) -> dict[str, Any]:
+    return {
+        "task_id": r["task_id"],
+        "attempt": r["attempt"],
+        "seq": r["seq"],
+        "held_as": r["process_state"],
+        "state": str(p.state),
+        "failure_count": p.failure_count,
+        "expiries": p.expiries,
+        "error": p.error,
+        "delay": p.delay,
+        "finished": p.finished,
+        "abandon": p.abandon,
+        "alert": None if p.alert is None else str(p.alert),
+        "abandoned_error": abandoned_error(p.state),
+    }
+
+
+def _apply_each(
+    name: str, params: Mapping[str, Any], each: list[dict[str, Any]]
+) -> Flow[tuple[Rows, list[tuple[int, PermanentStoreError]]]]:
+    """A batch query that the database may refuse for one of its rows: tried whole in a
+    savepoint, then, if refused, one row at a time. The rows applied, and the positions of
+    those refused with why."""
+    if not each:
+        return [], []
+    try:
+        [rows] = yield [Query(name, params, each=each, savepoint=True)]
+        return rows, []
+    except PermanentStoreError:
+        pass
+    applied: Rows = []
+    refused: list[tuple[int, PermanentStoreError]] = []
+    for i, one in enumerate(each):
+        try:
+            [rows] = yield [Query(name, params, each=[one], savepoint=True)]
+            applied.extend(rows)
+        except PermanentStoreError as exc:
+            refused.append((i, exc))
+    return applied, refused
+
+
+def _set_aside(
+    aside: list[tuple[Row, BaseException]], by: Mapping[str, Any]
+) -> Flow[list[Expired]]:
+    each = []
+    for r, exc in aside:
+        held_as = TaskState(r["process_state"])
+        state, error = plan_set_aside(held_as, exc)
+        logger.error("task %s: set aside: %s", r["task_id"], error, exc_info=exc)
+        each.append(
+            {
+                "task_id": r["task_id"],
+                "attempt": r["attempt"],
+                "held_as": str(held_as),
+                "state": str(state),
+                "error": error,
+                "alert": str(AlertReason.SET_ASIDE),
+                "abandoned_error": abandoned_error(state),
+            }
+        )
+    [rows] = yield [Query("set_aside", by, each=each)]
+    return [
+        Expired(
+            task_id=r["task_id"],
+            seq=None,
+            failure_count=r["failure_count"],
+            process_state=TaskState(r["process_state"]),
+            set_aside=True,
+        )
+        for r in rows
+    ]
+
+
+def sweep_steps(
+    *, lease: str, holder: str, term: int, limit: int, forget_after: float, wake: Wakeups
+) -> Flow[list[StepSwept]]:
+    """Under the lease: the running steps of gone agent instances are queued again (attempt
+    + 1, a full complete_by) and their tasks released (failure_count unchanged), since the
+    task's scheduler may be gone with the agent; steps no agent claimed within their pick-up
+    timeout, and open steps past their total timeout, fail (`rules.pickup_failure`,
+    `rules.total_failure`); instances gone for `forget_after` seconds are forgotten."""
+    if limit <= 0:
+        return []
+    held, gone, pickup, total = yield [
+        _held(lease, holder, term),
+        Query("gone_holders", {"limit": limit}),
+        Query("pickup_expired", {"limit": limit}),
+        Query("total_expired", {"limit": limit}),
+    ]
+    if not held:
+        return []
+    by = {"holder": holder, "term": term}
+    timed_out: list[tuple[Row, str, tuple[str, bool]]] = [
+        (r, "pickup", pickup_failure(r["pickup_within"])) for r in pickup
+    ]
+    failing = {(r["task_id"], r["seq"]) for r in pickup}
+    timed_out += [
+        (r, "total", total_failure(r["total"], StepState(r["state"]), r["attempt"]))
+        for r in total
+        if (r["task_id"], r["seq"]) not in failing
+    ]
+    reassign = [
+        {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
+         "instance": r["locked_by"], "task_attempt": r["task_attempt"]}
+        for r in gone
+    ]  # fmt: skip
+    fail = [
+        {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
+         "state": r["state"], "error": error, "abandoned": abandoned}
+        for r, _, (error, abandoned) in timed_out
+    ]  # fmt: skip
+    reassigned, _ = yield from _apply_each("reassign_steps", by, reassign)
+    failed, _ = yield from _apply_each("fail_steps", by, fail)
+    yield [Query("forget_agents", {"forget_after": float(forget_after)})]
+    read = {(r["task_id"], r["seq"]): (r, "reassigned") for r in gone}
+    read.update({(r["task_id"], r["seq"]): (r, kind) for r, kind, _ in timed_out})
+    swept = []
+    for r in [*reassigned, *failed]:
+        seen, kind = read[(r["task_id"], r["seq"])]
+        swept.append(
+            StepSwept(
+                task_id=r["task_id"],
+                seq=r["seq"],
+                kind=kind,  # type: ignore[arg-type]
+                agent=seen["agent"],
+                instance=seen["locked_by"],
+            )
+        )
+    agents = [s.agent for s in swept if s.kind == "reassigned"]
+    if agents:
+        wake.requests(agents)
+        wake.tasks()
+    wake.results([step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"])
+    return swept
