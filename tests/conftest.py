@@ -80,6 +80,23 @@ def store_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
+@pytest.fixture(params=STORES)
+def empty_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A store with no schema at all: a new SQLite file, or a new PostgreSQL database not
+    cloned from the migrated template."""
+    if request.param == "sqlite":
+        yield str(request.getfixturevalue("sqlite_url"))
+        return
+    name = f"sw_empty_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_db(PG_URL, name)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
     s = open_store(store_url)

@@ -4,14 +4,10 @@ store holding tasks in each finished state and one pending."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 import stepwarden as sw
-from tests.conftest import PG_URL, _with_db
 
 from . import cli_app
 from .helpers import assert_ok, cli_envvars, invoke
@@ -41,23 +37,6 @@ def migrated_url(store_url: str) -> str:
     is a new file)."""
     assert_ok(invoke("--store", store_url, "migrate"))
     return store_url
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A store with no schema at all: a new SQLite file, or a new PostgreSQL database not
-    cloned from the migrated template."""
-    if request.param == "sqlite":
-        yield str(request.getfixturevalue("sqlite_url"))
-        return
-    name = f"sw_cli_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_db(PG_URL, name)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _populate(url: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -15,11 +14,13 @@ from typing import Any
 
 import click
 import orjson
-import psycopg
 from click.testing import CliRunner, Result
 
 from stepwarden.cli import cli
 
+from ..rawsql import is_sqlite as is_sqlite
+from ..rawsql import sql as sql
+from ..rawsql import sqlite_path as sqlite_path
 from .cli_app import APP_STORE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,28 +119,6 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 
 # -- the database behind a store URL, read and changed without stepwarden ----------------
-
-
-def sqlite_path(url: str) -> str:
-    assert url.startswith("sqlite:///"), url
-    return url[len("sqlite:///") :]
-
-
-def is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite:")
-
-
-def sql(url: str, statement: str) -> list[tuple[Any, ...]]:
-    """Run one statement (no parameters) on the store's database; its rows."""
-    if is_sqlite(url):
-        conn = sqlite3.connect(sqlite_path(url), isolation_level=None)
-        try:
-            return [tuple(r) for r in conn.execute(statement).fetchall()]
-        finally:
-            conn.close()
-    with psycopg.connect(url, autocommit=True) as pg:
-        cur = pg.execute(statement.encode())
-        return [tuple(r) for r in cur.fetchall()] if cur.description else []
 
 
 @dataclass(frozen=True)

@@ -130,8 +130,10 @@ class Store(abc.ABC):
 
     dialect: str
     default_poll_interval: float
+    """Seconds between two reads of a poller whose wake-up did not come."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str) -> None:
+        self.url = url
         self.notifier = Notifier()
 
     # -- the driver -----------------------------------------------------------------------
@@ -145,6 +147,12 @@ class Store(abc.ABC):
 
     async def _read_one(self, query: str, /, **params: Any) -> Rows:
         return await self._read(Query(query, params))
+
+    async def _worth_writing(self, query: str, /, **params: Any) -> bool:
+        """Whether a claim may find work, read before its write transaction where writes
+        wait for each other (SQLite: one writer at a time, so an empty claim would hold the
+        lock for nothing). A store whose claims skip the rows others hold claims at once."""
+        return True
 
     # -- lifecycle ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -161,6 +169,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def schema_version(self) -> int:
         """The version of the schema in the database, 0 when none."""
+
+    async def _ready(self, migrate: bool) -> None:
+        """Once connected: migrate when asked, then check the schema version (closing the
+        store when either fails)."""
+        try:
+            if migrate:
+                await self.migrate()
+            await self._check_version()
+        except BaseException:
+            await self.close()
+            raise
 
     async def _check_version(self) -> None:
         found, known = await self.schema_version(), _sql.latest_version(self.dialect)
@@ -274,6 +293,8 @@ class Store(abc.ABC):
         """Claim up to `limit` eligible tasks, by priority then age, exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
+        if limit <= 0 or not await self._worth_writing("any_pending", workflows=list(workflows)):
+            return []
         return await self._write(partial(policy.claim_tasks, scheduler, workflows, limit))
 
     async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
@@ -320,6 +341,10 @@ class Store(abc.ABC):
         An operation in `limits` is claimed only within them: its concurrency and rate
         across every process (per limit key; claims of one agent's limited operations are
         serialised), and its `room` in this instance."""
+        if limit <= 0 or not operations:
+            return []
+        if not await self._worth_writing("any_request", agent=agent, operations=list(operations)):
+            return []
         return await self._write(
             partial(policy.claim_requests, instance, agent, operations, limit, limits or {})
         )

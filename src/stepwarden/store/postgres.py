@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.adapt import Dumper
@@ -173,9 +173,8 @@ class PostgresStore(Store):
     default_poll_interval = 0.5
 
     def __init__(self, url: str) -> None:
-        super().__init__()
-        self.url = url
         self.conninfo, self.pool_size, self.connect_kwargs = self._parse(url)
+        super().__init__(url)
         self.application_name = str(
             self.connect_kwargs.get("application_name")
             or conninfo_to_dict(self.conninfo).get("application_name")
@@ -204,7 +203,7 @@ class PostgresStore(Store):
             pool_size = 0
         if pool_size < 1:
             raise ConfigurationError(f"pool_size must be a positive integer, not {raw!r}")
-        conninfo = urlunsplit(parts._replace(query=urlencode(rest)))
+        conninfo = urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote)))
         kwargs: dict[str, Any] = {}
         names = {k for k, _ in rest}
         if "connect_timeout" not in names:
@@ -287,13 +286,7 @@ class PostgresStore(Store):
             await pool.close()
             raise
         self._pool = pool
-        try:
-            if migrate:
-                await self.migrate()
-            await self._check_version()
-        except BaseException:
-            await self.close()
-            raise
+        await self._ready(migrate)
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None

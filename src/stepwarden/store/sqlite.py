@@ -32,7 +32,6 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from ..records import ClaimedTask, OpLimit, Request
 from . import _sql
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 from .base import Store, Transaction
@@ -126,13 +125,14 @@ def _drive(conn: sqlite3.Connection, flow: Flow[T], now: float) -> T:
 
 
 class SQLiteStore(Store):
+    """Polls often: other processes' writes wake nobody here."""
+
     dialect = "sqlite"
     default_poll_interval = 0.05
 
     def __init__(self, url: str) -> None:
-        super().__init__()
-        self.url = url
         self.path, self.synchronous = self._parse(url)
+        super().__init__(url)
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
@@ -239,13 +239,7 @@ class SQLiteStore(Store):
                 message = f"cannot open SQLite database {self.path!r}: {exc}"
                 raise type(_translate(exc))(message) from exc
             raise
-        try:
-            if migrate:
-                await self.migrate()
-            await self._check_version()
-        except BaseException:
-            await self.close()
-            raise
+        await self._ready(migrate)
 
     async def close(self) -> None:
         if self._conn is None or self._executor is None:
@@ -311,27 +305,8 @@ class SQLiteStore(Store):
             await tx.hop(lambda conn: conn.execute("COMMIT"))
         self.notifier.publish_all(tx.wake)
 
-    # -- cheap reads before the write lock ------------------------------------------------
-    async def claim_tasks(
-        self, scheduler: str, workflows: Sequence[str], limit: int
-    ) -> list[ClaimedTask]:
-        if limit <= 0 or not await self._read_one("any_pending", workflows=list(workflows)):
-            return []
-        return await super().claim_tasks(scheduler, workflows, limit)
-
-    async def claim_requests(
-        self,
-        instance: str,
-        agent: str,
-        operations: Sequence[str],
-        limit: int,
-        limits: Mapping[str, OpLimit] | None = None,
-    ) -> list[Request]:
-        if limit <= 0 or not operations:
-            return []
-        if not await self._read_one("any_request", agent=agent, operations=list(operations)):
-            return []
-        return await super().claim_requests(instance, agent, operations, limit, limits)
+    async def _worth_writing(self, query: str, /, **params: Any) -> bool:
+        return bool(await self._read_one(query, **params))
 
 
 class _SQLiteTransaction(Transaction):

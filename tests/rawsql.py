@@ -1,0 +1,58 @@
+"""The database behind a store URL, read and written without going through stepwarden: for
+tests that set up what the engine would not write itself (a corrupt row, an old schema)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import psycopg
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite:")
+
+
+def sqlite_path(url: str) -> str:
+    assert url.startswith("sqlite:///"), url
+    return url[len("sqlite:///") :]
+
+
+def sql(url: str, statement: str) -> list[tuple[Any, ...]]:
+    """Run one statement (no parameters) on the store's database; its rows."""
+    if is_sqlite(url):
+        conn = sqlite3.connect(sqlite_path(url), isolation_level=None)
+        try:
+            return [tuple(r) for r in conn.execute(statement).fetchall()]
+        finally:
+            conn.close()
+    with psycopg.connect(url, autocommit=True) as pg:
+        cur = pg.execute(statement.encode())
+        return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+
+def script(url: str, text: str) -> None:
+    """Run a script of several statements (a migration, a trigger) on the store's database."""
+    if is_sqlite(url):
+        conn = sqlite3.connect(sqlite_path(url), isolation_level=None)
+        try:
+            conn.executescript(text)
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute(text.encode())
+
+
+def seconds_ago(url: str, seconds: float) -> str:
+    """An SQL expression for a time `seconds` before now, as the store keeps times."""
+    if is_sqlite(url):
+        return f"(((julianday('now') - 2440587.5) * 86400.0) - {seconds})"
+    return f"(now() - make_interval(secs => {seconds}))"
+
+
+def seconds_until(url: str, column: str) -> str:
+    """An SQL expression for the seconds from now until the time in `column`."""
+    if is_sqlite(url):
+        return f"({column} - ((julianday('now') - 2440587.5) * 86400.0))"
+    return f"extract(epoch FROM {column} - now())::float8"
