@@ -28,9 +28,11 @@ bench: $(BENCH_STAMP)
 demo: $(STAMP)
 	$(PY) -m examples.orders.demo $(DEMO_ARGS)
 
+# ruff, mypy (strict, over the package, its tests and the example), and the package's layers.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The dashboard's browser tests drive Debian's Chromium (never a downloaded build).
 chromium:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from . import _check, _json
-from .agent import Agent, Operation
+from .agent import Agent
 from .alerts import AlertSink, LogSink
 from .breaker import Breaker
 from .errors import (
@@ -45,7 +45,6 @@ from .store import CHANNEL_OUTBOX, Store, Transaction, open_store
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
-MAX_TASK_ID = _check.MAX_NAME
 FOLLOW_SETTLE = 5.0
 """Seconds after which an outbox message is taken as committed in id order."""
 
@@ -160,13 +159,6 @@ class App:
         except KeyError:
             known = ", ".join(sorted(self.workflows)) or "none"
             raise UnknownNameError(f"unknown workflow {wf_name!r} (declared: {known})") from None
-
-    def find_operation(self, qualname: str) -> Operation:
-        agent_name, _, op_name = qualname.partition(".")
-        agent = self.agents.get(agent_name)
-        if agent is None or op_name not in agent.operations:
-            raise UnknownNameError(f"unknown operation {qualname!r}")
-        return agent.operations[op_name]
 
     # -- the store, per event loop --------------------------------------------------------
     async def store(self) -> Store:

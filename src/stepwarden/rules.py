@@ -16,7 +16,14 @@ from typing import Any
 
 from .records import ActionOutcome, OperatorAction, OpLimit, StepRecord, TaskOutcome
 from .retry import Backoff
-from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, StepState, TaskState
+from .states import (
+    FINISHED_TASK_STATES,
+    OPEN_STEP_STATES,
+    OPERATOR_ACTIONS,
+    OnFailure,
+    StepState,
+    TaskState,
+)
 
 
 class AlertReason(StrEnum):
@@ -47,7 +54,7 @@ def needs_compensation(
     permanent error, a pick-up timeout) did nothing to undo."""
     if compensation is None or compensates is not None:
         return False
-    return abandoned or state in (StepState.COMPLETED, StepState.NOT_STARTED, StepState.RUNNING)
+    return abandoned or state == StepState.COMPLETED or state in OPEN_STEP_STATES
 
 
 def step_needs_compensation(step: StepRecord) -> bool:

@@ -106,8 +106,6 @@ class AgentRunner:
         self.breaker = (
             None if agent.breaker is None else CircuitBreaker(agent.breaker, self._on_breaker)
         )
-        self.discarded = 0
-        self.handed_back = 0
 
     # -- the registry ---------------------------------------------------------------------
     def _beat(self) -> AgentBeat:
@@ -349,7 +347,6 @@ class AgentRunner:
             logger.warning("cannot hand back %s: %s", request.idempotency_key, exc)
             return
         if back:
-            self.handed_back += 1
             logger.info("%s: %s, handed back to the queue", request.idempotency_key, why)
 
     async def _report(
@@ -376,7 +373,6 @@ class AgentRunner:
             )
             return
         if not applied:
-            self.discarded += 1
             logger.info(
                 "late outcome of %s/%d attempt %d discarded",
                 request.task_id,
