@@ -7,11 +7,12 @@ week) gives the maximum delay, never an overflow.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import dataclass, field
 
-from .errors import ConfigurationError, PermanentError
+from .errors import ConfigurationError, PermanentError, StoreError, TransientStoreError
 
 MAX_EXPONENT = 32
 """The highest power of the multiplier a delay is computed with."""
@@ -100,3 +101,15 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         return backoff(failures, initial=self.initial, maximum=self.maximum)
+
+
+def after_store_failure(log: logging.Logger, what: str, exc: StoreError, failures: int) -> float:
+    """Say a store failure and return the seconds to wait before trying again, after
+    `failures` in a row: a transient one (it may pass by itself) as a warning, tried again
+    soon; a permanent one (a refused query: it will not pass until someone acts) as an error
+    with its traceback, tried again slowly."""
+    if isinstance(exc, TransientStoreError):
+        log.warning("%s: %s", what, exc)
+        return backoff(failures, initial=0.1, maximum=5.0)
+    log.error("%s: %s", what, exc, exc_info=exc)
+    return backoff(failures, initial=1.0, maximum=60.0)

@@ -34,6 +34,7 @@ from .records import (
     StepOutcome,
     idempotency_key,
 )
+from .retry import after_store_failure
 from .states import StepState
 from .store import CHANNEL_REQUESTS, Store
 
@@ -135,8 +136,8 @@ class AgentRunner:
                 return
             except StoreError as exc:
                 failures += 1
-                logger.warning("agent %s: cannot register: %s", self.agent.name, exc)
-                await sleep_unless(stop, min(5.0, 0.1 * 2**failures))
+                what = f"agent {self.agent.name}: cannot register"
+                await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -201,8 +202,8 @@ class AgentRunner:
                     failures = 0
                 except StoreError as exc:
                     failures += 1
-                    logger.warning("agent %s: cannot claim requests: %s", self.agent.name, exc)
-                    await sleep_unless(stop, min(5.0, 0.1 * 2**failures))
+                    what = f"agent {self.agent.name}: cannot claim requests"
+                    await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
                     continue
                 for request in requests:
                     task = asyncio.create_task(self._serve(request))

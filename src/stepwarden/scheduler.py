@@ -31,6 +31,7 @@ from .records import (
     TaskOutcome,
     step_key,
 )
+from .retry import after_store_failure
 from .rules import AlertReason, step_needs_compensation
 from .states import StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
@@ -134,8 +135,8 @@ class Scheduler:
                     failures = 0
                 except StoreError as exc:
                     failures += 1
-                    logger.warning("scheduler: cannot claim tasks: %s", exc)
-                    await sleep_unless(stop, min(5.0, 0.1 * 2**failures))
+                    what = "scheduler: cannot claim tasks"
+                    await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
                     continue
                 for c in claimed:
                     task = asyncio.create_task(self._drive(c))
