@@ -11,6 +11,7 @@ from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 
+from ..rawsql import sql
 from .test_store import dispatch, new_task, outcome
 
 LEASE = "supervisor"
@@ -230,6 +231,22 @@ async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(store:
     [two] = await store.claim_requests("a2", "pay", ["charge"], 10, roomy)
     assert two.task_id == "t3"
     assert await store.claim_requests("a2", "pay", ["charge"], 10, roomy) == []
+
+
+async def test_starts_older_than_the_rate_period_are_forgotten(
+    store: Store, store_url: str
+) -> None:
+    for i in range(3):
+        attempt = await held_task(store, f"t{i}")
+        await store.dispatch_steps([dispatch(f"t{i}", attempt)])
+    brief = {"charge": OpLimit(rate=1, per=0.2)}
+    [first] = await store.claim_requests("a1", "pay", ["charge"], 10, brief)
+    assert await store.claim_requests("a1", "pay", ["charge"], 10, brief) == []
+    await asyncio.sleep(0.3)  # the rate's period passes
+    [second] = await store.claim_requests("a1", "pay", ["charge"], 10, brief)
+    assert (first.task_id, second.task_id) == ("t0", "t1")
+    # Only the start within the period is kept.
+    assert sql(store_url, "SELECT count(*) FROM stepwarden_starts") == [(1,)]
 
 
 async def test_a_claim_never_takes_more_requests_than_its_limit(store: Store) -> None:

@@ -375,10 +375,11 @@ def claim_requests(
     else:
         rated = [{"operation": op, "per": float(lim.per)}
                  for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
-        _, found, running, started = yield [
+        _, found, running, _, started = yield [
             Query("limits_lock", params),
             Query("limited_candidates", {**params, "scan": SCAN}),
             Query("running_counts", params),
+            Query("forget_starts", params, each=rated),
             Query("start_counts", params, each=rated),
         ]
         chosen = pick_within_limits(
