@@ -24,7 +24,7 @@ from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .agent import Agent, Call
-from .breaker import CLOSED, CircuitBreaker
+from .breaker import CLOSED, OPEN, CircuitBreaker
 from .errors import CircuitOpen, PayloadError, StepLost, StoreError
 from .records import (
     AgentBeat,
@@ -305,6 +305,10 @@ class AgentRunner:
             message = f"{type(error).__name__}: {error}"
             if permanent:
                 await self._report(request, StepState.FAILED, None, message, tries)
+                return
+            if self.breaker is not None and self.breaker.state == OPEN:
+                # This failure opened the breaker: another instance may reach the service.
+                await self._hand_back(request, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
             if tries >= op.retry.max_attempts:
                 logger.warning(

@@ -1,0 +1,50 @@
+"""An agent instance whose circuit breaker opens hands back the request it holds, even when
+the failure that opened it was the request's last try: another instance may reach the
+service, and the step does not wait for its complete_by."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import stepwarden as sw
+
+from .test_engine import FAST, running
+from .test_outbox import until
+
+
+async def test_the_try_that_opens_the_breaker_hands_its_request_back(store_url: str) -> None:
+    app = sw.App("edge", store=store_url)
+    edge = app.agent(
+        "edge",
+        retry=sw.Retry(max_attempts=2, initial=0.001, maximum=0.001),
+        breaker=sw.Breaker(failures=2, reset_after=60),
+    )
+    tries = 0
+
+    @edge.operation
+    async def call(c: sw.Call, x: Any) -> None:
+        nonlocal tries
+        tries += 1
+        raise ConnectionError("the service is down")
+
+    @app.workflow(complete_within=timedelta(seconds=60), max_failures=3)
+    async def once(ctx: sw.Context, x: Any) -> Any:
+        return await ctx.step(edge.call, x)
+
+    task_id = await app.submit_async(once, 1)
+    store = await app.store()
+
+    async def handed_back() -> bool:
+        return bool(await store.events(task_id=task_id, kind="handed_back"))
+
+    async with running(app, dataclasses.replace(FAST, drain_timeout=0.5)):
+        await until(handed_back)
+    assert tries == 2  # the last try opened the breaker; nothing more was tried here
+    [back] = await store.events(task_id=task_id, kind="handed_back")
+    assert "open" in back.detail["reason"]
+    [step] = await store.get_steps(task_id)
+    assert step.state == sw.StepState.NOT_STARTED and step.reassignments == 1
+    assert await store.events(task_id=task_id, kind="expired") == []
+    await app.aclose()
