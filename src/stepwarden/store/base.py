@@ -49,9 +49,14 @@ from ..records import (
 from ..retry import Backoff
 from ..states import TaskState
 from . import _rows, _sql, policy
-from ._flow import CHANNEL_TASK_DONE, FlowFn, Query, Rows, Wakeups
+from ._flow import CHANNEL_TASK_DONE, Flow, FlowFn, Query, Rows, Wakeups
 
 T = TypeVar("T")
+
+
+def _one(query: Query) -> Flow[Rows]:
+    [rows] = yield [query]
+    return rows
 
 
 class Subscription:
@@ -144,6 +149,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _write(self, flow: FlowFn[T]) -> T:
         """Drive a flow in one transaction; on commit, deliver its wake-ups."""
+
+    async def _write_one(self, query: Query) -> Rows:
+        """The rows of one write query (a batch query, or a script of the dialect's), in a
+        transaction of its own; it wakes no one."""
+        return await self._write(lambda wake: _one(query))
 
     async def _read_one(self, query: str, /, **params: Any) -> Rows:
         return await self._read(Query(query, params))
@@ -238,7 +248,8 @@ class Store(abc.ABC):
 
     async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None:
         """Record (task_id, kind, detail) events; an `alert` also goes to the outbox."""
-        await self._write(partial(policy.record_events, events))
+        if events:
+            await self._write_one(policy.record_events(events))
 
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
@@ -271,14 +282,14 @@ class Store(abc.ABC):
     ) -> None:
         """After a delivery round: the sinks reached so far; done, or due again in
         `retry_in` seconds."""
-        await self._write(partial(policy.record_delivery, message_id, delivered_to, done, retry_in))
+        await self._write_one(policy.record_delivery(message_id, delivered_to, done, retry_in))
 
     # -- retention ------------------------------------------------------------------------
     async def purge(self, older_than: float, limit: int) -> int:
         """Delete up to `limit` finished tasks (processed, compensated, cancelled) that
         finished more than `older_than` seconds ago, with their steps, events and delivered
         outbox messages; the number deleted. Tasks awaiting an operator are kept."""
-        return await self._write(partial(policy.purge, older_than, limit))
+        return len(await self._write_one(policy.purge(older_than, limit)))
 
     # -- the operator ---------------------------------------------------------------------
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
@@ -345,8 +356,12 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_request", agent=agent, operations=list(operations)):
             return []
-        return await self._write(
-            partial(policy.claim_requests, instance, agent, operations, limit, limits or {})
+        limits = {op: lim for op, lim in (limits or {}).items() if op in operations}
+        if limits:
+            flow = partial(policy.claim_within_limits, instance, agent, operations, limit, limits)
+            return policy.requests(await self._write(flow))
+        return policy.requests(
+            await self._write_one(policy.claim_requests(instance, agent, operations, limit))
         )
 
     async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]:
@@ -362,19 +377,19 @@ class Store(abc.ABC):
         complete_by to now + its complete_within, never past its task's complete_by nor its
         total timeout; the seconds now left, or None when the step is no longer running
         under this attempt and instance, or its complete_by has passed."""
-        return await self._write(
-            partial(policy.heartbeat_step, task_id, seq, attempt, instance, detail)
-        )
+        rows = await self._write_one(policy.heartbeat_step(task_id, seq, attempt, instance, detail))
+        return float(rows[0]["remaining"]) if rows else None
 
     async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
         """Register or refresh agent instances; each is gone `ttl` seconds after its last
         beat (by the database clock)."""
-        await self._write(partial(policy.beat, beats, ttl))
+        if beats:
+            await self._write_one(policy.beat(beats, ttl))
 
     async def leave(self, instance: str, agents: Sequence[str]) -> None:
         """An instance stopping: its registry rows expire now (its running steps are
         reassigned by the next sweep)."""
-        await self._write(partial(policy.leave, instance, agents))
+        await self._write_one(policy.leave(instance, agents))
 
     async def list_agents(self) -> list[AgentInstance]:
         """The registry: every agent instance, alive or gone, by agent then start."""
@@ -399,7 +414,7 @@ class Store(abc.ABC):
         return await self._write(partial(policy.acquire_lease, name, holder, ttl))
 
     async def release_lease(self, name: str, holder: str) -> None:
-        await self._write(partial(policy.release_lease, name, holder))
+        await self._write_one(policy.release_lease(name, holder))
 
     async def end_stalled_sessions(self) -> int:
         """End the store sessions of other processes that stopped talking in the middle of a

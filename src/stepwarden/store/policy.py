@@ -107,27 +107,25 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     return created
 
 
-def record_events(events: Sequence[tuple[str | None, str, Any]], wake: Wakeups) -> Flow[None]:
-    if events:
-        each = [{"task_id": t, "kind": k, "detail": _json_text(d)} for t, k, d in events]
-        yield [Query("insert_events", each=each)]
+def record_events(events: Sequence[tuple[str | None, str, Any]]) -> Query:
+    each = [{"task_id": t, "kind": k, "detail": _json_text(d)} for t, k, d in events]
+    return Query("insert_events", each=each)
 
 
 def record_delivery(
-    message_id: int, delivered_to: Sequence[str], done: bool, retry_in: float, wake: Wakeups
-) -> Flow[None]:
+    message_id: int, delivered_to: Sequence[str], done: bool, retry_in: float
+) -> Query:
     params = {
         "id": message_id,
         "delivered_to": _json_text(list(delivered_to)),
         "done": done,
         "retry_in": float(retry_in),
     }
-    yield [Query("outbox_delivered", params)]
+    return Query("outbox_delivered", params)
 
 
-def purge(older_than: float, limit: int, wake: Wakeups) -> Flow[int]:
-    rows = yield from fetch("purge", older_than=float(older_than), limit=limit)
-    return len(rows)
+def purge(older_than: float, limit: int) -> Query:
+    return Query("purge", {"older_than": float(older_than), "limit": limit})
 
 
 # -- the operator -------------------------------------------------------------------------
@@ -355,47 +353,53 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
 # -- the agents ---------------------------------------------------------------------------
 
 
-def claim_requests(
+def claim_requests(instance: str, agent: str, operations: Sequence[str], limit: int) -> Query:
+    """Claim up to `limit` queued requests of these operations, by priority then age."""
+    params = {"instance": instance, "agent": agent, "operations": list(operations)}
+    return Query("claim_requests", {**params, "limit": limit})
+
+
+def claim_within_limits(
     instance: str,
     agent: str,
     operations: Sequence[str],
     limit: int,
     limits: Mapping[str, OpLimit],
     wake: Wakeups,
-) -> Flow[list[Request]]:
-    """Claim up to `limit` queued requests of these operations, by priority then age; those
-    of operations with limits only within them (`rules.pick_within_limits`), the claims of
-    one agent's limited operations one at a time."""
-    if limit <= 0 or not operations:
-        return []
-    limits = {op: lim for op, lim in limits.items() if op in operations}
+) -> Flow[Rows]:
+    """`claim_requests`, the operations in `limits` only within them
+    (`rules.pick_within_limits`), the claims of one agent's limited operations one at a
+    time."""
     params = {"instance": instance, "agent": agent, "operations": list(operations)}
-    if not limits:
-        rows = yield from fetch("claim_requests", **params, limit=limit)
-    else:
-        rated = [{"operation": op, "per": float(lim.per)}
-                 for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
-        _, found, running, _, started = yield [
-            Query("limits_lock", params),
-            Query("limited_candidates", {**params, "scan": SCAN}),
-            Query("running_counts", params),
-            Query("forget_starts", params, each=rated),
-            Query("start_counts", params, each=rated),
-        ]
-        chosen = pick_within_limits(
-            [(r["operation"], r["limit_key"]) for r in found],
-            limits,
-            {(r["operation"], r["limit_key"]): r["n"] for r in running},
-            {(r["operation"], r["limit_key"]): r["n"] for r in started},
-            limit,
-        )
-        if not chosen:
-            return []
-        picked = [{"task_id": found[i]["task_id"], "seq": found[i]["seq"]} for i in chosen]
-        rate_limited = {**params, "rated": [r["operation"] for r in rated]}
-        [rows] = yield [Query("claim_chosen", rate_limited, each=picked)]
-    requests = sorted(rows, key=lambda r: (-r["priority"], r["dispatched_at"]))
-    return [_rows.request(r) for r in requests]
+    rated = [{"operation": op, "per": float(lim.per)}
+             for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
+    _, found, running, _, started = yield [
+        Query("limits_lock", params),
+        Query("limited_candidates", {**params, "scan": SCAN}),
+        Query("running_counts", params),
+        Query("forget_starts", params, each=rated),
+        Query("start_counts", params, each=rated),
+    ]
+    chosen = pick_within_limits(
+        [(r["operation"], r["limit_key"]) for r in found],
+        limits,
+        {(r["operation"], r["limit_key"]): r["n"] for r in running},
+        {(r["operation"], r["limit_key"]): r["n"] for r in started},
+        limit,
+    )
+    if not chosen:
+        return []
+    picked = [{"task_id": found[i]["task_id"], "seq": found[i]["seq"]} for i in chosen]
+    rate_limited = {**params, "rated": [r["operation"] for r in rated]}
+    [rows] = yield [Query("claim_chosen", rate_limited, each=picked)]
+    return rows
+
+
+def requests(rows: Rows) -> list[Request]:
+    """Claimed requests, by priority then age."""
+    return [
+        _rows.request(r) for r in sorted(rows, key=lambda r: (-r["priority"], r["dispatched_at"]))
+    ]
 
 
 def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool]]:
@@ -418,20 +422,13 @@ def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool
 
 
 def heartbeat_step(
-    task_id: str, seq: int, attempt: int, instance: str, detail: str | None, wake: Wakeups
-) -> Flow[float | None]:
-    rows = yield from fetch(
-        "heartbeat_step",
-        task_id=task_id,
-        seq=seq,
-        attempt=attempt,
-        instance=instance,
-        detail=detail,
-    )
-    return float(rows[0]["remaining"]) if rows else None
+    task_id: str, seq: int, attempt: int, instance: str, detail: str | None
+) -> Query:
+    params = {"task_id": task_id, "seq": seq, "attempt": attempt, "instance": instance}
+    return Query("heartbeat_step", {**params, "detail": detail})
 
 
-def beat(beats: Sequence[AgentBeat], ttl: float, wake: Wakeups) -> Flow[None]:
+def beat(beats: Sequence[AgentBeat], ttl: float) -> Query:
     each = [
         {
             "instance": b.instance,
@@ -444,12 +441,11 @@ def beat(beats: Sequence[AgentBeat], ttl: float, wake: Wakeups) -> Flow[None]:
         }
         for b in beats
     ]
-    if each:
-        yield [Query("agent_beat", {"ttl": float(ttl)}, each=each)]
+    return Query("agent_beat", {"ttl": float(ttl)}, each=each)
 
 
-def leave(instance: str, agents: Sequence[str], wake: Wakeups) -> Flow[None]:
-    yield [Query("agent_leave", {"instance": instance, "agents": list(agents)})]
+def leave(instance: str, agents: Sequence[str]) -> Query:
+    return Query("agent_leave", {"instance": instance, "agents": list(agents)})
 
 
 def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[bool]]:
@@ -494,8 +490,8 @@ def acquire_lease(name: str, holder: str, ttl: float, wake: Wakeups) -> Flow[int
     return term if rows else None
 
 
-def release_lease(name: str, holder: str, wake: Wakeups) -> Flow[None]:
-    yield [Query("release_lease", {"name": name, "holder": holder})]
+def release_lease(name: str, holder: str) -> Query:
+    return Query("release_lease", {"name": name, "holder": holder})
 
 
 def _held(lease: str, holder: str, term: int) -> Query:

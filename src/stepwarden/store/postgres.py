@@ -247,6 +247,10 @@ class PostgresStore(Store):
         async with self._connection() as conn:
             return await _rows(await _send(conn, query))
 
+    async def _write_one(self, query: Query) -> Rows:
+        # One statement is a transaction of its own: one round trip, no BEGIN or COMMIT.
+        return await self._read(query)
+
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
         async with self._connection() as conn, conn.pipeline():
