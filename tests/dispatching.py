@@ -60,3 +60,9 @@ def step_dispatch(
             expected_attempt=expected_attempt,
         )
     raise ValueError(f"no dispatch of kind {kind!r}")
+
+
+def new_step(step: StepDispatch) -> NewStep:
+    """A dispatch built as a new step, as one: for the fields only a new step has."""
+    assert isinstance(step, NewStep), step
+    return step

@@ -32,16 +32,24 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from examples.orders import payment_service
+from stepwarden import TaskState
+from stepwarden.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 ITEMS = ["book", "lamp", "mug", "pen", "shirt", "tea"]
-FINISHED = ("processed", "compensated", "error", "compensation_failed", "cancelled")
+FINISHED = (
+    TaskState.PROCESSED,
+    TaskState.COMPENSATED,
+    TaskState.ERROR,
+    TaskState.COMPENSATION_FAILED,
+    TaskState.CANCELLED,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -184,7 +192,28 @@ async def wait_for_service(url: str, procs: Processes, timeout: float = 15) -> N
             await asyncio.sleep(0.05)
 
 
-async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str, Any]:
+class Summary(TypedDict):
+    """What a run did, as printed at its end (and as JSON with --json)."""
+
+    submitted: int
+    processed: int
+    compensated: int
+    error: int
+    lost: int
+    retries: int
+    deadlines_missed: int
+    duplicate_effects_prevented: int
+    duplicate_effects_applied: int
+    charges_applied: int
+    refunds_applied: int
+    charged_not_processed: int
+    workers_killed: int
+    payment_service_crashes: int
+    seconds: float
+    workdir: str
+
+
+async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
     from examples.orders import shop  # reads STEPWARDEN_STORE and PAYMENTS_URL
 
     orders = make_orders(args.orders, args.declined, args.undeliverable, random.Random(args.seed))
@@ -232,8 +261,8 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> dict[str,
 
 
 async def summarise(
-    store: Any, task_ids: list[str], procs: Processes, elapsed: float
-) -> dict[str, Any]:
+    store: Store, task_ids: list[str], procs: Processes, elapsed: float
+) -> Summary:
     states: dict[str, int] = {s: 0 for s in ("processed", "compensated", "error")}
     retries = 0
     unfinished = 0
@@ -269,7 +298,7 @@ async def summarise(
     }
 
 
-def print_table(summary: dict[str, Any]) -> None:
+def print_table(summary: Summary) -> None:
     width = max(len(k) for k in summary)
     print()
     for key, value in summary.items():
@@ -277,7 +306,7 @@ def print_table(summary: dict[str, Any]) -> None:
     print("\n  " + ("OK: nothing lost, nothing applied twice" if healthy(summary) else "FAILED"))
 
 
-def healthy(summary: dict[str, Any]) -> bool:
+def healthy(summary: Summary) -> bool:
     return (
         summary["lost"] == 0
         and summary["duplicate_effects_applied"] == 0

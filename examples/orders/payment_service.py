@@ -103,7 +103,10 @@ class Ledger:
 
 
 def ledger_stats(db: sqlite3.Connection) -> dict[str, Any]:
-    one = lambda sql: db.execute(sql).fetchone()[0]  # noqa: E731
+    def one(sql: str) -> int:
+        count: int = db.execute(sql).fetchone()[0]
+        return count
+
     return {
         "charges": one("SELECT count(*) FROM effects WHERE kind = 'charge'"),
         "refunds": one(

@@ -120,6 +120,7 @@ def rows(url: str) -> list[list[tuple[Any, ...]]]:
 
 
 # -- the App ---------------------------------------------------------------------------
+# The arguments of the wrong type are wrong on purpose: a `type: ignore` marks each.
 
 Call = Callable[[sw.App], object]
 
@@ -136,7 +137,7 @@ def _first(messages: Any) -> object:
 
 REFUSED: list[tuple[Call, str]] = [
     # submit: the task id, the priority, the channel
-    (lambda a: a.submit("process", {}, task_id=5), f"task_id {NAME_LIMIT}, not 5"),
+    (lambda a: a.submit("process", {}, task_id=5), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: a.submit("process", {}, task_id=LONG), "not 'xxxxx"),
     (lambda a: a.submit("process", {}, task_id=LONG), "(10000 characters)"),
     (lambda a: a.submit("process", {}, task_id="a\x00"), f"task_id {CONTROL}: 'a\\x00'"),
@@ -144,38 +145,38 @@ REFUSED: list[tuple[Call, str]] = [
     (lambda a: a.submit("process", {}, task_id=XFF), f"task_id {NOT_UNICODE}: '\\udcff'"),
     (lambda a: a.submit("process", {}, priority=2**31), f"{PRIORITY_RANGE}, not 2147483648"),
     (lambda a: a.submit("process", {}, priority=-(2**31) - 1), f"{PRIORITY_RANGE}, not -2147"),
-    (lambda a: a.submit("process", {}, priority=1.5), f"{PRIORITY_RANGE}, not 1.5"),
-    (lambda a: a.submit("process", {}, reply_to=5), f"reply_to {NAME_LIMIT}, not 5"),
+    (lambda a: a.submit("process", {}, priority=1.5), f"{PRIORITY_RANGE}, not 1.5"),  # type: ignore[arg-type]
+    (lambda a: a.submit("process", {}, reply_to=5), f"reply_to {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: a.submit("process", {}, reply_to="   "), "reply_to must be a non-empty channel"),
     (lambda a: a.submit("process", {}, reply_to=LONG), f"reply_to {NAME_LIMIT}"),
     (lambda a: a.submit("process", {}, reply_to="a\x00b"), "reply_to must not contain control"),
     (lambda a: a.submit("process", {}, reply_to="\ud800"), f"reply_to {NOT_UNICODE}"),
     # following a task
-    (lambda a: a.status(5), f"task_id {NAME_LIMIT}, not 5"),
+    (lambda a: a.status(5), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: a.status(""), f"task_id {NAME_LIMIT}, not ''"),
     (lambda a: a.status("a\x00"), CONTROL),
     (lambda a: a.show(LONG), f"task_id {NAME_LIMIT}"),
     (lambda a: a.show("\ud800"), f"task_id {NOT_UNICODE}"),
     (lambda a: a.result("t-1", timeout=-1), f"{TIMEOUT}, not -1"),
-    (lambda a: a.result("t-1", timeout="soon"), f"{TIMEOUT}, not 'soon'"),
+    (lambda a: a.result("t-1", timeout="soon"), f"{TIMEOUT}, not 'soon'"),  # type: ignore[arg-type]
     (lambda a: a.result("t-1", timeout=float("nan")), f"{TIMEOUT}, not nan"),
-    (lambda a: _first(a.watch(5)), f"task_id {NAME_LIMIT}, not 5"),
-    (lambda a: _first(a.subscribe(5)), f"channel {NAME_LIMIT}, not 5"),
+    (lambda a: _first(a.watch(5)), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
+    (lambda a: _first(a.subscribe(5)), f"channel {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: _first(a.subscribe("\ud800")), f"channel {NOT_UNICODE}"),
     (lambda a: _first(a.subscribe("shop", after=-1)), "after must be an integer from 0 to"),
     # listing tasks
     (lambda a: a.tasks(limit=-1), f"limit {INT_RANGE}, not -1"),
     (lambda a: a.tasks(limit=0), f"limit {INT_RANGE}, not 0"),
-    (lambda a: a.tasks(limit="10"), f"limit {INT_RANGE}, not '10'"),
+    (lambda a: a.tasks(limit="10"), f"limit {INT_RANGE}, not '10'"),  # type: ignore[arg-type]
     (lambda a: a.tasks(limit=2**63), f"limit {INT_RANGE}, not 9223372036854775808"),
     (lambda a: a.tasks(state="bogus"), "unknown state 'bogus' (known: pending, processing,"),
-    (lambda a: a.tasks(workflow=5), f"workflow {NAME_LIMIT}, not 5"),
+    (lambda a: a.tasks(workflow=5), f"workflow {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: a.tasks(workflow="a\x00"), "workflow must not contain control characters"),
     (lambda a: a.tasks(workflow="\ud800"), f"workflow {NOT_UNICODE}"),
     # the operator: each of these would pause or cancel t-1 if it got through
-    (lambda a: a.operate(5, ["t-1"]), "unknown action 5 (known: retry, pause,"),
+    (lambda a: a.operate(5, ["t-1"]), "unknown action 5 (known: retry, pause,"),  # type: ignore[arg-type]
     (lambda a: a.operate("pause", "t-1"), "task_ids must be a list of task ids, not 't-1'"),
-    (lambda a: a.operate("pause", ["t-1", 5]), f"task_id {NAME_LIMIT}, not 5"),
+    (lambda a: a.operate("pause", ["t-1", 5]), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[list-item]
     (lambda a: a.operate("pause", ["t-1", "b\ud800"]), f"task_id {NOT_UNICODE}"),
     (lambda a: a.operate("pause", state="bogus"), "unknown state 'bogus'"),
     (lambda a: a.operate("pause", state="pending", limit=-1), f"limit {INT_RANGE}, not -1"),
@@ -185,13 +186,13 @@ REFUSED: list[tuple[Call, str]] = [
     (lambda a: a.operate("pause", ["t-1"], by="ana\nbob"), "by must not contain control"),
     (lambda a: a.operate("pause", ["t-1"], dry_run="no"), "dry_run must be True or False"),
     (lambda a: a.pause("t-1", reason=XFF), f"reason {NOT_UNICODE}: '\\udcff'"),
-    (lambda a: a.cancel("t-1", compensate="no"), "compensate must be True or False, not 'no'"),
-    (lambda a: a.retry(5), f"task_id {NAME_LIMIT}, not 5"),
+    (lambda a: a.cancel("t-1", compensate="no"), "compensate must be True or False, not 'no'"),  # type: ignore[arg-type]
+    (lambda a: a.retry(5), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: a.resume("\ud800"), f"task_id {NOT_UNICODE}"),
     # skip: the step number
     (lambda a: a.skip("t-1", 0), f"seq {INT_RANGE}, not 0"),
     (lambda a: a.skip("t-1", -1), f"seq {INT_RANGE}, not -1"),
-    (lambda a: a.skip("t-1", "x"), f"seq {INT_RANGE}, not 'x'"),
+    (lambda a: a.skip("t-1", "x"), f"seq {INT_RANGE}, not 'x'"),  # type: ignore[arg-type]
     (lambda a: a.skip("t-1", True), f"seq {INT_RANGE}, not True"),
     (lambda a: a.skip("t-1", 2**31), f"seq {INT_RANGE}, not 2147483648"),
 ]
@@ -242,23 +243,23 @@ def _app() -> sw.App:
 WITHIN = "complete_within must be a timedelta, positive and at most 365 days"
 
 DECLARATION_CASES: list[tuple[Callable[[], object], str]] = [
-    (lambda: sw.App(5, store="sqlite:///x.db"), f"the App's name {NAME_LIMIT}, not 5"),
+    (lambda: sw.App(5, store="sqlite:///x.db"), f"the App's name {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda: sw.App("x", store="postgresql://ana:s3cret@[::1/db"), "'postgresql://ana:***@[::1"),
     (lambda: sw.App("x", store="postgresql://ana:s3cret@[::1/db"), "/db': Invalid IPv6 URL"),
     (lambda: sw.App("x", store="sqlite:///a\x00.db"), "it holds a NUL character"),
-    (lambda: _app().agent(5), "invalid agent name 5"),
-    (lambda: _app().agent("pay", retry="fast"), "retry must be a stepwarden.Retry, not 'fast'"),
-    (lambda: _app().agent("pay").operation(5), "an operation must be a function, not 5"),
-    (lambda: _app().workflow(5), "workflow '5' must be an async function"),
-    (lambda: _app().workflow(_noop, name=5), f"the workflow's name {NAME_LIMIT}, not 5"),
+    (lambda: _app().agent(5), "invalid agent name 5"),  # type: ignore[arg-type]
+    (lambda: _app().agent("pay", retry="fast"), "retry must be a stepwarden.Retry, not 'fast'"),  # type: ignore[arg-type]
+    (lambda: _app().agent("pay").operation(5), "an operation must be a function, not 5"),  # type: ignore[arg-type]
+    (lambda: _app().workflow(5), "workflow '5' must be an async function"),  # type: ignore[arg-type]
+    (lambda: _app().workflow(_noop, name=5), f"the workflow's name {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda: _app().workflow(_noop, name=""), f"the workflow's name {NAME_LIMIT}, not ''"),
-    (lambda: _app().workflow(_noop, complete_within=30), f"{WITHIN}, not 30"),
+    (lambda: _app().workflow(_noop, complete_within=30), f"{WITHIN}, not 30"),  # type: ignore[arg-type]
     (lambda: _app().workflow(_noop, complete_within=timedelta(0)), WITHIN),
     (lambda: _app().workflow(_noop, complete_within=timedelta(days=10**7)), WITHIN),
-    (lambda: _app().workflow(_noop, max_failures="3"), f"max_failures {INT_RANGE}, not '3'"),
+    (lambda: _app().workflow(_noop, max_failures="3"), f"max_failures {INT_RANGE}, not '3'"),  # type: ignore[arg-type]
     (lambda: _app().workflow(_noop, max_failures=2**40), f"max_failures {INT_RANGE}"),
-    (lambda: _app().workflow(_noop, alert_after=2.5), "alert_after must be an integer from 2"),
-    (lambda: _app().add_alert_sink(5), "an alert sink needs a name and a send(alert) method"),
+    (lambda: _app().workflow(_noop, alert_after=2.5), "alert_after must be an integer from 2"),  # type: ignore[arg-type]
+    (lambda: _app().add_alert_sink(5), "an alert sink needs a name and a send(alert) method"),  # type: ignore[arg-type]
 ]
 
 

@@ -11,6 +11,7 @@ from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 
+from ..dispatching import new_step
 from ..rawsql import sql
 from .test_store import dispatch, new_task, outcome
 
@@ -167,7 +168,7 @@ async def test_a_step_nobody_picks_up_in_time_fails(store: Store) -> None:
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
     attempt = await held_task(store, "t1")
-    await store.dispatch_steps([replace(dispatch("t1", attempt), pickup_within=0.2)])
+    await store.dispatch_steps([replace(new_step(dispatch("t1", attempt)), pickup_within=0.2)])
     [swept] = await sweep_until(store, term)
     assert (swept.task_id, swept.kind) == ("t1", "pickup")
     [step] = await store.get_steps("t1")
@@ -184,7 +185,7 @@ async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(store: St
     await running_step(store, "t1", total_within=0.3)
     attempt = await held_task(store, "t2")
     await store.dispatch_steps(
-        [replace(dispatch("t2", attempt, agent="ship"), total_within=0.3)]
+        [replace(new_step(dispatch("t2", attempt, agent="ship")), total_within=0.3)]
     )
     swept = await sweep_until(store, term)
     while len(swept) < 2:
@@ -216,7 +217,7 @@ async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(store:
     keys = ["a", "a", "b", "b", "c"]
     for i, key in enumerate(keys):
         attempt = await held_task(store, f"t{i}")
-        await store.dispatch_steps([replace(dispatch(f"t{i}", attempt), limit_key=key)])
+        await store.dispatch_steps([replace(new_step(dispatch(f"t{i}", attempt)), limit_key=key)])
     per_key = {"charge": OpLimit(concurrency=1, rate=1, per=60)}
     got = await store.claim_requests("a1", "pay", ["charge"], 10, per_key)
     assert [r.task_id for r in got] == ["t0", "t2", "t4"]  # one per key

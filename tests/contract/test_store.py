@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import pytest
 
@@ -66,7 +67,7 @@ def outcome(
     seq: int = 1,
     *,
     instance: str = "a1",
-    state: StepState = StepState.COMPLETED,
+    state: Literal[StepState.COMPLETED, StepState.FAILED] = StepState.COMPLETED,
 ) -> StepOutcome:
     return StepOutcome(
         task_id=task_id,
@@ -74,7 +75,7 @@ def outcome(
         attempt=attempt,
         agent_instance=instance,
         state=state,
-        result='{"ok": true}',  # type: ignore[arg-type]
+        result='{"ok": true}',
         error=None if state == StepState.COMPLETED else "boom",
         tries=1,
     )
@@ -271,7 +272,7 @@ async def test_finish_is_fenced_and_an_error_raises_an_alert(store: Store) -> No
                 state=TaskState.PROCESSED,
                 result="1",
                 error=None,
-            ),  # type: ignore[arg-type]
+            ),
             TaskOutcome(
                 task_id="ok",
                 attempt=att["ok"],
@@ -279,7 +280,7 @@ async def test_finish_is_fenced_and_an_error_raises_an_alert(store: Store) -> No
                 state=TaskState.PROCESSED,
                 result="1",
                 error=None,
-            ),  # type: ignore[arg-type]
+            ),
             TaskOutcome(
                 task_id="ok",
                 attempt=att["ok"],
@@ -287,7 +288,7 @@ async def test_finish_is_fenced_and_an_error_raises_an_alert(store: Store) -> No
                 state=TaskState.PROCESSED,
                 result='{"r": 1}',
                 error=None,
-            ),  # type: ignore[arg-type]
+            ),
             TaskOutcome(
                 task_id="bad",
                 attempt=att["bad"],
@@ -295,7 +296,7 @@ async def test_finish_is_fenced_and_an_error_raises_an_alert(store: Store) -> No
                 state=TaskState.ERROR,
                 result=None,
                 error="card declined",
-            ),  # type: ignore[arg-type]
+            ),
         ]
     )
     assert done == [False, False, True, True]
@@ -413,7 +414,7 @@ async def test_a_finished_task_leaves_no_request_behind(store: Store) -> None:
         state=TaskState.ERROR,
         result=None,
         error="card declined",
-    )  # type: ignore[arg-type]
+    )
     assert await store.finish_tasks([error]) == [True]
     # The other task's step 1 expires (the step's own deadline) while step 2 still has time.
     await store.dispatch_steps(

@@ -6,16 +6,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from stepwarden.records import OperatorAction, StepDispatch, TaskOutcome
+from stepwarden.records import NewStep, OperatorAction, StepDispatch, TaskOutcome
 from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 
+from ..dispatching import new_step
 from .test_store import claim_one, dispatch, new_task, outcome
 
 
-def undoable(d: StepDispatch) -> StepDispatch:
-    return dataclasses.replace(d, compensation="pay.refund", compensation_input='{"n": 1}')
+def undoable(d: StepDispatch) -> NewStep:
+    return dataclasses.replace(
+        new_step(d), compensation="pay.refund", compensation_input='{"n": 1}'
+    )
 
 
 async def sweep(store: Store) -> list[tuple[str, TaskState, int]]:
@@ -102,7 +105,7 @@ async def compensating(store: Store, *, within: float) -> int:
     assert await store.finish_tasks([error]) == [True]
     attempt = await claim_one(store, "s2")
     undo = dataclasses.replace(
-        dispatch("t1", attempt, seq=2, scheduler="s2", within=within),
+        new_step(dispatch("t1", attempt, seq=2, scheduler="s2", within=within)),
         operation="refund",
         compensates=1,
     )

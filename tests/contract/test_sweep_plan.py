@@ -42,11 +42,12 @@ def test_sqlite_sweep_uses_the_expiry_indexes(sqlite_url: str) -> None:
 def test_postgres_sweep_reads_what_is_expired_not_the_store(pg_url: str) -> None:
     """The pages a sweep reads follow the expired records, not the finished ones."""
     import psycopg
+    from psycopg.rows import TupleRow
 
     expired = 100
     queries = _sql.queries("postgres")
 
-    def add_finished(db: psycopg.Connection[tuple[object, ...]], first: int, n: int) -> None:
+    def add_finished(db: psycopg.Connection[TupleRow], first: int, n: int) -> None:
         db.execute(
             "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
             " complete_within, eligible_at, created_at, updated_at, attempt) "
@@ -65,7 +66,7 @@ def test_postgres_sweep_reads_what_is_expired_not_the_store(pg_url: str) -> None
         )
         db.execute("ANALYZE")
 
-    def pages_read(db: psycopg.Connection[tuple[object, ...]]) -> dict[str, int]:
+    def pages_read(db: psycopg.Connection[TupleRow]) -> dict[str, int]:
         read = {}
         for name in ("expired_tasks", "expired_steps"):
             explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries[name]

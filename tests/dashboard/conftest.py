@@ -119,6 +119,10 @@ class Served:
         assert response.status_code == 200, response.text
         return str(response.json()["task"]["process_state"])
 
+    def in_state(self, task_id: str, state: str) -> Callable[[], bool]:
+        """A check for `wait_for`: the task is in `state`."""
+        return lambda: self.state(task_id) == state
+
 
 @contextlib.contextmanager
 def store_of_kind(kind: str, tmp: Path, pg_template: str) -> Iterator[str]:
@@ -170,7 +174,7 @@ def served(
             env.start_dashboard()
             submit_orders(url, {"order-1": 1, "order-2": 2})
             for task_id in ("order-1", "order-2"):
-                wait_for(f"{task_id} in error", lambda t=task_id: env.state(t) == "error")
+                wait_for(f"{task_id} in error", env.in_state(task_id, "error"))
             yield env
         finally:
             env.stop()

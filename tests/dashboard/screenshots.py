@@ -28,12 +28,12 @@ def populate(served: Served) -> None:
     failing = {f"order-{n:02d}": n for n in range(1, 5)}
     submit_orders(served.store_url, failing)
     for task_id in failing:
-        wait_for(f"{task_id} in error", lambda t=task_id: served.state(t) == "error")
+        wait_for(f"{task_id} in error", served.in_state(task_id, "error"))
     served.flag.touch()
     done = {f"order-{n:02d}": n for n in range(5, 40)}
     submit_orders(served.store_url, done)
     for task_id in done:
-        wait_for(f"{task_id} processed", lambda t=task_id: served.state(t) == "processed")
+        wait_for(f"{task_id} processed", served.in_state(task_id, "processed"))
     auth = {"Authorization": f"Bearer {TOKEN}"}
     body = {"reason": "stamp pad refilled", "by": "alice"}
     assert served.post("/api/tasks/order-02/retry", json=body, headers=auth).status_code == 200

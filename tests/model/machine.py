@@ -1175,8 +1175,8 @@ class StoreModel(RuleBasedStateMachine):
             )
             assert got_s == want_s, (
                 f"{tid}/{seq}: (state, attempt, task_attempt, locked_by, key, result, error, "
-                f"abandoned, tries, operation, compensation, compensates) is {got_s}, the model says "
-                f"{want_s}"
+                f"abandoned, tries, operation, compensation, compensates) is {got_s}, "
+                f"the model says {want_s}"
             )
             assert s.input == {"n": 1}
             assert m.complete_by.holds(s.complete_by.timestamp()), f"{tid}/{seq}: complete_by"

@@ -193,7 +193,7 @@ class Cluster:
 
     def wait_until(
         self,
-        predicate: Callable[[], T],
+        predicate: Callable[[], T | None],
         what: str,
         *,
         timeout: float = 30.0,

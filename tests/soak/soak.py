@@ -37,14 +37,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from examples.orders import payment_service
-from examples.orders.demo import ROOT, Processes, free_port, make_orders, wait_for_service
+from examples.orders.demo import (
+    FINISHED,
+    ROOT,
+    Processes,
+    free_port,
+    make_orders,
+    wait_for_service,
+)
 
 ROLES = ("scheduler", "agents", "supervisor")
-FINISHED = ("processed", "compensated", "error", "compensation_failed", "cancelled")
 GOOD = ("processed", "compensated")
 
 AUDIT_SQLITE = """
@@ -124,14 +131,14 @@ def read_audit(url: str) -> list[tuple[str, str, int, int | None]]:
     query = "SELECT task_id, what, attempt, seq FROM soak_audit ORDER BY id"
     if url.startswith("sqlite"):
         with sqlite3.connect(_sqlite_path(url)) as db:
-            return [tuple(r) for r in db.execute(query)]  # type: ignore[misc]
+            return [tuple(r) for r in db.execute(query)]
     import psycopg
 
     with psycopg.connect(url) as db:
-        return [tuple(r) for r in db.execute(query)]  # type: ignore[misc]
+        return [tuple(r) for r in db.execute(query)]
 
 
-def check_holds(audit: list[tuple[str, str, int, int | None]]) -> list[str]:
+def check_holds(audit: Sequence[tuple[str, str, int, int | None]]) -> list[str]:
     """Each claim follows the release of the hold before it; each dispatch falls inside the
     hold of the attempt it names."""
     problems: list[str] = []

@@ -91,7 +91,13 @@ def test_a_limit_key_comes_from_the_steps_arguments() -> None:
     limit = sw.Limit(concurrency=1, key=lambda order: order["customer"])
     assert limit.key_of([{"customer": "c-7"}]) == "c-7"
     assert sw.Limit(rate=1).key_of([{}]) is None
-    for bad in ([{}], [{"customer": None}], [{"customer": ""}], [{"customer": "x" * 201}]):
+    bads: tuple[list[dict[str, str | None]], ...] = (
+        [{}],
+        [{"customer": None}],
+        [{"customer": ""}],
+        [{"customer": "x" * 201}],
+    )
+    for bad in bads:
         with pytest.raises(sw.PayloadError):
             limit.key_of(bad)
 
