@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from . import _check
 from ._aio import in_daemon_thread
@@ -201,6 +201,26 @@ class Agent:
         """The thresholds of this agent's circuit breaker (one per process); None: none."""
         self.operations: dict[str, Operation] = {}
 
+    @overload
+    def operation(
+        self,
+        fn: OperationFn,
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
+    ) -> Operation: ...
+
+    @overload
+    def operation(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
+    ) -> Callable[[OperationFn], Operation]: ...
+
     def operation(
         self,
         fn: OperationFn | None = None,
@@ -208,7 +228,7 @@ class Agent:
         name: str | None = None,
         retry: Retry | None = None,
         limit: Limit | None = None,
-    ) -> Any:
+    ) -> Operation | Callable[[OperationFn], Operation]:
         """Register an operation; sync and async functions are both accepted.
 
         The function takes a `Call` and then the arguments given to `ctx.step`; it returns a

@@ -11,10 +11,10 @@ import contextlib
 import getpass
 import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from . import _check, _json
 from .agent import Agent
@@ -45,6 +45,7 @@ from .store import CHANNEL_OUTBOX, Store, Transaction, open_store
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
+W = TypeVar("W", bound=WorkflowFn)
 FOLLOW_SETTLE = 5.0
 """Seconds after which an outbox message is taken as committed in id order."""
 
@@ -98,16 +99,40 @@ class App:
         self.agents[name] = agent
         return agent
 
+    @overload
     def workflow(
         self,
-        fn: WorkflowFn | None = None,
+        fn: W,
+        *,
+        name: str | None = None,
+        complete_within: timedelta = ...,
+        max_failures: int = 3,
+        on_failure: OnFailure | str = OnFailure.COMPENSATE,
+        alert_after: int = 3,
+    ) -> W: ...
+
+    @overload
+    def workflow(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        complete_within: timedelta = ...,
+        max_failures: int = 3,
+        on_failure: OnFailure | str = OnFailure.COMPENSATE,
+        alert_after: int = 3,
+    ) -> Callable[[W], W]: ...
+
+    def workflow(
+        self,
+        fn: W | None = None,
         *,
         name: str | None = None,
         complete_within: timedelta = timedelta(seconds=30),
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
-    ) -> Any:
+    ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
         `complete_within` bounds each claim of the task (its complete_by) and is the default
@@ -126,8 +151,9 @@ class App:
                 f"on_failure must be one of {choices}, not {on_failure!r}"
             ) from None
 
-        def register(fn: WorkflowFn) -> WorkflowFn:
-            if not asyncio.iscoroutinefunction(fn):
+        def register(fn: W) -> W:
+            declared: object = fn  # checked apart: the check would narrow fn's type
+            if not asyncio.iscoroutinefunction(declared):
                 what = getattr(fn, "__name__", None) or _check.shown(fn)
                 raise ConfigurationError(f"workflow {what!r} must be an async function")
             wf_name = _check.name("the workflow's name", fn.__name__ if name is None else name)

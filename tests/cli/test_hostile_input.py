@@ -249,16 +249,16 @@ DECLARATION_CASES: list[tuple[Callable[[], object], str]] = [
     (lambda: sw.App("x", store="sqlite:///a\x00.db"), "it holds a NUL character"),
     (lambda: _app().agent(5), "invalid agent name 5"),  # type: ignore[arg-type]
     (lambda: _app().agent("pay", retry="fast"), "retry must be a stepwarden.Retry, not 'fast'"),  # type: ignore[arg-type]
-    (lambda: _app().agent("pay").operation(5), "an operation must be a function, not 5"),  # type: ignore[arg-type]
-    (lambda: _app().workflow(5), "workflow '5' must be an async function"),  # type: ignore[arg-type]
-    (lambda: _app().workflow(_noop, name=5), f"the workflow's name {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
+    (lambda: _app().agent("pay").operation(5), "an operation must be a function, not 5"),  # type: ignore[call-overload]
+    (lambda: _app().workflow(5), "workflow '5' must be an async function"),  # type: ignore[call-overload]
+    (lambda: _app().workflow(_noop, name=5), f"the workflow's name {NAME_LIMIT}, not 5"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, name=""), f"the workflow's name {NAME_LIMIT}, not ''"),
-    (lambda: _app().workflow(_noop, complete_within=30), f"{WITHIN}, not 30"),  # type: ignore[arg-type]
+    (lambda: _app().workflow(_noop, complete_within=30), f"{WITHIN}, not 30"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, complete_within=timedelta(0)), WITHIN),
     (lambda: _app().workflow(_noop, complete_within=timedelta(days=10**7)), WITHIN),
-    (lambda: _app().workflow(_noop, max_failures="3"), f"max_failures {INT_RANGE}, not '3'"),  # type: ignore[arg-type]
+    (lambda: _app().workflow(_noop, max_failures="3"), f"max_failures {INT_RANGE}, not '3'"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, max_failures=2**40), f"max_failures {INT_RANGE}"),
-    (lambda: _app().workflow(_noop, alert_after=2.5), "alert_after must be an integer from 2"),  # type: ignore[arg-type]
+    (lambda: _app().workflow(_noop, alert_after=2.5), "alert_after must be an integer from 2"),  # type: ignore[call-overload]
     (lambda: _app().add_alert_sink(5), "an alert sink needs a name and a send(alert) method"),  # type: ignore[arg-type]
 ]
 

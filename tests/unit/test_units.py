@@ -176,7 +176,7 @@ def test_declarations_refuse_duplicates_and_bad_names() -> None:
     with pytest.raises(AttributeError):
         _ = agent.refund
     with pytest.raises(sw.ConfigurationError, match="async"):
-        app.workflow(lambda ctx, x: None)  # type: ignore[arg-type, return-value]
+        app.workflow(lambda ctx, x: None)  # type: ignore[type-var]
 
 
 @pytest.mark.parametrize(
