@@ -30,6 +30,7 @@ from .records import (
     AgentInstance,
     EventRecord,
     OutboxMessage,
+    SchedulerInstance,
     StepRecord,
     TaskRecord,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "PermanentStoreError",
     "ResultTimeout",
     "Retry",
+    "SchedulerInstance",
     "SchemaVersionError",
     "Secret",
     "StepFailed",

@@ -35,6 +35,7 @@ from .records import (
     NewTask,
     OperatorAction,
     OutboxMessage,
+    SchedulerInstance,
     StepRecord,
     TaskRecord,
 )
@@ -357,6 +358,14 @@ class App:
 
     def agent_instances(self) -> list[AgentInstance]:
         return self._call(self.agent_instances_async())
+
+    async def scheduler_instances_async(self) -> list[SchedulerInstance]:
+        """The scheduler registry: every instance, alive or gone (for an hour), with the
+        tasks it holds and how many it drives at once."""
+        return await (await self.store()).list_schedulers()
+
+    def scheduler_instances(self) -> list[SchedulerInstance]:
+        return self._call(self.scheduler_instances_async())
 
     # -- status messages ------------------------------------------------------------------
     async def watch(self, task_id: str) -> AsyncIterator[OutboxMessage]:

@@ -10,7 +10,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -19,12 +19,14 @@ import orjson
 
 from . import _check, _json
 from .app import App, TaskView
-from .errors import ConfigurationError, StepwardenError
-from .records import ActionOutcome, AgentInstance, TaskRecord
+from .errors import StepwardenError
+from .records import ActionOutcome, TaskRecord
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
-from .states import TaskState
-from .store import open_store
+from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
+from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
+from .states import COMPENSATION_STATES, TaskState
+from .store import Store, open_store
 from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 
@@ -242,6 +244,23 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     "steps go to another.",
 )
 @_opt(
+    "--scheduler-heartbeat",
+    envvar="STEPWARDEN_SCHEDULER_HEARTBEAT",
+    default=DEFAULT_SCHEDULER_HEARTBEAT,
+    show_default=True,
+    type=click.FloatRange(min=0.05, max=3600),
+    help="Seconds between each scheduler instance's heartbeats in the registry.",
+)
+@_opt(
+    "--scheduler-gone-after",
+    envvar="STEPWARDEN_SCHEDULER_GONE_AFTER",
+    default=DEFAULT_SCHEDULER_GONE_AFTER,
+    show_default=True,
+    type=click.FloatRange(min=0.1, max=86400),
+    help="Seconds without a heartbeat after which a scheduler instance is gone and its tasks "
+    "are given back for another scheduler to resume.",
+)
+@_opt(
     "--alert-webhook",
     "alert_webhooks",
     envvar="STEPWARDEN_ALERT_WEBHOOK",
@@ -266,16 +285,13 @@ def worker(
     retention: float,
     agent_heartbeat: float,
     agent_gone_after: float,
+    scheduler_heartbeat: float,
+    scheduler_gone_after: float,
     alert_webhooks: tuple[str, ...],
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
     app = obj.app(app_ref)
     try:
-        if agent_gone_after <= agent_heartbeat:
-            raise ConfigurationError(
-                f"--agent-gone-after ({agent_gone_after:g}) must be longer than "
-                f"--agent-heartbeat ({agent_heartbeat:g})"
-            )
         options = WorkerOptions(
             roles=parse_roles(roles.split(",")),
             agents=frozenset(a.strip() for a in agents.split(",") if a.strip()) if agents else None,
@@ -290,6 +306,8 @@ def worker(
             retention=retention,
             agent_heartbeat=agent_heartbeat,
             agent_gone_after=agent_gone_after,
+            scheduler_heartbeat=scheduler_heartbeat,
+            scheduler_gone_after=scheduler_gone_after,
             alert_webhooks=alert_webhooks,
         )
         Worker(app, options).run_forever()
@@ -395,33 +413,56 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
 def agents(obj: _Ctx, as_json: bool) -> None:
     """List the agent registry: each agent instance, alive or gone, with its capacity, calls
     in flight and circuit breaker."""
-    url = obj.store_url()
-
-    async def go() -> list[AgentInstance]:
-        store = open_store(url)
-        await store.open(migrate=False)
-        try:
-            return await store.list_agents()
-        finally:
-            await store.close()
-
-    found = _run(go())
-    if as_json:
-        for a in found:
-            click.echo(_json.display({k: _plain(getattr(a, k)) for k in a.__dataclass_fields__}))
-        return
-    if not found:
+    found = _run(_read_store(obj, lambda store: store.list_agents()))
+    if not as_json and not found:
         click.echo("no agent instance has registered")
-        return
-    click.echo(
-        f"{'AGENT':<16} {'INSTANCE':<24} {'STATUS':<6} {'INFLIGHT':>8} {'CAPACITY':>8}  "
-        f"{'BREAKER':<9}  HEARTBEAT"
-    )
-    for a in found:
+    elif not as_json:
         click.echo(
-            f"{a.agent:<16} {a.instance:<24} {'alive' if a.alive else 'gone':<6} "
-            f"{a.inflight:>8} {a.capacity:>8}  {a.breaker:<9}  {_time(a.heartbeat_at)}"
+            f"{'AGENT':<16} {'INSTANCE':<24} {'STATUS':<6} {'INFLIGHT':>8} {'CAPACITY':>8}  "
+            f"{'BREAKER':<9}  HEARTBEAT"
         )
+    for a in found:
+        status = "alive" if a.alive else "gone"
+        line = (
+            f"{a.agent:<16} {a.instance:<24} {status:<6} {a.inflight:>8} {a.capacity:>8}  "
+            f"{a.breaker:<9}  {_time(a.heartbeat_at)}"
+        )
+        _echo_record(a, as_json, line)
+
+
+@cli.command()
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_obj
+def schedulers(obj: _Ctx, as_json: bool) -> None:
+    """List the scheduler registry: each scheduler instance, alive or gone, with the tasks it
+    holds and how many it drives at once. A gone one's tasks are given back at once."""
+    found = _run(_read_store(obj, lambda store: store.list_schedulers()))
+    if not as_json and not found:
+        click.echo("no scheduler instance has registered")
+    elif not as_json:
+        click.echo(f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  HEARTBEAT")
+    for s in found:
+        status = "alive" if s.alive else "gone"
+        line = f"{s.instance:<28} {status:<6} {s.held:>6} {s.capacity:>8}  {_time(s.heartbeat_at)}"
+        _echo_record(s, as_json, line)
+
+
+async def _read_store(obj: _Ctx, read: Callable[[Store], Awaitable[T]]) -> T:
+    """What `read` finds in the store of the command, opened for it alone."""
+    store = open_store(obj.store_url())
+    await store.open(migrate=False)
+    try:
+        return await read(store)
+    finally:
+        await store.close()
+
+
+def _echo_record(record: Any, as_json: bool, line: str) -> None:
+    if as_json:
+        fields = record.__dataclass_fields__
+        click.echo(_json.display({k: _plain(getattr(record, k)) for k in fields}))
+    else:
+        click.echo(line)
 
 
 @cli.command()
@@ -464,6 +505,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
     click.echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
     click.echo(f"  process_state  {t.process_state.value}")
     click.echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
+    if t.compensation_failures or t.process_state in COMPENSATION_STATES:
+        click.echo(f"  compensation   {t.compensation_failures} failure(s) of max {t.max_failures}")
     click.echo(f"  attempt        {t.attempt}")
     click.echo(f"  locked_by      {t.locked_by or '-'}")
     click.echo(f"  complete_by    {_time(t.complete_by)}")

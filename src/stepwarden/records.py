@@ -59,6 +59,8 @@ class TaskRecord:
     finished_at: datetime | None
     on_failure: str = "compensate"
     reply_to: str | None = None
+    compensation_failures: int = 0
+    """Expiries while compensating (failure_count keeps those of the forward path)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +98,8 @@ class StepRecord:
     """The details of the step's last heartbeat (`Call.heartbeat`)."""
     heartbeat_at: datetime | None = None
     limit_key: str | None = None
+    complete_within: float | None = None
+    """Seconds each dispatch of the step may take (its complete_by from the dispatch)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +279,27 @@ class AgentInstance(AgentBeat):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerBeat:
+    """One scheduler instance's heartbeat: the workflows it runs, how many it drives at once
+    (`capacity`) and how many tasks it holds."""
+
+    instance: str
+    workflows: tuple[str, ...]
+    capacity: int
+    held: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerInstance(SchedulerBeat):
+    """A scheduler instance as the registry knows it; `alive` while its heartbeats arrive."""
+
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpLimit:
     """The limits an agent instance claims one operation under: across every process
     (`concurrency`: steps running at once; `rate` starts per `per` seconds, each per limit
@@ -300,6 +325,18 @@ class Expired:
     failure_count: int
     process_state: TaskState
     set_aside: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Released:
+    """A held task given back by the supervisor because its scheduler instance is gone (or by
+    a scheduler that drains): unheld, pending (or compensating) at once, failure_count
+    unchanged, for another scheduler to resume by replay."""
+
+    task_id: str
+    attempt: int
+    scheduler: str
+    process_state: TaskState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

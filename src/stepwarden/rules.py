@@ -18,6 +18,7 @@ from .records import ActionOutcome, OperatorAction, OpLimit, StepRecord, TaskOut
 from .retry import Backoff
 from .states import (
     FINISHED_TASK_STATES,
+    HELD_TASK_STATES,
     OPEN_STEP_STATES,
     OPERATOR_ACTIONS,
     OnFailure,
@@ -96,9 +97,12 @@ class ExpiryPlan:
 
     state: TaskState
     failure_count: int
-    """As stored: it starts again at 0 when compensation starts."""
+    """Expiries of the forward path, as stored."""
+    compensation_failures: int
+    """Expiries while compensating, as stored (0 when compensation starts)."""
     expiries: int
-    """The task's expiries, this one included."""
+    """The expiries this one counts among (of the forward path, or of the compensation),
+    this one included."""
     delay: float
     """Seconds before a scheduler may claim it again."""
     error: str | None
@@ -115,50 +119,68 @@ def plan_expiry(
     held_as: TaskState,
     on_failure: str,
     failure_count: int,
+    compensation_failures: int,
     max_failures: int,
     seq: int | None,
     compensable: bool,
     backoff: Backoff,
 ) -> ExpiryPlan:
-    """The supervisor's rule for an expired held task. `failure_count` is the stored count,
-    before this expiry; `compensable` says whether any step has something to undo. Below
+    """The supervisor's rule for an expired held task, from its stored counts. Below
     max_failures the task is released (processing: back to pending; compensating: stays,
     unheld) after a backoff; at max_failures it is given up by its on_failure (compensate:
     compensating, or error when nothing is to undo; retry: pending, the backoff growing on,
-    alerting once; stop: error), a compensating one to compensation_failed."""
-    count = failure_count + 1
+    alerting once; stop: error), a compensating one to compensation_failed. A compensation
+    counts its own expiries against max_failures; failure_count keeps the forward path's."""
     policy = OnFailure(on_failure)
-    state, stored, alert = held_as, count, None
+    forward, undoing = failure_count, compensation_failures
+    alert = None
     if held_as == TaskState.COMPENSATING:
+        undoing += 1
+        count = undoing
+        state = TaskState.COMPENSATING
         if count >= max_failures:
             state, alert = TaskState.COMPENSATION_FAILED, AlertReason.COMPENSATION_FAILED
     elif held_as != TaskState.PROCESSING:
         raise ValueError(f"a task that is {held_as} is not held")
-    elif count < max_failures:
-        state = TaskState.PENDING
-    elif policy == OnFailure.RETRY:  # wait for the fault to clear; alert once
-        state = TaskState.PENDING
-        alert = AlertReason.MAX_FAILURES if count == max_failures else None
-    elif policy == OnFailure.COMPENSATE and compensable:
-        state, stored, alert = TaskState.COMPENSATING, 0, AlertReason.MAX_FAILURES
     else:
-        state, alert = TaskState.ERROR, AlertReason.MAX_FAILURES
+        forward += 1
+        count = forward
+        if count < max_failures:
+            state = TaskState.PENDING
+        elif policy == OnFailure.RETRY:  # wait for the fault to clear; alert once
+            state = TaskState.PENDING
+            alert = AlertReason.MAX_FAILURES if count == max_failures else None
+        elif policy == OnFailure.COMPENSATE and compensable:
+            state, undoing, alert = TaskState.COMPENSATING, 0, AlertReason.MAX_FAILURES
+        else:
+            state, alert = TaskState.ERROR, AlertReason.MAX_FAILURES
     where = "the task" if seq is None else f"step {seq}"
+    phase = "while compensating " if held_as == TaskState.COMPENSATING else ""
     return ExpiryPlan(
         state=state,
-        failure_count=stored,
+        failure_count=forward,
+        compensation_failures=undoing,
         expiries=count,
         delay=backoff.delay(count),
         error=(
             None
             if alert is None
-            else f"complete_by passed {count} time(s), the last time on {where}; "
+            else f"complete_by passed {count} time(s) {phase}the last time on {where}; "
             "max_failures reached"
         ),
         alert=alert,
         finished=state in FINISHED_TASK_STATES,
         abandon=state not in (TaskState.PENDING, held_as),
     )
+
+
+def release_state(held_as: TaskState) -> TaskState:
+    """Where a held task goes when its scheduler is gone, or hands it back: a processing one
+    back to pending, a compensating one stays compensating, unheld, for another scheduler to
+    resume at once. No failure is counted: no work was judged."""
+    if held_as not in HELD_TASK_STATES:
+        raise ValueError(f"a task that is {held_as} is not held")
+    return TaskState.PENDING if held_as == TaskState.PROCESSING else held_as
 
 
 def plan_set_aside(held_as: TaskState, exc: BaseException) -> tuple[TaskState, str]:
@@ -177,7 +199,8 @@ class FinishPlan:
     """What the store writes for a scheduler's outcome of a task it holds."""
 
     state: TaskState
-    reset_failures: bool
+    compensation_starts: bool
+    """Its compensation_failures start again at 0."""
     finished: bool
     alert: AlertReason | None
 
@@ -194,9 +217,9 @@ def plan_finish(outcome: TaskOutcome, *, on_failure: str, compensable: bool) -> 
     }.get(state)
     if state == TaskState.ERROR and OnFailure(on_failure) != OnFailure.STOP and compensable:
         return FinishPlan(
-            state=TaskState.COMPENSATING, reset_failures=True, finished=False, alert=alert
+            state=TaskState.COMPENSATING, compensation_starts=True, finished=False, alert=alert
         )
-    return FinishPlan(state=state, reset_failures=False, finished=True, alert=alert)
+    return FinishPlan(state=state, compensation_starts=False, finished=True, alert=alert)
 
 
 # -- the supervisor: steps past their timeouts --------------------------------------------
@@ -280,7 +303,8 @@ class ActionPlan:
 
     before: TaskState
     after: TaskState
-    reset_failures: bool
+    reset_failures: bool  # failure_count starts again at 0 (the forward path is resubmitted)
+    reset_compensation_failures: bool  # compensation_failures start again at 0
     wait_open: bool  # eligible once the open steps' complete_by has passed
     final: bool
     close_open: bool  # the open steps are closed (abandoned)
@@ -298,7 +322,8 @@ def plan_action(action: OperatorAction, before: TaskState) -> ActionPlan | Actio
     return ActionPlan(
         before=before,
         after=after,
-        reset_failures=action.action in ("retry", "compensate"),
+        reset_failures=action.action == "retry" and after == TaskState.PENDING,
+        reset_compensation_failures=after == TaskState.COMPENSATING,
         wait_open=after == TaskState.COMPENSATING,
         final=after in FINISHED_TASK_STATES,
         close_open=action.action in ("cancel", "compensate"),

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
-from .errors import CircuitOpen, PayloadError, StepLost, StoreError
+from .errors import CircuitOpen, PayloadError, StepLost, StoreError, TransientStoreError
 from .records import (
     AgentBeat,
     OpLimit,
@@ -39,6 +39,7 @@ from .states import StepState
 from .store import CHANNEL_REQUESTS, Store
 
 logger = logging.getLogger("stepwarden.agent")
+T = TypeVar("T")
 
 DEFAULT_HEARTBEAT = 1.0
 """Seconds between an agent instance's heartbeats in the registry."""
@@ -250,7 +251,7 @@ class AgentRunner:
         error: BaseException
         while True:
             if self.breaker is not None and not self.breaker.allow():
-                await self._hand_back(request, CircuitOpen(f"agent {self.agent.name}: open"))
+                await self._hand_back(hold, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
             tries += 1
             call = Call(
@@ -291,7 +292,7 @@ class AgentRunner:
                 error, permanent = exc, op.retry.is_permanent(exc)
                 verdict = permanent
             else:
-                await self._report(request, StepState.COMPLETED, result, None, tries)
+                await self._report(hold, StepState.COMPLETED, result, None, tries)
                 return
             finally:
                 hold.timeout = None
@@ -304,11 +305,11 @@ class AgentRunner:
                         self.breaker.abandon()
             message = f"{type(error).__name__}: {error}"
             if permanent:
-                await self._report(request, StepState.FAILED, None, message, tries)
+                await self._report(hold, StepState.FAILED, None, message, tries)
                 return
             if self.breaker is not None and self.breaker.state == OPEN:
                 # This failure opened the breaker: another instance may reach the service.
-                await self._hand_back(request, CircuitOpen(f"agent {self.agent.name}: open"))
+                await self._hand_back(hold, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
             if tries >= op.retry.max_attempts:
                 logger.warning(
@@ -338,7 +339,30 @@ class AgentRunner:
             )
             await asyncio.sleep(delay)
 
-    async def _hand_back(self, request: Request, why: CircuitOpen) -> None:
+    async def _before_complete_by(
+        self, what: str, hold: _Hold, call: Callable[[], Awaitable[T]]
+    ) -> T | None:
+        """`call()`'s answer (a write fenced by the step's complete_by), tried again after
+        each transient store failure while the step's complete_by has not passed: after it,
+        the write could only be refused, and the supervisor dispatches the step again. None
+        when no answer came (said in the log)."""
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except TransientStoreError as exc:
+                failures += 1
+                delay = after_store_failure(logger, what, exc, failures)
+            except StoreError as exc:
+                after_store_failure(logger, what, exc, 1)
+                return None
+            if hold.loop.time() + delay >= hold.deadline:
+                logger.warning("%s before its complete_by; the supervisor will retry it", what)
+                return None
+            await asyncio.sleep(delay)
+
+    async def _hand_back(self, hold: _Hold, why: CircuitOpen) -> None:
+        request = hold.request
         handback = RequestHandback(
             task_id=request.task_id,
             seq=request.seq,
@@ -346,17 +370,21 @@ class AgentRunner:
             agent_instance=self.instance,
             reason=str(why),
         )
-        try:
-            (back,) = await self.store.hand_back([handback])
-        except StoreError as exc:
-            logger.warning("cannot hand back %s: %s", request.idempotency_key, exc)
+        answer = await self._before_complete_by(
+            f"cannot hand back {request.idempotency_key}",
+            hold,
+            lambda: self.store.hand_back([handback]),
+        )
+        if answer is None:
             return
+        [back] = answer
         if back:
             logger.info("%s: %s, handed back to the queue", request.idempotency_key, why)
 
     async def _report(
-        self, request: Request, state: StepState, result: str | None, error: str | None, tries: int
+        self, hold: _Hold, state: StepState, result: str | None, error: str | None, tries: int
     ) -> None:
+        request = hold.request
         outcome = StepOutcome(
             task_id=request.task_id,
             seq=request.seq,
@@ -367,15 +395,12 @@ class AgentRunner:
             error=error,
             tries=tries,
         )
-        try:
-            applied = await self._completions.submit(outcome)
-        except StoreError as exc:
-            logger.warning(
-                "cannot record the outcome of %s/%d: %s; the supervisor will retry it",
-                request.task_id,
-                request.seq,
-                exc,
-            )
+        applied = await self._before_complete_by(
+            f"cannot record the outcome of {request.idempotency_key}",
+            hold,
+            lambda: self._completions.submit(outcome),
+        )
+        if applied is None:
             return
         if not applied:
             logger.info(

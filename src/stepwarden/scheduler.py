@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
 
 from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .agent import Operation
-from .errors import PayloadError, StepFailed, StoreError, UnknownNameError
+from .errors import (
+    PayloadError,
+    StepFailed,
+    StoreError,
+    TransientStoreError,
+    UnknownNameError,
+)
 from .records import (
     Adopt,
     ClaimedTask,
@@ -26,6 +33,7 @@ from .records import (
     Held,
     NewStep,
     Redispatch,
+    SchedulerBeat,
     StepDispatch,
     StepRecord,
     TaskOutcome,
@@ -33,17 +41,23 @@ from .records import (
 )
 from .retry import after_store_failure
 from .rules import AlertReason, step_needs_compensation
-from .states import StepState, TaskState
+from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
 from .workflow import Abandon, Context, Workflow
 
 logger = logging.getLogger("stepwarden.scheduler")
+T = TypeVar("T")
 
 RESULT_SLACK = 0.25
 """Seconds a scheduler waits past a step's complete_by for word of its result."""
 ROOM_EVERY = 0.05
 """Seconds between two reads of the agents' room (admission): a claim loop that woke often
 would otherwise cost a read each time."""
+DEFAULT_HEARTBEAT = 1.0
+"""Seconds between a scheduler instance's heartbeats in the registry."""
+DEFAULT_GONE_AFTER = 5.0
+"""Seconds without a heartbeat after which a scheduler instance is gone: the supervisor gives
+its tasks back for another scheduler to resume."""
 ADMIT_BATCH = 25
 """A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
 claiming them: claims of one or two tasks each would cost a commit each."""
@@ -60,8 +74,12 @@ class Scheduler:
         poll_interval: float | None = None,
         operations: Mapping[str, Operation] | None = None,
         admission: bool = True,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        gone_after: float = DEFAULT_GONE_AFTER,
     ) -> None:
         self.store = store
+        self.heartbeat = heartbeat
+        self.gone_after = gone_after
         self.workflows = workflows
         self.operations = operations
         """The operations of the App's agents by "agent.operation"; None accepts any."""
@@ -87,9 +105,13 @@ class Scheduler:
 
     # -- the loops ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event, *, drain_timeout: float = 30.0) -> None:
-        """Claim and drive tasks until `stop` is set, then let the workflows under way finish
-        (up to `drain_timeout` seconds)."""
+        """Register, then claim and drive tasks until `stop` is set; then let the workflows
+        under way finish (up to `drain_timeout` seconds) and give back the tasks still held,
+        for another scheduler to resume at once."""
+        if not await self._register(stop):
+            return
         results = asyncio.create_task(self._watch_results())
+        beats = asyncio.create_task(self._heartbeats())
         try:
             await self._claim_loop(stop)
             if self._running:
@@ -101,7 +123,56 @@ class Scheduler:
             await self._finishes.drain()
         finally:
             results.cancel()
-            await asyncio.gather(results, return_exceptions=True)
+            beats.cancel()
+            await asyncio.gather(results, beats, return_exceptions=True)
+            await self._leave()
+
+    # -- the registry ---------------------------------------------------------------------
+    def _beat(self) -> SchedulerBeat:
+        return SchedulerBeat(
+            instance=self.instance,
+            workflows=tuple(sorted(self.workflows)),
+            capacity=self.concurrency,
+            held=len(self._running),
+        )
+
+    async def _register(self, stop: asyncio.Event) -> bool:
+        """Register in the store before claiming anything, trying until it works (False
+        when stopped first)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self.store.beat_schedulers([self._beat()], self.gone_after)
+                return True
+            except StoreError as exc:
+                failures += 1
+                what = f"scheduler {self.instance}: cannot register"
+                await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
+        return False
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            try:
+                await self.store.beat_schedulers([self._beat()], self.gone_after)
+            except StoreError as exc:
+                logger.warning("scheduler %s: heartbeat failed: %s", self.instance, exc)
+
+    async def _leave(self) -> None:
+        """Give back the tasks still held (their workflows were stopped) and leave the
+        registry, so that nothing waits for this instance to be found gone."""
+        try:
+            released = await self.store.release_held(self.instance)
+            await self.store.leave_scheduler(self.instance)
+        except StoreError as exc:  # the supervisor gives them back once this one is gone
+            logger.warning("scheduler %s: cannot hand back its tasks: %s", self.instance, exc)
+            return
+        if released:
+            logger.info(
+                "scheduler %s: handed back %d task(s) still held",
+                self.instance,
+                len(released),
+            )
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
         sub = self.store.subscribe(CHANNEL_TASKS)
@@ -246,9 +317,12 @@ class Scheduler:
             error=error,
         )
         try:
-            applied = await self._finishes.submit(outcome)
-        except StoreError as exc:
-            logger.warning("task %s: cannot record its outcome: %s", task_id, exc)
+            applied = await self._answered(
+                f"task {task_id}: cannot record its outcome",
+                lambda: self._finishes.submit(outcome),
+            )
+        except StoreError as exc:  # permanent: said by _answered; the supervisor recovers it
+            logger.error("task %s: its outcome is not recorded: %s", task_id, exc)
             return
         if not applied:
             logger.info("task %s: outcome discarded, the task is no longer held", task_id)
@@ -355,9 +429,9 @@ class Scheduler:
         self._waiting[key] = (where, future)
         try:
             try:
-                got = await self._dispatches.submit(dispatch)
+                got = await self._write_step(held, dispatch)
                 if got is None and fallback is not None:
-                    got = await self._dispatches.submit(fallback)
+                    got = await self._write_step(held, fallback)
                     if got is not None:
                         await self._alert_if_retried_too_often(held, fallback, got, step_name)
                 if got is None:
@@ -365,10 +439,11 @@ class Scheduler:
                     record = await self._finished(where)
                 else:
                     record = await self._result(held, where, future, got.remaining)
-            except StoreError as exc:
-                logger.warning(
-                    "task %s: store unavailable (%s), leaving it to the supervisor",
+            except StoreError as exc:  # permanent (transient ones are tried again)
+                logger.error(
+                    "task %s: the store refused step %d (%s), leaving it to the supervisor",
                     held.task_id,
+                    dispatch.seq,
                     exc,
                 )
                 raise Abandon from exc
@@ -377,6 +452,65 @@ class Scheduler:
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)
+
+    async def _write_step(self, held: Held, write: StepDispatch) -> DispatchedStep | None:
+        """Write a step, trying again while the store is unreachable. A try whose answer was
+        lost may have been applied: then the step is found as that try left it (open, under
+        this attempt of the task) and taken as written, or queued again if its complete_by
+        passed meanwhile."""
+        uncertain = False
+        failures = 0
+        while True:
+            try:
+                got = await self._dispatches.submit(write)
+            except TransientStoreError as exc:
+                failures += 1
+                uncertain = True
+                what = f"task {write.task_id}: cannot record step {write.seq}"
+                await asyncio.sleep(after_store_failure(logger, what, exc, failures))
+                continue
+            if got is not None or not uncertain:
+                return got
+            found = await self._answered(
+                f"task {write.task_id}: cannot read step {write.seq}",
+                partial(self.store.read_step, write.task_id, write.seq),
+            )
+            if found is None:
+                return None
+            step, remaining = found
+            if step.state not in OPEN_STEP_STATES or step.task_attempt != held.attempt:
+                return None  # finished meanwhile, or not this attempt's: the caller sees which
+            if remaining > 0:
+                return DispatchedStep(
+                    task_id=step.task_id, seq=step.seq, attempt=step.attempt, remaining=remaining
+                )
+            write = Redispatch(
+                task_id=held.task_id,
+                task_attempt=held.attempt,
+                scheduler=self.instance,
+                seq=step.seq,
+                agent=step.agent,
+                expected_attempt=step.attempt,
+                complete_within=(
+                    step.complete_within or self.workflow_of(held).complete_within.total_seconds()
+                ),
+            )
+            uncertain = False
+
+    async def _answered(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`'s answer, tried again after each transient store failure (said as a
+        warning, with a growing delay) until the store answers; a permanent failure is said
+        as an error and raised."""
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except TransientStoreError as exc:
+                failures += 1
+                await asyncio.sleep(after_store_failure(logger, what, exc, failures))
+            except StoreError as exc:
+                after_store_failure(logger, what, exc, 1)
+                raise
 
     async def _alert_if_retried_too_often(
         self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
@@ -413,7 +547,10 @@ class Scheduler:
                     return await asyncio.shield(future)
             except TimeoutError:
                 pass
-            found = await self.store.read_step(*where)
+            found = await self._answered(
+                f"task {held.task_id}: cannot read step {where[1]}",
+                lambda: self.store.read_step(*where),
+            )
             if found is None:
                 raise Abandon
             step, remaining = found
@@ -423,7 +560,10 @@ class Scheduler:
                 raise Abandon
 
     async def _finished(self, where: tuple[str, int]) -> StepRecord:
-        found = await self.store.finished_steps([where])
+        found = await self._answered(
+            f"task {where[0]}: cannot read step {where[1]}",
+            lambda: self.store.finished_steps([where]),
+        )
         if not found:
             raise Abandon
         return found[0]

@@ -103,6 +103,10 @@ FINISHED_TASK_STATES = frozenset(
 )
 """States in which no scheduler will take the task up again unless an operator acts."""
 HELD_TASK_STATES = frozenset({TaskState.PROCESSING, TaskState.COMPENSATING})
+COMPENSATION_STATES = frozenset(
+    {TaskState.COMPENSATING, TaskState.COMPENSATED, TaskState.COMPENSATION_FAILED}
+)
+"""States of a task whose compensation has begun."""
 OPEN_STEP_STATES = frozenset({StepState.NOT_STARTED, StepState.RUNNING})
 OPERATOR_ACTIONS: dict[str, dict[TaskState, TaskState]] = {
     # The operator's resubmission: the failed steps run again, the completed ones are kept.

@@ -3,8 +3,9 @@
 It knows nothing of the business operations: it reads the state kept by the schedulers,
 increments failure_count, and releases each expired task (a scheduler picks it up again after
 a backoff) or, at the task's max_failures, gives it up by its on_failure policy with an alert.
-Before that, it hands the running steps of agent instances that stopped heartbeating to
-others (reassignments, not failures), and fails steps past their pick-up or total timeout.
+Before that, it gives back the tasks of scheduler instances that stopped heartbeating and
+hands the running steps of agent instances that stopped heartbeating to others (neither is a
+failure: no work was judged), and fails steps past their pick-up or total timeout.
 Several supervisors may run; one is active at a time, by a lease with a term number in the
 store, and every write of a sweep is fenced by that term. The leader also delivers the
 alerts of the outbox to the App's sinks and deletes finished tasks past their retention.
@@ -18,7 +19,7 @@ import logging
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
-from .records import Expired, StepSwept
+from .records import Expired, Released, StepSwept
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
 from .store import Store
@@ -28,8 +29,8 @@ logger = logging.getLogger("stepwarden.supervisor")
 LEASE = "supervisor"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 """Seconds a finished task is kept (processed, compensated, cancelled)."""
-FORGET_AGENTS_AFTER = 3600.0
-"""Seconds a gone agent instance stays in the registry."""
+FORGET_AFTER = 3600.0
+"""Seconds a gone agent or scheduler instance stays in the registry."""
 
 
 class Supervisor:
@@ -88,6 +89,7 @@ class Supervisor:
         self.term = term
         if term is None:
             return []
+        await self._release(term)
         await self._sweep_steps(term)
         recovered = await self._sweep(term)
         if self.alerts is not None:
@@ -99,6 +101,28 @@ class Supervisor:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
 
+    async def _release(self, term: int) -> list[Released]:
+        """The tasks of scheduler instances gone silent, given back for another to resume."""
+        released: list[Released] = []
+        while True:
+            batch = await self.store.release_gone_schedulers(
+                lease=LEASE,
+                holder=self.instance,
+                term=term,
+                limit=self.batch,
+                forget_after=FORGET_AFTER,
+            )
+            for r in batch:
+                logger.warning(
+                    "task %s: released, its scheduler instance %s is gone (now %s)",
+                    r.task_id,
+                    r.scheduler,
+                    r.process_state,
+                )
+            released.extend(batch)
+            if len(batch) < self.batch:
+                return released
+
     async def _sweep_steps(self, term: int) -> list[StepSwept]:
         """Steps of gone agent instances to others; steps past their pick-up or total
         timeout failed."""
@@ -109,7 +133,7 @@ class Supervisor:
                 holder=self.instance,
                 term=term,
                 limit=self.batch,
-                forget_after=FORGET_AGENTS_AFTER,
+                forget_after=FORGET_AFTER,
             )
             for s in batch:
                 if s.kind == "reassigned":

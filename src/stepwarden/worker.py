@@ -18,6 +18,8 @@ from .app import App
 from .errors import ConfigurationError, UnknownNameError
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
+from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
+from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .scheduler import Scheduler
 from .store import Store, open_store
 from .supervisor import DEFAULT_RETENTION, Supervisor
@@ -44,6 +46,11 @@ class WorkerOptions:
     agent_gone_after: float = DEFAULT_GONE_AFTER
     """Seconds without a heartbeat after which an agent instance is gone and the supervisor
     hands its running steps to another."""
+    scheduler_heartbeat: float = DEFAULT_SCHEDULER_HEARTBEAT
+    """Seconds between a scheduler instance's heartbeats in the registry."""
+    scheduler_gone_after: float = DEFAULT_SCHEDULER_GONE_AFTER
+    """Seconds without a heartbeat after which a scheduler instance is gone and the
+    supervisor gives its tasks back for another scheduler to resume."""
     poll_interval: float | None = None
     supervisor_interval: float = 1.0
     lease_ttl: float | None = None
@@ -55,6 +62,17 @@ class WorkerOptions:
     """Seconds finished tasks are kept before the supervisor deletes them; None keeps them."""
     alert_webhooks: tuple[str, ...] = ()
     """Webhook URLs alerts are POSTed to, besides the App's own sinks."""
+
+    def __post_init__(self) -> None:
+        for role, beat, gone in (
+            ("agent", self.agent_heartbeat, self.agent_gone_after),
+            ("scheduler", self.scheduler_heartbeat, self.scheduler_gone_after),
+        ):
+            if gone <= beat:
+                raise ConfigurationError(
+                    f"--{role}-gone-after ({gone:g}) must be longer than "
+                    f"--{role}-heartbeat ({beat:g})"
+                )
 
 
 def parse_roles(roles: Iterable[str]) -> frozenset[str]:
@@ -107,6 +125,8 @@ class Worker:
                 concurrency=opts.concurrency,
                 poll_interval=opts.poll_interval,
                 admission=opts.admission,
+                heartbeat=opts.scheduler_heartbeat,
+                gone_after=opts.scheduler_gone_after,
                 operations={
                     op.qualname: op
                     for agent in self.app.agents.values()

@@ -25,6 +25,7 @@ def task_summary(t: TaskRecord) -> dict[str, Any]:
         "workflow": t.workflow,
         "process_state": str(t.process_state),
         "failure_count": t.failure_count,
+        "compensation_failures": t.compensation_failures,
         "max_failures": t.max_failures,
         "attempt": t.attempt,
         "priority": t.priority,

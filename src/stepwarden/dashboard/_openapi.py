@@ -47,6 +47,7 @@ TASK_SUMMARY = {
     "workflow": {"type": "string"},
     "process_state": {"type": "string", "enum": STATES},
     "failure_count": {"type": "integer"},
+    "compensation_failures": {"type": "integer"},
     "max_failures": {"type": "integer"},
     "attempt": {"type": "integer"},
     "priority": {"type": "integer"},

@@ -21,6 +21,7 @@ from ..records import (
     LeaseRecord,
     OutboxMessage,
     Request,
+    SchedulerInstance,
     StepRecord,
     StepStats,
     TaskRecord,
@@ -62,6 +63,7 @@ def task_record(row: Row) -> TaskRecord:
         finished_at=when(row["finished_at"]),
         on_failure=row["on_failure"],
         reply_to=row["reply_to"],
+        compensation_failures=row["compensation_failures"],
     )
 
 
@@ -93,6 +95,7 @@ def step_record(row: Row) -> StepRecord:
         heartbeat=loads(row["heartbeat"]),
         heartbeat_at=when(row["heartbeat_at"]),
         limit_key=row["limit_key"],
+        complete_within=row["complete_within"],
     )
 
 
@@ -143,6 +146,19 @@ def agent_instance(row: Row) -> AgentInstance:
         inflight=row["inflight"],
         breaker=row["breaker"],
         breaker_detail=loads(row["breaker_detail"]),
+        started_at=at(row["started_at"]),
+        heartbeat_at=at(row["heartbeat_at"]),
+        expires_at=at(row["expires_at"]),
+        alive=bool(row["alive"]),
+    )
+
+
+def scheduler_instance(row: Row) -> SchedulerInstance:
+    return SchedulerInstance(
+        instance=row["instance"],
+        workflows=tuple(loads(row["workflows"])),
+        capacity=row["capacity"],
+        held=row["held"],
         started_at=at(row["started_at"]),
         heartbeat_at=at(row["heartbeat_at"]),
         expires_at=at(row["expires_at"]),

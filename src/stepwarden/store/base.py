@@ -17,11 +17,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-from ..errors import SchemaVersionError
+from ..errors import SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
     Activity,
@@ -36,8 +36,11 @@ from ..records import (
     OperatorAction,
     OpLimit,
     OutboxMessage,
+    Released,
     Request,
     RequestHandback,
+    SchedulerBeat,
+    SchedulerInstance,
     StepDispatch,
     StepOutcome,
     StepRecord,
@@ -46,12 +49,16 @@ from ..records import (
     TaskOutcome,
     TaskRecord,
 )
-from ..retry import Backoff
+from ..retry import Backoff, backoff
 from ..states import TaskState
 from . import _rows, _sql, policy
 from ._flow import CHANNEL_TASK_DONE, Flow, FlowFn, Query, Rows, Wakeups
 
 T = TypeVar("T")
+TRIES = 5
+"""How many times a call that is safe to repeat (a read, a submission) is tried when the
+store fails transiently, over about two seconds: a lost connection is replaced, a restarting
+server is waited for."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -143,12 +150,27 @@ class Store(abc.ABC):
 
     # -- the driver -----------------------------------------------------------------------
     @abc.abstractmethod
-    async def _read(self, query: Query) -> Rows:
+    async def _fetch(self, query: Query) -> Rows:
         """The rows of one read query, in a transaction of its own."""
 
     @abc.abstractmethod
     async def _write(self, flow: FlowFn[T]) -> T:
         """Drive a flow in one transaction; on commit, deliver its wake-ups."""
+
+    async def _read(self, query: Query) -> Rows:
+        """`_fetch`, tried again after a transient failure (a connection lost, a server
+        restarting): a read is always safe to repeat."""
+        return await self._again_if_transient(lambda: self._fetch(query))
+
+    async def _again_if_transient(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, tried again (up to TRIES times in all, a growing delay between) while it
+        fails transiently. Only for calls that are safe to repeat."""
+        for tries in range(1, TRIES):
+            try:
+                return await call()
+            except TransientStoreError:
+                await asyncio.sleep(backoff(tries, initial=0.05, maximum=1.0))
+        return await call()
 
     async def _write_one(self, query: Query) -> Rows:
         """The rows of one write query (a batch query, or a script of the dialect's), in a
@@ -213,8 +235,10 @@ class Store(abc.ABC):
 
     # -- the application ------------------------------------------------------------------
     async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
-        """Record pending tasks; a task_id already present is left as it is (False)."""
-        return await self._write(partial(policy.submit, tasks))
+        """Record pending tasks; a task_id already present is left as it is (False). Tried
+        again after a transient failure (a submission is idempotent by task_id; a task whose
+        first try committed without its answer arriving is then reported as not created)."""
+        return await self._again_if_transient(lambda: self._write(partial(policy.submit, tasks)))
 
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
@@ -338,6 +362,27 @@ class Store(abc.ABC):
         rows = await self._read_one("read_step", task_id=task_id, seq=seq)
         return (_rows.step_record(rows[0]), float(rows[0]["remaining"])) if rows else None
 
+    # -- the scheduler registry -----------------------------------------------------------
+    async def beat_schedulers(self, beats: Sequence[SchedulerBeat], ttl: float) -> None:
+        """Register or refresh scheduler instances; each is gone `ttl` seconds after its
+        last beat (by the database clock)."""
+        if beats:
+            await self._write_one(policy.scheduler_beat(beats, ttl))
+
+    async def leave_scheduler(self, instance: str) -> None:
+        """A scheduler instance stopping: its registry row expires now."""
+        await self._write_one(policy.scheduler_leave(instance))
+
+    async def list_schedulers(self) -> list[SchedulerInstance]:
+        """The scheduler registry: every instance, alive or gone (for a while), by start."""
+        return [_rows.scheduler_instance(r) for r in await self._read_one("list_schedulers")]
+
+    async def release_held(self, scheduler: str) -> list[Released]:
+        """Give back every task `scheduler` holds (processing: pending; compensating: stays,
+        unheld), fenced by its hold and the attempt read, with a `released` event each; no
+        failure is counted."""
+        return await self._write(partial(policy.release_held, scheduler))
+
     # -- the agents -----------------------------------------------------------------------
     async def claim_requests(
         self,
@@ -421,6 +466,25 @@ class Store(abc.ABC):
         transaction (frozen, or stalled), so that their locks do not outlive the freeze; how
         many were ended. A store whose server does this by itself does nothing here."""
         return 0
+
+    async def release_gone_schedulers(
+        self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
+    ) -> list[Released]:
+        """Under the lease (holder, term): give back the tasks held by scheduler instances
+        whose registry row has expired (processing: pending; compensating: stays, unheld),
+        each fenced by its attempt and hold, without counting a failure, so that another
+        scheduler resumes them at once; forget instances gone for `forget_after` seconds.
+        Nothing is written when the lease is no longer held at `term`."""
+        return await self._write(
+            lambda wake: policy.release_gone_schedulers(
+                lease=lease,
+                holder=holder,
+                term=term,
+                limit=limit,
+                forget_after=forget_after,
+                wake=wake,
+            )
+        )
 
     async def sweep(
         self, *, lease: str, holder: str, term: int, limit: int, backoff: Backoff

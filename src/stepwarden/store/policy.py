@@ -29,8 +29,10 @@ from ..records import (
     OperatorAction,
     OpLimit,
     Redispatch,
+    Released,
     Request,
     RequestHandback,
+    SchedulerBeat,
     StepDispatch,
     StepOutcome,
     StepRecord,
@@ -56,6 +58,7 @@ from ..rules import (
     plan_expiry,
     plan_finish,
     plan_set_aside,
+    release_state,
     total_failure,
 )
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
@@ -188,6 +191,7 @@ def _moves(action: OperatorAction, plan: ActionPlan, attempt: int) -> list[Query
                 "attempt": attempt,
                 "to": str(plan.after),
                 "reset_failures": plan.reset_failures,
+                "reset_compensation_failures": plan.reset_compensation_failures,
                 "wait_open": plan.wait_open,
                 "final": plan.final,
             },
@@ -324,7 +328,7 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
             state, why = plan_set_aside(o.held_as, exc)
             logger.error("task %s: set aside: %s", o.task_id, why, exc_info=exc)
             plan = FinishPlan(
-                state=state, reset_failures=False, finished=True, alert=AlertReason.SET_ASIDE
+                state=state, compensation_starts=False, finished=True, alert=AlertReason.SET_ASIDE
             )
             error = why if error is None else f"{error}; then {why}"
         each.append(
@@ -334,7 +338,7 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
                 "scheduler": o.scheduler,
                 "held_as": str(o.held_as),
                 "state": str(plan.state),
-                "reset_failures": plan.reset_failures,
+                "compensation_starts": plan.compensation_starts,
                 "finished": plan.finished,
                 "result": o.result,
                 "error": error,
@@ -556,6 +560,7 @@ def _plan_expiry(r: Row, compensable: bool, backoff: Backoff) -> ExpiryPlan:
         held_as=TaskState(r["process_state"]),
         on_failure=r["on_failure"],
         failure_count=r["failure_count"],
+        compensation_failures=r["compensation_failures"],
         max_failures=r["max_failures"],
         seq=r["seq"],
         compensable=compensable,
@@ -571,6 +576,7 @@ def _reset_params(r: Row, p: ExpiryPlan) -> dict[str, Any]:
         "held_as": r["process_state"],
         "state": str(p.state),
         "failure_count": p.failure_count,
+        "compensation_failures": p.compensation_failures,
         "expiries": p.expiries,
         "error": p.error,
         "delay": p.delay,
@@ -698,3 +704,75 @@ def sweep_steps(
         wake.tasks()
     wake.results([step_key(s.task_id, s.seq) for s in swept if s.kind != "reassigned"])
     return swept
+
+
+# -- schedulers: the registry, and the release of what a gone or draining one held --------
+
+
+def scheduler_beat(beats: Sequence[SchedulerBeat], ttl: float) -> Query:
+    each = [
+        {
+            "instance": b.instance,
+            "workflows": _json_text(list(b.workflows)),
+            "capacity": b.capacity,
+            "held": b.held,
+        }
+        for b in beats
+    ]
+    return Query("scheduler_beat", {"ttl": float(ttl)}, each=each)
+
+
+def scheduler_leave(instance: str) -> Query:
+    return Query("scheduler_leave", {"instance": instance})
+
+
+def release_held(scheduler: str, wake: Wakeups) -> Flow[list[Released]]:
+    """A scheduler that drains gives back the tasks it still holds, at once: each where
+    `rules.release_state` says, fenced by the attempt read and its own hold."""
+    held = yield from fetch("held_by", scheduler=scheduler)
+    by = {"by": scheduler, "term": None, "reason": "drained"}
+    return (yield from _release(held, by, wake))
+
+
+def release_gone_schedulers(
+    *, lease: str, holder: str, term: int, limit: int, forget_after: float, wake: Wakeups
+) -> Flow[list[Released]]:
+    """Under the lease: the tasks held by scheduler instances gone silent are given back
+    (`rules.release_state`; no failure counted), for another scheduler to resume by replay
+    at once; instances gone for `forget_after` seconds are forgotten."""
+    if limit <= 0:
+        return []
+    held, gone = yield [_held(lease, holder, term), Query("gone_scheduler_tasks", {"limit": limit})]
+    if not held:
+        return []
+    by = {"by": holder, "term": term, "reason": "scheduler gone"}
+    released = yield from _release(gone, by, wake)
+    yield [Query("forget_schedulers", {"forget_after": float(forget_after)})]
+    return released
+
+
+def _release(rows: Rows, by: Mapping[str, Any], wake: Wakeups) -> Flow[list[Released]]:
+    each = [
+        {
+            "task_id": r["task_id"],
+            "attempt": r["attempt"],
+            "scheduler": r["locked_by"],
+            "held_as": r["process_state"],
+            "state": str(release_state(TaskState(r["process_state"]))),
+        }
+        for r in rows
+    ]
+    if not each:
+        return []
+    [released] = yield [Query("release_tasks", by, each=each)]
+    if released:
+        wake.tasks()
+    return [
+        Released(
+            task_id=r["task_id"],
+            attempt=r["attempt"],
+            scheduler=r["scheduler"],
+            process_state=TaskState(r["process_state"]),
+        )
+        for r in released
+    ]

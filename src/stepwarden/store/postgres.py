@@ -185,6 +185,7 @@ class PostgresStore(Store):
         self._listen_first: Conn | None = None
         """The listener's first connection until its task runs and takes it over."""
         self._own_pids: set[int] = set()
+        self._checking: asyncio.Task[None] | None = None
 
     @staticmethod
     def _parse(url: str) -> tuple[str, int, dict[str, Any]]:
@@ -241,15 +242,35 @@ class PostgresStore(Store):
             async with self._pool.connection() as conn:
                 yield conn
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._check_pool()
             raise _translate(exc) from exc
 
-    async def _read(self, query: Query) -> Rows:
+    def _check_pool(self) -> None:
+        """After a connection was lost (a server restart, a failover), test the pool's idle
+        connections in the background and replace the broken ones, so that the next calls
+        do not meet them one at a time."""
+        if self._pool is None or self._checking is not None:
+            return
+        pool = self._pool
+
+        async def check() -> None:
+            try:
+                await pool.check()
+            except Exception as exc:  # the server is still away: the next failure tries again
+                logger.debug("checking the pool's connections: %s", exc)
+            finally:
+                self._checking = None
+
+        self._checking = asyncio.create_task(check(), name="stepwarden-pool-check")
+
+    async def _fetch(self, query: Query) -> Rows:
         async with self._connection() as conn:
             return await _rows(await _send(conn, query))
 
     async def _write_one(self, query: Query) -> Rows:
         # One statement is a transaction of its own: one round trip, no BEGIN or COMMIT.
-        return await self._read(query)
+        return await self._fetch(query)
 
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
@@ -293,6 +314,11 @@ class PostgresStore(Store):
         await self._ready(migrate)
 
     async def close(self) -> None:
+        checking, self._checking = self._checking, None
+        if checking is not None:
+            checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checking
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.cancel()

@@ -204,7 +204,7 @@ class SQLiteStore(Store):
             except sqlite3.Error as exc:
                 raise _translate(exc) from exc
 
-    async def _read(self, query: Query) -> Rows:
+    async def _fetch(self, query: Query) -> Rows:
         return await self._in_thread(lambda conn: _execute(conn, query, time.time()))
 
     async def _write(self, flow: FlowFn[T]) -> T:

@@ -188,10 +188,11 @@ ORDER BY s.task_id, s.seq
 -- planned alert, and the open steps of each task closed (abandoned).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
-                         %(held_as)s::text[], %(state)s::text[], %(reset_failures)s::bool[],
+                         %(held_as)s::text[], %(state)s::text[],
+                         %(compensation_starts)s::bool[],
                          %(finished)s::bool[], %(result)s::text[], %(error)s::text[],
                          %(alert)s::text[], %(abandoned_error)s::text[], %(ord)s::int[])
-        AS d(task_id, attempt, scheduler, held_as, state, reset_failures, finished, result,
+        AS d(task_id, attempt, scheduler, held_as, state, compensation_starts, finished, result,
              error, alert, abandoned_error, ord)
 ), o AS MATERIALIZED (
     SELECT s.task_id, max(s.complete_by) AS open_until FROM stepwarden_steps s
@@ -200,7 +201,8 @@ WITH d AS (
 ), u AS (
     UPDATE stepwarden_tasks t
     SET process_state = d.state,
-        failure_count = CASE WHEN d.reset_failures THEN 0 ELSE t.failure_count END,
+        compensation_failures = CASE WHEN d.compensation_starts THEN 0
+                                     ELSE t.compensation_failures END,
         eligible_at = GREATEST(now(), (SELECT o.open_until FROM o WHERE o.task_id = t.task_id)),
         finished_at = CASE WHEN d.finished THEN now() END,
         result = d.result::json, error = d.error, locked_by = NULL, complete_by = NULL,
@@ -543,11 +545,12 @@ FOR UPDATE
 -- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
 -- sweep released, or an operator's retry reopened, is held again only once claimed.)
 -- (The lateral LIMIT 1 keeps the plan a walk of the expiry index with one task lookup each.)
-SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
-       s.seq
+SELECT t.task_id, t.attempt, t.failure_count, t.compensation_failures, t.max_failures,
+       t.process_state, t.on_failure, s.seq
 FROM stepwarden_steps s
 CROSS JOIN LATERAL (
-    SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure
+    SELECT task_id, attempt, failure_count, compensation_failures, max_failures, process_state,
+           on_failure
     FROM stepwarden_tasks
     WHERE task_id = s.task_id AND process_state IN ('processing', 'compensating')
       AND locked_by IS NOT NULL AND attempt = s.task_attempt
@@ -558,8 +561,8 @@ LIMIT %(limit)s
 
 -- name: expired_tasks
 -- Held tasks (processing, compensating) whose complete_by passed.
-SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure,
-       NULL::integer AS seq
+SELECT task_id, attempt, failure_count, compensation_failures, max_failures, process_state,
+       on_failure, NULL::integer AS seq
 FROM stepwarden_tasks
 WHERE complete_by < now() AND process_state IN ('processing', 'compensating')
 ORDER BY complete_by
@@ -573,15 +576,17 @@ LIMIT %(limit)s
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
                          %(held_as)s::text[], %(state)s::text[], %(failure_count)s::int[],
-                         %(expiries)s::int[], %(error)s::text[], %(delay)s::float8[],
+                         %(compensation_failures)s::int[], %(expiries)s::int[],
+                         %(error)s::text[], %(delay)s::float8[],
                          %(finished)s::bool[], %(abandon)s::bool[], %(alert)s::text[],
                          %(abandoned_error)s::text[], %(ord)s::int[])
-        AS d(task_id, attempt, seq, held_as, state, failure_count, expiries, error, delay,
-             finished, abandon, alert, abandoned_error, ord)
+        AS d(task_id, attempt, seq, held_as, state, failure_count, compensation_failures,
+             expiries, error, delay, finished, abandon, alert, abandoned_error, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
-    SET failure_count = d.failure_count, locked_by = NULL, complete_by = NULL,
-        process_state = d.state, error = coalesce(d.error, t.error),
+    SET failure_count = d.failure_count, compensation_failures = d.compensation_failures,
+        locked_by = NULL, complete_by = NULL, process_state = d.state,
+        error = coalesce(d.error, t.error),
         finished_at = CASE WHEN d.finished THEN now() END,
         eligible_at = CASE WHEN d.abandon
                            THEN GREATEST(now() + make_interval(secs => d.delay),
@@ -692,6 +697,8 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s 
 UPDATE stepwarden_tasks
 SET process_state = %(to)s, locked_by = NULL, complete_by = NULL,
     failure_count = CASE WHEN %(reset_failures)s THEN 0 ELSE failure_count END,
+    compensation_failures = CASE WHEN %(reset_compensation_failures)s THEN 0
+                                 ELSE compensation_failures END,
     eligible_at = CASE WHEN %(wait_open)s
                        THEN GREATEST(now(), (SELECT max(s.complete_by) FROM stepwarden_steps s
                                              WHERE s.task_id = %(task_id)s
@@ -857,3 +864,65 @@ GROUP BY agent, operation ORDER BY agent, operation
 
 -- name: count_events
 SELECT count(*)::bigint AS n FROM stepwarden_events WHERE kind = %(kind)s
+
+-- name: scheduler_beat
+-- Scheduler instances register or refresh their row; each is gone at expires_at.
+INSERT INTO stepwarden_schedulers AS s (instance, workflows, capacity, held, started_at,
+                                        heartbeat_at, expires_at)
+SELECT b.instance, b.workflows::json, b.capacity, b.held, now(), now(),
+       now() + make_interval(secs => %(ttl)s::float8)
+FROM unnest(%(instance)s::text[], %(workflows)s::text[], %(capacity)s::int[], %(held)s::int[])
+     AS b(instance, workflows, capacity, held)
+ON CONFLICT (instance) DO UPDATE
+SET workflows = excluded.workflows, capacity = excluded.capacity, held = excluded.held,
+    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+
+-- name: scheduler_leave
+UPDATE stepwarden_schedulers SET expires_at = LEAST(expires_at, now())
+WHERE instance = %(instance)s
+
+-- name: list_schedulers
+SELECT *, expires_at > now() AS alive FROM stepwarden_schedulers ORDER BY started_at, instance
+
+-- name: held_by
+-- The tasks one scheduler instance holds.
+SELECT task_id, attempt, locked_by, process_state FROM stepwarden_tasks
+WHERE locked_by = %(scheduler)s AND process_state IN ('processing', 'compensating')
+
+-- name: gone_scheduler_tasks
+-- Tasks held by scheduler instances whose registry row has expired.
+SELECT t.task_id, t.attempt, t.locked_by, t.process_state
+FROM stepwarden_schedulers s JOIN stepwarden_tasks t ON t.locked_by = s.instance
+WHERE s.expires_at <= now() AND t.process_state IN ('processing', 'compensating')
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED
+
+-- name: release_tasks
+-- Held tasks given back, unheld, into the state the caller worked out (rules.release_state),
+-- each fenced by the attempt and the hold read; eligible at once, failure_count unchanged;
+-- a `released` event each (who held it, who released it, why).
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
+                         %(held_as)s::text[], %(state)s::text[], %(ord)s::int[])
+        AS d(task_id, attempt, scheduler, held_as, state, ord)
+), u AS (
+    UPDATE stepwarden_tasks t
+    SET process_state = d.state, locked_by = NULL, complete_by = NULL, eligible_at = now(),
+        updated_at = now()
+    FROM d
+    WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
+      AND t.process_state = d.held_as
+    RETURNING d.ord, t.task_id, t.attempt, d.scheduler, t.process_state
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'released',
+           json_build_object('attempt', attempt, 'from', scheduler, 'by', %(by)s::text,
+                             'term', %(term)s::bigint, 'reason', %(reason)s::text)
+    FROM u ORDER BY ord
+)
+SELECT ord, task_id, attempt, scheduler, process_state FROM u
+
+-- name: forget_schedulers
+-- Scheduler instances gone for a while leave the registry.
+DELETE FROM stepwarden_schedulers
+WHERE expires_at < now() - make_interval(secs => %(forget_after)s::float8)

@@ -114,7 +114,8 @@ ORDER BY s.task_id, s.seq
 UPDATE stepwarden_tasks
 SET process_state = :state, result = :result, error = :error, locked_by = NULL,
     complete_by = NULL, updated_at = :now,
-    failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
+    compensation_failures = CASE WHEN :compensation_starts THEN 0
+                                 ELSE compensation_failures END,
     eligible_at = MAX(:now, coalesce((SELECT max(complete_by) FROM stepwarden_steps s
                                       WHERE s.task_id = :task_id
                                         AND s.state IN ('not_started', 'running')), 0)),
@@ -356,7 +357,8 @@ WHERE name = :name AND holder = :holder AND term = :term AND expires_at > :now
 
 -- name: expired_tasks
 -- Held tasks (processing, compensating) whose complete_by passed.
-SELECT task_id, attempt, failure_count, max_failures, process_state, on_failure, NULL AS seq
+SELECT task_id, attempt, failure_count, compensation_failures, max_failures, process_state,
+       on_failure, NULL AS seq
 FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
 WHERE complete_by < :now AND process_state IN ('processing', 'compensating')
 ORDER BY complete_by
@@ -365,8 +367,8 @@ LIMIT :limit
 -- name: expired_steps
 -- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
 -- sweep released, or an operator's retry reopened, is held again only once claimed.)
-SELECT t.task_id, t.attempt, t.failure_count, t.max_failures, t.process_state, t.on_failure,
-       s.seq
+SELECT t.task_id, t.attempt, t.failure_count, t.compensation_failures, t.max_failures,
+       t.process_state, t.on_failure, s.seq
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
@@ -382,8 +384,9 @@ LIMIT :limit
 -- its effect until then. Then its `expired` event, the planned alert, and its open steps
 -- closed when abandoned.
 UPDATE stepwarden_tasks
-SET failure_count = :failure_count, locked_by = NULL, complete_by = NULL,
-    process_state = :state, error = coalesce(:error, error),
+SET failure_count = :failure_count, compensation_failures = :compensation_failures,
+    locked_by = NULL, complete_by = NULL, process_state = :state,
+    error = coalesce(:error, error),
     finished_at = CASE WHEN :finished THEN :now END, updated_at = :now,
     eligible_at = CASE WHEN :abandon
                        THEN MAX(:now + :delay,
@@ -467,6 +470,8 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
 UPDATE stepwarden_tasks
 SET process_state = :to, locked_by = NULL, complete_by = NULL,
     failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
+    compensation_failures = CASE WHEN :reset_compensation_failures THEN 0
+                                 ELSE compensation_failures END,
     eligible_at = CASE WHEN :wait_open
                        THEN MAX(:now, coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
                                                 WHERE s.task_id = :task_id
@@ -616,3 +621,51 @@ GROUP BY agent, operation ORDER BY agent, operation
 
 -- name: count_events
 SELECT count(*) AS n FROM stepwarden_events WHERE kind = :kind
+
+-- name: scheduler_beat
+-- A scheduler instance registers or refreshes its row; it is gone at expires_at.
+INSERT INTO stepwarden_schedulers (instance, workflows, capacity, held, started_at,
+                                   heartbeat_at, expires_at)
+VALUES (:instance, :workflows, :capacity, :held, :now, :now, :now + :ttl)
+ON CONFLICT (instance) DO UPDATE
+SET workflows = excluded.workflows, capacity = excluded.capacity, held = excluded.held,
+    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+
+-- name: scheduler_leave
+UPDATE stepwarden_schedulers SET expires_at = MIN(expires_at, :now) WHERE instance = :instance
+
+-- name: list_schedulers
+SELECT *, expires_at > :now AS alive FROM stepwarden_schedulers ORDER BY started_at, instance
+
+-- name: held_by
+-- The tasks one scheduler instance holds.
+SELECT task_id, attempt, locked_by, process_state
+FROM stepwarden_tasks INDEXED BY stepwarden_tasks_holder
+WHERE locked_by = :scheduler AND process_state IN ('processing', 'compensating')
+
+-- name: gone_scheduler_tasks
+-- Tasks held by scheduler instances whose registry row has expired.
+SELECT t.task_id, t.attempt, t.locked_by, t.process_state
+FROM stepwarden_schedulers s
+JOIN stepwarden_tasks t INDEXED BY stepwarden_tasks_holder ON t.locked_by = s.instance
+WHERE s.expires_at <= :now AND t.process_state IN ('processing', 'compensating')
+LIMIT :limit
+
+-- name: release_tasks
+-- A held task given back, unheld, into the state the caller worked out (rules.release_state),
+-- fenced by the attempt and the hold read; eligible at once, failure_count unchanged; then
+-- its `released` event (who held it, who released it, why).
+UPDATE stepwarden_tasks
+SET process_state = :state, locked_by = NULL, complete_by = NULL, eligible_at = :now,
+    updated_at = :now
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+  AND process_state = :held_as
+RETURNING :ord AS ord, task_id, attempt, :scheduler AS scheduler, process_state;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'released',
+        json_object('attempt', :attempt, 'from', :scheduler, 'by', :by, 'term', :term,
+                    'reason', :reason));
+
+-- name: forget_schedulers
+-- Scheduler instances gone for a while leave the registry.
+DELETE FROM stepwarden_schedulers WHERE expires_at < :now - :forget_after
