@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -112,5 +115,242 @@ def recovery(res: Resources, *, postgres: bool, runs: int, log_dir: Path) -> dic
         "step_complete_within_s": HOLD_STEP_WITHIN,
         "settings": "CLI defaults: --supervisor-interval 1.0, --backoff-initial 0.5, "
         "poll interval 0.5 s (PostgreSQL, with LISTEN/NOTIFY) / 0.05 s (SQLite)",
+        "runs": samples,
+    }
+
+
+# -- a killed scheduler ---------------------------------------------------------------------
+
+SCHEDULER_TASKS = 100
+GONE_AFTER = 5.0
+"""The CLI's --scheduler-gone-after (the goal: all resumed within it plus 2 s)."""
+
+
+def _instance(child: Any) -> str:
+    found = re.search(r"worker ([0-9a-f]+) running", child.log_path.read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"{child.name} has not started")
+    return f"scheduler-{found.group(1)}"
+
+
+def scheduler_kill_once(
+    res: Resources, *, postgres: bool, log_dir: Path, run: int
+) -> dict[str, Any]:
+    """A scheduler holding SCHEDULER_TASKS tasks (each waiting on a step that a gate keeps
+    open) is SIGKILLed while a second scheduler runs; the gate opens; the figure is the time
+    from the kill until every task is processed, by the store's clock."""
+    from . import workload
+
+    workdir = res.temp_dir(f"schedkill-{run}")
+    url = res.create_database(f"sk{run}") if postgres else f"sqlite:///{workdir / 'store.db'}"
+    store_name = "postgres" if postgres else "sqlite"
+    base = [
+        _bin("stepwarden"),
+        "--store",
+        url,
+        "--log-level",
+        "info",
+        "worker",
+        "bench.workload:app",
+    ]
+    children = []
+    loop = asyncio.new_event_loop()
+    app = workload.app
+    try:
+        app.store_url = url
+        loop.run_until_complete(app.store())
+        for roles in ("scheduler", "agents,supervisor"):
+            children.append(
+                res.spawn(
+                    f"schedkill-{store_name}-{run}-{roles.replace(',', '+')}",
+                    [*base, "--roles", roles],
+                    env={"PYTHONUNBUFFERED": "1"},
+                    log_dir=log_dir,
+                )
+            )
+        wait_for(
+            lambda: all(log_contains(c, " running ") for c in children),
+            timeout=60,
+            what="the workers",
+            children=children,
+        )
+        doomed = children[0]
+        holder = _instance(doomed)
+        tasks = [
+            workload.app.new_task("gate_order", {"dir": str(workdir)}, task_id=f"gate-{i}")
+            for i in range(SCHEDULER_TASKS)
+        ]
+        loop.run_until_complete(app.submit_many_async(tasks))
+
+        def held() -> bool:
+            found = loop.run_until_complete(app.tasks_async(limit=SCHEDULER_TASKS))
+            return sum(t.locked_by == holder for t in found) == SCHEDULER_TASKS
+
+        wait_for(held, timeout=60, what="the first scheduler to hold every task", children=children)
+        survivor = res.spawn(
+            f"schedkill-{store_name}-{run}-scheduler2",
+            [*base, "--roles", "scheduler"],
+            env={"PYTHONUNBUFFERED": "1"},
+            log_dir=log_dir,
+        )
+        children.append(survivor)
+        wait_for(
+            lambda: log_contains(survivor, " running "),
+            timeout=60,
+            what="the second scheduler",
+            children=children[1:],
+        )
+        killed_at = time.time()
+        os.kill(doomed.pid, signal.SIGKILL)
+        (workdir / "open").touch()
+        done = [loop.run_until_complete(app.result_async(t.task_id, timeout=120)) for t in tasks]
+        finished = loop.run_until_complete(app.tasks_async(limit=SCHEDULER_TASKS))
+        last = max(_epoch(t.finished_at) for t in finished)
+        failures = sum(t.failure_count for t in finished)
+        if len(done) != SCHEDULER_TASKS or failures:
+            raise RuntimeError(f"unexpected recovery: {len(done)} done, {failures} failures")
+        return {"kill_to_all_done_s": round(last - killed_at, 3), "failures": failures}
+    finally:
+        loop.run_until_complete(app.aclose())
+        loop.close()
+        res.stop_all(children)
+        if postgres:
+            res.drop_database(url)
+        res.remove_path(workdir)
+
+
+# -- a database outage ----------------------------------------------------------------------
+
+OUTAGE = 10.0
+OUTAGE_ORDERS = 600
+
+
+def _ctl(*args: str) -> None:
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", *args],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def outage_once(res: Resources, *, log_dir: Path, run: int) -> dict[str, Any]:
+    """PostgreSQL (a server of the benchmark's own, on another port: the shared one is never
+    stopped) stops for OUTAGE seconds while two workers run OUTAGE_ORDERS orders; the figure
+    is the time from its restart until every order is processed, by the store's clock."""
+    from . import workload
+
+    name = f"swb{os.getpid()}r{run}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    subprocess.run(
+        [
+            "pg_createcluster",
+            "15",
+            name,
+            "-p",
+            str(port),
+            "--start",
+            "--",
+            "--auth-host=trust",
+            "--auth-local=trust",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    base = [
+        _bin("stepwarden"),
+        "--store",
+        url,
+        "--log-level",
+        "info",
+        "worker",
+        "bench.workload:app",
+    ]
+    children = []
+    loop = asyncio.new_event_loop()
+    app = workload.app
+    try:
+        app.store_url = url
+        loop.run_until_complete(app.store())
+        for i in range(2):
+            children.append(
+                res.spawn(
+                    f"outage-{run}-worker{i}", base, env={"PYTHONUNBUFFERED": "1"}, log_dir=log_dir
+                )
+            )
+        wait_for(
+            lambda: all(log_contains(c, " running ") for c in children),
+            timeout=60,
+            what="the workers",
+            children=children,
+        )
+        tasks = [
+            workload.app.new_task("order", workload.order_input(i), task_id=f"o-{i}")
+            for i in range(OUTAGE_ORDERS)
+        ]
+        loop.run_until_complete(app.submit_many_async(tasks))
+
+        def processed() -> int:
+            found = loop.run_until_complete(app.tasks_async(state="processed", limit=10_000))
+            return len(found)
+
+        wait_for(
+            lambda: processed() >= OUTAGE_ORDERS // 4,
+            timeout=60,
+            what="a quarter of the orders",
+            children=children,
+        )
+        _ctl("15", name, "stop", "-m", "fast")
+        time.sleep(OUTAGE)
+        _ctl("15", name, "start")
+        back_at = time.time()
+        done = [loop.run_until_complete(app.result_async(t.task_id, timeout=120)) for t in tasks]
+        finished = loop.run_until_complete(app.tasks_async(limit=OUTAGE_ORDERS))
+        last = max(_epoch(t.finished_at) for t in finished)
+        failures = sum(t.failure_count for t in finished)
+        return {
+            "back_to_all_done_s": round(last - back_at, 3),
+            "processed": len(done),
+            "failures": failures,
+        }
+    finally:
+        loop.run_until_complete(app.aclose())
+        loop.close()
+        res.stop_all(children)
+        subprocess.run(["pg_dropcluster", "15", name, "--stop"], capture_output=True, timeout=120)
+
+
+def scheduler_recovery(
+    res: Resources, *, postgres: bool, runs: int, log_dir: Path
+) -> dict[str, Any]:
+    samples = []
+    for run in range(runs):
+        sample = scheduler_kill_once(res, postgres=postgres, log_dir=log_dir, run=run)
+        log(f"scheduler kill/{'postgres' if postgres else 'sqlite'} run {run + 1}: {sample}")
+        samples.append(sample)
+    return {
+        "kill_to_all_done_s_median": round(median([s["kill_to_all_done_s"] for s in samples]), 3),
+        "tasks": SCHEDULER_TASKS,
+        "gone_after_s": GONE_AFTER,
+        "goal_s": GONE_AFTER + 2,
+        "runs": samples,
+    }
+
+
+def outage_recovery(res: Resources, *, runs: int, log_dir: Path) -> dict[str, Any]:
+    samples = []
+    for run in range(runs):
+        sample = outage_once(res, log_dir=log_dir, run=run)
+        log(f"database outage run {run + 1}: {sample}")
+        samples.append(sample)
+    return {
+        "back_to_all_done_s_median": round(median([s["back_to_all_done_s"] for s in samples]), 3),
+        "orders": OUTAGE_ORDERS,
+        "outage_s": OUTAGE,
+        "goal_s": 5.0,
         "runs": samples,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -340,16 +341,31 @@ def table(result: dict[str, Any]) -> str:
             cmp = ">=" if key == "wf_per_s" else "<="
             parts.append(f"{key} {_f(g['measured'], '{:,.2f}')} ({cmp} {g['goal']:g}: {mark})")
         lines += ["", f"goal ({BASE}): " + "; ".join(parts)]
-    for name, rec in result.get("recovery", {}).items():
-        if "error" in rec:
-            lines.append(f"recovery ({name}): FAILED {rec['error']}")
-            continue
-        lines.append(
-            f"recovery ({name}): SIGKILLed agent's step done elsewhere "
-            f"{rec['kill_to_done_s_median']:.2f} s after the kill (median of "
-            f"{len(rec['runs'])}); {rec['after_deadline_s_median']:.2f} s after its "
-            f"complete_by ({rec['step_complete_within_s']:g} s step deadline)"
-        )
+    for name, kinds in result.get("recovery", {}).items():
+        for kind, rec in kinds.items():
+            if "error" in rec:
+                lines.append(f"recovery ({name}, {kind}): FAILED {rec['error']}")
+            elif kind == "agent":
+                lines.append(
+                    f"recovery ({name}): SIGKILLed agent's step done elsewhere "
+                    f"{rec['kill_to_done_s_median']:.2f} s after the kill (median of "
+                    f"{len(rec['runs'])}); {rec['after_deadline_s_median']:.2f} s after its "
+                    f"complete_by ({rec['step_complete_within_s']:g} s step deadline)"
+                )
+            elif kind == "scheduler":
+                lines.append(
+                    f"recovery ({name}): SIGKILLed scheduler's {rec['tasks']} tasks all done "
+                    f"{rec['kill_to_all_done_s_median']:.2f} s after the kill (median of "
+                    f"{len(rec['runs'])}; goal <= {rec['goal_s']:g} s: gone-after "
+                    f"{rec['gone_after_s']:g} s + 2 s)"
+                )
+            else:
+                lines.append(
+                    f"recovery ({name}): PostgreSQL stopped {rec['outage_s']:g} s under "
+                    f"{rec['orders']} orders: all done {rec['back_to_all_done_s_median']:.2f} s "
+                    f"after it was back (median of {len(rec['runs'])}; goal <= "
+                    f"{rec['goal_s']:g} s)"
+                )
     for name, sw in result.get("sweep", {}).items():
         if "error" in sw:
             lines.append(f"sweep ({name}): FAILED {sw['error']}")
@@ -602,19 +618,34 @@ def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str
 
 
 def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+    """Three recoveries: a SIGKILLed agent's step (`agent`), a SIGKILLed scheduler's tasks
+    (`scheduler`), and PostgreSQL stopped mid-run (`outage`, on PostgreSQL only)."""
     out: dict[str, Any] = {}
     for name in ("stepwarden-postgres", "stepwarden-sqlite"):
         if name not in args.systems:
             continue
-        log(f"{name}: recovery of a SIGKILLed agent's step")
-        try:
-            out[name] = recovery_mod.recovery(
-                res, postgres=name.endswith("postgres"), runs=args.runs, log_dir=log_dir
-            )
-        except Exception as exc:
-            log(f"FAILED {name} recovery: {exc}")
-            traceback.print_exc(file=sys.stderr)
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        postgres = name.endswith("postgres")
+        common = {"res": res, "runs": args.runs, "log_dir": log_dir}
+        kinds: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
+            ("agent", "a SIGKILLed agent's step",
+             functools.partial(recovery_mod.recovery, postgres=postgres, **common)),
+            ("scheduler", "a SIGKILLed scheduler's tasks",
+             functools.partial(recovery_mod.scheduler_recovery, postgres=postgres, **common)),
+        ]  # fmt: skip
+        if postgres:
+            kinds.append(
+                ("outage", "PostgreSQL stopped mid-run",
+                 functools.partial(recovery_mod.outage_recovery, **common))
+            )  # fmt: skip
+        out[name] = {}
+        for kind, what, measure in kinds:
+            log(f"{name}: recovery of {what}")
+            try:
+                out[name][kind] = measure()
+            except Exception as exc:
+                log(f"FAILED {name} recovery ({kind}): {exc}")
+                traceback.print_exc(file=sys.stderr)
+                out[name][kind] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 
@@ -713,12 +744,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results(args, result)
         print()
         print(table(result))
-        failed = [n for n, s in systems.items() if s.get("errors")] + [
-            f"{kind}/{n}"
-            for kind in ("recovery", "sweep")
-            for n, v in result.get(kind, {}).items()
-            if "error" in v
-        ]
+        failed = (
+            [n for n, s in systems.items() if s.get("errors")]
+            + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
+            + [
+                f"recovery/{n}/{kind}"
+                for n, kinds in result.get("recovery", {}).items()
+                for kind, v in kinds.items()
+                if "error" in v
+            ]
+        )
         if failed:
             log(f"failed: {', '.join(failed)}; worker logs kept in {log_dir}")
             return 1

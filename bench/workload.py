@@ -4,8 +4,9 @@ step a trivial operation returning a small dict, each result recorded by the eng
 Workers run it with `stepwarden worker bench.workload:app --store URL`; the URL given here is
 only a default for imports (every process of the benchmark names its store).
 
-`hold_order` is the recovery measurement's workflow: its one step blocks until a marker file
-exists, so that the benchmark can SIGKILL the agent process running it.
+`hold_order` and `gate_order` are the recovery measurements' workflows: their one step blocks
+until a marker file exists, so that the benchmark can SIGKILL the agent process running it, or
+the scheduler holding the tasks.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ async def hold(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
 async def hold_order(ctx: sw.Context, spec: dict[str, Any]) -> dict[str, Any]:
     return await ctx.step(  # type: ignore[no-any-return]
         holder.hold, spec, complete_within=timedelta(seconds=HOLD_STEP_WITHIN)
+    )
+
+
+@holder.operation
+async def gate(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
+    """Wait until the gate marker exists: the tasks stay held by their scheduler until then."""
+    opened = Path(spec["dir"]) / "open"
+    while not opened.exists():  # noqa: ASYNC110 - the marker comes from another process
+        await asyncio.sleep(0.05)
+    return {"pid": os.getpid(), "attempt": call.attempt}
+
+
+@app.workflow(complete_within=timedelta(seconds=120))
+async def gate_order(ctx: sw.Context, spec: dict[str, Any]) -> dict[str, Any]:
+    """The recovery of a killed scheduler: a long deadline, so that nothing but the
+    scheduler's absence from the registry gives its tasks to another in time."""
+    return await ctx.step(  # type: ignore[no-any-return]
+        holder.gate, spec, complete_within=timedelta(seconds=120)
     )
 
 

@@ -155,7 +155,7 @@ def plan_expiry(
         else:
             state, alert = TaskState.ERROR, AlertReason.MAX_FAILURES
     where = "the task" if seq is None else f"step {seq}"
-    phase = "while compensating " if held_as == TaskState.COMPENSATING else ""
+    phase = " while compensating" if held_as == TaskState.COMPENSATING else ""
     return ExpiryPlan(
         state=state,
         failure_count=forward,
@@ -165,7 +165,7 @@ def plan_expiry(
         error=(
             None
             if alert is None
-            else f"complete_by passed {count} time(s) {phase}the last time on {where}; "
+            else f"complete_by passed {count} time(s){phase}, the last time on {where}; "
             "max_failures reached"
         ),
         alert=alert,

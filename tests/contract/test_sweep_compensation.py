@@ -66,11 +66,9 @@ async def test_a_compensation_after_expiry_waits_for_the_abandoned_steps(store: 
     assert await store.claim_tasks("s2", ["wf"], 10) == []
 
 
-async def test_the_sweep_reports_the_expiry_count_when_it_resets_for_compensation(
-    store: Store,
-) -> None:
-    # At max_failures the task's failure_count starts again at 0 for its compensation; the
-    # sweep's result and its `expired` event still count the expiries (as the error does).
+async def test_the_failure_count_is_kept_when_compensation_starts(store: Store) -> None:
+    # At max_failures the task compensates: its failure_count keeps the expiries of the
+    # forward path (as its error says), and its compensation counts its own from 0.
     await store.submit([new_task("t1", max_failures=1)])
     attempt = await claim_one(store)
     await store.dispatch_steps([undoable(dispatch("t1", attempt, within=30))])
@@ -81,7 +79,7 @@ async def test_the_sweep_reports_the_expiry_count_when_it_resets_for_compensatio
 
     assert await sweep(store) == [("t1", TaskState.COMPENSATING, 1)]
     task = await store.get_task("t1")
-    assert task is not None and task.failure_count == 0
+    assert task is not None and (task.failure_count, task.compensation_failures) == (1, 0)
     assert "complete_by passed 1 time(s), the last time on step 2" in (task.error or "")
     [expired] = await store.events(task_id="t1", kind="expired")
     assert expired.detail["failure_count"] == 1
@@ -126,11 +124,8 @@ async def test_a_compensating_task_released_by_the_sweep_is_not_swept_again(
     assert await sweep(store) == []
     task = await store.get_task("t1")
     assert task is not None
-    assert (task.process_state, task.locked_by, task.failure_count) == (
-        TaskState.COMPENSATING,
-        None,
-        1,
-    )
+    assert (task.process_state, task.locked_by) == (TaskState.COMPENSATING, None)
+    assert (task.failure_count, task.compensation_failures) == (0, 1)
 
 
 async def test_a_compensation_retried_by_the_operator_is_not_swept_before_it_is_claimed(
@@ -155,7 +150,7 @@ async def test_a_compensation_retried_by_the_operator_is_not_swept_before_it_is_
     assert retried.after == TaskState.COMPENSATING
     assert await sweep(store) == []
     task = await store.get_task("t1")
-    assert task is not None and (task.process_state, task.failure_count) == (
+    assert task is not None and (task.process_state, task.compensation_failures) == (
         TaskState.COMPENSATING,
         0,
     )

@@ -193,6 +193,7 @@ class MTask:
     locked_by: str | None = None
     attempt: int = 0
     failure_count: int = 0
+    compensation_failures: int = 0
     complete_by: When | None = None
     result: Any = None
     error: str | None = None
@@ -238,22 +239,26 @@ class MTask:
         self.complete_by = None
 
 
-def after_expiry(task: MTask, count: int) -> tuple[TaskState, int, bool]:
+def after_expiry(task: MTask) -> tuple[TaskState, int, int, int, bool]:
     """Where an expired held task goes (ARCHITECTURE.md, the supervisor): the state, its
-    failure_count, and whether an alert is raised."""
+    failure_count and compensation_failures, the count this expiry is (of the forward path,
+    or of the compensation), and whether an alert is raised."""
+    forward, undoing = task.failure_count, task.compensation_failures
     if task.state == TaskState.COMPENSATING:
-        if count >= task.max_failures:
-            return TaskState.COMPENSATION_FAILED, count, True
-        return TaskState.COMPENSATING, count, False
-    if count < task.max_failures:
-        return TaskState.PENDING, count, False
+        undoing += 1
+        failed = undoing >= task.max_failures
+        state = TaskState.COMPENSATION_FAILED if failed else TaskState.COMPENSATING
+        return state, forward, undoing, undoing, failed
+    forward += 1
+    if forward < task.max_failures:
+        return TaskState.PENDING, forward, undoing, forward, False
     if task.on_failure == OnFailure.STOP:
-        return TaskState.ERROR, count, True
+        return TaskState.ERROR, forward, undoing, forward, True
     if task.on_failure == OnFailure.RETRY:
-        return TaskState.PENDING, count, count == task.max_failures
+        return TaskState.PENDING, forward, undoing, forward, forward == task.max_failures
     if not task.compensable():
-        return TaskState.ERROR, count, True
-    return TaskState.COMPENSATING, 0, True
+        return TaskState.ERROR, forward, undoing, forward, True
+    return TaskState.COMPENSATING, forward, 0, forward, True
 
 
 @dataclass
@@ -628,7 +633,7 @@ class StoreModel(RuleBasedStateMachine):
         state = outcome
         if outcome == TaskState.ERROR and t.on_failure != OnFailure.STOP and t.compensable():
             state = TaskState.COMPENSATING
-            t.failure_count = 0
+            t.compensation_failures = 0
         t.eligible_at = When.now(span).latest(t.open_until())
         t.release(state)
         t.result = {"r": 1} if processed else None
@@ -854,9 +859,8 @@ class StoreModel(RuleBasedStateMachine):
             if e is None:
                 continue
             assert e.seq in seqs, f"sweep of {t.task_id} names seq {e.seq}, not one of {seqs}"
-            count = t.failure_count + 1
             held_as = t.state
-            state, failure_count, alert = after_expiry(t, count)
+            state, failure_count, compensation_failures, count, alert = after_expiry(t)
             assert (e.process_state, e.failure_count) == (state, count), (
                 f"sweep of {t.task_id}: {e.process_state} at {e.failure_count}, "
                 f"expected {state} at {count}"
@@ -870,14 +874,16 @@ class StoreModel(RuleBasedStateMachine):
                 eligible = eligible.latest(t.open_until())
             t.eligible_at = eligible
             t.failure_count = failure_count
+            t.compensation_failures = compensation_failures
             t.release(state)
             if state not in (TaskState.PENDING, held_as):
                 t.close_open_steps()
             if alert:
                 reason = "max_failures" if held_as == TaskState.PROCESSING else state
                 self.expect_event(t.task_id, "alert", reason=str(reason), then=str(state))
+                phase = " while compensating" if held_as == TaskState.COMPENSATING else ""
                 self.error_choices[t.task_id] = {
-                    f"complete_by passed {count} time(s), the last time on "
+                    f"complete_by passed {count} time(s){phase}, the last time on "
                     f"{'the task' if q is None else f'step {q}'}; max_failures reached"
                     for q in seqs
                 }
@@ -934,8 +940,10 @@ class StoreModel(RuleBasedStateMachine):
             s.locked_by = None
             detail["seq"] = seq
         else:
-            if action in ("retry", "compensate"):
+            if action == "retry" and after == TaskState.PENDING:
                 t.failure_count = 0
+            if after == TaskState.COMPENSATING:
+                t.compensation_failures = 0
             now = When.now(span)
             t.eligible_at = now.latest(t.open_until()) if after == TaskState.COMPENSATING else now
             t.release(after)
@@ -1120,6 +1128,7 @@ class StoreModel(RuleBasedStateMachine):
         )
         if rec.on_failure != OnFailure.RETRY:
             assert rec.failure_count <= rec.max_failures, f"{tid}: failure_count over max"
+        assert rec.compensation_failures <= rec.max_failures, f"{tid}: compensation over max"
         for s in steps:
             assert s.idempotency_key == f"{tid}/{s.seq}"
             if state in FINISHED_TASK_STATES:
@@ -1132,10 +1141,17 @@ class StoreModel(RuleBasedStateMachine):
         if choices is not None:  # the sweep's error names the task or one of its steps
             assert rec.error in choices, f"{tid}: error {rec.error!r}, expected one of {choices}"
             t.error = rec.error
-        want = (t.state, t.locked_by, t.attempt, t.failure_count, t.result, t.error)
-        got = (state, rec.locked_by, rec.attempt, rec.failure_count, rec.result, rec.error)
+        want = (
+            t.state, t.locked_by, t.attempt, t.failure_count, t.compensation_failures, t.result,
+            t.error,
+        )  # fmt: skip
+        got = (
+            state, rec.locked_by, rec.attempt, rec.failure_count, rec.compensation_failures,
+            rec.result, rec.error,
+        )  # fmt: skip
         assert got == want, (
-            f"{tid}: (state, locked_by, attempt, failure_count, result, error) is {got}, "
+            f"{tid}: (state, locked_by, attempt, failure_count, compensation_failures, result,"
+            f" error) is {got}, "
             f"the model says {want}"
         )
         if t.complete_by is not None:

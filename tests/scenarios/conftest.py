@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from .harness import Cluster
+from .own_postgres import OwnPostgres, own_postgres
 
 
 @pytest.fixture
@@ -39,3 +40,14 @@ def pg_cluster(pg_url: str, tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def own_pg_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, OwnPostgres]]:
+    """A cluster on a PostgreSQL server of the test's own, which the test may stop and start."""
+    with own_postgres() as server:
+        c = Cluster(server.url, tmp_path)
+        try:
+            yield c, server
+        finally:
+            c.close()

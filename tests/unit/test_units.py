@@ -95,7 +95,8 @@ def test_only_an_operator_takes_a_finished_task_up_again() -> None:
     ("held_as", "on_failure", "count", "compensable", "expected"),
     [
         (TaskState.PROCESSING, "compensate", 1, True, (TaskState.PENDING, 1, None)),
-        (TaskState.PROCESSING, "compensate", 3, True, (TaskState.COMPENSATING, 0, "max_failures")),
+        # Compensation starts: the forward path's count is kept (its own starts at 0).
+        (TaskState.PROCESSING, "compensate", 3, True, (TaskState.COMPENSATING, 3, "max_failures")),
         (TaskState.PROCESSING, "compensate", 3, False, (TaskState.ERROR, 3, "max_failures")),
         (TaskState.PROCESSING, "stop", 3, True, (TaskState.ERROR, 3, "max_failures")),
         # Waiting for the fault to clear: pending again, one alert when the threshold is met.
@@ -118,16 +119,19 @@ def test_where_the_supervisor_sends_an_expired_task(
     compensable: bool,
     expected: tuple[TaskState, int, str | None],
 ) -> None:
+    compensating = held_as == TaskState.COMPENSATING
     plan = plan_expiry(
         held_as=held_as,
         on_failure=on_failure,
-        failure_count=count - 1,
+        failure_count=0 if compensating else count - 1,
+        compensation_failures=count - 1 if compensating else 0,
         max_failures=3,
         seq=None,
         compensable=compensable,
         backoff=sw.Backoff(initial=0.5, maximum=30),
     )
-    assert (plan.state, plan.failure_count, plan.alert) == expected
+    kept = plan.compensation_failures if compensating else plan.failure_count
+    assert (plan.state, kept, plan.alert) == expected
     assert plan.expiries == count
     assert plan.delay == sw.Backoff(initial=0.5, maximum=30).delay(count)
     assert plan.abandon == (plan.state not in (TaskState.PENDING, held_as))

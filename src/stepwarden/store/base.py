@@ -57,8 +57,8 @@ from ._flow import CHANNEL_TASK_DONE, Flow, FlowFn, Query, Rows, Wakeups
 T = TypeVar("T")
 TRIES = 5
 """How many times a call that is safe to repeat (a read, a submission) is tried when the
-store fails transiently, over about two seconds: a lost connection is replaced, a restarting
-server is waited for."""
+store fails transiently, over about 1.5 seconds: a lost connection is replaced, a restarting
+server is waited for a moment."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -169,7 +169,7 @@ class Store(abc.ABC):
             try:
                 return await call()
             except TransientStoreError:
-                await asyncio.sleep(backoff(tries, initial=0.05, maximum=1.0))
+                await asyncio.sleep(backoff(tries, initial=0.1, maximum=1.0))
         return await call()
 
     async def _write_one(self, query: Query) -> Rows:

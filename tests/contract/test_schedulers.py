@@ -1,0 +1,123 @@
+"""The scheduler registry and the release of held tasks, on each store: a gone scheduler's
+tasks are given back at once (not at their complete_by), without counting a failure, fenced
+by the attempt and the hold; a draining scheduler gives back its own."""
+
+from __future__ import annotations
+
+from stepwarden.records import SchedulerBeat, TaskOutcome
+from stepwarden.states import TaskState
+from stepwarden.store import Store
+
+from .test_store import dispatch, new_task, outcome
+from .test_sweep_compensation import undoable
+
+LEASE = "supervisor"
+
+
+def beat(instance: str, *, held: int = 0) -> SchedulerBeat:
+    return SchedulerBeat(instance=instance, workflows=("wf",), capacity=100, held=held)
+
+
+async def release(
+    store: Store, *, holder: str = "sup", forget_after: float = 3600
+) -> dict[str, TaskState]:
+    term = await store.acquire_lease(LEASE, holder, 30)
+    assert term is not None
+    released = await store.release_gone_schedulers(
+        lease=LEASE, holder=holder, term=term, limit=100, forget_after=forget_after
+    )
+    return {r.task_id: r.process_state for r in released}
+
+
+async def claim(store: Store, scheduler: str, task_id: str) -> int:
+    [claimed] = await store.claim_tasks(scheduler, ["wf"], 1)
+    assert claimed.task.task_id == task_id
+    return claimed.task.attempt
+
+
+async def test_the_registry_shows_each_scheduler_alive_until_it_leaves(store: Store) -> None:
+    await store.beat_schedulers([beat("s1"), beat("s2", held=3)], ttl=30)
+    found = {s.instance: s for s in await store.list_schedulers()}
+    assert set(found) == {"s1", "s2"} and all(s.alive for s in found.values())
+    assert (found["s2"].held, found["s2"].capacity, found["s2"].workflows) == (3, 100, ("wf",))
+    await store.leave_scheduler("s1")
+    alive = {s.instance: s.alive for s in await store.list_schedulers()}
+    assert alive == {"s1": False, "s2": True}
+    assert await release(store, forget_after=0) == {}
+    assert [s.instance for s in await store.list_schedulers()] == ["s2"]  # s1 forgotten
+
+
+async def test_a_gone_schedulers_tasks_are_given_back_at_once(store: Store) -> None:
+    await store.beat_schedulers([beat("s1"), beat("s2")], ttl=30)
+    # s1 holds a processing task with a step queued, and a compensating one; s2 holds one;
+    # "s9" holds one and never registered (an older scheduler): only its deadline frees it.
+    await store.submit([new_task("work", within=60)])
+    work = await claim(store, "s1", "work")
+    assert await store.dispatch_steps([dispatch("work", work, within=60)]) != [None]
+    await store.submit([new_task("undo", within=60)])
+    undo = await claim(store, "s1", "undo")
+    assert await store.dispatch_steps([undoable(dispatch("undo", undo, within=60))]) != [None]
+    assert len(await store.claim_requests("a1", "pay", ["charge"], 1)) == 1
+    assert await store.complete_steps([outcome("undo", 1)]) == [True]
+    declined = TaskOutcome(task_id="undo", attempt=undo, scheduler="s1",
+                           state=TaskState.ERROR, result=None, error="declined")  # fmt: skip
+    assert await store.finish_tasks([declined]) == [True]
+    await claim(store, "s1", "undo")  # its compensation, held by s1
+    await store.submit([new_task("other", within=60)])
+    await claim(store, "s2", "other")
+    await store.submit([new_task("unknown", within=60)])
+    await claim(store, "s9", "unknown")
+
+    assert await release(store) == {}  # nobody is gone yet
+    await store.leave_scheduler("s1")
+    assert await release(store) == {"work": TaskState.PENDING, "undo": TaskState.COMPENSATING}
+    for task_id in ("work", "undo"):
+        task = await store.get_task(task_id)
+        assert task is not None and task.locked_by is None and task.complete_by is None
+        assert (task.failure_count, task.compensation_failures) == (0, 0)
+        [event] = await store.events(task_id=task_id, kind="released")
+        assert event.detail["from"] == "s1" and event.detail["by"] == "sup"
+        assert event.detail["reason"] == "scheduler gone" and event.detail["term"] >= 1
+    for task_id, holder in (("other", "s2"), ("unknown", "s9")):
+        task = await store.get_task(task_id)
+        assert task is not None and task.locked_by == holder
+    # Another scheduler takes the work up at once and adopts its step, still in time.
+    again = await claim(store, "s2", "work")
+    adopt = dispatch("work", again, scheduler="s2", kind="adopt", expected=1)
+    [got] = await store.dispatch_steps([adopt])
+    assert got is not None and got.attempt == 1
+
+
+async def test_a_draining_scheduler_gives_back_only_what_it_still_holds(store: Store) -> None:
+    await store.beat_schedulers([beat("s1"), beat("s2")], ttl=30)
+    for task_id in ("t1", "t2"):
+        await store.submit([new_task(task_id, within=60)])
+        await claim(store, "s1", task_id)
+    # t2 changed hands meanwhile: s1 was found gone, s2 took it.
+    await store.leave_scheduler("s1")
+    assert await release(store) == {"t1": TaskState.PENDING, "t2": TaskState.PENDING}
+    await store.beat_schedulers([beat("s1")], ttl=30)  # s1 was only slow: it beats again
+    await claim(store, "s1", "t1")
+    await claim(store, "s2", "t2")
+    released = await store.release_held("s1")
+    assert [(r.task_id, r.process_state) for r in released] == [("t1", TaskState.PENDING)]
+    [_, drained] = await store.events(task_id="t1", kind="released")
+    assert (drained.detail["from"], drained.detail["by"]) == ("s1", "s1")
+    assert drained.detail["reason"] == "drained" and drained.detail["term"] is None
+    t2 = await store.get_task("t2")
+    assert t2 is not None and t2.locked_by == "s2"
+
+
+async def test_nothing_is_given_back_without_the_lease(store: Store) -> None:
+    await store.beat_schedulers([beat("s1")], ttl=30)
+    await store.submit([new_task("t1", within=60)])
+    await claim(store, "s1", "t1")
+    await store.leave_scheduler("s1")
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    stale = await store.release_gone_schedulers(
+        lease=LEASE, holder="sup", term=term + 1, limit=100, forget_after=3600
+    )
+    assert stale == []
+    t1 = await store.get_task("t1")
+    assert t1 is not None and t1.locked_by == "s1"

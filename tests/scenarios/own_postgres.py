@@ -1,0 +1,68 @@
+"""A PostgreSQL server of the test's own, on another port, that the test may stop and start
+(the shared server on 5432 is never restarted): a cluster made with pg_createcluster, trust
+authentication on 127.0.0.1, dropped afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+VERSION = "15"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ctl(*args: str) -> None:
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *args], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+
+
+@dataclass
+class OwnPostgres:
+    name: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        """Stop the server at once (fast shutdown: sessions are ended, as in a crash of the
+        network or a failover)."""
+        _ctl(VERSION, self.name, "stop", "-m", "fast")
+
+    def start(self) -> None:
+        _ctl(VERSION, self.name, "start")
+
+    def accepts(self) -> bool:
+        try:
+            with psycopg.connect(self.url, connect_timeout=2):
+                return True
+        except psycopg.Error:
+            return False
+
+
+@contextlib.contextmanager
+def own_postgres() -> Iterator[OwnPostgres]:
+    name = f"sw{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    subprocess.run(
+        ["pg_createcluster", VERSION, name, "-p", str(port), "--start",
+         "--", "--auth-host=trust", "--auth-local=trust"],
+        check=True, capture_output=True, timeout=180,
+    )  # fmt: skip
+    try:
+        yield OwnPostgres(name, port)
+    finally:
+        subprocess.run(["pg_dropcluster", VERSION, name, "--stop"], capture_output=True,
+                       timeout=120)  # fmt: skip
