@@ -46,8 +46,13 @@ class Supervisor:
         alerts: AlertDeliverer | None = None,
         retention: float | None = DEFAULT_RETENTION,
         purge_batch: int = 200,
+        gone_grace: float = 5.0,
     ) -> None:
         self.store = store
+        self.gone_grace = gone_grace
+        """Seconds after the store was out of this supervisor's reach before it finds anyone
+        gone: the heartbeats of the others could not land meanwhile either."""
+        self._reached_at: float | None = None
         self.instance = instance
         self.interval = interval
         self.lease_ttl = lease_ttl if lease_ttl is not None else max(5.0, 3 * interval)
@@ -65,6 +70,7 @@ class Supervisor:
                     await self.tick()
                 except TransientStoreError as exc:  # the store is out of reach: next interval
                     logger.warning("supervisor: %s", exc)
+                    self._reached_at = None
                 except Exception:  # a bug, or the store refusing a query: said in full
                     logger.exception("supervisor: the tick failed")
                 await sleep_unless(stop, self.interval)
@@ -89,8 +95,14 @@ class Supervisor:
         self.term = term
         if term is None:
             return []
-        await self._release(term)
-        await self._sweep_steps(term)
+        now = asyncio.get_running_loop().time()
+        if self._reached_at is None:
+            self._reached_at = now
+        # After an outage every heartbeat is late: give the instances time to beat again.
+        others_heard = now - self._reached_at >= self.gone_grace
+        if others_heard:
+            await self._release(term)
+        await self._sweep_steps(term, reassign=others_heard)
         recovered = await self._sweep(term)
         if self.alerts is not None:
             await self.alerts.deliver_due()
@@ -123,7 +135,7 @@ class Supervisor:
             if len(batch) < self.batch:
                 return released
 
-    async def _sweep_steps(self, term: int) -> list[StepSwept]:
+    async def _sweep_steps(self, term: int, *, reassign: bool) -> list[StepSwept]:
         """Steps of gone agent instances to others; steps past their pick-up or total
         timeout failed."""
         swept: list[StepSwept] = []
@@ -134,6 +146,7 @@ class Supervisor:
                 term=term,
                 limit=self.batch,
                 forget_after=FORGET_AFTER,
+                reassign=reassign,
             )
             for s in batch:
                 if s.kind == "reassigned":

@@ -28,7 +28,7 @@ def _seconds(later: datetime, earlier: datetime) -> float:
 
 def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster) -> None:
     c = cluster
-    doomed, survivor = (
+    doomed, _survivor = (
         c.start(f"scheduler-{n}", "--roles", "scheduler", *QUICK_SCHEDULERS, ready=False)
         for n in ("a", "b")
     )

@@ -502,7 +502,14 @@ class Store(abc.ABC):
         )
 
     async def sweep_steps(
-        self, *, lease: str, holder: str, term: int, limit: int, forget_after: float
+        self,
+        *,
+        lease: str,
+        holder: str,
+        term: int,
+        limit: int,
+        forget_after: float,
+        reassign: bool = True,
     ) -> list[StepSwept]:
         """Under the lease (holder, term): reassign the running steps of gone agent
         instances (not_started, attempt + 1, reassignments + 1, a full complete_by) and
@@ -510,8 +517,9 @@ class Store(abc.ABC):
         scheduler to take up again at once, since the task's own scheduler may be gone with
         the agent; fail the steps no agent claimed within their pick-up timeout and the open
         steps past their total timeout (an open one as abandoned: it may have taken effect),
-        and forget instances gone for `forget_after` seconds. Nothing is written when the
-        lease is no longer held at `term`."""
+        and forget instances gone for `forget_after` seconds (without `reassign`, the gone
+        instances are left alone). Nothing is written when the lease is no longer held at
+        `term`."""
         return await self._write(
             lambda wake: policy.sweep_steps(
                 lease=lease,
@@ -519,6 +527,7 @@ class Store(abc.ABC):
                 term=term,
                 limit=limit,
                 forget_after=forget_after,
+                reassign=reassign,
                 wake=wake,
             )
         )

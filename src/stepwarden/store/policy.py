@@ -644,7 +644,14 @@ def _set_aside(
 
 
 def sweep_steps(
-    *, lease: str, holder: str, term: int, limit: int, forget_after: float, wake: Wakeups
+    *,
+    lease: str,
+    holder: str,
+    term: int,
+    limit: int,
+    forget_after: float,
+    reassign: bool,
+    wake: Wakeups,
 ) -> Flow[list[StepSwept]]:
     """Under the lease: the running steps of gone agent instances are queued again (attempt
     + 1, a full complete_by) and their tasks released (failure_count unchanged), since the
@@ -655,7 +662,7 @@ def sweep_steps(
         return []
     held, gone, pickup, total = yield [
         _held(lease, holder, term),
-        Query("gone_holders", {"limit": limit}),
+        Query("gone_holders", {"limit": limit if reassign else 0}),
         Query("pickup_expired", {"limit": limit}),
         Query("total_expired", {"limit": limit}),
     ]
@@ -671,9 +678,11 @@ def sweep_steps(
         for r in total
         if (r["task_id"], r["seq"]) not in failing
     ]
-    reassign = [
+    moves = [
         {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
-         "instance": r["locked_by"], "task_attempt": r["task_attempt"]}
+         "instance": r["locked_by"], "task_attempt": r["task_attempt"],
+         "held_as": r["task_state"],
+         "released_as": str(release_state(TaskState(r["task_state"])))}
         for r in gone
     ]  # fmt: skip
     fail = [
@@ -681,7 +690,7 @@ def sweep_steps(
          "state": r["state"], "error": error, "abandoned": abandoned}
         for r, _, (error, abandoned) in timed_out
     ]  # fmt: skip
-    reassigned, _ = yield from _apply_each("reassign_steps", by, reassign)
+    reassigned, _ = yield from _apply_each("reassign_steps", by, moves)
     failed, _ = yield from _apply_each("fail_steps", by, fail)
     yield [Query("forget_agents", {"forget_after": float(forget_after)})]
     read = {(r["task_id"], r["seq"]): (r, "reassigned") for r in gone}

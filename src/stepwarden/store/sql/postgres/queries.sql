@@ -380,7 +380,8 @@ WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: gone_holders
 -- Running steps of the current attempt of held tasks whose agent instance is gone.
-SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
+       t.process_state AS task_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
   AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
@@ -414,8 +415,9 @@ FOR UPDATE SKIP LOCKED
 -- with the agent.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
-                         %(instance)s::text[], %(task_attempt)s::int[], %(ord)s::int[])
-        AS d(task_id, seq, attempt, instance, task_attempt, ord)
+                         %(instance)s::text[], %(task_attempt)s::int[], %(held_as)s::text[],
+                         %(released_as)s::text[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, task_attempt, held_as, released_as, ord)
 ), r AS (
     UPDATE stepwarden_steps s
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
@@ -426,15 +428,17 @@ WITH d AS (
     FROM d
     WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
       AND s.state = 'running' AND s.locked_by = d.instance
-    RETURNING d.ord, s.task_id, s.seq, s.attempt, d.instance, d.task_attempt
+    RETURNING d.ord, s.task_id, s.seq, s.attempt, d.instance, d.task_attempt, d.held_as,
+              d.released_as
 ), rel AS (
+    -- The task is released too (rules.release_state), failure_count unchanged, for a
+    -- scheduler to take up again at once (it adopts the step): its own may be gone with it.
     UPDATE stepwarden_tasks t
     SET locked_by = NULL, complete_by = NULL, eligible_at = now(), updated_at = now(),
-        process_state = CASE t.process_state WHEN 'processing' THEN 'pending'
-                             ELSE t.process_state END
-    FROM (SELECT DISTINCT task_id, task_attempt FROM r) AS x
+        process_state = x.released_as
+    FROM (SELECT DISTINCT task_id, task_attempt, held_as, released_as FROM r) AS x
     WHERE t.task_id = x.task_id AND t.attempt = x.task_attempt AND t.locked_by IS NOT NULL
-      AND t.process_state IN ('processing', 'compensating')
+      AND t.process_state = x.held_as
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT task_id, now(), 'reassigned',

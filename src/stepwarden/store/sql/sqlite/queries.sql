@@ -256,7 +256,8 @@ WHERE task_id = :task_id AND seq = :seq
 
 -- name: gone_holders
 -- Running steps of the current attempt of held tasks whose agent instance is gone.
-SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
+       t.process_state AS task_state
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_holder
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
@@ -294,9 +295,9 @@ WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'runn
 RETURNING :ord AS ord, task_id, seq, attempt;
 UPDATE stepwarden_tasks
 SET locked_by = NULL, complete_by = NULL, eligible_at = :now, updated_at = :now,
-    process_state = CASE process_state WHEN 'processing' THEN 'pending' ELSE process_state END
+    process_state = :released_as
 WHERE task_id = :task_id AND attempt = :task_attempt AND locked_by IS NOT NULL
-  AND process_state IN ('processing', 'compensating');
+  AND process_state = :held_as;
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (:task_id, :now, 'reassigned',
         json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'by', :holder,
