@@ -186,24 +186,28 @@ def test_a_real_process_exits_with_the_documented_codes(migrated_url: str) -> No
     _no_tasks(migrated_url)
 
 
-def test_an_agent_gone_after_no_longer_than_its_heartbeat_is_refused(migrated_url: str) -> None:
+@pytest.mark.parametrize("role", ["agent", "scheduler"])
+def test_a_gone_after_no_longer_than_its_heartbeat_is_refused(
+    migrated_url: str, role: str
+) -> None:
     for beat, gone in (("1", "1"), ("2", "1.5")):
         assert_refused(
             invoke(
                 "--app", APP, "--store", migrated_url, "worker",
-                "--agent-heartbeat", beat, "--agent-gone-after", gone,
+                f"--{role}-heartbeat", beat, f"--{role}-gone-after", gone,
             ),
-            "--agent-gone-after",
-            "must be longer than --agent-heartbeat",
+            f"--{role}-gone-after",
+            f"must be longer than --{role}-heartbeat",
             exit_code=1,
         )  # fmt: skip
-    for option in ("--agent-heartbeat", "--agent-gone-after"):
+    for option in (f"--{role}-heartbeat", f"--{role}-gone-after"):
         assert_refused(
             invoke("--app", APP, "--store", migrated_url, "worker", option, "0"),
             f"Invalid value for '{option}'",
             exit_code=2,
         )
-    assert assert_ok(invoke("--store", migrated_url, "agents")) == (
-        "no agent instance has registered\n"
+    command = f"{role}s"
+    assert assert_ok(invoke("--store", migrated_url, command)) == (
+        f"no {role} instance has registered\n"
     )
-    assert assert_ok(invoke("--store", migrated_url, "agents", "--json")) == ""
+    assert assert_ok(invoke("--store", migrated_url, command, "--json")) == ""

@@ -113,9 +113,18 @@ def test_a_scheduler_only_worker_holds_the_task_and_drains_on_sigterm(
     # Only the role asked for ran; the drain was announced.
     assert re.search(r"worker [0-9a-f]+ running scheduler$", log, re.MULTILINE), log
     assert "SIGTERM received, draining" in log
-    # A drained scheduler writes nothing: the task stays held until its complete_by passes.
+    # At its drain timeout the scheduler hands the task back at once (no failure counted),
+    # for another scheduler to resume; its step stays queued.
     after = _show(migrated_url, "w-1")
-    assert after["process_state"] == "processing" and after["steps"][0]["state"] == "not_started"
+    assert (after["process_state"], after["locked_by"], after["failure_count"]) == (
+        "pending",
+        None,
+        0,
+    )
+    assert after["steps"][0]["state"] == "not_started"
+    [released] = [e for e in after["events"] if e["kind"] == "released"]
+    assert released["detail"]["reason"] == "drained"
+    assert released["detail"]["from"] == task["locked_by"]
 
 
 def test_a_full_worker_runs_a_submitted_task_and_exits_0_on_sigterm(

@@ -8,7 +8,10 @@ import time
 from collections import Counter
 from datetime import datetime
 
+from click.testing import CliRunner
+
 import stepwarden as sw
+from stepwarden.cli import cli
 
 from .harness import PROCESSED, Cluster
 from .own_postgres import OwnPostgres
@@ -28,15 +31,10 @@ def _seconds(later: datetime, earlier: datetime) -> float:
 
 def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster) -> None:
     c = cluster
-    doomed, _survivor = (
-        c.start(f"scheduler-{n}", "--roles", "scheduler", *QUICK_SCHEDULERS, ready=False)
-        for n in ("a", "b")
-    )
-    c.start("agents", "--roles", "agents,supervisor", ready=False)
-    for p in c.procs:
-        c.wait_until(p.instance, f"{p.name} to start")
+    doomed = c.start("scheduler-a", "--roles", "scheduler", *QUICK_SCHEDULERS)
+    c.start("agents", "--roles", "agents,supervisor")
     ids = [f"r1-{i:02d}" for i in range(30)]
-    step = {"work": 0.3, "idempotent": True}
+    step = {"work": 1.0, "idempotent": True}
     for task_id in ids:
         c.submit(task_id, [step, step])
     doomed_name = f"scheduler-{doomed.instance()}"
@@ -45,6 +43,7 @@ def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster
         return [t.task_id for t in c.app.tasks(limit=100) if t.locked_by == doomed_name]
 
     c.wait_until(lambda: len(doomed_holds_tasks()) >= 3, "scheduler-a to hold tasks")
+    c.start("scheduler-b", "--roles", "scheduler", *QUICK_SCHEDULERS)
     c.kill(doomed)
 
     def all_finished() -> list[sw.TaskRecord] | None:
@@ -65,6 +64,10 @@ def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster
     # Not a failure: no work was judged, and no deadline was waited for.
     assert all(t.failure_count == 0 for t in tasks), why
     assert not gone.alive and released, why
+    shown = CliRunner().invoke(cli, ["--store", c.store_url, "schedulers"])
+    assert shown.exit_code == 0, shown.output
+    line = next(x for x in shown.output.splitlines() if doomed_name in x)
+    assert " gone " in f" {line} ", shown.output
     for event, task in released.values():
         assert event.detail["from"] == doomed_name, why
         assert event.detail["reason"] == "scheduler gone", why

@@ -405,12 +405,17 @@ def test_sigterm_past_the_drain_timeout_leaves_the_step_to_another_worker(
     effects = c.effects(task_id="t9")
     why = c.why(f"calls {calls}\neffects {effects}", "t9")
     assert first.popen.returncode == 0, why
-    # worker-1 left the agent registry as it stopped: its step is reassigned and its task
-    # released if the step is still in time when worker-2's supervisor sweeps (no failure
-    # counted); otherwise the step expires first (one failure). Either way, attempt 2.
-    reassigned = [e for e in view.events if e.kind == "reassigned"]
-    assert task.process_state == PROCESSED and task.attempt == 2, why
-    assert task.failure_count == (0 if reassigned else 1), why
+    # At its drain timeout worker-1 handed the task back at once, for another scheduler.
+    [released] = [e for e in view.events if e.kind == "released"]
+    assert released.detail["reason"] == "drained", why
+    assert released.detail["from"] == f"scheduler-{first.instance()}", why
+    # worker-1 left the agent registry as it stopped. The step runs again, attempt 2, in
+    # worker-2: reassigned, or dispatched again by worker-2's scheduler resuming the task
+    # (no failure counted either way), or, on a slow machine, after the supervisor found its
+    # 1.5 s complete_by passed first (one failure).
+    expired = [e for e in view.events if e.kind == "expired"]
+    assert task.process_state == PROCESSED and task.attempt >= 2, why
+    assert task.failure_count == len(expired) <= 1, why
     [step] = view.steps
     assert (step.state, step.attempt, step.idempotency_key) == (COMPLETED, 2, "t9/1"), why
     assert [(x["attempt"], x["pid"]) for x in calls] == [(1, first.pid), (2, second.pid)], why
