@@ -222,7 +222,9 @@ def scheduler_kill_once(
 # -- a database outage ----------------------------------------------------------------------
 
 OUTAGE = 10.0
-OUTAGE_ORDERS = 600
+OUTAGE_TASKS = 200
+"""Tasks in flight when the database stops: each one's step is held open until then (two
+agent processes serve 100 calls each at once)."""
 
 
 def _ctl(*args: str) -> None:
@@ -236,11 +238,13 @@ def _ctl(*args: str) -> None:
 
 def outage_once(res: Resources, *, log_dir: Path, run: int) -> dict[str, Any]:
     """PostgreSQL (a server of the benchmark's own, on another port: the shared one is never
-    stopped) stops for OUTAGE seconds while two workers run OUTAGE_ORDERS orders; the figure
-    is the time from its restart until every order is processed, by the store's clock."""
+    stopped) stops for OUTAGE seconds while two workers hold OUTAGE_TASKS tasks whose steps
+    are running; the steps return while it is down (their outcomes cannot be written); the
+    figure is the time from its restart until every task is processed, by the store's clock."""
     from . import workload
 
     name = f"swb{os.getpid()}r{run}"
+    workdir = res.temp_dir(f"outage-{run}")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -289,39 +293,35 @@ def outage_once(res: Resources, *, log_dir: Path, run: int) -> dict[str, Any]:
             children=children,
         )
         tasks = [
-            workload.app.new_task("order", workload.order_input(i), task_id=f"o-{i}")
-            for i in range(OUTAGE_ORDERS)
+            workload.app.new_task("gate_order", {"dir": str(workdir)}, task_id=f"o-{i}")
+            for i in range(OUTAGE_TASKS)
         ]
         loop.run_until_complete(app.submit_many_async(tasks))
 
-        def processed() -> int:
-            found = loop.run_until_complete(app.tasks_async(state="processed", limit=10_000))
-            return len(found)
+        def running() -> bool:
+            steps = loop.run_until_complete(app.tasks_async(state="processing", limit=OUTAGE_TASKS))
+            return len(steps) == OUTAGE_TASKS
 
-        wait_for(
-            lambda: processed() >= OUTAGE_ORDERS // 4,
-            timeout=60,
-            what="a quarter of the orders",
-            children=children,
-        )
+        wait_for(running, timeout=60, what="every task to be under way", children=children)
         _ctl("15", name, "stop", "-m", "fast")
+        (workdir / "open").touch()  # the calls return while the database is down
         time.sleep(OUTAGE)
         _ctl("15", name, "start")
         back_at = time.time()
         done = [loop.run_until_complete(app.result_async(t.task_id, timeout=120)) for t in tasks]
-        finished = loop.run_until_complete(app.tasks_async(limit=OUTAGE_ORDERS))
+        finished = loop.run_until_complete(app.tasks_async(limit=OUTAGE_TASKS))
         last = max(_epoch(t.finished_at) for t in finished)
-        failures = sum(t.failure_count for t in finished)
         return {
             "back_to_all_done_s": round(last - back_at, 3),
             "processed": len(done),
-            "failures": failures,
+            "failures": sum(t.failure_count for t in finished),
         }
     finally:
         loop.run_until_complete(app.aclose())
         loop.close()
         res.stop_all(children)
         subprocess.run(["pg_dropcluster", "15", name, "--stop"], capture_output=True, timeout=120)
+        res.remove_path(workdir)
 
 
 def scheduler_recovery(
@@ -349,7 +349,7 @@ def outage_recovery(res: Resources, *, runs: int, log_dir: Path) -> dict[str, An
         samples.append(sample)
     return {
         "back_to_all_done_s_median": round(median([s["back_to_all_done_s"] for s in samples]), 3),
-        "orders": OUTAGE_ORDERS,
+        "tasks": OUTAGE_TASKS,
         "outage_s": OUTAGE,
         "goal_s": 5.0,
         "runs": samples,

@@ -361,8 +361,9 @@ def table(result: dict[str, Any]) -> str:
                 )
             else:
                 lines.append(
-                    f"recovery ({name}): PostgreSQL stopped {rec['outage_s']:g} s under "
-                    f"{rec['orders']} orders: all done {rec['back_to_all_done_s_median']:.2f} s "
+                    f"recovery ({name}): PostgreSQL stopped {rec['outage_s']:g} s with "
+                    f"{rec['tasks']} tasks under way: all done "
+                    f"{rec['back_to_all_done_s_median']:.2f} s "
                     f"after it was back (median of {len(rec['runs'])}; goal <= "
                     f"{rec['goal_s']:g} s)"
                 )
