@@ -26,6 +26,7 @@ from .errors import (
     ResultTimeout,
     TaskFailed,
     TaskNotFound,
+    TransientStoreError,
     UnknownNameError,
 )
 from .records import (
@@ -42,7 +43,7 @@ from .records import (
 from .retry import Retry
 from .rules import plan_action
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
-from .store import CHANNEL_OUTBOX, Store, Transaction, open_store
+from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
 from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
@@ -300,20 +301,33 @@ class App:
         return self._call(self.status_async(task_id))
 
     async def result_async(self, task_id: str, *, timeout: float | None = None) -> Any:
-        """Wait until the task finishes; its result, or TaskFailed if it ended in Error."""
+        """Wait until the task finishes: its result when processed; TaskFailed when it ended
+        otherwise (error, compensated, compensation_failed, cancelled); ResultTimeout when
+        `timeout` seconds pass first; TaskNotFound for an unknown task. While the store is
+        unreachable it goes on waiting, within `timeout`."""
+        _check.name("task_id", task_id)
         _check.timeout(timeout)
         store = await self.store()
-        await self.status_async(task_id)
+        sub = store.subscribe(CHANNEL_TASK_DONE)
         try:
             async with asyncio.timeout(timeout):
-                async for task in store.watch_states(task_id, poll=store.default_poll_interval):
+                while True:
+                    try:
+                        task = await store.get_task(task_id)
+                    except TransientStoreError:  # wait for the store as for the task
+                        await sub.wait(store.default_poll_interval)
+                        continue
+                    if task is None:
+                        raise TaskNotFound(f"no task {task_id!r}")
                     if task.process_state in FINISHED_TASK_STATES:
                         if task.process_state != TaskState.PROCESSED:
                             raise TaskFailed(task_id, task.error, str(task.process_state))
                         return task.result
+                    await sub.wait(store.default_poll_interval)
         except TimeoutError:
             raise ResultTimeout(f"task {task_id!r} did not finish within {timeout}s") from None
-        raise TaskNotFound(f"no task {task_id!r}")  # the task was deleted meanwhile
+        finally:
+            store.unsubscribe(CHANNEL_TASK_DONE, sub)
 
     def result(self, task_id: str, *, timeout: float | None = None) -> Any:
         return self._call(self.result_async(task_id, timeout=timeout))
@@ -402,7 +416,13 @@ class App:
         seen: dict[int, datetime] = {}
         try:
             while True:
-                batch = await store.outbox(channel=channel, task_id=task_id, after=low, limit=500)
+                try:
+                    batch = await store.outbox(
+                        channel=channel, task_id=task_id, after=low, limit=500
+                    )
+                except TransientStoreError:  # the store is away: wait for it, as for news
+                    await sub.wait(store.default_poll_interval * 4)
+                    continue
                 for message in batch:
                     if message.id not in seen:
                         seen[message.id] = message.at

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -52,7 +52,7 @@ from ..records import (
 from ..retry import Backoff, backoff
 from ..states import TaskState
 from . import _rows, _sql, policy
-from ._flow import CHANNEL_TASK_DONE, Flow, FlowFn, Query, Rows, Wakeups
+from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 
 T = TypeVar("T")
 TRIES = 5
@@ -541,18 +541,6 @@ class Store(abc.ABC):
 
     async def listen(self) -> None:  # noqa: B027 - a store without cross-process wake-ups
         """Start receiving wake-ups from other processes, where the database offers them."""
-
-    async def watch_states(self, task_id: str, poll: float) -> AsyncIterator[TaskRecord]:
-        """Yield the task each time it is read, waking on task completions."""
-        sub = self.subscribe(CHANNEL_TASK_DONE)
-        try:
-            while True:
-                task = await self.get_task(task_id)
-                if task is not None:
-                    yield task
-                await sub.wait(poll)
-        finally:
-            self.unsubscribe(CHANNEL_TASK_DONE, sub)
 
     # -- the dashboard --------------------------------------------------------------------
     # Read-only queries of the operator's dashboard and its metrics (stepwarden.dashboard).
