@@ -26,6 +26,12 @@ from .systems import _bin
 HOLD_STEP_WITHIN = 2.0
 
 
+def _worker_command(url: str) -> list[str]:
+    """`stepwarden worker` of the benchmark's workload on `url` (add --roles to it)."""
+    return [_bin("stepwarden"), "--store", url, "--log-level", "info", "worker",
+            "bench.workload:app"]  # fmt: skip
+
+
 def _epoch(value: Any) -> float:
     return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
@@ -37,15 +43,7 @@ def recovery_once(res: Resources, *, postgres: bool, log_dir: Path, run: int) ->
     url = res.create_database(f"rec{run}") if postgres else f"sqlite:///{workdir / 'store.db'}"
     env = {"PYTHONUNBUFFERED": "1", "BENCH_HOLD_STEP_WITHIN": str(HOLD_STEP_WITHIN)}
     store_name = "postgres" if postgres else "sqlite"
-    base = [
-        _bin("stepwarden"),
-        "--store",
-        url,
-        "--log-level",
-        "info",
-        "worker",
-        "bench.workload:app",
-    ]
+    base = _worker_command(url)
     children = []
     loop = asyncio.new_event_loop()
     app = workload.app
@@ -144,15 +142,7 @@ def scheduler_kill_once(
     workdir = res.temp_dir(f"schedkill-{run}")
     url = res.create_database(f"sk{run}") if postgres else f"sqlite:///{workdir / 'store.db'}"
     store_name = "postgres" if postgres else "sqlite"
-    base = [
-        _bin("stepwarden"),
-        "--store",
-        url,
-        "--log-level",
-        "info",
-        "worker",
-        "bench.workload:app",
-    ]
+    base = _worker_command(url)
     children = []
     loop = asyncio.new_event_loop()
     app = workload.app
@@ -265,15 +255,7 @@ def outage_once(res: Resources, *, log_dir: Path, run: int) -> dict[str, Any]:
         timeout=180,
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    base = [
-        _bin("stepwarden"),
-        "--store",
-        url,
-        "--log-level",
-        "info",
-        "worker",
-        "bench.workload:app",
-    ]
+    base = _worker_command(url)
     children = []
     loop = asyncio.new_event_loop()
     app = workload.app

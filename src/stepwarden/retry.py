@@ -7,13 +7,17 @@ week) gives the maximum delay, never an overflow.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .errors import ConfigurationError, PermanentError, StoreError, TransientStoreError
 
+T = TypeVar("T")
 MAX_EXPONENT = 32
 """The highest power of the multiplier a delay is computed with."""
 MAX_DELAY = 365 * 24 * 3600.0
@@ -113,3 +117,29 @@ def after_store_failure(log: logging.Logger, what: str, exc: StoreError, failure
         return backoff(failures, initial=0.1, maximum=5.0)
     log.error("%s: %s", what, exc, exc_info=exc)
     return backoff(failures, initial=1.0, maximum=60.0)
+
+
+async def answered(
+    log: logging.Logger,
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    pointless: Callable[[float], bool] = lambda delay: False,
+) -> T:
+    """`call()`'s answer, tried again after each transient store failure (said as a warning,
+    a growing delay between) until the store answers, or until waiting `delay` more seconds
+    would be `pointless` (the last failure is then raised). A permanent failure is said as an
+    error and raised. Only for calls that are safe to repeat (reads, fenced writes)."""
+    failures = 0
+    while True:
+        try:
+            return await call()
+        except TransientStoreError as exc:
+            failures += 1
+            delay = after_store_failure(log, what, exc, failures)
+            if pointless(delay):
+                raise
+            await asyncio.sleep(delay)
+        except StoreError as exc:
+            after_store_failure(log, what, exc, 1)
+            raise

@@ -34,7 +34,7 @@ from .records import (
     StepOutcome,
     idempotency_key,
 )
-from .retry import after_store_failure
+from .retry import after_store_failure, answered
 from .states import StepState
 from .store import CHANNEL_REQUESTS, Store
 
@@ -346,20 +346,18 @@ class AgentRunner:
         each transient store failure while the step's complete_by has not passed: after it,
         the write could only be refused, and the supervisor dispatches the step again. None
         when no answer came (said in the log)."""
-        failures = 0
-        while True:
-            try:
-                return await call()
-            except TransientStoreError as exc:
-                failures += 1
-                delay = after_store_failure(logger, what, exc, failures)
-            except StoreError as exc:
-                after_store_failure(logger, what, exc, 1)
-                return None
-            if hold.loop.time() + delay >= hold.deadline:
-                logger.warning("%s before its complete_by; the supervisor will retry it", what)
-                return None
-            await asyncio.sleep(delay)
+        try:
+            return await answered(
+                logger,
+                what,
+                call,
+                pointless=lambda delay: hold.loop.time() + delay >= hold.deadline,
+            )
+        except TransientStoreError:
+            logger.warning("%s before its complete_by; the supervisor will retry it", what)
+        except StoreError:
+            pass  # said by answered
+        return None
 
     async def _hand_back(self, hold: _Hold, why: CircuitOpen) -> None:
         request = hold.request

@@ -39,7 +39,7 @@ from .records import (
     TaskOutcome,
     step_key,
 )
-from .retry import after_store_failure
+from .retry import after_store_failure, answered
 from .rules import AlertReason, step_needs_compensation
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
@@ -498,19 +498,8 @@ class Scheduler:
             uncertain = False
 
     async def _answered(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`'s answer, tried again after each transient store failure (said as a
-        warning, with a growing delay) until the store answers; a permanent failure is said
-        as an error and raised."""
-        failures = 0
-        while True:
-            try:
-                return await call()
-            except TransientStoreError as exc:
-                failures += 1
-                await asyncio.sleep(after_store_failure(logger, what, exc, failures))
-            except StoreError as exc:
-                after_store_failure(logger, what, exc, 1)
-                raise
+        """`call()`'s answer, tried again while the store is unreachable."""
+        return await answered(logger, what, call)
 
     async def _alert_if_retried_too_often(
         self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
