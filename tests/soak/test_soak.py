@@ -23,6 +23,7 @@ def test_short_soak_loses_nothing_and_repeats_nothing(store_url: str, tmp_path: 
         "--store", store_url,
         "--workdir", str(tmp_path),
         "--orders", "300",
+        "--rate", "40",  # placed over 7.5 s: the run meets several kills, however fast it is
         "--kill-every", "2",
         "--timeout", "240",
         "--json",
