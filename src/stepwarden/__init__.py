@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._text import EscapingFormatter
 from .agent import Agent, Call, Limit, Operation
 from .alerts import AlertSink, CallableSink, LogSink, WebhookSink
 from .app import App, TaskTransaction, TaskView
@@ -28,6 +29,7 @@ from .errors import (
 from .records import (
     ActionOutcome,
     AgentInstance,
+    EventPage,
     EventRecord,
     OutboxMessage,
     SchedulerInstance,
@@ -56,6 +58,8 @@ __all__ = [
     "CircuitOpen",
     "ConfigurationError",
     "Context",
+    "EscapingFormatter",
+    "EventPage",
     "EventRecord",
     "Limit",
     "LogSink",

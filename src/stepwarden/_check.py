@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ._text import first_unsafe
 from .errors import ConfigurationError
 from .states import TaskState
 
@@ -21,6 +22,8 @@ MAX_REASON = 1000
 """The longest reason an operator may give, in characters."""
 MAX_INT = 2**31 - 1
 """The largest priority, step number or limit: the stores' integer columns."""
+MAX_BIGINT = 2**63 - 1
+"""The largest event or outbox id: the stores' bigint columns."""
 
 
 def shown(value: Any, width: int = 60) -> str:
@@ -44,15 +47,29 @@ def _unicode(what: str, value: str) -> None:
 
 def name(what: str, value: Any) -> str:
     """A task id, a channel, a workflow or an operator: 1 to MAX_NAME characters of valid
-    Unicode, without control characters."""
+    Unicode, without control characters (C0, DEL, C1), bidirectional controls or line
+    separators."""
     if not isinstance(value, str) or not value or len(value) > MAX_NAME:
         raise ConfigurationError(
             f"{what} must be a string of 1 to {MAX_NAME} characters, not {shown(value)}"
         )
-    if any(ord(ch) < 32 for ch in value):
-        raise ConfigurationError(f"{what} must not contain control characters: {shown(value)}")
+    bad = first_unsafe(value)
+    if bad is not None:
+        raise ConfigurationError(
+            f"{what} must not contain control characters: {shown(value)} holds U+{ord(bad):04X} "
+            "(bidirectional controls and line separators are refused too)"
+        )
     _unicode(what, value)
     return value
+
+
+def new_task_id(value: Any) -> str:
+    """The id of a task to create: a name, and not `.` or `..`, which a path cannot name
+    (a browser or an HTTP client resolves them away in the dashboard's links)."""
+    name("task_id", value)
+    if value in (".", ".."):
+        raise ConfigurationError(f"task_id must not be {value!r}: a URL path cannot name it")
+    return str(value)
 
 
 def text(what: str, value: Any, *, limit: int = MAX_REASON) -> str | None:

@@ -48,17 +48,21 @@ from .workflow import Workflow, WorkflowFn
 
 T = TypeVar("T")
 W = TypeVar("W", bound=WorkflowFn)
+MAX_EVENT_PAGE = 1000
+"""The most events of a task's history read at once."""
 FOLLOW_SETTLE = 5.0
 """Seconds after which an outbox message is taken as committed in id order."""
 
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
-    """A task with its steps and its history, as `show` prints it."""
+    """A task with its steps and its history, as `show` prints it: the newest events first;
+    `more_events` when older ones exist (`show_async(..., events_before=...)` pages on)."""
 
     task: TaskRecord
     steps: list[StepRecord]
     events: list[EventRecord]
+    more_events: bool = False
 
 
 class App:
@@ -230,7 +234,7 @@ class App:
         wf = self.find_workflow(workflow)
         if task_id is None:
             task_id = uuid.uuid4().hex
-        _check.name("task_id", task_id)
+        _check.new_task_id(task_id)
         _check.integer("priority", priority, -_check.MAX_INT - 1)
         if reply_to is not None and not _check.name("reply_to", reply_to).strip():
             raise ConfigurationError("reply_to must be a non-empty channel name")
@@ -332,16 +336,26 @@ class App:
     def result(self, task_id: str, *, timeout: float | None = None) -> Any:
         return self._call(self.result_async(task_id, timeout=timeout))
 
-    async def show_async(self, task_id: str) -> TaskView:
+    async def show_async(
+        self, task_id: str, *, events: int = 100, events_before: int | None = None
+    ) -> TaskView:
+        """The task, its steps and a page of its history: the newest `events` events, or
+        those before the event id `events_before`."""
         _check.name("task_id", task_id)
+        _check.integer("events", events, 1, MAX_EVENT_PAGE)
+        if events_before is not None:
+            _check.integer("events_before", events_before, 1, _check.MAX_BIGINT)
         store = await self.store()
         task = await store.get_task(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id!r}")
-        return TaskView(task, await store.get_steps(task_id), await store.events(task_id=task_id))
+        page = await store.history(task_id, limit=events, before=events_before)
+        return TaskView(task, await store.get_steps(task_id), page.events, page.more)
 
-    def show(self, task_id: str) -> TaskView:
-        return self._call(self.show_async(task_id))
+    def show(
+        self, task_id: str, *, events: int = 100, events_before: int | None = None
+    ) -> TaskView:
+        return self._call(self.show_async(task_id, events=events, events_before=events_before))
 
     async def tasks_async(
         self,

@@ -9,16 +9,18 @@ import asyncio
 import importlib
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 import orjson
 
 from . import _check, _json
-from .app import App, TaskView
+from ._text import EscapingFormatter, escape, escape_json
+from .app import MAX_EVENT_PAGE, App, TaskView
 from .errors import StepwardenError
 from .records import ActionOutcome, TaskRecord
 from .retry import Backoff
@@ -91,8 +93,20 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The error's message on one line (a driver's message may span several)."""
-    return " ".join(str(exc).split())
+    """The error's message on one line (a driver's message may span several), its control
+    characters escaped."""
+    return escape(" ".join(str(exc).split()))
+
+
+def _echo(text: str, *, err: bool = False) -> None:
+    """Print one line with its control characters escaped: a task id, an error or a reason
+    cannot move the cursor, reorder the line or forge another."""
+    click.echo(escape(text), err=err)
+
+
+def _echo_json(document: str) -> None:
+    """Print a JSON document: the same value, its control characters written as escapes."""
+    click.echo(escape_json(document))
 
 
 def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
@@ -126,10 +140,9 @@ def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
 @click.pass_context
 def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: str) -> None:
     """stepwarden: durable multi-step operations (Scheduler-Agent-Supervisor)."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     ctx.obj = _Ctx(app_ref, store)
 
 
@@ -317,7 +330,15 @@ def worker(
 
 @cli.command()
 @click.argument("workflow")
-@click.argument("input_json", required=False, default="null", metavar="[INPUT_JSON]")
+@click.argument("input_json", required=False, default=None, metavar="[INPUT_JSON]")
+@_opt(
+    "--input-file",
+    envvar="STEPWARDEN_INPUT_FILE",
+    default=None,
+    type=click.File("r", encoding="utf-8"),
+    help="Read the input JSON from this file, or from standard input with -, instead of "
+    "INPUT_JSON: a secret in it stays out of the process list and the shell's history.",
+)
 @_opt(
     "--task-id",
     envvar="STEPWARDEN_TASK_ID",
@@ -333,13 +354,30 @@ def worker(
     help="Higher runs first.",
 )
 @click.pass_obj
-def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, priority: int) -> None:
-    """Submit a task of WORKFLOW with INPUT_JSON as its input; prints the task id.
-    A value written {"$secret": VALUE} is a Secret: stored for its operation, never shown."""
+def submit(
+    obj: _Ctx,
+    workflow: str,
+    input_json: str | None,
+    input_file: IO[str] | None,
+    task_id: str | None,
+    priority: int,
+) -> None:
+    """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
+    as its input; prints the task id. A value written {"$secret": VALUE} is a Secret: stored
+    for its operation, never shown."""
+    if input_json is not None and input_file is not None:
+        raise click.UsageError("give the input as INPUT_JSON or --input-file, not both")
+    hint = "INPUT_JSON"
+    if input_file is not None:
+        hint = "--input-file"
+        try:
+            input_json = input_file.read()
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"not UTF-8 text: {exc}", param_hint=hint) from exc
     try:
-        value = _json.loads(input_json)
+        value = _json.loads("null" if input_json is None else input_json)
     except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="INPUT_JSON") from exc
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
     app = obj.app()
 
     async def go() -> tuple[str, bool]:
@@ -351,9 +389,9 @@ def submit(obj: _Ctx, workflow: str, input_json: str, task_id: str | None, prior
             await app.aclose()
 
     submitted, created = _run(go())
-    click.echo(submitted)
+    _echo(submitted)
     if not created:
-        click.echo(f"task {submitted!r} already exists: nothing submitted", err=True)
+        _echo(f"task {submitted!r} already exists: nothing submitted", err=True)
 
 
 @cli.command()
@@ -395,13 +433,13 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
     found, counts = _run(go())
     if as_json:
         for t in found:
-            click.echo(_json.display(_task_dict(t)))
+            _echo_json(_json.display(_task_dict(t)))
         return
-    click.echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
+    _echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
     if found:
-        click.echo(f"{'TASK':<28} {'WORKFLOW':<18} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  UPDATED")
+        _echo(f"{'TASK':<28} {'WORKFLOW':<18} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  UPDATED")
     for t in found:
-        click.echo(
+        _echo(
             f"{t.task_id:<28} {t.workflow:<18} {t.process_state.value:<11} "
             f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}"
         )
@@ -415,9 +453,9 @@ def agents(obj: _Ctx, as_json: bool) -> None:
     in flight and circuit breaker."""
     found = _run(_read_store(obj, lambda store: store.list_agents()))
     if not as_json and not found:
-        click.echo("no agent instance has registered")
+        _echo("no agent instance has registered")
     elif not as_json:
-        click.echo(
+        _echo(
             f"{'AGENT':<16} {'INSTANCE':<24} {'STATUS':<6} {'INFLIGHT':>8} {'CAPACITY':>8}  "
             f"{'BREAKER':<9}  HEARTBEAT"
         )
@@ -438,9 +476,9 @@ def schedulers(obj: _Ctx, as_json: bool) -> None:
     holds and how many it drives at once. A gone one's tasks are given back at once."""
     found = _run(_read_store(obj, lambda store: store.list_schedulers()))
     if not as_json and not found:
-        click.echo("no scheduler instance has registered")
+        _echo("no scheduler instance has registered")
     elif not as_json:
-        click.echo(f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  HEARTBEAT")
+        _echo(f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  HEARTBEAT")
     for s in found:
         status = "alive" if s.alive else "gone"
         line = f"{s.instance:<28} {status:<6} {s.held:>6} {s.capacity:>8}  {_time(s.heartbeat_at)}"
@@ -460,17 +498,36 @@ async def _read_store(obj: _Ctx, read: Callable[[Store], Awaitable[T]]) -> T:
 def _echo_record(record: Any, as_json: bool, line: str) -> None:
     if as_json:
         fields = record.__dataclass_fields__
-        click.echo(_json.display({k: _plain(getattr(record, k)) for k in fields}))
+        _echo_json(_json.display({k: _plain(getattr(record, k)) for k in fields}))
     else:
-        click.echo(line)
+        _echo(line)
 
 
 @cli.command()
 @click.argument("task_id")
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print JSON.")
+@_opt(
+    "--events",
+    "events",
+    envvar="STEPWARDEN_EVENTS",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1, max=MAX_EVENT_PAGE),
+    help="Show this many events of the history, newest first.",
+)
+@_opt(
+    "--before",
+    "before",
+    envvar="STEPWARDEN_BEFORE",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_BIGINT),
+    metavar="EVENT_ID",
+    help="Show the events older than this event id (the next page of the history).",
+)
 @click.pass_obj
-def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
-    """Show a task: its state, each step with its attempts, errors and times, its history."""
+def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None) -> None:
+    """Show a task: its state, each step with its attempts, errors and times, and its
+    history, newest first (a page of --events; the last line says how to see older ones)."""
     url = obj.store_url()
 
     async def go() -> TaskView | None:
@@ -481,9 +538,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
             task = await store.get_task(task_id)
             if task is None:
                 return None
-            return TaskView(
-                task, await store.get_steps(task_id), await store.events(task_id=task_id)
-            )
+            page = await store.history(task_id, limit=events, before=before)
+            return TaskView(task, await store.get_steps(task_id), page.events, page.more)
         finally:
             await store.close()
 
@@ -499,43 +555,47 @@ def show(obj: _Ctx, task_id: str, as_json: bool) -> None:
             {"id": e.id, "at": _plain(e.at), "kind": e.kind, "detail": e.detail}
             for e in view.events
         ]
-        click.echo(_json.display(data, indent=True))
+        data["more_events"] = view.more_events
+        _echo_json(_json.display(data, indent=True))
         return
     t = view.task
-    click.echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
-    click.echo(f"  process_state  {t.process_state.value}")
-    click.echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
+    _echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
+    _echo(f"  process_state  {t.process_state.value}")
+    _echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
     if t.compensation_failures or t.process_state in COMPENSATION_STATES:
-        click.echo(f"  compensation   {t.compensation_failures} failure(s) of max {t.max_failures}")
-    click.echo(f"  attempt        {t.attempt}")
-    click.echo(f"  locked_by      {t.locked_by or '-'}")
-    click.echo(f"  complete_by    {_time(t.complete_by)}")
-    click.echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
-    click.echo(f"  input          {_json.display(t.input)}")
+        _echo(f"  compensation   {t.compensation_failures} failure(s) of max {t.max_failures}")
+    _echo(f"  attempt        {t.attempt}")
+    _echo(f"  locked_by      {t.locked_by or '-'}")
+    _echo(f"  complete_by    {_time(t.complete_by)}")
+    _echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
+    _echo(f"  input          {_json.display(t.input)}")
     if t.result is not None:
-        click.echo(f"  result         {_json.display(t.result)}")
+        _echo(f"  result         {_json.display(t.result)}")
     if t.error:
-        click.echo(f"  error          {t.error}")
-    click.echo("steps:")
+        _echo(f"  error          {t.error}")
+    _echo("steps:")
     for s in view.steps:
-        click.echo(
+        _echo(
             f"  {s.seq:>3} {s.name:<24} {s.state.value:<11} attempt {s.attempt} "
             f"tries {s.tries}  key {s.idempotency_key}"
         )
-        click.echo(
+        _echo(
             f"      dispatched {_time(s.created_at)}  claimed {_time(s.claimed_at)}  "
             f"finished {_time(s.finished_at)}  complete_by {_time(s.complete_by)}"
         )
         if s.reassignments:
-            click.echo(f"      reassigned {s.reassignments} time(s) (not counted as failures)")
+            _echo(f"      reassigned {s.reassignments} time(s) (not counted as failures)")
         if s.heartbeat_at is not None:
-            click.echo(f"      heartbeat {_time(s.heartbeat_at)}  {_json.display(s.heartbeat)}")
+            _echo(f"      heartbeat {_time(s.heartbeat_at)}  {_json.display(s.heartbeat)}")
         if s.error:
-            click.echo(f"      error: {s.error}")
+            _echo(f"      error: {s.error}")
     if view.events:
-        click.echo("history:")
+        _echo("history (newest first):")
         for e in view.events:
-            click.echo(f"  {_time(e.at)}  {e.kind:<12} {_json.display(e.detail)}")
+            _echo(f"  {e.id:>8}  {_time(e.at)}  {e.kind:<12} {_json.display(e.detail)}")
+    if view.more_events:
+        older = view.events[-1].id
+        _echo(f"  ... older events: stepwarden show {shlex.quote(t.task_id)} --before {older}")
 
 
 @cli.command()
@@ -552,7 +612,7 @@ def migrate(obj: _Ctx) -> None:
         finally:
             await store.close()
 
-    click.echo(f"schema version {_run(go())}")
+    _echo(f"schema version {_run(go())}")
 
 
 def _operator_options(fn: F) -> F:
@@ -636,19 +696,19 @@ def _operate(
     refused = 0
     for o in outcomes:
         if o.applied:
-            click.echo(f"{o.task_id}: {o.before} -> {o.after}")
+            _echo(f"{o.task_id}: {o.before} -> {o.after}")
         elif (
             dry_run
             and o.before is not None
             and o.after is not None
             and o.message.startswith("would")
         ):
-            click.echo(f"{o.task_id}: {o.message}")
+            _echo(f"{o.task_id}: {o.message}")
         else:
             refused += 1
-            click.echo(f"{o.task_id}: refused: {o.message}", err=True)
+            _echo(f"{o.task_id}: refused: {o.message}", err=True)
     if not outcomes:
-        click.echo("no task matches", err=True)
+        _echo("no task matches", err=True)
     if refused:
         raise click.ClickException(f"{refused} of {len(outcomes)} task(s) refused")
 
@@ -772,7 +832,7 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
         finally:
             await store.close()
 
-    click.echo(f"purged {_run(go())} task(s)")
+    _echo(f"purged {_run(go())} task(s)")
 
 
 @cli.command()

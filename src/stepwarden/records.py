@@ -379,6 +379,20 @@ class EventRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EventPage:
+    """A page of a task's history, newest first. `more`: older events exist; the next page
+    is the one before the last event's id."""
+
+    events: list[EventRecord]
+    more: bool
+
+    @property
+    def next_before(self) -> int | None:
+        """The `before` that asks for the next (older) page, or None when there is none."""
+        return self.events[-1].id if self.more and self.events else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OutboxMessage:
     """An alert (channel "alerts") or a status message for an application's reply channel.
     `id` is unique and rises with time: a message delivered twice carries the same id."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ._text import cut
 from .records import ActionOutcome, OperatorAction, OpLimit, StepRecord, TaskOutcome
 from .retry import Backoff
 from .states import (
@@ -80,6 +81,21 @@ def compensable_tasks(steps: Sequence[Mapping[str, Any]]) -> set[str]:
             compensates=s["compensates"],
         )
     }
+
+
+MAX_ERROR = 8192
+"""The longest error text stored with a task, a step, their events and alerts, in characters;
+a longer one is cut, with a marker that says how long it was."""
+
+
+def error_text(text: str) -> str:
+    """An error as it is stored and logged: at most MAX_ERROR characters."""
+    return cut(text, MAX_ERROR)
+
+
+def describe(exc: BaseException) -> str:
+    """The stored error of an exception: its type and message, at most MAX_ERROR characters."""
+    return error_text(f"{type(exc).__name__}: {exc}")
 
 
 def abandoned_error(state: TaskState) -> str:

@@ -35,6 +35,7 @@ from .records import (
     idempotency_key,
 )
 from .retry import after_store_failure, answered
+from .rules import describe
 from .states import StepState
 from .store import CHANNEL_REQUESTS, Store
 
@@ -303,7 +304,7 @@ class AgentRunner:
                         self.breaker.failure()
                     else:
                         self.breaker.abandon()
-            message = f"{type(error).__name__}: {error}"
+            message = describe(error)
             if permanent:
                 await self._report(hold, StepState.FAILED, None, message, tries)
                 return

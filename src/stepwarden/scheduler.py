@@ -40,7 +40,7 @@ from .records import (
     step_key,
 )
 from .retry import after_store_failure, answered
-from .rules import AlertReason, step_needs_compensation
+from .rules import AlertReason, describe, error_text, step_needs_compensation
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
 from .workflow import Abandon, Context, Workflow
@@ -295,14 +295,14 @@ class Scheduler:
                     "task %s: complete_by passed, leaving it to the supervisor", task.task_id
                 )
                 return
-            state, error = TaskState.ERROR, _describe(exc)
+            state, error = TaskState.ERROR, describe(exc)
         except (StepFailed, PayloadError, UnknownNameError) as exc:
-            state, error = TaskState.ERROR, str(exc)
+            state, error = TaskState.ERROR, error_text(str(exc))
         except Exception as exc:
             logger.warning(
                 "task %s: workflow %s raised", task.task_id, task.workflow, exc_info=True
             )
-            state, error = TaskState.ERROR, _describe(exc)
+            state, error = TaskState.ERROR, describe(exc)
         await self._finish(task.task_id, task.attempt, state, result, error)
 
     async def _finish(
@@ -557,6 +557,3 @@ class Scheduler:
             raise Abandon
         return found[0]
 
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -57,9 +57,11 @@ def cli_envvars() -> set[str]:
     return found
 
 
-def invoke(*args: str, env: Mapping[str, str] | None = None) -> Result:
-    """Run the command line in this process, as `stepwarden ARGS`."""
-    return CliRunner().invoke(cli, list(args), env=dict(env or {}), prog_name="stepwarden")
+def invoke(*args: str, env: Mapping[str, str] | None = None, input: str | None = None) -> Result:
+    """Run the command line in this process, as `stepwarden ARGS` (`input`: its stdin)."""
+    return CliRunner().invoke(
+        cli, list(args), env=dict(env or {}), input=input, prog_name="stepwarden"
+    )
 
 
 def run(

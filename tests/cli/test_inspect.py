@@ -142,7 +142,7 @@ def test_show_as_text_names_the_state_each_step_and_the_alert(populated: str) ->
     assert "failure_count  0 of max 2" in out
     assert "desk.stamp" in out and "key bad-1/1" in out and "attempt 1" in out
     assert "PermanentError: refused: no stamp" in out
-    assert "history:" in out and "alert" in out
+    assert "history (newest first):" in out and "alert" in out
 
 
 def test_show_of_an_unknown_task_fails_clearly(migrated_url: str) -> None:

@@ -29,6 +29,7 @@ from ..records import (
     AgentInstance,
     ClaimedTask,
     DispatchedStep,
+    EventPage,
     EventRecord,
     Expired,
     LeaseRecord,
@@ -281,6 +282,15 @@ class Store(abc.ABC):
         """Events, optionally of one task and of one kind, oldest first."""
         rows = await self._read_one("events", task_id=task_id, kind=kind, limit=limit)
         return [_rows.event(r) for r in rows]
+
+    async def history(
+        self, task_id: str, *, limit: int = 100, before: int | None = None
+    ) -> EventPage:
+        """A task's events, newest first: up to `limit` of those with an id below `before`
+        (all, when None), and whether older ones exist."""
+        rows = await self._read_one("history", task_id=task_id, before=before, limit=limit + 1)
+        events = [_rows.event(r) for r in rows[:limit]]
+        return EventPage(events=events, more=len(rows) > limit)
 
     # -- the outbox -----------------------------------------------------------------------
     async def outbox(

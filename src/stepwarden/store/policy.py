@@ -51,6 +51,7 @@ from ..rules import (
     abandoned_error,
     action_detail,
     compensable_tasks,
+    error_text,
     lease_term,
     pick_within_limits,
     pickup_failure,
@@ -341,7 +342,7 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
                 "compensation_starts": plan.compensation_starts,
                 "finished": plan.finished,
                 "result": o.result,
-                "error": error,
+                "error": None if error is None else error_text(error),
                 "alert": None if plan.alert is None else str(plan.alert),
                 "abandoned_error": abandoned_error(plan.state),
             }
@@ -466,7 +467,7 @@ def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[boo
             "instance": o.agent_instance,
             "state": str(o.state),
             "result": o.result,
-            "error": o.error,
+            "error": None if o.error is None else error_text(o.error),
             "tries": o.tries,
         }
         for o in (batch[i] for i in keep)

@@ -691,6 +691,13 @@ WHERE (%(task_id)s::text IS NULL OR task_id = %(task_id)s::text)
 ORDER BY id
 LIMIT %(limit)s
 
+-- name: history
+-- A page of one task's events, newest first, below an id (its index read backwards).
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE task_id = %(task_id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+
 -- name: op_read_task
 -- An operator action reads the task it acts on, and locks it until commit.
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE

@@ -461,6 +461,13 @@ WHERE :task_id IS NULL AND :kind IS NULL
 ORDER BY id
 LIMIT :limit
 
+-- name: history
+-- A page of one task's events, newest first, below an id (its index read backwards).
+SELECT id, task_id, at, kind, detail FROM stepwarden_events
+WHERE task_id = :task_id AND (:before IS NULL OR id < :before)
+ORDER BY id DESC
+LIMIT :limit
+
 -- name: op_read_task
 -- An operator action reads the task it acts on (under the write lock).
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
