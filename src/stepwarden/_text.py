@@ -10,31 +10,38 @@ a line or paragraph separator.
 from __future__ import annotations
 
 import logging
+import re
 
-_BIDI = frozenset(
-    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_UNSAFE = (
+    (0x00, 0x1F),  # C0 controls: a newline forges a log line, an ESC drives a terminal
+    (0x7F, 0x9F),  # DEL and the C1 controls
+    (0x061C, 0x061C),  # bidirectional marks, embeddings, overrides and isolates
+    (0x200E, 0x200F),
+    (0x202A, 0x202E),
+    (0x2066, 0x2069),
+    (0x2028, 0x2029),  # line and paragraph separators
 )
-_SEPARATORS = frozenset("\u2028\u2029")
+_CLASS = "".join(
+    f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in _UNSAFE
+)
+_FIND = re.compile(f"[{_CLASS}]")
+SAFE_PATTERN = f"^[^{_CLASS}]+$"
+"""A regular expression (Python's and JSON Schema's dialect) of a non-empty text without an
+unsafe character: what a name may be, for an API's document."""
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 MAX_LOG_LINE = 8192
 """The longest message, or line of a traceback, the formatter writes, in characters."""
 
 
-def is_unsafe(ch: str) -> bool:
-    code = ord(ch)
-    return code < 32 or 127 <= code < 160 or ch in _BIDI or ch in _SEPARATORS
-
-
 def first_unsafe(text: str) -> str | None:
     """The first character of `text` that would change how the text around it is shown."""
-    for ch in text:
-        if is_unsafe(ch):
-            return ch
-    return None
+    found = _FIND.search(text)
+    return None if found is None else found.group()
 
 
-def _escaped(ch: str) -> str:
+def _escaped(found: re.Match[str]) -> str:
+    ch = found.group()
     if ch in _NAMED:
         return _NAMED[ch]
     code = ord(ch)
@@ -44,20 +51,20 @@ def _escaped(ch: str) -> str:
 def escape(text: str) -> str:
     """`text` with every unsafe character written as an escape (`\\n`, `\\x1b`, `\\u202e`):
     one line, shown as it is."""
-    if first_unsafe(text) is None:
-        return text
-    return "".join(_escaped(ch) if is_unsafe(ch) else ch for ch in text)
+    return _FIND.sub(_escaped, text)
 
 
 def escape_json(document: str) -> str:
     """A JSON document (whose strings have their C0 controls escaped, as orjson writes them)
     with every other unsafe character written as a `\\uXXXX` escape: the same value, shown
     as it is."""
-    if first_unsafe(document.replace("\n", "")) is None:
-        return document
-    return "".join(
-        f"\\u{ord(ch):04x}" if ord(ch) >= 127 and is_unsafe(ch) else ch for ch in document
-    )
+    return _FIND.sub(_json_escaped, document)
+
+
+def _json_escaped(found: re.Match[str]) -> str:
+    ch = found.group()
+    # C0 controls outside a string are JSON's own whitespace (an indented document's lines).
+    return ch if ord(ch) < 0x20 else f"\\u{ord(ch):04x}"
 
 
 def cut(text: str, limit: int) -> str:

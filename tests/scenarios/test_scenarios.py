@@ -196,8 +196,8 @@ def test_a_permanent_error_fails_the_step_and_the_task_with_an_alert(cluster: Cl
     assert view.steps[1].error == "PermanentError: card declined", why
     assert [(x["key"], x["try_number"]) for x in calls] == [("t5/1", 1), ("t5/2", 1)], why
     assert [x["key"] for x in c.effects(task_id="t5")] == ["t5/1"], why
-    assert [e.kind for e in view.events] == ["step_failed", "alert"], why
-    failed, alert = view.events
+    assert [e.kind for e in view.events] == ["alert", "step_failed"], why  # newest first
+    alert, failed = view.events
     assert failed.detail == {"seq": 2, "attempt": 1, "error": "PermanentError: card declined"}, why
     assert alert.detail["reason"] == "task_error", why
     assert "card declined" in alert.detail["error"], why
@@ -232,10 +232,10 @@ def test_a_killed_supervisor_leader_is_replaced_and_its_successor_sweeps(
     view = c.app.show("t6")
     why = c.why("", "t6")
     assert task.process_state == sw.TaskState.ERROR and task.failure_count == 3, why
-    expired = [e.detail for e in view.events if e.kind == "expired"]
-    assert [(e["seq"], e["failure_count"]) for e in expired] == [(1, 1), (1, 2), (1, 3)], why
-    assert view.events[-1].kind == "alert", why
-    assert view.events[-1].detail["reason"] == "max_failures", why
+    expired = [e.detail for e in view.events if e.kind == "expired"]  # newest first
+    assert [(e["seq"], e["failure_count"]) for e in expired] == [(1, 3), (1, 2), (1, 1)], why
+    assert view.events[0].kind == "alert", why
+    assert view.events[0].detail["reason"] == "max_failures", why
     # Every sweep of the task was the survivor's (the leader died before it was submitted).
     swept = re.findall(r"task t6: step 1 expired", survivor.log())
     assert len(swept) == 3 and "t6" not in leader.log(), why

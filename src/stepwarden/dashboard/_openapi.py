@@ -9,9 +9,10 @@ from typing import Any
 
 from .. import __version__
 from .._check import MAX_INT, MAX_NAME, MAX_REASON
+from .._text import SAFE_PATTERN
 from ..states import StepState, TaskState
 
-NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": "^[^\\x00-\\x1f]+$"}
+NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": SAFE_PATTERN}
 TIME = {"type": "string", "format": "date-time"}
 STATES = [str(s) for s in TaskState]
 TASK_ACTIONS = ("retry", "skip", "pause", "resume", "cancel", "compensate")
