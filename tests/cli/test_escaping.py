@@ -154,10 +154,9 @@ def test_submit_reads_its_input_from_a_file_or_standard_input(
     )
 
 
-def test_python_m_stepwarden_is_the_command_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    done = subprocess.run(
-        [sys.executable, "-m", "stepwarden", "--store", url, "migrate"],
+def _python_m(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stepwarden", *args],
         cwd=REPO,
         env=process_env(),
         capture_output=True,
@@ -165,15 +164,11 @@ def test_python_m_stepwarden_is_the_command_line(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
+
+
+def test_python_m_stepwarden_is_the_command_line(tmp_path: Path) -> None:
+    done = _python_m("--store", f"sqlite:///{tmp_path / 'store.db'}", "migrate")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("schema version "), done.stdout
-    helped = subprocess.run(
-        [sys.executable, "-m", "stepwarden", "worker", "--help"],
-        cwd=REPO,
-        env=process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    helped = _python_m("worker", "--help")
     assert helped.returncode == 0 and "Usage: stepwarden worker" in helped.stdout
