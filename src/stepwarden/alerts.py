@@ -2,9 +2,10 @@
 
 An alert is recorded (as an `alert` event and an outbox message) in the transaction that
 makes the change it reports: a task in error, a compensation that failed, max_failures
-reached. The supervisor leader delivers the outbox to every sink of the App, in order, and
-records which sinks have it; a sink that fails is tried again later with a growing backoff,
-while the others are not sent the alert again. A crash between a delivery and its record
+reached. The supervisor leader delivers the outbox to every sink of the App, in order, beside
+its sweep (a slow sink never holds the sweep up), and records which sinks have it; a sink
+that fails is tried again later with a growing backoff, while the others are not sent the
+alert again. A crash between a delivery and its record
 sends it once more: every alert carries its outbox `id`, the same each time, for the sink to
 drop duplicates.
 
@@ -19,14 +20,22 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
+from . import _check
+from ._aio import sleep_unless
+from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
+from .secret import public_name, public_url
 from .store import Store
 
 logger = logging.getLogger("stepwarden.alerts")
+
+DEFAULT_DEADLINE = 10.0
+"""Seconds one delivery of one alert to one sink may take, all told."""
 
 
 def alert_body(alert: OutboxMessage) -> dict[str, Any]:
@@ -65,27 +74,77 @@ class LogSink:
 
 class WebhookSink:
     """POSTs each alert as JSON to `url`; any answer other than 2xx is a failed delivery.
-    The alert's id is also sent as the `Idempotency-Key` header."""
+    The alert's id is also sent as the `Idempotency-Key` header. A delivery that has not
+    ended within `timeout` seconds (connecting, sending and the whole answer together) fails
+    and is tried again later.
+
+    The URL is a secret (it may carry a user, a password or a token): the sink is named
+    `webhook:` and the URL's scheme, host, port and path only, or `name`; that name is what
+    the outbox, the dashboard and the log show. Give a `name` when the path itself is
+    secret."""
 
     def __init__(
         self,
         url: str,
         *,
         name: str | None = None,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_DEADLINE,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url
-        self.name = name or f"webhook:{url}"
+        self.name = public_name(name) if name else f"webhook:{public_url(url)}"
         self.timeout = timeout
         self.headers = headers or {}
+        _HIDDEN.update((url, str(httpx.URL(url))))
+
+    @classmethod
+    def parse(cls, spec: str) -> WebhookSink:
+        """A sink from the command line's form: `URL`, or `NAME=URL` (NAME without `:`,
+        `/`, `?`, `#` or `@`, so that a URL is never taken for a name)."""
+        name, sep, url = spec.partition("=")
+        if not sep or not name or any(c in name for c in ":/?#@"):
+            name, url = "", spec
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(
+                f"an alert webhook must be an http:// or https:// URL (or NAME=URL), "
+                f"not {public_url(url)!r}"
+            )
+        if name:
+            _check.name("the webhook's name", name)
+        return cls(url, name=name or None)
 
     async def send(self, alert: dict[str, Any]) -> None:
         headers = {**self.headers, "Idempotency-Key": f"stepwarden-alert-{alert['id']}"}
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            answer = await client.post(self.url, json=alert, headers=headers)
+        try:
+            async with (
+                asyncio.timeout(self.timeout),
+                httpx.AsyncClient(timeout=self.timeout) as client,
+            ):
+                answer = await client.post(self.url, json=alert, headers=headers)
+        except TimeoutError:
+            raise TimeoutError(f"{self.name}: no answer within {self.timeout} s") from None
+        except httpx.HTTPError as exc:  # its text may hold the URL
+            raise ConnectionError(f"{self.name}: {type(exc).__name__}") from None
         if not answer.is_success:
-            raise RuntimeError(f"{self.url} answered {answer.status_code}")
+            raise RuntimeError(f"{self.name} answered {answer.status_code}")
+
+
+class _HideWebhookURLs(logging.Filter):
+    """httpx logs each request's URL (INFO, logger `httpx`): a webhook's URL is shown as its
+    sink's public form, whoever configured the logging."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and _HIDDEN:
+            record.args = tuple(
+                public_url(str(a)) if str(a) in _HIDDEN else a for a in record.args
+            )
+        return True
+
+
+_HIDDEN: set[str] = set()
+"""The URLs of the webhooks made in this process (as given, and as httpx writes them)."""
+logging.getLogger("httpx").addFilter(_HideWebhookURLs())
 
 
 class CallableSink:
@@ -105,7 +164,14 @@ class CallableSink:
 
 
 class AlertDeliverer:
-    """Delivers due alerts from the outbox to every sink, recording who has each one."""
+    """Delivers due alerts from the outbox to every sink, recording who has each one.
+
+    It runs beside the supervisor's sweep, never inside it: a slow sink delays only its own
+    alerts. Each sink gets the due alerts it lacks in order, one at a time, each within its
+    deadline (the sink's `timeout`, else `deadline`); a delivery that overruns its deadline
+    ends the sink's round (its other alerts wait for their next try), so that a round lasts
+    at most about one deadline however slow a sink is. At most `concurrency` sinks are sent
+    to at once."""
 
     def __init__(
         self,
@@ -114,6 +180,8 @@ class AlertDeliverer:
         *,
         batch: int = 100,
         backoff: Backoff | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+        concurrency: int = 4,
     ) -> None:
         names = [s.name for s in sinks]
         if len(set(names)) != len(names):
@@ -122,34 +190,70 @@ class AlertDeliverer:
         self.sinks = list(sinks)
         self.batch = batch
         self.backoff = backoff or Backoff(initial=1.0, maximum=300.0)
+        self.deadline = deadline
+        self._room = asyncio.Semaphore(concurrency)
+
+    async def run(self, stop: asyncio.Event, leading: Callable[[], bool], interval: float) -> None:
+        """Deliver a round every `interval` while `leading()` says this process leads, until
+        `stop` is set (or the task is cancelled: a delivery under way is then abandoned, and
+        sent again later under the same id)."""
+        while not stop.is_set():
+            if leading():
+                try:
+                    await self.deliver_due()
+                except TransientStoreError as exc:
+                    logger.warning("alerts: %s", exc)
+                except Exception:
+                    logger.exception("alerts: the round failed")
+            await sleep_unless(stop, interval)
 
     async def deliver_due(self) -> int:
         """One round over the due alerts; the number delivered to every sink."""
+        due = await self.store.due_alerts(self.batch)
+        if not due:
+            return 0
+        reached = {a.id: list(a.delivered_to) for a in due}
+        bodies = {a.id: alert_body(a) for a in due}
+        tries = {a.id: a.attempts + 1 for a in due}
+
+        async def serve(sink: AlertSink) -> None:
+            async with self._room:
+                for alert in due:
+                    if sink.name in reached[alert.id]:
+                        continue
+                    sent = await self._send(sink, bodies[alert.id], tries[alert.id])
+                    if sent is None:
+                        return
+                    if sent:
+                        reached[alert.id].append(sink.name)
+
+        await asyncio.gather(*(serve(s) for s in self.sinks))
         done = 0
-        for alert in await self.store.due_alerts(self.batch):
-            reached = list(alert.delivered_to)
-            body = alert_body(alert)
-            for sink in self.sinks:
-                if sink.name in reached:
-                    continue
-                try:
-                    await sink.send(body)
-                except Exception as exc:
-                    logger.warning(
-                        "alert %d: sink %s failed (try %d): %s",
-                        alert.id,
-                        sink.name,
-                        alert.attempts + 1,
-                        exc,
-                    )
-                else:
-                    reached.append(sink.name)
-            complete = all(s.name in reached for s in self.sinks)
+        for alert in due:
+            complete = all(s.name in reached[alert.id] for s in self.sinks)
             await self.store.record_delivery(
                 alert.id,
-                reached,
+                reached[alert.id],
                 done=complete,
-                retry_in=self.backoff.delay(alert.attempts + 1),
+                retry_in=self.backoff.delay(tries[alert.id]),
             )
             done += complete
         return done
+
+    async def _send(self, sink: AlertSink, body: dict[str, Any], attempt: int) -> bool | None:
+        """True when delivered, False when the sink failed, None when it overran its
+        deadline."""
+        deadline = getattr(sink, "timeout", None) or self.deadline
+        why: BaseException
+        try:
+            async with asyncio.timeout(deadline):
+                await sink.send(body)
+            return True
+        except TimeoutError as exc:
+            why = exc if str(exc) else TimeoutError(f"no answer within {deadline} s")
+        except Exception as exc:
+            why = exc
+        logger.warning(
+            "alert %d: sink %s failed (try %d): %s", body["id"], sink.name, attempt, why
+        )
+        return None if isinstance(why, TimeoutError) else False

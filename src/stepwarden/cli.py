@@ -278,7 +278,18 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     "alert_webhooks",
     envvar="STEPWARDEN_ALERT_WEBHOOK",
     multiple=True,
-    help="POST alerts to this URL too (repeatable; the variable is space-separated).",
+    metavar="[NAME=]URL",
+    help="POST alerts to this URL too (repeatable; the variable is space-separated). Shown "
+    "as NAME, or as the URL's scheme, host and path: never its user, password or query.",
+)
+@_opt(
+    "--alert-webhook-file",
+    envvar="STEPWARDEN_ALERT_WEBHOOK_FILE",
+    default=None,
+    type=click.File("r", encoding="utf-8"),
+    help="Read more alert webhooks from this file, one [NAME=]URL a line (blank lines and "
+    "lines starting with # skipped), or from standard input with -: a URL with a secret in "
+    "it stays out of the process list and the shell's history.",
 )
 @click.pass_obj
 def worker(
@@ -301,8 +312,12 @@ def worker(
     scheduler_heartbeat: float,
     scheduler_gone_after: float,
     alert_webhooks: tuple[str, ...],
+    alert_webhook_file: IO[str] | None,
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
+    if alert_webhook_file is not None:
+        lines = (line.strip() for line in alert_webhook_file.read().splitlines())
+        alert_webhooks += tuple(line for line in lines if line and not line.startswith("#"))
     app = obj.app(app_ref)
     try:
         options = WorkerOptions(

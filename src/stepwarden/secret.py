@@ -11,12 +11,39 @@ command line, `repr`, logs, alerts) prints `***` in its place.
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
 
 SECRET_KEY = "$secret"
 """The reserved key of a secret in stored JSON: {"$secret": value}."""
 MASK = "***"
+
+
+def public_url(url: str) -> str:
+    """What may be shown of a URL that may carry credentials: its scheme, host, port and path,
+    never its user, password, query or fragment."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return MASK
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def public_name(name: str) -> str:
+    """A sink's name as it may be shown and stored: a `webhook:URL` name without the URL's
+    credentials, query or fragment (a name stored by an earlier version held them)."""
+    kind, sep, rest = name.partition(":")
+    if sep and "://" in rest:
+        return f"{kind}:{public_url(rest)}"
+    return name
 
 
 class Secret(Generic[T]):

@@ -7,13 +7,16 @@ Before that, it gives back the tasks of scheduler instances that stopped heartbe
 hands the running steps of agent instances that stopped heartbeating to others (neither is a
 failure: no work was judged), and fails steps past their pick-up or total timeout.
 Several supervisors may run; one is active at a time, by a lease with a term number in the
-store, and every write of a sweep is fenced by that term. The leader also delivers the
-alerts of the outbox to the App's sinks and deletes finished tasks past their retention.
+store, and every write of a sweep is fenced by that term. The leader also deletes finished
+tasks past their retention and, beside its sweep (a task of its own, so that a slow sink
+never holds recovery up, stopped with the supervisor), delivers the outbox's alerts to the
+App's sinks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from ._aio import sleep_unless
@@ -64,6 +67,12 @@ class Supervisor:
         self.term: int | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        delivering = None
+        if self.alerts is not None:
+            # Beside the sweep, never in it: a slow alert sink cannot hold recovery up.
+            delivering = asyncio.create_task(
+                self.alerts.run(stop, lambda: self.term is not None, self.interval)
+            )
         try:
             while not stop.is_set():
                 try:
@@ -75,6 +84,10 @@ class Supervisor:
                     logger.exception("supervisor: the tick failed")
                 await sleep_unless(stop, self.interval)
         finally:
+            if delivering is not None:  # a delivery under way is abandoned: sent again later
+                delivering.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await delivering
             if self.term is not None:
                 try:
                     await self.store.release_lease(LEASE, self.instance)
@@ -104,8 +117,6 @@ class Supervisor:
             await self._release(term)
         await self._sweep_steps(term, reassign=others_heard)
         recovered = await self._sweep(term)
-        if self.alerts is not None:
-            await self.alerts.deliver_due()
         if self.retention is not None:
             # A small batch each tick keeps the hot tables small without long transactions.
             purged = await self.store.purge(self.retention, self.purge_batch)

@@ -61,9 +61,12 @@ class WorkerOptions:
     retention: float | None = DEFAULT_RETENTION
     """Seconds finished tasks are kept before the supervisor deletes them; None keeps them."""
     alert_webhooks: tuple[str, ...] = ()
-    """Webhook URLs alerts are POSTed to, besides the App's own sinks."""
+    """Webhooks alerts are POSTed to, besides the App's own sinks: each `URL` or `NAME=URL`
+    (the name the sink is shown by)."""
 
     def __post_init__(self) -> None:
+        for spec in self.alert_webhooks:
+            WebhookSink.parse(spec)  # refused now, not at the first alert
         for role, beat, gone in (
             ("agent", self.agent_heartbeat, self.agent_gone_after),
             ("scheduler", self.scheduler_heartbeat, self.scheduler_gone_after),
@@ -152,7 +155,7 @@ class Worker:
                 runners.append(runner)
                 other_roles.append(asyncio.create_task(runner.run(later)))
         if "supervisor" in opts.roles:
-            sinks = [*self.app.alert_sinks, *(WebhookSink(url) for url in opts.alert_webhooks)]
+            sinks = [*self.app.alert_sinks, *(WebhookSink.parse(s) for s in opts.alert_webhooks)]
             supervisor = Supervisor(
                 store,
                 instance=f"supervisor-{self.instance}",

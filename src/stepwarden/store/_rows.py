@@ -26,6 +26,7 @@ from ..records import (
     StepStats,
     TaskRecord,
 )
+from ..secret import public_name
 from ..states import StepState, TaskState
 
 Row = Mapping[str, Any]
@@ -133,7 +134,9 @@ def message(row: Row) -> OutboxMessage:
         detail=loads(row["detail"]),
         at=at(row["at"]),
         attempts=row["attempts"],
-        delivered_to=tuple(loads(row["delivered_to"])),
+        # A sink stored by an earlier version under a webhook's whole URL is shown without
+        # the URL's credentials and query, under the name the sink now has.
+        delivered_to=tuple(public_name(n) for n in loads(row["delivered_to"])),
     )
 
 

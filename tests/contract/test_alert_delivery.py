@@ -1,0 +1,160 @@
+"""Alert delivery beside the sweep, and webhook URLs kept secret, on each store.
+
+A receiver that trickles its answer (one byte every few seconds, never done) cannot hold up
+the supervisor: a task whose deadline passes meanwhile is recovered while the delivery is
+still under way, the delivery fails at its deadline and is tried again. A webhook's user,
+password and query are shown nowhere: not in the outbox, the dashboard, the metrics or the
+log (httpx's own request log included)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+import stepwarden as sw
+from stepwarden.dashboard import create_app
+from tests.rawsql import sql
+from tests.receivers import answering, trickling
+
+from .test_engine import FAST, running
+
+SECRETS = ("pa55word", "T0KEN-SECRET", "ana:", "token=")
+
+
+def _app(store_url: str) -> sw.App:
+    app = sw.App("alerting", store=store_url)
+    desk = app.agent("desk")
+    gate = asyncio.Event()
+
+    @desk.operation
+    async def refuse(call: sw.Call, why: str) -> None:
+        raise sw.PermanentError(why)
+
+    @desk.operation
+    async def hang(call: sw.Call, value: Any) -> None:
+        await gate.wait()
+
+    @app.workflow(complete_within=timedelta(seconds=60), on_failure="stop")
+    async def failing(ctx: sw.Context, why: str) -> Any:
+        return await ctx.step(desk.refuse, why)
+
+    @app.workflow(complete_within=timedelta(seconds=1), on_failure="stop", max_failures=5)
+    async def slow(ctx: sw.Context, value: Any) -> Any:
+        return await ctx.step(desk.hang, value)
+
+    return app
+
+
+async def _until(what: str, check: Any, timeout: float = 30) -> Any:
+    """Poll the store until `check` finds something (the store has no event to wait on)."""
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                found = await check()
+                if found:
+                    return found
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not reached within {timeout}s: {what}") from None
+
+
+async def test_a_trickling_receiver_holds_up_neither_recovery_nor_the_other_sinks(
+    store_url: str,
+) -> None:
+    app = _app(store_url)
+    paged: list[dict[str, Any]] = []
+    app.add_alert_sink(sw.CallableSink(paged.append, name="pager"))
+    async with trickling(every=2.0) as slow_hook:
+        app.add_alert_sink(sw.WebhookSink(slow_hook.url(), timeout=3.0))
+        try:
+            async with running(app):
+                await app.submit_async("failing", "card declined", task_id="alerting")
+                assert slow_hook.got_request is not None
+                await asyncio.wait_for(slow_hook.got_request.wait(), 30)
+                # While the delivery trickles: a task's deadline passes and it is recovered,
+                # and the other sink has the alert.
+                await app.submit_async("slow", None, task_id="expiring")
+                store = await app.store()
+
+                async def expired() -> bool:
+                    return bool(await store.events(task_id="expiring", kind="expired"))
+
+                await _until("the expiring task recovered", expired)
+                assert slow_hook.open_connections == 1  # the delivery is still under way
+                assert [a["task_id"] for a in paged] == ["alerting"]
+
+                # At its deadline the delivery fails; the alert is tried again later.
+                async def tried_again() -> bool:
+                    return len(slow_hook.requests) >= 2
+
+                await _until("a second try", tried_again)
+                [alert] = await store.outbox(channel="alerts", task_id="alerting")
+                assert "pager" in alert.delivered_to and alert.attempts >= 1
+                assert f"webhook:{slow_hook.url()}" not in alert.delivered_to
+        finally:
+            await app.aclose()
+
+
+async def test_a_webhook_url_is_shown_nowhere(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    app = _app(store_url)
+    async with answering() as hook:
+        options = dataclasses.replace(FAST, alert_webhooks=(hook.url(secret=True),))
+        try:
+            async with running(app, options):
+                await app.submit_async("failing", "card declined", task_id="t1")
+                store = await app.store()
+
+                async def delivered() -> list[sw.OutboxMessage] | None:
+                    found = await store.outbox(channel="alerts", task_id="t1")
+                    return found if found and len(found[0].delivered_to) == 2 else None
+
+                [alert] = await _until("the alert delivered", delivered)
+            assert set(alert.delivered_to) == {"log", f"webhook:{hook.url()}"}
+            # The request reached the URL as given: its credentials and token were used.
+            assert b"token=T0KEN-SECRET" in hook.requests[0]
+            assert b"authorization: basic" in hook.requests[0].lower()
+            # A row written by an earlier version under the whole URL is shown without it.
+            sql(
+                store_url,
+                "UPDATE stepwarden_outbox SET delivered_to = "
+                f"'[\"log\", \"webhook:{hook.url(secret=True)}\"]'",
+            )
+            dashboard = create_app(app, token="t" * 24)
+            transport = httpx.ASGITransport(app=dashboard)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as web:
+                pages = {
+                    path: (await web.get(path)).text
+                    for path in ("/", "/alerts", "/api/overview", "/api/alerts", "/metrics")
+                }
+            assert f"webhook:{hook.url()}" in pages["/api/alerts"]
+            for path, text in pages.items():
+                for secret in SECRETS:
+                    assert secret not in text, (path, secret)
+            logged = "\n".join(r.getMessage() for r in caplog.records)
+            assert any(r.name == "httpx" for r in caplog.records), "httpx logged no request"
+            for secret in SECRETS:
+                assert secret not in logged, secret
+        finally:
+            await app.aclose()
+
+
+def test_a_webhook_given_by_name_or_with_a_bad_url() -> None:
+    named = sw.WebhookSink.parse("ops=https://ana:pw@hooks.example.com/T0/B0/SECRET?x=1")
+    assert named.name == "ops" and named.url.startswith("https://ana:pw@")
+    plain = sw.WebhookSink.parse("https://hooks.example.com/a?token=x=y")
+    assert plain.name == "webhook:https://hooks.example.com/a"
+    for bad in ("ftp://example.com/x", "example.com/hook", "ops=", "https://"):
+        with pytest.raises(sw.ConfigurationError, match="must be an http:// or https:// URL"):
+            sw.WebhookSink.parse(bad)
+    with pytest.raises(sw.ConfigurationError) as refused:
+        sw.WorkerOptions(alert_webhooks=("ftp://ana:pw@example.com/x?token=s",))
+    assert "pw" not in str(refused.value) and "token" not in str(refused.value)
