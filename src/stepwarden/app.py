@@ -469,11 +469,13 @@ class App:
         dry_run: bool = False,
         seq: int | None = None,
         result: Any = None,
+        identity: str | None = None,
     ) -> list[ActionOutcome]:
         """Apply an operator action (retry, skip, pause, resume, cancel, compensate) to the
         tasks named, or to those matching `state` and `workflow` (bulk). Each action is
         recorded in the task's history with `by` (default: the user running this) and
-        `reason`. With `dry_run`, nothing is written: each outcome says what would happen."""
+        `reason`, and `identity` (how the caller was authenticated, as `authenticated`) when
+        given. With `dry_run`, nothing is written: each outcome says what would happen."""
         if not isinstance(action, str) or action not in OPERATOR_ACTIONS:
             known = ", ".join(OPERATOR_ACTIONS)
             raise ConfigurationError(f"unknown action {_check.shown(action)} (known: {known})")
@@ -490,6 +492,8 @@ class App:
         _check.text("reason", reason)
         if by is not None:
             _check.name("by", by)
+        if identity is not None:
+            _check.name("identity", identity)
         _check.flag("dry_run", dry_run)
         if seq is not None:
             _check.integer("seq", seq, 1)
@@ -506,6 +510,7 @@ class App:
                 reason=reason,
                 seq=seq,
                 result=result_json,
+                identity=identity,
             )
             for task_id in task_ids
         ]

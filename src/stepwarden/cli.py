@@ -871,10 +871,36 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     "--token",
     envvar="STEPWARDEN_DASHBOARD_TOKEN",
     default=None,
-    help="The API token operator actions need (default: a new one, printed at start).",
+    help="The API token operator actions need, at least 16 characters (default: a new one, "
+    "printed at start).",
+)
+@_opt(
+    "--allowed-host",
+    "allowed_hosts",
+    envvar="STEPWARDEN_DASHBOARD_ALLOWED_HOST",
+    multiple=True,
+    metavar="NAME",
+    help="Also serve requests addressed to this host name or address (repeatable; the "
+    "variable is space-separated). Served always: localhost, 127.0.0.1, ::1 and the --host "
+    "address; any other Host header is refused.",
+)
+@_opt(
+    "--auth-reads/--no-auth-reads",
+    envvar="STEPWARDEN_DASHBOARD_AUTH_READS",
+    default=None,
+    help="Reads (pages, API, metrics) need the API token or a signed-in session too "
+    "[default: on, unless --host is a loopback address].",
 )
 @click.pass_obj
-def dashboard(obj: _Ctx, app_ref: str | None, host: str, port: int, token: str | None) -> None:
+def dashboard(
+    obj: _Ctx,
+    app_ref: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    allowed_hosts: tuple[str, ...],
+    auth_reads: bool | None,
+) -> None:
     """Serve the operator's dashboard: pages, a JSON API (/openapi.json) and /metrics."""
     try:
         from . import dashboard as web
@@ -882,6 +908,11 @@ def dashboard(obj: _Ctx, app_ref: str | None, host: str, port: int, token: str |
         raise click.ClickException(
             f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
         ) from exc
+    if token is not None:
+        try:
+            web.check_token(token)
+        except StepwardenError as exc:
+            raise click.BadParameter(str(exc), param_hint="--token") from exc
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
     else:
@@ -892,11 +923,15 @@ def dashboard(obj: _Ctx, app_ref: str | None, host: str, port: int, token: str |
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"stepwarden dashboard of {app.name}: http://{shown}:{sock.getsockname()[1]}/")
+    if auth_reads is None:
+        auth_reads = not web.is_loopback(host)
+    if auth_reads:
+        click.echo("reads need the API token or a signed-in session (--auth-reads)")
     if not token:
         token = web.new_token()
         click.echo(f"API token (for operator actions): {token}")
     try:
-        web.serve(app, sock, token=token)
+        web.serve(app, sock, token=token, allowed_hosts=allowed_hosts, auth_reads=auth_reads)
     except StepwardenError as exc:
         raise click.ClickException(_one_line(exc)) from exc
     finally:

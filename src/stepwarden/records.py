@@ -420,6 +420,9 @@ class OperatorAction:
     reason: str | None = None
     seq: int | None = None  # skip: the step
     result: str | None = None  # skip: the step's result, JSON text
+    identity: str | None = None
+    """How the caller proved who it is (the dashboard: "api-token" or "session"), recorded
+    beside `actor`, which is only what the caller says."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

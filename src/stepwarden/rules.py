@@ -358,4 +358,6 @@ def action_detail(action: OperatorAction, plan: ActionPlan) -> dict[str, Any]:
     }
     if action.seq is not None:
         detail["seq"] = action.seq
+    if action.identity is not None:
+        detail["authenticated"] = action.identity
     return detail

@@ -122,8 +122,12 @@ def test_an_operator_skips_a_failed_step_and_retries_the_task(served: Served) ->
         (e["detail"]["action"], e["detail"]["by"], e["detail"]["reason"])
         for e in task["events"]
         if e["kind"] == "operator"
-    ]
-    assert actions == [("skip", "bob", None), ("retry", "dashboard", "skipped by hand")]
+    ]  # newest first
+    assert actions == [("retry", "dashboard", "skipped by hand"), ("skip", "bob", None)]
+    # `by` is what the caller says; how it proved it is recorded beside it.
+    assert {e["detail"]["authenticated"] for e in task["events"] if e["kind"] == "operator"} == {
+        "api-token"
+    }
     assert served.post(f"{path}/retry", headers=auth).status_code == 409
     assert served.post("/api/tasks/no-such-task/retry", headers=auth).status_code == 404
 
@@ -157,7 +161,7 @@ def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> Non
 
 def test_other_hosts_and_other_sites_are_not_served(served: Served) -> None:
     # A page of another site whose name resolves to this machine (DNS rebinding).
-    assert served.get("/api/tasks", headers={"Host": "evil.example"}).status_code == 400
+    assert served.get("/api/tasks", headers={"Host": "evil.example"}).status_code == 421
     assert served.get("/api/tasks", headers={"Host": "localhost"}).status_code == 200
     # Signing in sends the operator back to a page of the dashboard, never elsewhere.
     for target, expected in [

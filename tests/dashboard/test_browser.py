@@ -50,7 +50,7 @@ def test_a_failed_task_is_found_from_the_overview_retried_and_completes(
     expect(page.locator("#steps .step-completed")).to_have_count(1)
     expect(page.locator("#task-result")).to_contain_text('"stamped": 1')
     operator = page.locator("#history tr.event-operator")
-    expect(operator).to_contain_text("retry by dashboard: error → pending")
+    expect(operator).to_contain_text("retry by dashboard (session): error → pending")
     expect(operator).to_contain_text("pad refilled")
     assert served.state("order-1") == "processed"
 

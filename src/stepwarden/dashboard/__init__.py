@@ -3,18 +3,22 @@ Prometheus metrics (/metrics), served from one process by `stepwarden dashboard`
 
     stepwarden dashboard shop:app --port 8080         # http://127.0.0.1:8080/
 
-Reads are open to whoever reaches it (it binds 127.0.0.1 unless told otherwise); operator
-actions are POSTs that need the API token, or a signed-in session and its CSRF token.
-Values marked secret are shown as `***`.
+Reads are open to whoever reaches it on a loopback address (it binds 127.0.0.1 unless told
+otherwise), and need the API token or a signed-in session on any other (`auth_reads`);
+operator actions are POSTs that need the API token, or a signed-in session and its CSRF
+token. Requests addressed to a host it does not serve are refused, on every address. Values
+marked secret are shown as `***`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+from collections.abc import Sequence
 
 from ..app import App
-from ._auth import new_token
+from ._auth import check_token, new_token
 from ._server import create_app
 
 DEFAULT_HOST = "127.0.0.1"
@@ -33,18 +37,48 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
-def serve(app: App, sock: socket.socket, *, token: str) -> None:
-    """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). Bound to
-    127.0.0.1, it answers only requests addressed to 127.0.0.1 or localhost. A store that
-    cannot be opened raises its error (StoreError, SchemaVersionError) before serving."""
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) reaches this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def served_hosts(sock: socket.socket, allowed_hosts: Sequence[str] = ()) -> list[str]:
+    """The hosts a request may name: the loopback names, the bound address (unless it is
+    every address: 0.0.0.0 or ::) and those allowed."""
+    bound = str(sock.getsockname()[0])
+    specific = not ipaddress.ip_address(bound).is_unspecified
+    return [*LOOPBACK_NAMES, *([bound] if specific else []), *allowed_hosts]
+
+
+def serve(
+    app: App,
+    sock: socket.socket,
+    *,
+    token: str,
+    allowed_hosts: Sequence[str] = (),
+    auth_reads: bool | None = None,
+) -> None:
+    """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). It answers
+    only requests addressed to a host of `served_hosts` (whatever the address it is bound
+    to); reads need the token unless bound to a loopback address (or `auth_reads` says). A
+    store that cannot be opened raises its error (StoreError, SchemaVersionError) before
+    serving."""
     import uvicorn
 
-    loopback = sock.getsockname()[0] == "127.0.0.1"
+    if auth_reads is None:
+        auth_reads = not is_loopback(str(sock.getsockname()[0]))
     config = uvicorn.Config(
-        create_app(app, token=token, hosts=LOOPBACK_NAMES if loopback else None),
+        create_app(
+            app, token=token, hosts=served_hosts(sock, allowed_hosts), auth_reads=auth_reads
+        ),
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -60,4 +94,14 @@ def serve(app: App, sock: socket.socket, *, token: str) -> None:
     asyncio.run(run())
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "bind", "create_app", "new_token", "serve"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "bind",
+    "check_token",
+    "create_app",
+    "is_loopback",
+    "new_token",
+    "serve",
+    "served_hosts",
+]

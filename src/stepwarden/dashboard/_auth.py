@@ -1,25 +1,37 @@
-"""Who may change things: the API token, and the UI's sessions with their CSRF tokens.
+"""Who may read and change things: the API token, and the UI's sessions with their CSRF
+tokens.
 
-Reads are open to whoever reaches the dashboard (it listens on 127.0.0.1 unless told
-otherwise). A state-changing request is a POST that carries either the API token
-(`Authorization: Bearer TOKEN`), or the session cookie the sign-in page sets together with
-that session's CSRF token (`X-CSRF-Token` header, or a `csrf_token` form field). The cookie
-alone is not enough: another site can make a browser send it, but cannot read the CSRF token.
+Reads are open to whoever reaches the dashboard when it listens on a loopback address, and
+need the token or a session otherwise (`auth_reads`). A state-changing request is a POST
+that carries either the API token (`Authorization: Bearer TOKEN`), or the session cookie the
+sign-in page sets together with that session's CSRF token (`X-CSRF-Token` header, or a
+`csrf_token` form field). The cookie alone is not enough: another site can make a browser
+send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after sign-in.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
+
+from ..errors import ConfigurationError
 
 SESSION_COOKIE = "stepwarden_session"
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 MAX_SESSIONS = 1000
 """Sessions kept in memory; the oldest is forgotten first (its user signs in again)."""
+SESSION_SECONDS = 12 * 3600
+"""How long a session lasts after sign-in (the cookie's Max-Age, and kept in memory)."""
+MIN_TOKEN = 16
+"""The shortest API token accepted, in characters."""
+API_TOKEN = "api-token"
+SESSION = "session"
+"""How a request was authenticated: recorded beside the operator's `by`."""
 
 
 def new_token() -> str:
@@ -33,13 +45,26 @@ class Verdict:
     allowed: bool
     status: int = 200
     reason: str = ""
+    identity: str | None = None
+    """How the request was authenticated (API_TOKEN or SESSION), when it was."""
+
+
+def check_token(token: str) -> str:
+    if len(token) < MIN_TOKEN:
+        raise ConfigurationError(
+            f"the API token must be at least {MIN_TOKEN} characters long, not {len(token)}"
+        )
+    return token
 
 
 @dataclass
 class Guard:
     token: str
-    sessions: dict[str, str] = field(default_factory=dict)
-    """Session id -> its CSRF token."""
+    sessions: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Session id -> its CSRF token and when it ends (monotonic seconds)."""
+
+    def __post_init__(self) -> None:
+        check_token(self.token)
 
     def token_matches(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.token.encode())
@@ -49,7 +74,7 @@ class Guard:
         while len(self.sessions) >= MAX_SESSIONS:
             self.sessions.pop(next(iter(self.sessions)))
         session = new_token()
-        self.sessions[session] = new_token()
+        self.sessions[session] = (new_token(), time.monotonic() + SESSION_SECONDS)
         return session
 
     def sign_out(self, request: Request) -> None:
@@ -57,19 +82,43 @@ class Guard:
 
     def csrf_for(self, request: Request) -> str | None:
         """The CSRF token of the request's session, or None when it has no valid session."""
-        return self.sessions.get(request.cookies.get(SESSION_COOKIE, ""))
+        session = request.cookies.get(SESSION_COOKIE, "")
+        found = self.sessions.get(session)
+        if found is None:
+            return None
+        csrf, ends = found
+        if time.monotonic() >= ends:
+            del self.sessions[session]
+            return None
+        return csrf
+
+    def _bearer(self, request: Request) -> Verdict | None:
+        header = request.headers.get("authorization", "")
+        if not header:
+            return None
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer" and self.token_matches(given.strip()):
+            return Verdict(True, identity=API_TOKEN)
+        return Verdict(False, 401, "the API token is wrong")
+
+    def check_read(self, request: Request) -> Verdict:
+        """May the request read: the API token, or a signed-in session."""
+        verdict = self._bearer(request)
+        if verdict is not None:
+            return verdict
+        if self.csrf_for(request) is not None:
+            return Verdict(True, identity=SESSION)
+        return Verdict(False, 401, "sign in, or send the API token (Authorization: Bearer TOKEN)")
 
     def check(self, request: Request, form_csrf: str | None = None) -> Verdict:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if header:
-            if scheme.lower() == "bearer" and self.token_matches(given.strip()):
-                return Verdict(True)
-            return Verdict(False, 401, "the API token is wrong")
+        """May the request change state: the API token, or a session and its CSRF token."""
+        verdict = self._bearer(request)
+        if verdict is not None:
+            return verdict
         csrf = self.csrf_for(request)
         if csrf is None:
             return Verdict(False, 401, "an API token (Authorization: Bearer TOKEN) is needed")
         sent = request.headers.get(CSRF_HEADER) or form_csrf or ""
         if not hmac.compare_digest(sent.encode(), csrf.encode()):
             return Verdict(False, 403, "the CSRF token is missing or wrong")
-        return Verdict(True)
+        return Verdict(True, identity=SESSION)

@@ -173,17 +173,24 @@ class Reader:
             "workflows": await store.workflow_names(),
         }
 
-    async def task(self, task_id: str) -> dict[str, Any] | None:
+    async def task(
+        self, task_id: str, *, limit: int = 100, before: int | None = None
+    ) -> dict[str, Any] | None:
+        """The task, its steps and a page of its history: newest first, `limit` events
+        older than the event id `before` (the newest when None); `events_before` asks for the
+        next page, None when there is none."""
         store = await self.app.store()
         task = await store.get_task(task_id)
         if task is None:
             return None
         steps = await store.get_steps(task_id)
-        events = await store.events(task_id=task_id)
+        page = await store.history(task_id, limit=limit, before=before)
         return {
             "task": task_detail(task),
             "steps": [step_dict(s) for s in steps],
-            "events": [event_dict(e) for e in events],
+            "events": [event_dict(e) for e in page.events],
+            "more_events": page.more,
+            "events_before": page.next_before,
         }
 
     async def agents(self) -> dict[str, Any]:

@@ -309,8 +309,19 @@ def document() -> dict[str, Any]:
         "/api/tasks/{task_id}": {
             "get": {
                 "operationId": "getTask",
-                "summary": "A task with its steps and its history.",
-                "parameters": [{"name": "task_id", "in": "path", "required": True, "schema": NAME}],
+                "summary": "A task with its steps and a page of its history (100 events, "
+                "newest first).",
+                "parameters": [
+                    {"name": "task_id", "in": "path", "required": True, "schema": NAME},
+                    {
+                        "name": "events_before",
+                        "in": "query",
+                        "required": False,
+                        "description": "The page of events older than this event id (the "
+                        "previous page's events_before).",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                    },
+                ],
                 "responses": {
                     "200": _json(
                         _object(
@@ -318,9 +329,12 @@ def document() -> dict[str, Any]:
                                 "task": _ref("Task"),
                                 "steps": {"type": "array", "items": _ref("Step")},
                                 "events": {"type": "array", "items": _ref("Event")},
+                                "more_events": {"type": "boolean"},
+                                "events_before": _nullable({"type": "integer"}),
                             }
                         ),
-                        "The task.",
+                        "The task; `more_events` when older events exist, and the "
+                        "`events_before` that asks for them.",
                     ),
                     "400": BAD,
                     "404": _json(ERROR, "No such task."),
@@ -466,8 +480,10 @@ def document() -> dict[str, Any]:
             "title": "stepwarden dashboard",
             "version": __version__,
             "description": "Read the tasks, steps, history and alerts of a stepwarden store, "
-            "and act on tasks as an operator. Reads need nothing; actions are POSTs that need "
-            "the dashboard's API token, or a signed-in session and its CSRF token. Values "
+            "and act on tasks as an operator. Reads need nothing on a loopback address, and "
+            "the API token (or a signed-in session) elsewhere (401 without); actions are POSTs "
+            "that need the dashboard's API token, or a signed-in session and its CSRF token. "
+            "A body over 2 MiB is refused (413) before it is read. Values "
             'marked secret are shown as "***".',
         },
         "paths": paths,

@@ -6,14 +6,13 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 import orjson
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -26,13 +25,19 @@ from ..errors import StepwardenError, StoreError
 from ..records import ActionOutcome
 from ..states import OPERATOR_ACTIONS, TaskState
 from . import _metrics, _openapi
-from ._auth import CSRF_FIELD, SESSION_COOKIE, Guard
+from ._auth import CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Guard
 from ._data import Reader
 from ._openapi import BULK_ACTIONS, TASK_ACTIONS
 from ._views import activity_chart, render, step_timeline
 
 MAX_LIST = 1000
 MAX_BULK = 10_000
+EVENT_PAGE = 100
+"""Events of a task's history per page, newest first."""
+FORM_BODY = 64 * 1024
+"""The largest body of a form (sign-in, sign-out), in bytes."""
+API_BODY = 2 * 1024 * 1024
+"""The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 DEFAULT_BY = "dashboard"
 _CONFIRM = {
     "cancel": "Cancel this task? It stops for good.",
@@ -61,9 +66,13 @@ class BadRequest(Exception):
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    # `display` masks every Secret: a payload's secret is never sent.
+    # `display` masks every Secret: a payload's secret is never sent. Nothing is cached: an
+    # answer holds payloads and errors.
     return Response(
-        _json.display(data), status_code=status, media_type="application/json", headers=headers
+        _json.display(data),
+        status_code=status,
+        media_type="application/json",
+        headers={"Cache-Control": "no-store", **(headers or {})},
     )
 
 
@@ -128,6 +137,17 @@ def _limit(request: Request, *, lenient: bool, default: int = 100) -> int:
     return value
 
 
+def _events_before(request: Request, *, lenient: bool) -> int | None:
+    """The `events_before` parameter: the history's page of events older than this id."""
+    raw = _param(request, "events_before", lenient=lenient)
+    if raw is None:
+        return None
+    value = int(raw) if raw.isdigit() and len(raw) <= 19 else 0
+    if not 1 <= value <= _check.MAX_BIGINT:
+        raise BadRequest(f"events_before must be an event id (a positive integer), not {raw!r}")
+    return value
+
+
 async def _body(request: Request, *, required: bool) -> dict[str, Any]:
     raw = await request.body()
     if not raw.strip():
@@ -174,11 +194,19 @@ def _present(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
 # -- the application ------------------------------------------------------------------------
 
 
-def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> Starlette:
+def create_app(
+    app: App,
+    *,
+    token: str,
+    hosts: Sequence[str] | None = None,
+    auth_reads: bool = False,
+) -> Starlette:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
-    need `token` (or a signed-in session and its CSRF token). With `hosts`, requests naming
-    another host (`Host` header) are refused: a web page whose name was pointed at this
-    machine's address (DNS rebinding) cannot read the dashboard through the browser."""
+    need `token` (at least 16 characters), or a signed-in session and its CSRF token; with
+    `auth_reads`, so do reads (pages, API, metrics). With `hosts`, requests naming another
+    host (`Host` header) are refused: a web page whose name was pointed at this machine's
+    address (DNS rebinding) cannot read the dashboard through the browser. Every request
+    body is limited before it is read (64 KiB for a form, 2 MiB for the API)."""
     guard = Guard(token)
     reader = Reader(app)
 
@@ -238,9 +266,10 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
         task_id = request.path_params["task_id"]
         try:
             _check.name("task_id", task_id)
-        except StepwardenError as exc:
+            before = _events_before(request, lenient=True)
+        except (StepwardenError, BadRequest) as exc:
             return html_error(request, 400, str(exc))
-        data = await reader.task(task_id)
+        data = await reader.task(task_id, limit=EVENT_PAGE, before=before)
         if data is None:
             return html_error(request, 404, f"no task {task_id!r}")
         state = TaskState(data["task"]["process_state"])
@@ -303,7 +332,13 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
             )
         response = RedirectResponse(next_, status_code=303)
         response.set_cookie(
-            SESSION_COOKIE, guard.sign_in(), httponly=True, samesite="strict", path="/"
+            SESSION_COOKIE,
+            guard.sign_in(),
+            max_age=SESSION_SECONDS,
+            httponly=True,
+            secure=request.url.scheme == "https",
+            samesite="strict",
+            path="/",
         )
         return response
 
@@ -329,7 +364,8 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
             _check.name("task_id", task_id)
         except StepwardenError as exc:
             raise BadRequest(str(exc)) from None
-        data = await reader.task(task_id)
+        before = _events_before(request, lenient=False)
+        data = await reader.task(task_id, limit=EVENT_PAGE, before=before)
         if data is None:
             return error(404, f"no task {task_id!r}")
         return json_response(data)
@@ -361,6 +397,7 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
                 by=DEFAULT_BY if body.get("by") is None else body["by"],
                 seq=body.get("seq"),
                 result=body.get("result"),
+                identity=verdict.identity,
             )
         except StoreError:
             raise
@@ -406,6 +443,7 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
                 reason=body.get("reason"),
                 by=DEFAULT_BY if body.get("by") is None else body["by"],
                 dry_run=bool(dry_run),
+                identity=verdict.identity,
             )
         except StoreError:
             raise
@@ -482,7 +520,9 @@ def create_app(app: App, *, token: str, hosts: Sequence[str] | None = None) -> S
         routes=routes,
         middleware=[
             Middleware(_SecurityHeaders),
-            *([Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))] if hosts else []),
+            *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
+            Middleware(_BodyLimit),
+            *([Middleware(_ReadGuard, guard=guard)] if auth_reads else []),
         ],
         lifespan=lifespan,
         exception_handlers={
@@ -513,6 +553,123 @@ class _SecurityHeaders:
             await send(message)
 
         await self.inner(scope, receive, with_headers)
+
+
+def _host_name(header: str) -> str:
+    """The host a Host header names, without its port, lower case, an IPv6 address without
+    its brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+    await json_response({"error": message}, status)(scope, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+class _HostCheck:
+    """Requests naming a host the dashboard does not serve are refused (DNS rebinding)."""
+
+    def __init__(self, inner: ASGIApp, hosts: Sequence[str]) -> None:
+        self.inner = inner
+        self.hosts = frozenset(_host_name(h) for h in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = _host_name(Headers(scope=scope).get("host", ""))
+            if host not in self.hosts:
+                known = ", ".join(sorted(self.hosts))
+                await _refuse(
+                    scope,
+                    send,
+                    421,
+                    f"this dashboard does not serve the host {host!r} (served: {known}; "
+                    "add one with --allowed-host)",
+                )
+                return
+        await self.inner(scope, receive, send)
+
+
+class _BodyLimit:
+    """A request body over its limit is refused (413) before it is read: by its
+    Content-Length when it has one, else as soon as what arrived passes the limit."""
+
+    def __init__(self, inner: ASGIApp) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        limit = API_BODY if scope["path"].startswith("/api/") else FORM_BODY
+        declared = Headers(scope=scope).get("content-length")
+        too_big = f"the request body is over the limit of {limit} bytes"
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _refuse(scope, send, 413, too_big)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooBig
+            return message
+
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.inner(scope, counted, watched)
+        except _TooBig:
+            if not started:
+                await _refuse(scope, send, 413, too_big)
+
+
+class _TooBig(Exception):
+    pass
+
+
+_OPEN_PATHS = ("/login", "/openapi.json")
+
+
+class _ReadGuard:
+    """With `auth_reads`: every request but the sign-in page, the static files and the API's
+    document needs the API token or a signed-in session; a page asks to sign in."""
+
+    def __init__(self, inner: ASGIApp, guard: Guard) -> None:
+        self.inner = inner
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in _OPEN_PATHS or path.startswith("/static/"):
+            await self.inner(scope, receive, send)
+            return
+        request = Request(scope)
+        verdict = self.guard.check_read(request)
+        if verdict.allowed:
+            await self.inner(scope, receive, send)
+            return
+        if path.startswith("/api/") or path == "/metrics" or scope["method"] != "GET":
+            response = json_response(
+                {"error": verdict.reason}, verdict.status, {"WWW-Authenticate": "Bearer"}
+            )
+        else:
+            wanted = quote(path) + (f"?{request.url.query}" if request.url.query else "")
+            response = RedirectResponse(f"/login?{urlencode({'next': wanted})}", 303)
+        await response(scope, receive, send)
 
 
 def _form(body: bytes) -> dict[str, str]:

@@ -30,6 +30,9 @@ def _iso(value: datetime | None) -> str:
 
 
 def _quote(value: str) -> str:
+    """A path segment: `.` and `..` written with %2E, or a browser would resolve them away."""
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 

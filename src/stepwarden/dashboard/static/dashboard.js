@@ -4,6 +4,12 @@
 (function () {
   const REFRESH_MS = 1000;
 
+  // A task id as a path segment: "." and ".." written with %2E, or they would be resolved
+  // away.
+  function segment(value) {
+    return value === "." || value === ".." ? value.replace(/\./g, "%2E") : encodeURIComponent(value);
+  }
+
   function csrf() {
     const meta = document.querySelector('meta[name="csrf-token"]');
     return meta ? meta.content : null;
@@ -96,7 +102,7 @@
     }
     button.disabled = true;
     const [response, data] = await post(
-      "/api/tasks/" + encodeURIComponent(task) + "/" + action, body);
+      "/api/tasks/" + segment(task) + "/" + action, body);
     if (response.ok) {
       flash(action + ": " + data.outcome.before + " → " + data.outcome.after, "ok");
     } else {

@@ -1,0 +1,231 @@
+"""The dashboard under attack: a foreign Host refused on every address it may be bound to,
+reads that need the token off loopback, request bodies refused before they are read, the
+session cookie's lifetime, answers never cached, short tokens refused, a long history paged
+newest first, and task ids a browser would resolve away still reachable."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import stepwarden as sw
+from stepwarden.dashboard import create_app
+from stepwarden.records import NewTask
+from tests.cli.helpers import REPO, STEPWARDEN, process_env
+
+from .conftest import TOKEN, Served, run_async
+
+FOREIGN = {"Host": "rebound.example"}
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def dashboard(store_url: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A real `stepwarden dashboard` process on a free port; it and the port it listens on."""
+    proc = subprocess.Popen(
+        [STEPWARDEN, "--store", store_url, "dashboard", "--port", "0", "--token", TOKEN, *args],
+        cwd=REPO,
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "stepwarden dashboard of" in line, (line, proc.stderr and proc.stderr.read())
+        port = line.rstrip().rstrip("/").rsplit(":", 1)[-1]
+        yield proc, port
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def _get(address: str, port: str, path: str, **kwargs: Any) -> httpx.Response:
+    host = f"[{address}]" if ":" in address else address
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return httpx.get(f"http://{host}:{port}{path}", timeout=10, **kwargs)
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+BINDS = [("127.0.0.1", "127.0.0.1"), ("127.0.0.2", "127.0.0.2"), ("0.0.0.0", "127.0.0.1")]
+if _ipv6():
+    BINDS += [("::1", "::1"), ("::", "::1")]
+
+
+@pytest.mark.parametrize(("bind", "reach"), BINDS)
+def test_a_foreign_host_is_refused_on_every_bind(
+    sqlite_migrated: str, bind: str, reach: str
+) -> None:
+    with dashboard(sqlite_migrated, "--host", bind, "--allowed-host", "ops.example") as (_, port):
+        refused = _get(reach, port, "/api/overview", headers={**FOREIGN, **BEARER})
+        assert refused.status_code == 421, refused.text
+        assert "rebound.example" in refused.json()["error"]
+        for host in ("localhost", f"ops.example:{port}", reach if ":" not in reach else "[::1]"):
+            ok = _get(reach, port, "/api/overview", headers={"Host": host, **BEARER})
+            assert ok.status_code == 200, (host, ok.text)
+
+
+def test_reads_need_the_token_off_loopback(sqlite_migrated: str) -> None:
+    with dashboard(sqlite_migrated, "--host", "0.0.0.0") as (_, port):
+        for path in ("/api/overview", "/api/tasks", "/metrics"):
+            assert _get("127.0.0.1", port, path).status_code == 401, path
+            assert _get("127.0.0.1", port, path, headers=BEARER).status_code == 200, path
+        page = _get("127.0.0.1", port, "/tasks?state=error")
+        assert page.status_code == 303
+        assert page.headers["location"] == "/login?next=%2Ftasks%3Fstate%3Derror"
+        assert _get("127.0.0.1", port, "/login").status_code == 200
+        assert _get("127.0.0.1", port, "/openapi.json").status_code == 200
+    with dashboard(sqlite_migrated, "--host", "0.0.0.0", "--no-auth-reads") as (_, port):
+        assert _get("127.0.0.1", port, "/api/overview").status_code == 200
+    with dashboard(sqlite_migrated, "--host", "127.0.0.2") as (_, port):  # loopback: open
+        assert _get("127.0.0.2", port, "/api/overview").status_code == 200
+    with dashboard(sqlite_migrated, "--auth-reads") as (_, port):  # loopback, asked for
+        assert _get("127.0.0.1", port, "/api/overview").status_code == 401
+
+
+def _peak_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _raw_post(port: str, path: str, head: str, body: bytes | None) -> bytes:
+    """Send a request by hand (headers, then `body` in 1 MiB pieces, or none at all); the
+    first bytes of the answer."""
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode())
+        if body is not None:
+            with contextlib.suppress(OSError):  # the server may close before all is sent
+                for _ in range(300):
+                    conn.sendall(body)
+        return conn.recv(200)
+
+
+def test_a_300_mb_sign_in_is_refused_before_it_is_read(sqlite_migrated: str) -> None:
+    with dashboard(sqlite_migrated) as (proc, port):
+        assert _get("127.0.0.1", port, "/login").status_code == 200
+        before = _peak_rss_kb(proc.pid)
+        form = "Content-Type: application/x-www-form-urlencoded\r\n"
+        # Declared: refused on its Content-Length, before a byte of the body is sent.
+        answer = _raw_post(port, "/login", form + "Content-Length: 300000000\r\n", None)
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+        # Streamed without a length: refused once 64 KiB have arrived.
+        chunked = form + "Transfer-Encoding: chunked\r\n"
+        piece = b"100000\r\n" + b"t" * 0x100000 + b"\r\n"
+        answer = _raw_post(port, "/login", chunked, piece)
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+        for path in ("/logout", "/api/actions"):
+            answer = _raw_post(port, path, form + "Content-Length: 300000000\r\n", None)
+            assert answer.startswith(b"HTTP/1.1 413"), (path, answer)
+        assert _peak_rss_kb(proc.pid) - before < 50_000  # KiB: nothing like 300 MB was held
+
+
+async def _asgi(store_url: str, path: str, method: str = "GET", **kwargs: Any) -> httpx.Response:
+    app = sw.App("asgi", store=store_url)
+    try:
+        transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))
+        async with httpx.AsyncClient(transport=transport, base_url="https://127.0.0.1") as c:
+            return await c.request(method, path, **kwargs)
+    finally:
+        await app.aclose()
+
+
+def test_the_session_cookie_expires_and_is_secure_over_https(sqlite_migrated: str) -> None:
+    signed_in = run_async(_asgi(sqlite_migrated, "/login", "POST", data={"token": TOKEN}))
+    assert signed_in.status_code == 303
+    cookie = signed_in.headers["set-cookie"].lower()
+    for attribute in ("max-age=43200", "httponly", "samesite=strict", "secure"):
+        assert attribute in cookie, cookie
+    api = run_async(_asgi(sqlite_migrated, "/api/overview"))
+    assert api.headers["cache-control"] == "no-store"
+
+
+def test_a_short_token_is_refused(sqlite_migrated: str) -> None:
+    with pytest.raises(sw.ConfigurationError, match="at least 16 characters"):
+        create_app(sw.App("x", store=sqlite_migrated), token="short")
+    done = subprocess.run(
+        [STEPWARDEN, "--store", sqlite_migrated, "dashboard", "--port", "0", "--token", "2short"],
+        cwd=REPO,
+        env=process_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "at least 16 characters" in done.stderr, done.stderr
+
+
+def test_history_pages_and_odd_ids_on_the_dashboard(served: Served) -> None:
+    """A task with 250 events: the API and the page show the newest first, 100 at a time,
+    and say when older ones exist. A task named `.` (stored by an earlier version) is linked
+    with %2E, which reaches it."""
+
+    async def setup() -> None:
+        store = sw.App("setup", store=served.store_url)
+        try:
+            s = await store.store()
+            await s.record_events([("order-1", "note", {"n": n}) for n in range(250)])
+            await s.submit([NewTask(task_id=".", workflow="process", input="{}", priority=0,
+                                    complete_within=60.0, max_failures=3, on_failure="stop")])
+        finally:
+            await store.aclose()
+
+    run_async(setup())
+    first = served.get("/api/tasks/order-1").json()
+    assert len(first["events"]) == 100 and first["more_events"] is True
+    assert first["events"][0]["id"] > first["events"][-1]["id"]
+    assert first["events"][0]["detail"] == {"n": 249}
+    older = served.get(f"/api/tasks/order-1?events_before={first['events_before']}").json()
+    assert older["events"][0]["id"] == first["events"][-1]["id"] - 1
+    page = served.get("/tasks/order-1").text
+    assert f'href="?events_before={first["events_before"]}"' in page
+    assert served.get("/api/tasks/order-1?events_before=0").status_code == 400
+    tasks = served.get("/tasks?search=.&limit=1000").text
+    assert 'href="/tasks/%2E"' in tasks
+    assert served.get("/tasks/%2E").status_code == 200
+    assert served.get("/api/tasks/%2E").json()["task"]["task_id"] == "."
+
+
+@pytest.fixture
+def sqlite_migrated(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+
+    async def migrate() -> None:
+        app = sw.App("migrate", store=url)
+        await app.store()
+        await app.aclose()
+
+    asyncio.run(migrate())
+    return url
+
+
+
