@@ -93,14 +93,15 @@ def loads(text: str | bytes | None) -> Any:
         return None
     value = orjson.loads(text)
     marked = _MARK.encode() in text if isinstance(text, bytes) else _MARK in text
-    return _unwrap(value) if marked else value
+    return revive(value) if marked else value
 
 
-def _unwrap(value: Any) -> Any:
+def revive(value: Any) -> Any:
+    """A JSON value parsed elsewhere, with each `{"$secret": VALUE}` made a Secret again."""
     if isinstance(value, dict):
         if len(value) == 1 and SECRET_KEY in value:
             return Secret(value[SECRET_KEY])
-        return {k: _unwrap(v) for k, v in value.items()}
+        return {k: revive(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unwrap(v) for v in value]
+        return [revive(v) for v in value]
     return value

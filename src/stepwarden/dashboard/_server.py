@@ -1,4 +1,5 @@
-"""The dashboard's web application: the pages, the JSON API, /metrics and /openapi.json."""
+"""The dashboard's web application: the pages, the JSON API (`_api.py`, with its generated
+OpenAPI document at /openapi.json), /metrics, and the guards in front of them all."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
-import orjson
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -19,26 +21,20 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import _check, _json
+from .. import __version__, _check
 from ..app import App
 from ..errors import StepwardenError, StoreError
-from ..records import ActionOutcome
 from ..states import OPERATOR_ACTIONS, TaskState
-from . import _metrics, _openapi
+from ._api import EVENT_PAGE, BadRequest, error, json_response, router
 from ._auth import CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Guard
 from ._data import Reader
-from ._openapi import BULK_ACTIONS, TASK_ACTIONS
+from ._models import BULK_ACTIONS, MAX_LIST
 from ._views import activity_chart, render, step_timeline
 
-MAX_LIST = 1000
-MAX_BULK = 10_000
-EVENT_PAGE = 100
-"""Events of a task's history per page, newest first."""
 FORM_BODY = 64 * 1024
 """The largest body of a form (sign-in, sign-out), in bytes."""
 API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
-DEFAULT_BY = "dashboard"
 _CONFIRM = {
     "cancel": "Cancel this task? It stops for good.",
     "compensate": "Cancel this task and undo its steps?",
@@ -59,36 +55,18 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
-
-
-class BadRequest(Exception):
-    """A request the API refuses (400), with a message for the caller."""
-
-
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    # `display` masks every Secret: a payload's secret is never sent. Nothing is cached: an
-    # answer holds payloads and errors.
-    return Response(
-        _json.display(data),
-        status_code=status,
-        media_type="application/json",
-        headers={"Cache-Control": "no-store", **(headers or {})},
-    )
-
-
-def error(status: int, message: str, **extra: Any) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return json_response({"error": message, **extra}, status, headers)
-
-
-def outcome_dict(o: ActionOutcome) -> dict[str, Any]:
-    return {
-        "task_id": o.task_id,
-        "applied": o.applied,
-        "before": None if o.before is None else str(o.before),
-        "after": None if o.after is None else str(o.after),
-        "message": o.message,
-    }
+DESCRIPTION = (
+    "Read the tasks, steps, history and alerts of a stepwarden store, and act on tasks as an "
+    "operator. Reads need nothing on a loopback address, and the API token (or a signed-in "
+    "session) elsewhere (401 without); actions are POSTs that need the dashboard's API token, "
+    "or a signed-in session and its CSRF token. A body over 2 MiB is refused (413) before it "
+    'is read. Values marked secret are shown as "***".'
+)
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer"},
+    "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE},
+    "csrf": {"type": "apiKey", "in": "header", "name": "X-CSRF-Token"},
+}
 
 
 # -- reading parameters ---------------------------------------------------------------------
@@ -148,49 +126,6 @@ def _events_before(request: Request, *, lenient: bool) -> int | None:
     return value
 
 
-async def _body(request: Request, *, required: bool) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        if required:
-            raise BadRequest("the request needs a JSON object as its body")
-        return {}
-    try:
-        value = _json.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise BadRequest("the body must be a JSON object")
-    return value
-
-
-def _only(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
-
-
-def _integral(body: dict[str, Any], name: str) -> None:
-    """JSON Schema counts 3.0 as an integer: take it as 3."""
-    value = body.get(name)
-    if isinstance(value, float) and value.is_integer():
-        body[name] = int(value)
-
-
-def _present(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
-    """The field's value if given (None otherwise), which must be of `kind` (not null)."""
-    if name not in body:
-        return None
-    value = body[name]
-    ok = (
-        isinstance(value, bool)
-        if kind is bool
-        else (isinstance(value, kind) and not isinstance(value, bool))
-    )
-    if not ok:
-        raise BadRequest(f"{name} must be {what}")
-    return value
-
-
 # -- the application ------------------------------------------------------------------------
 
 
@@ -200,7 +135,7 @@ def create_app(
     token: str,
     hosts: Sequence[str] | None = None,
     auth_reads: bool = False,
-) -> Starlette:
+) -> FastAPI:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
     need `token` (at least 16 characters), or a signed-in session and its CSRF token; with
     `auth_reads`, so do reads (pages, API, metrics). With `hosts`, requests naming another
@@ -351,122 +286,6 @@ def create_app(
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
-    # -- the JSON API -----------------------------------------------------------------------
-    async def api_overview(request: Request) -> Response:
-        return json_response(await reader.overview())
-
-    async def api_tasks(request: Request) -> Response:
-        return json_response(await reader.tasks(**_filters(request, lenient=False)))
-
-    async def api_task(request: Request) -> Response:
-        task_id = request.path_params["task_id"]
-        try:
-            _check.name("task_id", task_id)
-        except StepwardenError as exc:
-            raise BadRequest(str(exc)) from None
-        before = _events_before(request, lenient=False)
-        data = await reader.task(task_id, limit=EVENT_PAGE, before=before)
-        if data is None:
-            return error(404, f"no task {task_id!r}")
-        return json_response(data)
-
-    async def api_agents(request: Request) -> Response:
-        return json_response(await reader.agents())
-
-    async def api_alerts(request: Request) -> Response:
-        return json_response(await reader.alerts(_limit(request, lenient=False)))
-
-    async def api_task_action(request: Request) -> Response:
-        verdict = guard.check(request)
-        if not verdict.allowed:
-            return error(verdict.status, verdict.reason)
-        task_id = request.path_params["task_id"]
-        action = request.path_params["action"]
-        if action not in TASK_ACTIONS:
-            return error(404, f"unknown action {action!r} (known: {', '.join(TASK_ACTIONS)})")
-        body = await _body(request, required=action == "skip")
-        _only(body, {"reason", "by", "seq", "result"} if action == "skip" else {"reason", "by"})
-        if action == "skip" and "seq" not in body:
-            raise BadRequest("skip needs the step: seq")
-        _integral(body, "seq")
-        try:
-            [outcome] = await app.operate_async(
-                action,
-                [task_id],
-                reason=body.get("reason"),
-                by=DEFAULT_BY if body.get("by") is None else body["by"],
-                seq=body.get("seq"),
-                result=body.get("result"),
-                identity=verdict.identity,
-            )
-        except StoreError:
-            raise
-        except StepwardenError as exc:
-            raise BadRequest(str(exc)) from None
-        if outcome.before is None:
-            return error(404, outcome.message)
-        if not outcome.applied:
-            return error(409, outcome.message, outcome=outcome_dict(outcome))
-        return json_response({"outcome": outcome_dict(outcome)})
-
-    async def api_bulk(request: Request) -> Response:
-        verdict = guard.check(request)
-        if not verdict.allowed:
-            return error(verdict.status, verdict.reason)
-        body = await _body(request, required=True)
-        _only(
-            body,
-            {"action", "task_ids", "state", "workflow", "limit", "reason", "by", "dry_run"},
-        )
-        action = body.get("action")
-        if action not in BULK_ACTIONS:
-            raise BadRequest(f"action must be one of {', '.join(BULK_ACTIONS)}")
-        if ("task_ids" in body) == ("state" in body or "workflow" in body):
-            raise BadRequest("name the tasks (task_ids), or a filter (state, workflow), not both")
-        _integral(body, "limit")
-        task_ids = _present(body, "task_ids", list, "a list of task ids")
-        if task_ids is not None and not 1 <= len(task_ids) <= MAX_BULK:
-            raise BadRequest(f"task_ids must list 1 to {MAX_BULK} tasks")
-        _present(body, "state", str, "a task state")
-        _present(body, "workflow", str, "a workflow name")
-        limit = _present(body, "limit", int, f"an integer from 1 to {MAX_BULK}")
-        if limit is not None and not 1 <= limit <= MAX_BULK:
-            raise BadRequest(f"limit must be an integer from 1 to {MAX_BULK}")
-        dry_run = _present(body, "dry_run", bool, "true or false")
-        try:
-            outcomes = await app.operate_async(
-                action,
-                task_ids,
-                state=body.get("state"),
-                workflow=body.get("workflow"),
-                limit=limit or MAX_BULK,
-                reason=body.get("reason"),
-                by=DEFAULT_BY if body.get("by") is None else body["by"],
-                dry_run=bool(dry_run),
-                identity=verdict.identity,
-            )
-        except StoreError:
-            raise
-        except StepwardenError as exc:
-            raise BadRequest(str(exc)) from None
-        would = [o for o in outcomes if o.message.startswith("would ")] if dry_run else []
-        applied = len(would) if dry_run else sum(o.applied for o in outcomes)
-        return json_response(
-            {
-                "dry_run": bool(dry_run),
-                "applied": applied,
-                "refused": len(outcomes) - applied,
-                "outcomes": [outcome_dict(o) for o in outcomes],
-            }
-        )
-
-    async def metrics(request: Request) -> Response:
-        body = await _metrics.render(app)
-        return Response(body, media_type=_metrics.CONTENT_TYPE)
-
-    async def openapi(request: Request) -> Response:
-        return json_response(_openapi.document())
-
     # -- errors -----------------------------------------------------------------------------
     async def on_bad_request(request: Request, exc: Exception) -> Response:
         if request.url.path.startswith("/api/"):
@@ -482,6 +301,10 @@ def create_app(
         response.headers.update(headers)
         return response
 
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return error(400, _first_problem(exc))
+
     async def on_store_error(request: Request, exc: Exception) -> Response:
         message = f"the store is unavailable: {' '.join(str(exc).split())}"
         if request.url.path.startswith("/api/") or request.url.path == "/metrics":
@@ -489,14 +312,14 @@ def create_app(
         return html_error(request, 503, message)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await app.store()  # open it (and fail early) before the first request
         try:
             yield
         finally:
             await app.aclose()
 
-    routes = [
+    pages = [
         Route("/", overview_page),
         Route("/tasks", tasks_page),
         Route("/tasks/{task_id:path}", task_page),
@@ -505,19 +328,16 @@ def create_app(
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
-        Route("/api/overview", api_overview),
-        Route("/api/tasks", api_tasks),
-        Route("/api/tasks/{task_id:path}/{action}", api_task_action, methods=["POST"]),
-        Route("/api/tasks/{task_id:path}", api_task),
-        Route("/api/alerts", api_alerts),
-        Route("/api/agents", api_agents),
-        Route("/api/actions", api_bulk, methods=["POST"]),
-        Route("/metrics", metrics),
-        Route("/openapi.json", openapi),
         Mount("/static", StaticFiles(packages=[("stepwarden.dashboard", "static")])),
     ]
-    starlette = Starlette(
-        routes=routes,
+    web = FastAPI(
+        title="stepwarden dashboard",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_url="/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        routes=pages,
         middleware=[
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
@@ -528,10 +348,48 @@ def create_app(
         exception_handlers={
             BadRequest: on_bad_request,
             HTTPException: on_http_error,
+            RequestValidationError: on_invalid,
             StoreError: on_store_error,
         },
     )
-    return starlette
+    web.include_router(router(app, guard, reader))
+
+    def document() -> dict[str, Any]:
+        if web.openapi_schema is None:
+            web.openapi_schema = _openapi_document(web)
+        return web.openapi_schema
+
+    web.openapi = document  # type: ignore[method-assign]
+    return web
+
+
+def _openapi_document(web: FastAPI) -> dict[str, Any]:
+    """The document FastAPI generates from the routes and models, with the API's security
+    schemes, and without the 422 answers it would add: a refused request is a 400."""
+    doc = get_openapi(
+        title=web.title,
+        version=web.version,
+        openapi_version=web.openapi_version,
+        description=web.description,
+        routes=web.routes,
+    )
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    doc["components"]["securitySchemes"] = SECURITY_SCHEMES
+    return doc
+
+
+def _first_problem(exc: RequestValidationError) -> str:
+    """What a refused request got wrong, on one line: where, and why."""
+    problems = []
+    for e in exc.errors()[:3]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "the body"
+        problems.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(problems)
 
 
 class _SecurityHeaders:

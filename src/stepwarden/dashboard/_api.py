@@ -1,0 +1,336 @@
+"""The dashboard's JSON API: typed routes (FastAPI) over the store's reads and `App.operate`.
+Its OpenAPI document is generated from these routes and the models of `_models.py`.
+
+Reads answer with the data of `_data.Reader` as it is (every `Secret` masked); a request the
+models refuse is answered 400 with `{"error": ...}`; actions need the API token, or a
+signed-in session and its CSRF token, checked before the request's body is read."""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
+# which are local to `router`.
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from starlette.responses import Response
+
+from .. import _check, _json
+from .._text import SAFE_PATTERN
+from ..app import App
+from ..errors import StepwardenError, StoreError
+from ..records import ActionOutcome
+from ..states import TaskState
+from . import _metrics
+from ._auth import Guard
+from ._data import Reader
+from ._models import (
+    MAX_BULK,
+    MAX_EVENT_ID,
+    MAX_LIST,
+    ActionRequest,
+    AgentsAnswer,
+    AlertsAnswer,
+    BulkAnswer,
+    BulkRequest,
+    Error,
+    OutcomeAnswer,
+    Overview,
+    SkipRequest,
+    TaskAnswer,
+    TasksAnswer,
+)
+
+DEFAULT_BY = "dashboard"
+EVENT_PAGE = 100
+"""Events of a task's history per page, newest first."""
+SECURED: list[dict[str, list[str]]] = [{"bearer": []}, {"session": [], "csrf": []}]
+TaskId = Annotated[str, Path(min_length=1, max_length=_check.MAX_NAME, pattern=SAFE_PATTERN)]
+NameQuery = Query(min_length=1, max_length=_check.MAX_NAME, pattern=SAFE_PATTERN)
+Limit = Annotated[int, Query(ge=1, le=MAX_LIST)]
+
+
+class BadRequest(Exception):
+    """A request the API refuses (400), with a message for the caller."""
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # `display` masks every Secret: a payload's secret is never sent. Nothing is cached: an
+    # answer holds payloads and errors.
+    return Response(
+        _json.display(data),
+        status_code=status,
+        media_type="application/json",
+        headers={"Cache-Control": "no-store", **(headers or {})},
+    )
+
+
+def error(status: int, message: str, **extra: Any) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return json_response({"error": message, **extra}, status, headers)
+
+
+def outcome_dict(o: ActionOutcome) -> dict[str, Any]:
+    return {
+        "task_id": o.task_id,
+        "applied": o.applied,
+        "before": None if o.before is None else str(o.before),
+        "after": None if o.after is None else str(o.after),
+        "message": o.message,
+    }
+
+
+def _answers(**codes: tuple[type[Any], str]) -> dict[int | str, dict[str, Any]]:
+    return {int(code[1:]): {"model": m, "description": d} for code, (m, d) in codes.items()}
+
+
+BAD = (Error, "The request is invalid.")
+UNAUTHORISED = (Error, "No API token, or a wrong one (and no signed-in session).")
+FORBIDDEN = (Error, "A signed-in session without its CSRF token.")
+
+
+def one(request: Request, name: str) -> None:
+    """A query parameter may be given once: a second value is refused, not ignored."""
+    if len(request.query_params.getlist(name)) > 1:
+        raise BadRequest(f"{name} is given more than once")
+
+
+def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
+    api = APIRouter()
+
+    def acting(request: Request) -> str | None:
+        """The actor's proof (how it was authenticated), or 401/403 before the body is read."""
+        verdict = guard.check(request)
+        if not verdict.allowed:
+            headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+            raise HTTPException(verdict.status, verdict.reason, headers=headers)
+        return verdict.identity
+
+    Identity = Annotated[str | None, Depends(acting)]
+
+    @api.get(
+        "/api/overview",
+        operation_id="overview",
+        summary="Tasks by state, the last hour's activity, the supervisor leader, the tasks "
+        "in error and the latest alerts.",
+        responses=_answers(r200=(Overview, "The overview.")),
+    )
+    async def overview() -> Response:
+        return json_response(await reader.overview())
+
+    @api.get(
+        "/api/tasks",
+        operation_id="listTasks",
+        summary="Tasks, newest first, by state, workflow and part of the id.",
+        responses=_answers(
+            r200=(TasksAnswer, "The tasks found, and every workflow name (for filters)."),
+            r400=BAD,
+        ),
+    )
+    async def tasks(
+        request: Request,
+        state: TaskState | None = None,
+        workflow: Annotated[str | None, NameQuery] = None,
+        search: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=_check.MAX_NAME,
+                pattern=SAFE_PATTERN,
+                description="Only tasks whose id contains this.",
+            ),
+        ] = None,
+        limit: Limit = 100,
+    ) -> Response:
+        for name in ("state", "workflow", "search", "limit"):
+            one(request, name)
+        for what, value in (("workflow", workflow), ("search", search)):
+            if value is not None:
+                _checked(what, value)
+        found = await reader.tasks(state=state, workflow=workflow, search=search, limit=limit)
+        return json_response(found)
+
+    @api.get(
+        "/api/tasks/{task_id:path}",
+        operation_id="getTask",
+        summary="A task with its steps and a page of its history (100 events, newest first).",
+        responses=_answers(
+            r200=(TaskAnswer, "The task."), r400=BAD, r404=(Error, "No such task.")
+        ),
+    )
+    async def task(
+        request: Request,
+        task_id: TaskId,
+        events_before: Annotated[
+            int | None,
+            Query(
+                ge=1,
+                le=MAX_EVENT_ID,
+                description="The page of events older than this event id (the previous "
+                "page's events_before).",
+            ),
+        ] = None,
+    ) -> Response:
+        one(request, "events_before")
+        _checked("task_id", task_id)
+        data = await reader.task(task_id, limit=EVENT_PAGE, before=events_before)
+        if data is None:
+            return error(404, f"no task {task_id!r}")
+        return json_response(data)
+
+    @api.post(
+        "/api/tasks/{task_id:path}/skip",
+        operation_id="skipStep",
+        summary="Mark a step completed with a given result, as if its operation had returned "
+        "it; recorded in the task's history.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(OutcomeAnswer, "Done."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r404=(Error, "No such task."),
+            r409=(Error, "The task's state, or the step's, does not allow a skip."),
+        ),
+    )
+    async def skip(task_id: TaskId, body: SkipRequest, identity: Identity) -> Response:
+        return await _act(
+            task_id,
+            "skip",
+            body.reason,
+            body.by,
+            identity,
+            seq=body.seq,
+            result=_json.revive(body.result),
+        )
+
+    @api.post(
+        "/api/tasks/{task_id:path}/{action}",
+        operation_id="actOnTask",
+        summary="An operator action on one task, recorded in its history.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(OutcomeAnswer, "Done."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r404=(Error, "No such task."),
+            r409=(Error, "The action does not apply to the task's state."),
+        ),
+    )
+    async def act(
+        task_id: TaskId,
+        action: Literal["retry", "pause", "resume", "cancel", "compensate"],
+        identity: Identity,
+        body: ActionRequest | None = None,
+    ) -> Response:
+        body = body or ActionRequest()
+        return await _act(task_id, action, body.reason, body.by, identity)
+
+    async def _act(
+        task_id: str,
+        action: str,
+        reason: str | None,
+        by: str | None,
+        identity: str | None,
+        **more: Any,
+    ) -> Response:
+        try:
+            [outcome] = await app.operate_async(
+                action,
+                [task_id],
+                reason=reason,
+                by=DEFAULT_BY if by is None else by,
+                identity=identity,
+                **more,
+            )
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        if outcome.before is None:
+            return error(404, outcome.message)
+        if not outcome.applied:
+            return error(409, outcome.message, outcome=outcome_dict(outcome))
+        return json_response({"outcome": outcome_dict(outcome)})
+
+    @api.post(
+        "/api/actions",
+        operation_id="bulkAction",
+        summary="An operator action on the tasks named, or on those matching a filter; with "
+        "dry_run, nothing is changed and each outcome says what would be.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(BulkAnswer, "The outcome for each task."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+        ),
+    )
+    async def bulk(body: BulkRequest, identity: Identity) -> Response:
+        try:
+            outcomes = await app.operate_async(
+                body.action,
+                body.task_ids,
+                state=body.state,
+                workflow=body.workflow,
+                limit=body.limit or MAX_BULK,
+                reason=body.reason,
+                by=DEFAULT_BY if body.by is None else body.by,
+                dry_run=body.dry_run,
+                identity=identity,
+            )
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        would = [o for o in outcomes if o.message.startswith("would ")] if body.dry_run else []
+        applied = len(would) if body.dry_run else sum(o.applied for o in outcomes)
+        return json_response(
+            {
+                "dry_run": body.dry_run,
+                "applied": applied,
+                "refused": len(outcomes) - applied,
+                "outcomes": [outcome_dict(o) for o in outcomes],
+            }
+        )
+
+    @api.get(
+        "/api/alerts",
+        operation_id="listAlerts",
+        summary="Alerts (the outbox's channel 'alerts'), newest first.",
+        responses=_answers(r200=(AlertsAnswer, "The alerts."), r400=BAD),
+    )
+    async def alerts(request: Request, limit: Limit = 100) -> Response:
+        one(request, "limit")
+        return json_response(await reader.alerts(limit))
+
+    @api.get(
+        "/api/agents",
+        operation_id="listAgents",
+        summary="The agent registry: every agent instance (those gone within the last hour "
+        "included), and the steps of each agent's operations.",
+        responses=_answers(r200=(AgentsAnswer, "The agents.")),
+    )
+    async def agents() -> Response:
+        return json_response(await reader.agents())
+
+    @api.get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus metrics, read from the store at scrape time.",
+        responses={
+            200: {
+                "description": "Prometheus text format.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
+    async def metrics() -> Response:
+        return Response(await _metrics.render(app), media_type=_metrics.CONTENT_TYPE)
+
+    return api
+
+
+def _checked(what: str, value: str) -> None:
+    try:
+        _check.name(what, value)
+    except StepwardenError as exc:
+        raise BadRequest(str(exc)) from None

@@ -1,0 +1,299 @@
+"""The JSON API's requests and answers as typed models: its OpenAPI document (served at
+/openapi.json) is generated from them and from the routes of `_api.py`, and the API checks
+each request against them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    create_model,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+
+from .._check import MAX_INT, MAX_NAME, MAX_REASON
+from .._text import SAFE_PATTERN
+from ..states import StepState, TaskState
+
+TASK_ACTIONS = ("retry", "skip", "pause", "resume", "cancel", "compensate")
+BULK_ACTIONS = ("retry", "pause", "resume", "cancel", "compensate")
+MAX_LIST = 1000
+MAX_BULK = 10_000
+MAX_EVENT_ID = 2**63 - 1
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=SAFE_PATTERN)]
+Reason = Annotated[str, Field(max_length=MAX_REASON)]
+Payload = Annotated[Any, Field(description='A JSON value; values marked secret are "***".')]
+
+
+def _whole(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: take it as 3."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(low: int, high: int) -> Any:
+    return Annotated[int, Field(ge=low, le=high), Strict(), BeforeValidator(_whole)]
+
+
+StepNumber = _int(1, MAX_INT)
+BulkLimit = _int(1, MAX_BULK)
+Flag = Annotated[bool, Strict()]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests -----------------------------------------------------------------------------
+
+
+class ActionRequest(_Closed):
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+
+class SkipRequest(_Closed):
+    seq: StepNumber  # type: ignore[valid-type]
+    result: Payload = Field(
+        default=None,
+        description='The step\'s result, a JSON value ({"$secret": VALUE} is a secret).',
+    )
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+
+class BulkRequest(_Closed):
+    """The tasks named (task_ids), or a filter (state and/or workflow): one of the two."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["task_ids"],
+                    "not": {"anyOf": [{"required": ["state"]}, {"required": ["workflow"]}]},
+                },
+                {
+                    "not": {"required": ["task_ids"]},
+                    "anyOf": [{"required": ["state"]}, {"required": ["workflow"]}],
+                },
+            ]
+        },
+    )
+
+    action: Literal["retry", "pause", "resume", "cancel", "compensate"]
+    # Each may be left out, but not sent as null: SkipJsonSchema keeps None out of the schema.
+    task_ids: SkipJsonSchema[None] | Annotated[
+        list[Name], Field(min_length=1, max_length=MAX_BULK)
+    ] = None
+    state: SkipJsonSchema[None] | TaskState = None
+    workflow: SkipJsonSchema[None] | Name = None
+    limit: SkipJsonSchema[None] | BulkLimit = None  # type: ignore[valid-type]
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+    dry_run: Flag = False
+
+    @model_validator(mode="after")
+    def _tasks_or_filter(self) -> BulkRequest:
+        for name in ("task_ids", "state", "workflow", "limit"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} may be left out, not null")
+        named = self.task_ids is not None
+        filtered = self.state is not None or self.workflow is not None
+        if named == filtered:
+            raise ValueError("name the tasks (task_ids), or a filter (state, workflow), not both")
+        return self
+
+
+# -- answers ------------------------------------------------------------------------------
+
+
+class Outcome(_Closed):
+    task_id: str
+    applied: bool
+    before: TaskState | None
+    after: TaskState | None
+    message: str
+
+
+class Error(_Closed):
+    error: str
+    outcome: Outcome | None = None
+
+
+class OutcomeAnswer(_Closed):
+    outcome: Outcome
+
+
+class BulkAnswer(_Closed):
+    dry_run: bool
+    applied: int = Field(description="Tasks changed (in a dry run: that would be).")
+    refused: int
+    outcomes: list[Outcome]
+
+
+class TaskSummary(_Closed):
+    task_id: str
+    workflow: str
+    process_state: TaskState
+    failure_count: int
+    compensation_failures: int
+    max_failures: int
+    attempt: int
+    priority: int
+    locked_by: str | None
+    complete_by: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    error: str | None
+
+
+class Task(TaskSummary):
+    input: Payload = None
+    result: Payload = None
+    complete_within: float
+    on_failure: str
+    reply_to: str | None
+
+
+class Step(_Closed):
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    state: StepState
+    attempt: int = Field(description="Dispatches of the step.")
+    task_attempt: int
+    tries: int = Field(description="Calls made by the agent.")
+    reassignments: int = Field(
+        description="Times handed to another agent instance, no failure counted."
+    )
+    heartbeat_at: datetime | None
+    idempotency_key: str
+    locked_by: str | None
+    complete_by: datetime
+    created_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+    missed_deadline: bool = Field(description="The step finished after its complete_by.")
+    input: Payload = None
+    result: Payload = None
+    error: str | None
+    compensation: str | None
+    compensates: int | None
+
+
+class Event(_Closed):
+    id: int
+    at: datetime
+    kind: str
+    detail: Payload = None
+
+
+class TaskAnswer(_Closed):
+    """The task; `more_events` when older events exist, and the `events_before` that asks
+    for them."""
+
+    task: Task
+    steps: list[Step]
+    events: list[Event] = Field(description="A page of the history, newest first.")
+    more_events: bool
+    events_before: int | None
+
+
+class TasksAnswer(_Closed):
+    tasks: list[TaskSummary]
+    workflows: list[str] = Field(description="Every workflow name (for filters).")
+
+
+class Alert(_Closed):
+    id: int
+    task_id: str | None
+    kind: str
+    detail: Payload = None
+    at: datetime
+    attempts: int
+    delivered_to: list[str]
+
+
+class AlertsAnswer(_Closed):
+    alerts: list[Alert]
+
+
+class Leader(_Closed):
+    holder: str
+    term: int
+    expires_at: datetime
+    remaining: float
+    last_sweep: float | None = Field(
+        description="Seconds since the leader last renewed its lease, which it does before "
+        "each sweep."
+    )
+    live: bool
+    released: bool = Field(description="Let go by a supervisor that stopped.")
+
+
+class Bucket(_Closed):
+    start: datetime
+    processed: int
+    failed: int
+
+
+class Activity(_Closed):
+    now: datetime
+    bucket: float
+    window: float
+    buckets: list[Bucket]
+
+
+Counts: type[BaseModel] = create_model(
+    "Counts",
+    __config__=ConfigDict(extra="forbid"),
+    **{str(s): (Annotated[int, Field(ge=0)], ...) for s in TaskState},  # type: ignore[call-overload]
+)
+"""Tasks in each state."""
+
+
+class Overview(_Closed):
+    counts: Counts  # type: ignore[valid-type]
+    oldest_pending_age: Annotated[float, Field(ge=0)] | None
+    leader: Leader | None
+    activity: Activity
+    failed_tasks: list[TaskSummary]
+    alerts: list[Alert]
+
+
+class AgentInstance(_Closed):
+    instance: str
+    agent: str
+    operations: list[str]
+    capacity: int
+    inflight: int
+    breaker: Literal["closed", "open", "half_open"]
+    breaker_detail: dict[str, Any]
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+
+
+class OperationStats(_Closed):
+    agent: str
+    operation: str
+    started: int
+    completed: int
+    failed: int
+    reassignments: int
+
+
+class AgentsAnswer(_Closed):
+    instances: list[AgentInstance]
+    operations: list[OperationStats]
