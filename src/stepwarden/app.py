@@ -23,6 +23,7 @@ from .breaker import Breaker
 from .errors import (
     ActionRefused,
     ConfigurationError,
+    EventRefused,
     ResultTimeout,
     TaskFailed,
     TaskNotFound,
@@ -37,6 +38,7 @@ from .records import (
     OperatorAction,
     OutboxMessage,
     SchedulerInstance,
+    SendOutcome,
     StepRecord,
     TaskRecord,
 )
@@ -44,7 +46,7 @@ from .retry import Retry
 from .rules import plan_action
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
-from .workflow import Workflow, WorkflowFn
+from .workflow import MAX_WAIT, Workflow, WorkflowFn
 
 T = TypeVar("T")
 W = TypeVar("W", bound=WorkflowFn)
@@ -229,9 +231,24 @@ class App:
         task_id: str | None = None,
         priority: int = 0,
         reply_to: str | None = None,
+        start_at: datetime | None = None,
+        start_after: timedelta | None = None,
     ) -> NewTask:
         """Validate a submission and build its record, without writing anything."""
         wf = self.find_workflow(workflow)
+        if start_at is not None and start_after is not None:
+            raise ConfigurationError("give start_at or start_after, not both")
+        if start_at is not None and (not isinstance(start_at, datetime) or not start_at.tzinfo):
+            raise ConfigurationError(
+                f"start_at must be a datetime with its time zone, not {_check.shown(start_at)}"
+            )
+        if start_after is not None and (
+            not isinstance(start_after, timedelta) or not timedelta(0) <= start_after <= MAX_WAIT
+        ):
+            raise ConfigurationError(
+                f"start_after must be a timedelta from 0 to {MAX_WAIT.days} days, not "
+                f"{_check.shown(start_after)}"
+            )
         if task_id is None:
             task_id = uuid.uuid4().hex
         _check.new_task_id(task_id)
@@ -247,6 +264,8 @@ class App:
             max_failures=wf.max_failures,
             on_failure=str(wf.on_failure),
             reply_to=reply_to,
+            start_at=start_at,
+            start_after=0.0 if start_after is None else start_after.total_seconds(),
         )
 
     async def submit_async(
@@ -257,12 +276,24 @@ class App:
         task_id: str | None = None,
         priority: int = 0,
         reply_to: str | None = None,
+        start_at: datetime | None = None,
+        start_after: timedelta | None = None,
     ) -> str:
         """Submit a task; returns its id. A task_id already submitted is not created again.
         With `reply_to`, the task's status messages (received, step_completed, processed,
         error, compensating, compensated, ...) are published on that channel: follow them
-        with `watch(task_id)` or `subscribe(channel)`."""
-        task = self.new_task(workflow, input, task_id=task_id, priority=priority, reply_to=reply_to)
+        with `watch(task_id)` or `subscribe(channel)`. With `start_at` (a datetime with its
+        time zone) or `start_after` (a timedelta, by the store's clock), the task waits
+        (`waiting`, for "start") until then."""
+        task = self.new_task(
+            workflow,
+            input,
+            task_id=task_id,
+            priority=priority,
+            reply_to=reply_to,
+            start_at=start_at,
+            start_after=start_after,
+        )
         await (await self.store()).submit([task])
         return task.task_id
 
@@ -274,12 +305,49 @@ class App:
         task_id: str | None = None,
         priority: int = 0,
         reply_to: str | None = None,
+        start_at: datetime | None = None,
+        start_after: timedelta | None = None,
     ) -> str:
         return self._call(
             self.submit_async(
-                workflow, input, task_id=task_id, priority=priority, reply_to=reply_to
+                workflow,
+                input,
+                task_id=task_id,
+                priority=priority,
+                reply_to=reply_to,
+                start_at=start_at,
+                start_after=start_after,
             )
         )
+
+    # -- events from outside ----------------------------------------------------------------
+    async def send_event_async(
+        self, task_id: str, name: str, payload: Any = None, *, event_id: str | None = None
+    ) -> SendOutcome:
+        """Send the event `name` with its JSON `payload` to a task: kept until its workflow
+        waits for that name (`ctx.wait_for_event`), and waking the task at once if it waits
+        for it now, in one transaction. `event_id` makes the send idempotent: an event_id sent
+        before is not sent again (`SendOutcome.sent` is False). Raises TaskNotFound, or
+        EventRefused when the task is finished."""
+        event = self._event(task_id, name, payload, event_id)
+        got = await (await self.store()).send_event(*event)
+        return _sent(task_id, got)
+
+    def send_event(
+        self, task_id: str, name: str, payload: Any = None, *, event_id: str | None = None
+    ) -> SendOutcome:
+        """The blocking form of `send_event_async`."""
+        return self._call(self.send_event_async(task_id, name, payload, event_id=event_id))
+
+    def _event(
+        self, task_id: str, name: str, payload: Any, event_id: str | None
+    ) -> tuple[str, str, str, str]:
+        _check.name("task_id", task_id)
+        _check.name("the event's name", name)
+        if event_id is None:
+            event_id = uuid.uuid4().hex
+        _check.name("event_id", event_id)
+        return task_id, name, _json.dumps(payload, what="the event's payload"), event_id
 
     async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
         """Submit tasks built with `new_task` in one transaction; True where created."""
@@ -615,12 +683,36 @@ class TaskTransaction:
         task_id: str | None = None,
         priority: int = 0,
         reply_to: str | None = None,
+        start_at: datetime | None = None,
+        start_after: timedelta | None = None,
     ) -> str:
         task = self._app.new_task(
-            workflow, input, task_id=task_id, priority=priority, reply_to=reply_to
+            workflow,
+            input,
+            task_id=task_id,
+            priority=priority,
+            reply_to=reply_to,
+            start_at=start_at,
+            start_after=start_after,
         )
         await self._tx.submit([task])
         return task.task_id
+
+    async def send_event(
+        self, task_id: str, name: str, payload: Any = None, *, event_id: str | None = None
+    ) -> SendOutcome:
+        """Send an event in the application's transaction: it is kept, and its task woken,
+        only if the transaction commits (see `App.send_event_async`)."""
+        event = self._app._event(task_id, name, payload, event_id)
+        return _sent(task_id, await self._tx.send_event(*event))
+
+
+def _sent(task_id: str, got: SendOutcome | TaskState | None) -> SendOutcome:
+    if got is None:
+        raise TaskNotFound(f"no task {task_id!r}")
+    if isinstance(got, TaskState):
+        raise EventRefused(task_id, str(got))
+    return got
 
 
 class _Portal:

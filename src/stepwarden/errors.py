@@ -16,6 +16,8 @@ StepwardenError
 ├── ResultTimeout             App.result gave up waiting
 ├── NonDeterminismError       a resumed workflow asked for a different step
 ├── StepFailed                a step failed permanently; raised inside the workflow
+├── EventTimeout              ctx.wait_for_event: no event came in time; raised inside it
+├── EventRefused              App.send_event: the task is finished, it takes no event
 ├── StepLost                  Call.heartbeat: this call no longer holds the step
 ├── CircuitOpen               a call refused by the agent's open circuit breaker (transient)
 └── PermanentError            raised by an operation: do not retry, report the failure
@@ -94,6 +96,24 @@ class StepFailed(StepwardenError):
         super().__init__(f"step {step!r} failed: {error}")
         self.step = step
         self.error = error
+
+
+class EventTimeout(StepwardenError):
+    """No event of the name waited for came before the wait's timeout (raised by
+    `ctx.wait_for_event` inside the workflow, which decides: compensate, remind, escalate)."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__(f"no event {name!r} came within {timeout:g} s")
+        self.name = name
+
+
+class EventRefused(StepwardenError):
+    """An event sent to a task that takes none: it is finished (`state`)."""
+
+    def __init__(self, task_id: str, state: str) -> None:
+        super().__init__(f"task {task_id!r} is {state}: it takes no event")
+        self.task_id = task_id
+        self.state = state
 
 
 class PermanentError(StepwardenError):

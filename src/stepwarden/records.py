@@ -7,7 +7,7 @@ the store as JSON text and come back as Python values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -37,6 +37,10 @@ class NewTask:
     max_failures: int
     on_failure: str = "compensate"
     reply_to: str | None = None
+    start_at: datetime | None = None
+    """Start no sooner than this (the task waits until then, `waiting_for` "start")."""
+    start_after: float = 0.0
+    """Start no sooner than this many seconds after the submit, by the store's clock."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +65,10 @@ class TaskRecord:
     reply_to: str | None = None
     compensation_failures: int = 0
     """Expiries while compensating (failure_count keeps those of the forward path)."""
+    wake_at: datetime | None = None
+    """A waiting task's: when its timer fires, its wait times out or its delayed start comes."""
+    waiting_for: str | None = None
+    """A waiting task's: what it waits for ("timer", "event:NAME", "start")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +116,8 @@ class ClaimedTask:
     steps: list[StepRecord]
     remaining: float
     """Seconds until the task's complete_by, by the database clock at claim time."""
+    waits: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """The recorded waits' positions, with their kind and name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,3 +492,67 @@ class StepStats:
     duration_buckets: tuple[int, ...]
     """Completed steps that took at most each of DURATION_BUCKETS (cumulative)."""
     duration_sum: float
+
+
+# -- waits: durable timers and events from outside -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitRequest:
+    """A workflow's wait at its position (`seq`, numbered with its steps), by the scheduler
+    holding the task: a timer (`kind` "timer", firing at `until` or `delay` seconds from
+    now by the store's clock) or a wait for the event `name` (timing out then)."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seq: int
+    kind: str
+    name: str
+    delay: float = 0.0
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitOutcome:
+    """How a wait stands: "done" (the timer fired; the event taken, in `payload`),
+    "timed_out", "parked" (the task now waits, released), "fenced" (the task is no longer
+    held under that attempt), or "mismatch" (another kind or name is recorded at that
+    position: `recorded`)."""
+
+    state: str
+    payload: Any = None
+    recorded: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendOutcome:
+    """A send of an event: `sent` (False when its event_id was sent before), `woke` (the
+    task was waiting for it and is pending again)."""
+
+    task_id: str
+    sent: bool
+    woke: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitRecord:
+    task_id: str
+    seq: int
+    kind: str
+    name: str
+    wake_at: datetime
+    state: str
+    event_id: str | None
+    payload: Any
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Woke:
+    """A waiting task made pending by the supervisor: its timer fired, its wait timed out,
+    or its delayed start came."""
+
+    task_id: str
+    waited_for: str | None

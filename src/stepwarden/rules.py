@@ -98,6 +98,11 @@ def describe(exc: BaseException) -> str:
     return error_text(f"{type(exc).__name__}: {exc}")
 
 
+def waiting_for(kind: str, name: str) -> str:
+    """What a task waits for, as it is stored and shown: "timer", or "event:NAME"."""
+    return "timer" if kind == "timer" else f"event:{name}"
+
+
 def abandoned_error(state: TaskState) -> str:
     """The error of an open step closed because its task went to `state`."""
     return f"abandoned: the task is {state}"

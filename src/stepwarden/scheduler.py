@@ -37,13 +37,15 @@ from .records import (
     StepDispatch,
     StepRecord,
     TaskOutcome,
+    WaitOutcome,
+    WaitRequest,
     step_key,
 )
 from .retry import after_store_failure, answered
 from .rules import AlertReason, describe, error_text, step_needs_compensation
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
-from .workflow import Abandon, Context, Workflow
+from .workflow import Abandon, Context, Parked, Workflow
 
 logger = logging.getLogger("stepwarden.scheduler")
 T = TypeVar("T")
@@ -277,7 +279,7 @@ class Scheduler:
             return
         workflow = self.workflows[task.workflow]
         held = Held(task.task_id, task.attempt, task.workflow, task.priority)
-        ctx = Context(self, held, claimed.steps)
+        ctx = Context(self, held, claimed.steps, claimed.waits)
         loop = asyncio.get_running_loop()
         state: TaskState
         result: str | None = None
@@ -287,6 +289,9 @@ class Scheduler:
                 value = await workflow.fn(ctx, task.input)
             result = _json.dumps(value, what=f"the result of workflow {task.workflow!r}")
             state = TaskState.PROCESSED
+        except Parked:
+            logger.debug("task %s: waits, released", task.task_id)
+            return
         except Abandon:
             return
         except TimeoutError as exc:
@@ -452,6 +457,23 @@ class Scheduler:
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)
+
+    async def wait(self, request: WaitRequest) -> WaitOutcome:
+        """Record or read a wait (tried again while the store is unreachable: a try whose
+        answer was lost is found as it left the wait, or the task parked, hence fenced)."""
+        try:
+            return await self._answered(
+                f"task {request.task_id}: cannot record its wait {request.seq}",
+                partial(self.store.wait, request),
+            )
+        except StoreError as exc:  # permanent: the supervisor recovers the task
+            logger.error(
+                "task %s: the store refused wait %d (%s), leaving it to the supervisor",
+                request.task_id,
+                request.seq,
+                exc,
+            )
+            raise Abandon from exc
 
     async def _write_step(self, held: Held, write: StepDispatch) -> DispatchedStep | None:
         """Write a step, trying again while the store is unreachable. A try whose answer was

@@ -10,6 +10,10 @@ Task (the pattern's ProcessState)::
        └──supervisor reset─┘ └──permanent error / max_failures──▶ compensating ──▶ compensated
                                   (on_failure="stop": error)            └──▶ compensation_failed
 
+A task whose workflow waits (a durable timer, an event from outside) or whose start is delayed
+is `waiting`: no scheduler holds it and no deadline runs; it becomes pending when its timer
+fires, its wait times out or its event arrives (processing ──wait──▶ waiting ──wake──▶ pending).
+
 A compensating task is held like a processing one (claimed by a scheduler, which runs the
 compensations of its steps in reverse order; reset by the supervisor when it expires). With
 on_failure="retry", max_failures sends the task back to pending with an escalating backoff.
@@ -38,6 +42,7 @@ class TaskState(StrEnum):
     COMPENSATION_FAILED = "compensation_failed"
     PAUSED = "paused"
     CANCELLED = "cancelled"
+    WAITING = "waiting"
 
 
 class OnFailure(StrEnum):
@@ -64,9 +69,13 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.PENDING: frozenset(
         {TaskState.PROCESSING, TaskState.PAUSED, TaskState.CANCELLED, TaskState.COMPENSATING}
     ),
+    TaskState.WAITING: frozenset(
+        {TaskState.PENDING, TaskState.PAUSED, TaskState.CANCELLED, TaskState.COMPENSATING}
+    ),
     TaskState.PROCESSING: frozenset(
         {
             TaskState.PENDING,
+            TaskState.WAITING,
             TaskState.PROCESSED,
             TaskState.ERROR,
             TaskState.COMPENSATING,
@@ -114,12 +123,17 @@ OPERATOR_ACTIONS: dict[str, dict[TaskState, TaskState]] = {
         TaskState.ERROR: TaskState.PENDING,
         TaskState.COMPENSATION_FAILED: TaskState.COMPENSATING,
     },
-    "pause": {TaskState.PENDING: TaskState.PAUSED, TaskState.PROCESSING: TaskState.PAUSED},
+    "pause": {
+        TaskState.PENDING: TaskState.PAUSED,
+        TaskState.PROCESSING: TaskState.PAUSED,
+        TaskState.WAITING: TaskState.PAUSED,
+    },
     "resume": {TaskState.PAUSED: TaskState.PENDING},
     "cancel": {
         s: TaskState.CANCELLED
         for s in (
             TaskState.PENDING,
+            TaskState.WAITING,
             TaskState.PROCESSING,
             TaskState.PAUSED,
             TaskState.ERROR,
@@ -130,6 +144,7 @@ OPERATOR_ACTIONS: dict[str, dict[TaskState, TaskState]] = {
         s: TaskState.COMPENSATING
         for s in (
             TaskState.PENDING,
+            TaskState.WAITING,
             TaskState.PROCESSING,
             TaskState.PAUSED,
             TaskState.ERROR,

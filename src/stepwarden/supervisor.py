@@ -22,7 +22,7 @@ import logging
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
-from .records import Expired, Released, StepSwept
+from .records import Expired, Released, StepSwept, Woke
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
 from .store import Store
@@ -115,6 +115,7 @@ class Supervisor:
         others_heard = now - self._reached_at >= self.gone_grace
         if others_heard:
             await self._release(term)
+        await self._wake(term)
         await self._sweep_steps(term, reassign=others_heard)
         recovered = await self._sweep(term)
         if self.retention is not None:
@@ -123,6 +124,20 @@ class Supervisor:
             if purged:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
+
+    async def _wake(self, term: int) -> list[Woke]:
+        """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),
+        made pending for a scheduler to resume."""
+        woken: list[Woke] = []
+        while True:
+            batch = await self.store.wake_due(
+                lease=LEASE, holder=self.instance, term=term, limit=self.batch
+            )
+            for w in batch:
+                logger.info("task %s: woke (it waited for %s)", w.task_id, w.waited_for)
+            woken.extend(batch)
+            if len(batch) < self.batch:
+                return woken
 
     async def _release(self, term: int) -> list[Released]:
         """The tasks of scheduler instances gone silent, given back for another to resume."""

@@ -4,24 +4,45 @@ A workflow is an async function `(ctx, input) -> result` whose remote work goes 
 `ctx.step(operation, *args)`. When a task is resumed (by a restarted or different scheduler),
 the workflow runs again from the top: steps already completed return their recorded result at
 once, so its code must take the same steps in the same order.
+
+A workflow may wait (`ctx.sleep`, `ctx.sleep_until`, `ctx.wait_for_event`): the wait is
+recorded at its position among the steps, and the task is released while it waits (no
+scheduler, coroutine or deadline), then resumed by replay, where the wait returns at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from . import _check, _json
 from .agent import Operation
-from .errors import ConfigurationError, NonDeterminismError, StepFailed, UnknownNameError
-from .records import Adopt, Held, NewStep, Redispatch, StepDispatch, StepRecord
+from .errors import (
+    ConfigurationError,
+    EventTimeout,
+    NonDeterminismError,
+    StepFailed,
+    UnknownNameError,
+)
+from .records import (
+    Adopt,
+    Held,
+    NewStep,
+    Redispatch,
+    StepDispatch,
+    StepRecord,
+    WaitOutcome,
+    WaitRequest,
+)
 from .states import OnFailure, StepState
 
 WorkflowFn = Callable[..., Awaitable[Any]]
 MAX_COMPLETE_WITHIN = timedelta(days=365)
 """The longest claim of a task or a step: complete_by must stay a date both stores hold."""
+MAX_WAIT = timedelta(days=3660)
+"""The longest timer or event wait (about ten years)."""
 
 
 def _check_within(what: str, value: object, option: str = "complete_within") -> None:
@@ -53,6 +74,11 @@ class Abandon(BaseException):
     workflow stops and writes nothing, like an agent whose complete_by has passed."""
 
 
+class Parked(Abandon):
+    """The task waits (a timer, an event): released, its workflow stops here and is resumed
+    by replay when the wait ends."""
+
+
 class StepRunner(Protocol):
     """What runs a workflow's steps (the scheduler): the Context talks to it only."""
 
@@ -73,14 +99,25 @@ class StepRunner(Protocol):
         """Write `dispatch` (or, when it is fenced out, `fallback`), then wait for the
         step's result: its value, or StepFailed."""
 
+    async def wait(self, request: WaitRequest) -> WaitOutcome:
+        """Record or read the wait at its position; park the task when it must wait."""
+
 
 class Context:
     """Handed to a workflow: records and dispatches its steps, replays the recorded ones."""
 
-    def __init__(self, runner: StepRunner, held: Held, steps: list[StepRecord]) -> None:
+    def __init__(
+        self,
+        runner: StepRunner,
+        held: Held,
+        steps: list[StepRecord],
+        waits: Mapping[int, tuple[str, str]] | None = None,
+    ) -> None:
         self._runner = runner
         self._held = held
         self._recorded = {s.seq: s for s in steps}
+        self._waits = dict(waits or {})
+        """The recorded waits' positions, with their kind and name."""
         self._next_seq = 1
 
     @property
@@ -127,6 +164,13 @@ class Context:
         seq = self._next_seq
         self._next_seq += 1
         step_name = name or operation.qualname
+        if seq in self._waits:
+            raise NonDeterminismError(
+                f"task {self._held.task_id!r} position {seq}: the workflow asked for step "
+                f"{step_name!r} but a {_wait_name(*self._waits[seq])} is recorded there; a "
+                "workflow must take the same steps and waits in the same order when it is "
+                "resumed"
+            )
         for what, value in (
             ("complete_within", complete_within),
             ("pickup_within", pickup_within),
@@ -190,3 +234,79 @@ class Context:
             complete_within=within.total_seconds(),
         )
         return await self._runner.run_step(held, adopt, step_name, fallback=again)
+
+    # -- waits ----------------------------------------------------------------------------
+    async def sleep(self, delay: timedelta) -> None:
+        """A durable timer: the task is released and resumed `delay` later (by the store's
+        clock), wherever a scheduler runs; on replay, once fired, it returns at once."""
+        _check_wait("sleep", delay)
+        await self._wait("timer", "", delay=delay.total_seconds())
+
+    async def sleep_until(self, when: datetime) -> None:
+        """A durable timer to `when` (a datetime with its time zone)."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ConfigurationError(
+                f"sleep_until needs a datetime with its time zone, not {_check.shown(when)}"
+            )
+        await self._wait("timer", "", until=when)
+
+    async def wait_for_event(self, name: str, *, timeout: timedelta) -> Any:
+        """The JSON payload of the next event `name` sent to this task (`App.send_event`),
+        one sent before the workflow got here included; each event is taken by one wait, in
+        the order sent. The task is released while it waits. Raises EventTimeout when none
+        comes within `timeout`."""
+        _check.name("the event's name", name)
+        _check_wait("wait_for_event: timeout", timeout)
+        outcome = await self._wait("event", name, delay=timeout.total_seconds())
+        if outcome.state == "timed_out":
+            raise EventTimeout(name, timeout.total_seconds())
+        return outcome.payload
+
+    async def _wait(
+        self, kind: str, name: str, *, delay: float = 0.0, until: datetime | None = None
+    ) -> WaitOutcome:
+        seq = self._next_seq
+        self._next_seq += 1
+        held = self._held
+        step = self._recorded.get(seq)
+        if step is not None:
+            raise NonDeterminismError(
+                f"task {held.task_id!r} position {seq}: the workflow asked for a "
+                f"{_wait_name(kind, name)} but the recorded step is {step.name!r}; a workflow "
+                "must take the same steps and waits in the same order when it is resumed"
+            )
+        request = WaitRequest(
+            task_id=held.task_id,
+            task_attempt=held.attempt,
+            scheduler=self._runner.instance,
+            seq=seq,
+            kind=kind,
+            name=name,
+            delay=delay,
+            until=until,
+        )
+        outcome = await self._runner.wait(request)
+        if outcome.state == "mismatch" and outcome.recorded is not None:
+            raise NonDeterminismError(
+                f"task {held.task_id!r} position {seq}: the workflow asked for a "
+                f"{_wait_name(kind, name)} but a {_wait_name(*outcome.recorded)} is recorded "
+                "there; a workflow must take the same steps and waits in the same order when "
+                "it is resumed"
+            )
+        if outcome.state == "parked":
+            raise Parked
+        if outcome.state == "fenced":
+            raise Abandon
+        return outcome
+
+
+def _wait_name(kind: str, name: str) -> str:
+    return "timer" if kind == "timer" else f"wait for event {name!r}"
+
+
+def _check_wait(what: str, value: object) -> None:
+    if not isinstance(value, timedelta) or not timedelta(0) <= value <= MAX_WAIT:
+        raise ConfigurationError(
+            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not "
+            f"{_check.shown(value)}"
+        )

@@ -25,6 +25,7 @@ from ..records import (
     StepRecord,
     StepStats,
     TaskRecord,
+    WaitRecord,
 )
 from ..secret import public_name
 from ..states import StepState, TaskState
@@ -65,6 +66,8 @@ def task_record(row: Row) -> TaskRecord:
         on_failure=row["on_failure"],
         reply_to=row["reply_to"],
         compensation_failures=row["compensation_failures"],
+        wake_at=when(row["wake_at"]),
+        waiting_for=row["waiting_for"],
     )
 
 
@@ -208,3 +211,18 @@ def activity(rows: Sequence[Row], bucket: float) -> Activity:
         if r["b"] is not None
     ]
     return Activity(now=at(rows[0]["now"]), bucket=bucket, buckets=buckets)
+
+
+def wait_record(row: Row) -> WaitRecord:
+    return WaitRecord(
+        task_id=row["task_id"],
+        seq=row["seq"],
+        kind=row["kind"],
+        name=row["name"],
+        wake_at=at(row["wake_at"]),
+        state=row["state"],
+        event_id=row["event_id"],
+        payload=loads(row["payload"]),
+        created_at=at(row["created_at"]),
+        finished_at=when(row["finished_at"]),
+    )

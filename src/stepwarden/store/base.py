@@ -42,6 +42,7 @@ from ..records import (
     RequestHandback,
     SchedulerBeat,
     SchedulerInstance,
+    SendOutcome,
     StepDispatch,
     StepOutcome,
     StepRecord,
@@ -49,6 +50,10 @@ from ..records import (
     StepSwept,
     TaskOutcome,
     TaskRecord,
+    WaitOutcome,
+    WaitRecord,
+    WaitRequest,
+    Woke,
 )
 from ..retry import Backoff, backoff
 from ..states import TaskState
@@ -136,6 +141,12 @@ class Transaction(abc.ABC):
     async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
         """Record tasks in this transaction; True for each task that was created."""
         return await self._run(partial(policy.submit, tasks))
+
+    async def send_event(
+        self, task_id: str, name: str, payload: str, event_id: str
+    ) -> SendOutcome | TaskState | None:
+        """Send an event in this transaction (see `Store.send_event`)."""
+        return await self._run(partial(policy.send_event, task_id, name, payload, event_id))
 
 
 class Store(abc.ABC):
@@ -387,6 +398,23 @@ class Store(abc.ABC):
         """The scheduler registry: every instance, alive or gone (for a while), by start."""
         return [_rows.scheduler_instance(r) for r in await self._read_one("list_schedulers")]
 
+    async def wait(self, request: WaitRequest) -> WaitOutcome:
+        """A workflow's timer or event wait at its position: recorded the first time; done
+        (its timer fired, an event taken), timed out, or the task parked until then (waiting,
+        released, its complete_by gone); fenced by the hold and the attempt."""
+        return await self._write(partial(policy.wait, request))
+
+    async def send_event(
+        self, task_id: str, name: str, payload: str, event_id: str
+    ) -> SendOutcome | TaskState | None:
+        """Keep an event for the task (once per event_id) and wake it if it waits for that
+        name, in one transaction; the state of a finished task (nothing sent), or None when
+        there is no such task."""
+        return await self._write(partial(policy.send_event, task_id, name, payload, event_id))
+
+    async def waits(self, task_id: str) -> list[WaitRecord]:
+        return [_rows.wait_record(r) for r in await self._read_one("list_waits", task_id=task_id)]
+
     async def release_held(self, scheduler: str) -> list[Released]:
         """Give back every task `scheduler` holds (processing: pending; compensating: stays,
         unheld), fenced by its hold and the attempt read, with a `released` event each; no
@@ -476,6 +504,15 @@ class Store(abc.ABC):
         transaction (frozen, or stalled), so that their locks do not outlive the freeze; how
         many were ended. A store whose server does this by itself does nothing here."""
         return 0
+
+    async def wake_due(self, *, lease: str, holder: str, term: int, limit: int) -> list[Woke]:
+        """Under the lease (holder, term): waiting tasks whose wake_at has come are pending
+        again (a `woke` event each). Nothing is written when the lease is no longer held."""
+        return await self._write(
+            lambda wake: policy.wake_due(
+                lease=lease, holder=holder, term=term, limit=limit, wake=wake
+            )
+        )
 
     async def release_gone_schedulers(
         self, *, lease: str, holder: str, term: int, limit: int, forget_after: float

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _json
+from .._json import loads
 from ..errors import PermanentStoreError
 from ..records import (
     ActionOutcome,
@@ -33,11 +34,15 @@ from ..records import (
     Request,
     RequestHandback,
     SchedulerBeat,
+    SendOutcome,
     StepDispatch,
     StepOutcome,
     StepRecord,
     StepSwept,
     TaskOutcome,
+    WaitOutcome,
+    WaitRequest,
+    Woke,
     idempotency_key,
     step_key,
 )
@@ -61,6 +66,7 @@ from ..rules import (
     plan_set_aside,
     release_state,
     total_failure,
+    waiting_for,
 )
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
 from . import _rows
@@ -97,6 +103,8 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
             "max_failures": t.max_failures,
             "on_failure": t.on_failure,
             "reply_to": t.reply_to,
+            "start_at": None if t.start_at is None else t.start_at.timestamp(),
+            "start_after": float(t.start_after),
         }
         for t in tasks
     ]
@@ -106,9 +114,13 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     for t in tasks:
         created.append(t.task_id in inserted)
         inserted.discard(t.task_id)
-    if any(created):
+    if any(c and not _delayed(t) for c, t in zip(created, tasks, strict=True)):
         wake.tasks()
     return created
+
+
+def _delayed(task: NewTask) -> bool:
+    return task.start_at is not None or task.start_after > 0
 
 
 def record_events(events: Sequence[tuple[str | None, str, Any]]) -> Query:
@@ -218,15 +230,22 @@ def claim_tasks(
     if not rows:
         return []
     ids = [r["task_id"] for r in rows]
-    [step_rows] = yield [Query("steps_of_tasks", {"task_ids": ids}, after_commit=True)]
+    step_rows, wait_rows = yield [
+        Query("steps_of_tasks", {"task_ids": ids}, after_commit=True),
+        Query("waits_of_tasks", {"task_ids": ids}, after_commit=True),
+    ]
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
         steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
+    waits: dict[str, dict[int, tuple[str, str]]] = {}
+    for w in wait_rows:
+        waits.setdefault(w["task_id"], {})[w["seq"]] = (w["kind"], w["name"])
     claimed = [
         ClaimedTask(
             task=_rows.task_record(r),
             steps=steps.get(r["task_id"], []),
             remaining=float(r["remaining"]),
+            waits=waits.get(r["task_id"], {}),
         )
         for r in rows
     ]
@@ -786,3 +805,106 @@ def _release(rows: Rows, by: Mapping[str, Any], wake: Wakeups) -> Flow[list[Rele
         )
         for r in released
     ]
+
+
+# -- waits: durable timers and events from outside -------------------------------------------
+
+
+def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
+    """The wait at `req.seq`: recorded the first time (its wake_at by the database clock);
+    done when its timer has fired or an event of its name is there to take (the oldest; once
+    timed out, only one sent before the timeout); timed_out past its wake_at; otherwise the
+    task is parked (waiting, released, no deadline running) until its wake_at or an event.
+    All in one transaction with the task's row locked, fenced by the hold and the attempt."""
+    task = yield from fetch("wait_read_task", task_id=req.task_id)
+    if not task or (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) != (
+        str(TaskState.PROCESSING),
+        req.task_attempt,
+        req.scheduler,
+    ):
+        return WaitOutcome(state="fenced")
+    key = {"task_id": req.task_id, "seq": req.seq}
+    found = yield from fetch("read_wait", **key)
+    if not found:
+        until = None if req.until is None else req.until.timestamp()
+        new = {"kind": req.kind, "name": req.name, "until": until, "delay": float(req.delay)}
+        found = yield from fetch("insert_wait", **key, **new)
+    [w] = found
+    if (w["kind"], w["name"]) != (req.kind, req.name):
+        return WaitOutcome(state="mismatch", recorded=(w["kind"], w["name"]))
+    if w["state"] == "done":
+        return WaitOutcome(state="done", payload=loads(w["payload"]))
+    if w["state"] == "timed_out":
+        return WaitOutcome(state="timed_out")
+    due = bool(w["due"])
+    if req.kind == "timer" and due:
+        yield [Query("end_wait", {**key, "state": "done", "event_id": None, "payload": None})]
+        return WaitOutcome(state="done")
+    if req.kind == "event":
+        taken = yield from fetch("take_event", **key, name=req.name, timed_out=due)
+        if taken:
+            [event] = taken
+            ended = {**key, "state": "done", "event_id": event["event_id"]}
+            yield [Query("end_wait", {**ended, "payload": event["payload"]})]
+            return WaitOutcome(state="done", payload=loads(event["payload"]))
+        if due:
+            ended = {**key, "state": "timed_out", "event_id": None, "payload": None}
+            yield [Query("end_wait", ended)]
+            return WaitOutcome(state="timed_out")
+    what = waiting_for(req.kind, req.name)
+    parked = yield from fetch(
+        "park_task",
+        **key,
+        attempt=req.task_attempt,
+        scheduler=req.scheduler,
+        waiting_for=what,
+    )
+    if not parked:
+        return WaitOutcome(state="fenced")
+    detail = {"seq": req.seq, "for": what, "until": str(parked[0]["wake_at"])}
+    yield [record_events([(req.task_id, "waiting", detail)])]
+    return WaitOutcome(state="parked")
+
+
+def send_event(
+    task_id: str, name: str, payload: str, event_id: str, wake: Wakeups
+) -> Flow[SendOutcome | TaskState | None]:
+    """An event for a task, kept in its inbox until a wait of its workflow takes it; a task
+    waiting for it becomes pending at once, in the same transaction. Returns the outcome, or
+    the state of a task that takes no event (finished), or None when there is no task."""
+    task = yield from fetch("send_read_task", task_id=task_id)
+    if not task:
+        return None
+    state = TaskState(task[0]["process_state"])
+    if state in FINISHED_TASK_STATES:
+        return state
+    new = {"task_id": task_id, "event_id": event_id, "name": name, "payload": payload}
+    sent = yield from fetch("insert_inbox", **new)
+    woke = False
+    if sent and state == TaskState.WAITING:
+        woken = yield from fetch(
+            "wake_task", task_id=task_id, waiting_for=waiting_for("event", name)
+        )
+        woke = bool(woken)
+    if sent:
+        detail = {"name": name, "event_id": event_id, "woke": woke}
+        yield [record_events([(task_id, "event_received", detail)])]
+    if woke:
+        wake.tasks()
+    return SendOutcome(task_id=task_id, sent=bool(sent), woke=woke)
+
+
+def wake_due(*, lease: str, holder: str, term: int, limit: int, wake: Wakeups) -> Flow[list[Woke]]:
+    """Under the lease: waiting tasks whose wake_at has come (a timer, a wait's timeout, a
+    delayed start) are pending again, each with a `woke` event."""
+    if limit <= 0:
+        return []
+    held, due = yield [_held(lease, holder, term), Query("due_waiting", {"limit": limit})]
+    if not held or not due:
+        return []
+    by = {"by": holder, "term": term}
+    each = [{"task_id": r["task_id"], "waiting_for": r["waiting_for"]} for r in due]
+    [woken] = yield [Query("wake_due", by, each=each)]
+    if woken:
+        wake.tasks()
+    return [Woke(task_id=r["task_id"], waited_for=r["waiting_for"]) for r in woken]

@@ -23,16 +23,24 @@ SELECT coalesce(max(version), 0) AS version FROM stepwarden_schema
 INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: insert_tasks
--- Record pending tasks in one statement; an existing task_id is left untouched.
+-- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
+-- or start_after seconds from now); an existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
-                              on_failure, reply_to, eligible_at, created_at, updated_at)
+                              on_failure, reply_to, eligible_at, created_at, updated_at,
+                              process_state, wake_at, waiting_for)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
-       d.on_failure, d.reply_to, now(), now(), now()
-FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[], %(priority)s::int[],
-            %(complete_within)s::float8[], %(max_failures)s::int[], %(on_failure)s::text[],
-            %(reply_to)s::text[])
-     AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-          reply_to)
+       d.on_failure, d.reply_to, now(), now(), now(),
+       CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
+       CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
+                                         now() + make_interval(secs => d.start_after)) END,
+       CASE WHEN d.delayed THEN 'start' END
+FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
+      FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
+                  %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
+                  %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
+                  %(start_after)s::float8[])
+           AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
+                reply_to, start_at, start_after)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -70,6 +78,11 @@ SET locked_by = %(scheduler)s, attempt = attempt + 1,
 WHERE task_id IN (SELECT task_id FROM pick)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: waits_of_tasks
+-- The recorded waits of the given tasks (their positions, kinds and names).
+SELECT task_id, seq, kind, name FROM stepwarden_waits
+WHERE task_id = ANY(%(task_ids)s::text[])
 
 -- name: steps_of_tasks
 -- The recorded steps of the given tasks.
@@ -698,6 +711,108 @@ WHERE task_id = %(task_id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- name: wait_read_task
+-- A wait reads the task it parks, and locks it until commit (a send waits for it).
+SELECT process_state, attempt, locked_by FROM stepwarden_tasks
+WHERE task_id = %(task_id)s FOR UPDATE
+
+-- name: read_wait
+-- The wait at a position of a task's workflow, and whether its time has come.
+SELECT kind, name, state, payload, wake_at <= now() AS due FROM stepwarden_waits
+WHERE task_id = %(task_id)s AND seq = %(seq)s
+
+-- name: insert_wait
+-- A new wait at its position: it fires (or times out) at `until` (an epoch) or `delay`
+-- seconds from now, by the database clock.
+INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at)
+VALUES (%(task_id)s, %(seq)s, %(kind)s, %(name)s,
+        coalesce(to_timestamp(%(until)s::float8),
+                 now() + make_interval(secs => %(delay)s::float8)))
+RETURNING kind, name, state, payload, wake_at <= now() AS due
+
+-- name: end_wait
+-- An open wait ends: done (a timer fired, an event taken) or timed_out.
+UPDATE stepwarden_waits
+SET state = %(state)s, event_id = %(event_id)s, payload = %(payload)s::json, finished_at = now()
+WHERE task_id = %(task_id)s AND seq = %(seq)s AND state = 'open'
+
+-- name: take_event
+-- The oldest event of this name sent to the task that no wait has taken (once the wait has
+-- timed out, only one sent before its timeout), taken by the wait at `seq`.
+UPDATE stepwarden_inbox SET taken_by = %(seq)s
+WHERE id = (SELECT i.id FROM stepwarden_inbox i
+            WHERE i.task_id = %(task_id)s AND i.name = %(name)s AND i.taken_by IS NULL
+              AND (NOT %(timed_out)s OR i.sent_at <= (
+                  SELECT w.wake_at FROM stepwarden_waits w
+                  WHERE w.task_id = %(task_id)s AND w.seq = %(seq)s))
+            ORDER BY i.id LIMIT 1 FOR UPDATE)
+RETURNING event_id, payload
+
+-- name: park_task
+-- The task waits: released by its scheduler (fenced by attempt and hold), no deadline
+-- running, until its wait's wake_at or an event.
+UPDATE stepwarden_tasks t
+SET process_state = 'waiting', locked_by = NULL, complete_by = NULL,
+    wake_at = w.wake_at, waiting_for = %(waiting_for)s, updated_at = now()
+FROM stepwarden_waits w
+WHERE t.task_id = %(task_id)s AND t.process_state = 'processing'
+  AND t.attempt = %(attempt)s AND t.locked_by = %(scheduler)s
+  AND w.task_id = t.task_id AND w.seq = %(seq)s
+RETURNING t.task_id, w.wake_at
+
+-- name: send_read_task
+-- A send reads the task it is for, and locks it until commit (a wait waits for it).
+SELECT process_state, waiting_for FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE
+
+-- name: insert_inbox
+-- An event for a task; an event_id already sent is not sent again.
+INSERT INTO stepwarden_inbox (task_id, event_id, name, payload)
+VALUES (%(task_id)s, %(event_id)s, %(name)s, %(payload)s::json)
+ON CONFLICT (task_id, event_id) DO NOTHING
+RETURNING id
+
+-- name: wake_task
+-- A task waiting for this event is pending again, at once.
+UPDATE stepwarden_tasks
+SET process_state = 'pending', eligible_at = now(), wake_at = NULL, waiting_for = NULL,
+    updated_at = now()
+WHERE task_id = %(task_id)s AND process_state = 'waiting' AND waiting_for = %(waiting_for)s
+RETURNING task_id
+
+-- name: due_waiting
+-- Waiting tasks whose wake_at has come (read through the index of waiting tasks by wake_at:
+-- the cost is what is due, not what waits), locked until commit.
+SELECT task_id, waiting_for FROM stepwarden_tasks
+WHERE process_state = 'waiting' AND wake_at <= now()
+ORDER BY wake_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: wake_due
+-- Waiting tasks whose wake_at has come are pending again, with a `woke` event each.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(waiting_for)s::text[], %(ord)s::int[])
+        AS d(task_id, waiting_for, ord)
+), u AS (
+    UPDATE stepwarden_tasks t
+    SET process_state = 'pending', eligible_at = now(), wake_at = NULL, waiting_for = NULL,
+        updated_at = now()
+    FROM d
+    WHERE t.task_id = d.task_id AND t.process_state = 'waiting'
+    RETURNING d.ord, t.task_id, d.waiting_for
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'woke',
+           json_build_object('waited_for', waiting_for, 'by', %(by)s::text,
+                             'term', %(term)s::bigint)
+    FROM u ORDER BY ord
+)
+SELECT ord, task_id, waiting_for FROM u
+
+-- name: list_waits
+-- The waits of a task, by position.
+SELECT * FROM stepwarden_waits WHERE task_id = %(task_id)s ORDER BY seq
+
 -- name: op_read_task
 -- An operator action reads the task it acts on, and locks it until commit.
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE
@@ -706,7 +821,8 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s 
 -- An operator action moves the task from the state and attempt it read. Releasing a held task
 -- fences out its scheduler; a compensation waits for the open steps' complete_by.
 UPDATE stepwarden_tasks
-SET process_state = %(to)s, locked_by = NULL, complete_by = NULL,
+SET process_state = %(to)s, locked_by = NULL, complete_by = NULL, wake_at = NULL,
+    waiting_for = NULL,
     failure_count = CASE WHEN %(reset_failures)s THEN 0 ELSE failure_count END,
     compensation_failures = CASE WHEN %(reset_compensation_failures)s THEN 0
                                  ELSE compensation_failures END,

@@ -5,11 +5,17 @@
 -- that row's columns as parameters too.
 
 -- name: insert_tasks
--- Record a pending task; an existing task_id is left untouched.
+-- Record a task, pending, or waiting for a delayed start (start_at, an epoch, or start_after
+-- seconds from now); an existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
-                              on_failure, reply_to, eligible_at, created_at, updated_at)
+                              on_failure, reply_to, eligible_at, created_at, updated_at,
+                              process_state, wake_at, waiting_for)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
-        :reply_to, :now, :now, :now)
+        :reply_to, :now, :now, :now,
+        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
+        CASE WHEN :start_at IS NOT NULL OR :start_after > 0
+             THEN coalesce(:start_at, :now + :start_after) END,
+        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -44,6 +50,11 @@ WHERE task_id IN (
     LIMIT :limit)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, complete_by - :now AS remaining
+
+-- name: waits_of_tasks
+-- The recorded waits of the given tasks (their positions, kinds and names).
+SELECT task_id, seq, kind, name FROM stepwarden_waits
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 
 -- name: steps_of_tasks
 SELECT * FROM stepwarden_steps
@@ -468,6 +479,92 @@ WHERE task_id = :task_id AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
 LIMIT :limit
 
+-- name: wait_read_task
+-- A wait reads the task it parks (the write lock is held: a send waits for it).
+SELECT process_state, attempt, locked_by FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: read_wait
+-- The wait at a position of a task's workflow, and whether its time has come.
+SELECT kind, name, state, payload, wake_at <= :now AS due FROM stepwarden_waits
+WHERE task_id = :task_id AND seq = :seq
+
+-- name: insert_wait
+-- A new wait at its position: it fires (or times out) at `until` (an epoch) or `delay`
+-- seconds from now.
+INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at, created_at)
+VALUES (:task_id, :seq, :kind, :name, coalesce(:until, :now + :delay), :now)
+RETURNING kind, name, state, payload, wake_at <= :now AS due
+
+-- name: end_wait
+-- An open wait ends: done (a timer fired, an event taken) or timed_out.
+UPDATE stepwarden_waits
+SET state = :state, event_id = :event_id, payload = :payload, finished_at = :now
+WHERE task_id = :task_id AND seq = :seq AND state = 'open'
+
+-- name: take_event
+-- The oldest event of this name sent to the task that no wait has taken (once the wait has
+-- timed out, only one sent before its timeout), taken by the wait at `seq`.
+UPDATE stepwarden_inbox SET taken_by = :seq
+WHERE id = (SELECT i.id FROM stepwarden_inbox i
+            WHERE i.task_id = :task_id AND i.name = :name AND i.taken_by IS NULL
+              AND (NOT :timed_out OR i.sent_at <= (
+                  SELECT w.wake_at FROM stepwarden_waits w
+                  WHERE w.task_id = :task_id AND w.seq = :seq))
+            ORDER BY i.id LIMIT 1)
+RETURNING event_id, payload
+
+-- name: park_task
+-- The task waits: released by its scheduler (fenced by attempt and hold), no deadline
+-- running, until its wait's wake_at or an event.
+UPDATE stepwarden_tasks
+SET process_state = 'waiting', locked_by = NULL, complete_by = NULL,
+    wake_at = (SELECT wake_at FROM stepwarden_waits WHERE task_id = :task_id AND seq = :seq),
+    waiting_for = :waiting_for, updated_at = :now
+WHERE task_id = :task_id AND process_state = 'processing' AND attempt = :attempt
+  AND locked_by = :scheduler
+RETURNING task_id, wake_at
+
+-- name: send_read_task
+-- A send reads the task it is for (the write lock is held: a wait waits for it).
+SELECT process_state, waiting_for FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: insert_inbox
+-- An event for a task; an event_id already sent is not sent again.
+INSERT INTO stepwarden_inbox (task_id, event_id, name, payload, sent_at)
+VALUES (:task_id, :event_id, :name, :payload, :now)
+ON CONFLICT (task_id, event_id) DO NOTHING
+RETURNING id
+
+-- name: wake_task
+-- A task waiting for this event is pending again, at once.
+UPDATE stepwarden_tasks
+SET process_state = 'pending', eligible_at = :now, wake_at = NULL, waiting_for = NULL,
+    updated_at = :now
+WHERE task_id = :task_id AND process_state = 'waiting' AND waiting_for = :waiting_for
+RETURNING task_id
+
+-- name: due_waiting
+-- Waiting tasks whose wake_at has come (read through the index of waiting tasks by
+-- wake_at: the cost is what is due, not what waits).
+SELECT task_id, waiting_for FROM stepwarden_tasks INDEXED BY stepwarden_tasks_waking
+WHERE process_state = 'waiting' AND wake_at <= :now
+ORDER BY wake_at
+LIMIT :limit
+
+-- name: wake_due
+-- A waiting task whose wake_at has come is pending again, with its `woke` event.
+UPDATE stepwarden_tasks
+SET process_state = 'pending', eligible_at = :now, wake_at = NULL, waiting_for = NULL,
+    updated_at = :now
+WHERE task_id = :task_id AND process_state = 'waiting'
+RETURNING :ord AS ord, task_id, :waiting_for AS waiting_for;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'woke', json_object('waited_for', :waiting_for, 'by', :by, 'term', :term));
+
+-- name: list_waits
+-- The waits of a task, by position.
+SELECT * FROM stepwarden_waits WHERE task_id = :task_id ORDER BY seq
+
 -- name: op_read_task
 -- An operator action reads the task it acts on (under the write lock).
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
@@ -476,7 +573,8 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
 -- An operator action moves the task from the state and attempt it read. Releasing a held task
 -- fences out its scheduler; a compensation waits for the open steps' complete_by.
 UPDATE stepwarden_tasks
-SET process_state = :to, locked_by = NULL, complete_by = NULL,
+SET process_state = :to, locked_by = NULL, complete_by = NULL, wake_at = NULL,
+    waiting_for = NULL,
     failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
     compensation_failures = CASE WHEN :reset_compensation_failures THEN 0
                                  ELSE compensation_failures END,

@@ -1,0 +1,272 @@
+"""Long-running workflows on each store: durable timers, events from outside and delayed
+starts. A waiting task is held by no scheduler, wakes once, and replays without running a
+completed step again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import stepwarden as sw
+from tests.rawsql import sql
+
+from .test_engine import FAST, running
+
+
+class Approvals:
+    """reserve -> (sleep | wait for "approved") -> ship; each effect counted."""
+
+    def __init__(self, store_url: str) -> None:
+        self.app = sw.App("waits", store=store_url)
+        self.effects: Counter[str] = Counter()
+        desk = self.app.agent("desk")
+
+        @desk.operation
+        async def reserve(call: sw.Call, order: Any) -> str:
+            self.effects["reserve"] += 1
+            return "reserved"
+
+        @desk.operation
+        async def ship(call: sw.Call, order: Any) -> str:
+            self.effects["ship"] += 1
+            return "shipped"
+
+        @desk.operation
+        async def release(call: sw.Call, order: Any) -> str:
+            self.effects["release"] += 1
+            return "released"
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def nap(ctx: sw.Context, seconds: float) -> Any:
+            await ctx.step(desk.reserve, seconds, compensate=desk.release)
+            await ctx.sleep(timedelta(seconds=seconds))
+            return await ctx.step(desk.ship, seconds)
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def until(ctx: sw.Context, when: str) -> Any:
+            await ctx.sleep_until(datetime.fromisoformat(when))
+            return await ctx.step(desk.ship, when)
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def approval(ctx: sw.Context, timeout: float) -> Any:
+            await ctx.step(desk.reserve, timeout, compensate=desk.release)
+            try:
+                decision = await ctx.wait_for_event(
+                    "approved", timeout=timedelta(seconds=timeout)
+                )
+            except sw.EventTimeout:
+                return {"timed_out": True}
+            await ctx.step(desk.ship, decision)
+            return {"approved": decision}
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def twice(ctx: sw.Context, _: Any) -> Any:
+            first = await ctx.wait_for_event("vote", timeout=timedelta(seconds=60))
+            second = await ctx.wait_for_event("vote", timeout=timedelta(seconds=60))
+            return [first, second]
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def plain(ctx: sw.Context, value: Any) -> Any:
+            return await ctx.step(desk.ship, value)
+
+
+async def _state(app: sw.App, task_id: str, state: sw.TaskState, timeout: float = 20) -> None:
+    async with asyncio.timeout(timeout):
+        while (await app.status_async(task_id)).process_state != state:
+            await asyncio.sleep(0.02)
+
+
+async def test_a_sleeping_task_is_released_and_wakes_once(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            await app.submit_async("nap", 1.5, task_id="n1")
+            await _state(app, "n1", sw.TaskState.WAITING)
+            waiting = await app.status_async("n1")
+            assert waiting.locked_by is None and waiting.complete_by is None
+            assert waiting.waiting_for == "timer" and waiting.wake_at is not None
+            assert await app.result_async("n1", timeout=20) == "shipped"
+        assert shop.effects == Counter(reserve=1, ship=1)  # replay ran no step again
+        view = await app.show_async("n1")
+        kinds = [e.kind for e in view.events]
+        assert kinds.count("waiting") == 1 and kinds.count("woke") == 1
+        [wait] = await (await app.store()).waits("n1")
+        assert (wait.seq, wait.kind, wait.state) == (2, "timer", "done")
+        done = await app.status_async("n1")
+        assert done.finished_at is not None and done.finished_at >= wait.wake_at
+    finally:
+        await app.aclose()
+
+
+async def test_sleep_until_and_delayed_starts(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            soon = datetime.now(UTC) + timedelta(seconds=1)
+            await app.submit_async("until", soon.isoformat(), task_id="u1")
+            await app.submit_async("plain", 1, task_id="later", start_after=timedelta(seconds=1))
+            at = datetime.now(UTC) + timedelta(seconds=1)
+            await app.submit_async("plain", 2, task_id="at", start_at=at)
+            for task_id in ("later", "at"):
+                task = await app.status_async(task_id)
+                assert task.process_state == sw.TaskState.WAITING, task_id
+                assert task.waiting_for == "start"
+            for task_id in ("u1", "later", "at"):
+                assert await app.result_async(task_id, timeout=20) == "shipped"
+            # A start already past runs at once.
+            past = datetime.now(UTC) - timedelta(days=1)
+            await app.submit_async("plain", 3, task_id="past", start_at=past)
+            assert await app.result_async("past", timeout=20) == "shipped"
+        for task_id in ("later", "at"):
+            task = await app.status_async(task_id)
+            started = [e for e in (await app.show_async(task_id)).events if e.kind == "woke"]
+            assert len(started) == 1 and task.created_at < started[0].at
+    finally:
+        await app.aclose()
+
+
+async def test_an_event_sent_after_the_wait_wakes_the_task(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            await app.submit_async("approval", 60, task_id="a1")
+            await _state(app, "a1", sw.TaskState.WAITING)
+            assert (await app.status_async("a1")).waiting_for == "event:approved"
+            sent = await app.send_event_async("a1", "approved", {"by": "ana"}, event_id="e1")
+            assert sent.sent and sent.woke
+            again = await app.send_event_async("a1", "approved", {"by": "bob"}, event_id="e1")
+            assert not again.sent and not again.woke  # the same event_id: sent once
+            assert await app.result_async("a1", timeout=20) == {"approved": {"by": "ana"}}
+        assert shop.effects == Counter(reserve=1, ship=1)
+    finally:
+        await app.aclose()
+
+
+async def test_an_event_sent_before_the_wait_is_kept_for_it(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        await app.submit_async("approval", 60, task_id="a2")  # no worker yet
+        sent = await app.send_event_async("a2", "approved", "early", event_id="early")
+        assert sent.sent and not sent.woke
+        await app.submit_async("twice", None, task_id="t2")
+        for n, voter in enumerate(("ana", "bob", "eve")):
+            await app.send_event_async("t2", "vote", voter, event_id=f"v{n}")
+        async with running(app):
+            assert await app.result_async("a2", timeout=20) == {"approved": "early"}
+            assert await app.result_async("t2", timeout=20) == ["ana", "bob"]  # in order
+        assert (await app.status_async("a2")).process_state == sw.TaskState.PROCESSED
+    finally:
+        await app.aclose()
+
+
+async def test_a_wait_times_out_and_the_workflow_decides(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            await app.submit_async("approval", 1, task_id="late")
+            assert await app.result_async("late", timeout=20) == {"timed_out": True}
+            # The event comes too late: kept, but the finished task takes none.
+            with pytest.raises(sw.EventRefused, match="processed"):
+                await app.send_event_async("late", "approved", "yes")
+        [wait] = await (await app.store()).waits("late")
+        assert wait.state == "timed_out"
+        with pytest.raises(sw.TaskNotFound):
+            await app.send_event_async("nobody", "approved", "yes")
+    finally:
+        await app.aclose()
+
+
+async def test_waiting_tasks_can_be_paused_cancelled_and_compensated(store_url: str) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            for task_id in ("p", "c", "k"):
+                await app.submit_async("approval", 60, task_id=task_id)
+            for task_id in ("p", "c", "k"):
+                await _state(app, task_id, sw.TaskState.WAITING)
+            assert await app.pause_async("p") == sw.TaskState.PAUSED
+            assert (await app.send_event_async("p", "approved", 1)).woke is False
+            assert await app.cancel_async("c") == sw.TaskState.CANCELLED
+            with pytest.raises(sw.EventRefused):
+                await app.send_event_async("c", "approved", 1)
+            assert await app.cancel_async("k", compensate=True) == sw.TaskState.COMPENSATING
+            await _state(app, "k", sw.TaskState.COMPENSATED)
+            paused = await app.status_async("p")
+            assert paused.process_state == sw.TaskState.PAUSED and paused.wake_at is None
+            await app.resume_async("p")  # resumed: replays, and takes the event kept for it
+            assert await app.result_async("p", timeout=20) == {"approved": 1}
+        assert shop.effects["release"] == 1  # k's reservation, undone once
+    finally:
+        await app.aclose()
+
+
+async def test_an_event_sent_in_a_transaction_that_rolls_back_is_not_sent(
+    store_url: str,
+) -> None:
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        await app.submit_async("approval", 60, task_id="tx")
+        with pytest.raises(RuntimeError):
+            async with app.transaction() as tx:
+                await tx.send_event("tx", "approved", "no", event_id="rolled-back")
+                raise RuntimeError("the application's own write failed")
+        async with app.transaction() as tx:
+            sent = await tx.send_event("tx", "approved", "yes", event_id="committed")
+        assert sent.sent
+        async with running(app):
+            assert await app.result_async("tx", timeout=20) == {"approved": "yes"}
+        [[count]] = sql(store_url, "SELECT count(*) FROM stepwarden_inbox")
+        assert count == 1
+    finally:
+        await app.aclose()
+
+
+async def test_a_changed_workflow_is_refused_at_the_position_of_a_wait(store_url: str) -> None:
+    """A task that slept at position 2, resumed by code that calls a step there instead,
+    fails with NonDeterminismError (and is compensated), not running the step."""
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            await app.submit_async("nap", 30, task_id="changed")
+            await _state(app, "changed", sw.TaskState.WAITING)
+        changed = sw.App("waits", store=store_url)
+        desk = changed.agent("desk")
+
+        @desk.operation
+        async def reserve(call: sw.Call, order: Any) -> str:
+            return "reserved"
+
+        @desk.operation
+        async def ship(call: sw.Call, order: Any) -> str:
+            raise AssertionError("a step at the wait's position must not run")
+
+        @desk.operation
+        async def release(call: sw.Call, order: Any) -> str:
+            return "released"
+
+        @changed.workflow(complete_within=timedelta(seconds=20), name="nap")
+        async def nap(ctx: sw.Context, seconds: float) -> Any:
+            await ctx.step(desk.reserve, seconds)
+            return await ctx.step(desk.ship, seconds)
+
+        sql(store_url, "UPDATE stepwarden_tasks SET wake_at = created_at WHERE task_id = 'changed'")
+        try:
+            async with running(changed, FAST):
+                with pytest.raises(sw.TaskFailed, match="NonDeterminismError.*timer is recorded"):
+                    await changed.result_async("changed", timeout=20)
+        finally:
+            await changed.aclose()
+    finally:
+        await app.aclose()
