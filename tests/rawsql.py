@@ -51,8 +51,14 @@ def seconds_ago(url: str, seconds: float) -> str:
     return f"(now() - make_interval(secs => {seconds}))"
 
 
+CLOCK_GRAIN = 0.002
+"""Seconds by which `seconds_until` may overstate (SQLite reads the time to the millisecond,
+while the stores write it to the microsecond)."""
+
+
 def seconds_until(url: str, column: str) -> str:
-    """An SQL expression for the seconds from now until the time in `column`."""
+    """An SQL expression for the seconds from now until the time in `column` (up to
+    CLOCK_GRAIN too many)."""
     if is_sqlite(url):
         return f"({column} - ((julianday('now') - 2440587.5) * 86400.0))"
     return f"extract(epoch FROM {column} - now())::float8"
