@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import IO, Any, TypeVar
 
 import click
@@ -22,7 +22,7 @@ from . import _check, _json
 from ._text import EscapingFormatter, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
 from .errors import StepwardenError
-from .records import ActionOutcome, TaskRecord
+from .records import ActionOutcome, SendOutcome, TaskRecord
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
@@ -31,6 +31,7 @@ from .states import COMPENSATION_STATES, TaskState
 from .store import Store, open_store
 from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
+from .workflow import MAX_WAIT
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -368,6 +369,21 @@ def worker(
     type=click.IntRange(min=-_check.MAX_INT - 1, max=_check.MAX_INT),
     help="Higher runs first.",
 )
+@_opt(
+    "--start-after",
+    envvar="STEPWARDEN_START_AFTER",
+    default=None,
+    type=click.FloatRange(min=0, max=MAX_WAIT.total_seconds()),
+    metavar="SECONDS",
+    help="Start no sooner than this many seconds from now (the task waits until then).",
+)
+@_opt(
+    "--start-at",
+    envvar="STEPWARDEN_START_AT",
+    default=None,
+    metavar="ISO-8601",
+    help="Start no sooner than this time, with its time zone (e.g. 2026-12-01T02:00:00+00:00).",
+)
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -376,6 +392,8 @@ def submit(
     input_file: IO[str] | None,
     task_id: str | None,
     priority: int,
+    start_after: float | None,
+    start_at: str | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
     as its input; prints the task id. A value written {"$secret": VALUE} is a Secret: stored
@@ -393,11 +411,20 @@ def submit(
         value = _json.loads("null" if input_json is None else input_json)
     except orjson.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
+    when = None if start_at is None else _datetime(start_at, "--start-at")
+    after = None if start_after is None else timedelta(seconds=start_after)
     app = obj.app()
 
     async def go() -> tuple[str, bool]:
         try:
-            task = app.new_task(workflow, value, task_id=task_id, priority=priority)
+            task = app.new_task(
+                workflow,
+                value,
+                task_id=task_id,
+                priority=priority,
+                start_at=when,
+                start_after=after,
+            )
             [created] = await app.submit_many_async([task])
             return task.task_id, created
         finally:
@@ -581,6 +608,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo(f"  compensation   {t.compensation_failures} failure(s) of max {t.max_failures}")
     _echo(f"  attempt        {t.attempt}")
     _echo(f"  locked_by      {t.locked_by or '-'}")
+    if t.process_state == TaskState.WAITING:
+        _echo(f"  waiting_for    {t.waiting_for}  until {_time(t.wake_at)}")
     _echo(f"  complete_by    {_time(t.complete_by)}")
     _echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
     _echo(f"  input          {_json.display(t.input)}")
@@ -611,6 +640,41 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
     if view.more_events:
         older = view.events[-1].id
         _echo(f"  ... older events: stepwarden show {shlex.quote(t.task_id)} --before {older}")
+
+
+@cli.command()
+@click.argument("task_id")
+@click.argument("name")
+@click.argument("payload_json", required=False, default="null", metavar="[PAYLOAD_JSON]")
+@_opt(
+    "--event-id",
+    envvar="STEPWARDEN_EVENT_ID",
+    default=None,
+    help="The event's id (default: a new one): an id sent before is not sent again.",
+)
+@click.pass_obj
+def send(
+    obj: _Ctx, task_id: str, name: str, payload_json: str, event_id: str | None
+) -> None:
+    """Send the event NAME with PAYLOAD_JSON to TASK_ID: kept until its workflow waits for
+    NAME (ctx.wait_for_event), and waking the task if it waits for it now."""
+    try:
+        payload = _json.loads(payload_json)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD_JSON") from exc
+    app = App("stepwarden-send", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> SendOutcome:
+        try:
+            return await app.send_event_async(task_id, name, payload, event_id=event_id)
+        finally:
+            await app.aclose()
+
+    outcome = _run(go())
+    if not outcome.sent:
+        _echo(f"{task_id}: event {name!r} was sent before: nothing sent", err=True)
+    else:
+        _echo(f"{task_id}: event {name!r} sent" + (", the task woke" if outcome.woke else ""))
 
 
 @cli.command()
@@ -936,6 +1000,16 @@ def dashboard(
         raise click.ClickException(_one_line(exc)) from exc
     finally:
         sock.close()
+
+
+def _datetime(text: str, option: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not an ISO 8601 time: {exc}", param_hint=option) from exc
+    if value.tzinfo is None:
+        raise click.BadParameter("give the time with its time zone (+00:00)", param_hint=option)
+    return value
 
 
 def _time(value: datetime | None) -> str:

@@ -74,9 +74,15 @@ class Approvals:
             return await ctx.step(desk.ship, value)
 
 
-async def _state(app: sw.App, task_id: str, state: sw.TaskState, timeout: float = 20) -> None:
+async def in_state(
+    app: sw.App, task_id: str, state: sw.TaskState, timeout: float = 20
+) -> sw.TaskRecord:
+    """The task once it is in `state` (read from the store until then)."""
     async with asyncio.timeout(timeout):
-        while (await app.status_async(task_id)).process_state != state:
+        while True:
+            task = await app.status_async(task_id)
+            if task.process_state == state:
+                return task
             await asyncio.sleep(0.02)
 
 
@@ -86,7 +92,7 @@ async def test_a_sleeping_task_is_released_and_wakes_once(store_url: str) -> Non
     try:
         async with running(app):
             await app.submit_async("nap", 1.5, task_id="n1")
-            await _state(app, "n1", sw.TaskState.WAITING)
+            await in_state(app, "n1", sw.TaskState.WAITING)
             waiting = await app.status_async("n1")
             assert waiting.locked_by is None and waiting.complete_by is None
             assert waiting.waiting_for == "timer" and waiting.wake_at is not None
@@ -137,7 +143,7 @@ async def test_an_event_sent_after_the_wait_wakes_the_task(store_url: str) -> No
     try:
         async with running(app):
             await app.submit_async("approval", 60, task_id="a1")
-            await _state(app, "a1", sw.TaskState.WAITING)
+            await in_state(app, "a1", sw.TaskState.WAITING)
             assert (await app.status_async("a1")).waiting_for == "event:approved"
             sent = await app.send_event_async("a1", "approved", {"by": "ana"}, event_id="e1")
             assert sent.sent and sent.woke
@@ -193,14 +199,14 @@ async def test_waiting_tasks_can_be_paused_cancelled_and_compensated(store_url: 
             for task_id in ("p", "c", "k"):
                 await app.submit_async("approval", 60, task_id=task_id)
             for task_id in ("p", "c", "k"):
-                await _state(app, task_id, sw.TaskState.WAITING)
+                await in_state(app, task_id, sw.TaskState.WAITING)
             assert await app.pause_async("p") == sw.TaskState.PAUSED
             assert (await app.send_event_async("p", "approved", 1)).woke is False
             assert await app.cancel_async("c") == sw.TaskState.CANCELLED
             with pytest.raises(sw.EventRefused):
                 await app.send_event_async("c", "approved", 1)
             assert await app.cancel_async("k", compensate=True) == sw.TaskState.COMPENSATING
-            await _state(app, "k", sw.TaskState.COMPENSATED)
+            await in_state(app, "k", sw.TaskState.COMPENSATED)
             paused = await app.status_async("p")
             assert paused.process_state == sw.TaskState.PAUSED and paused.wake_at is None
             await app.resume_async("p")  # resumed: replays, and takes the event kept for it
@@ -240,7 +246,7 @@ async def test_a_changed_workflow_is_refused_at_the_position_of_a_wait(store_url
     try:
         async with running(app):
             await app.submit_async("nap", 30, task_id="changed")
-            await _state(app, "changed", sw.TaskState.WAITING)
+            await in_state(app, "changed", sw.TaskState.WAITING)
         changed = sw.App("waits", store=store_url)
         desk = changed.agent("desk")
 
@@ -264,7 +270,7 @@ async def test_a_changed_workflow_is_refused_at_the_position_of_a_wait(store_url
         sql(store_url, "UPDATE stepwarden_tasks SET wake_at = created_at WHERE task_id = 'changed'")
         try:
             async with running(changed, FAST):
-                with pytest.raises(sw.TaskFailed, match="NonDeterminismError.*timer is recorded"):
+                with pytest.raises(sw.TaskFailed, match=r"NonDeterminismError.*timer is recorded"):
                     await changed.result_async("changed", timeout=20)
         finally:
             await changed.aclose()

@@ -101,7 +101,7 @@ def test_an_operator_skips_a_failed_step_and_retries_the_task(served: Served) ->
         "applied": False,
         "before": "error",
         "after": "error",
-        "message": "cannot pause a task that is error (only when pending, processing)",
+        "message": "cannot pause a task that is error (only when pending, processing, waiting)",
     }
     skip = {"seq": 1, "result": {"stamped": "by hand", "card": {"$secret": "x"}}, "by": "bob"}
     done = served.post(f"{path}/skip", headers=auth, json=skip)

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from .. import _check, _json
 from .._text import SAFE_PATTERN
 from ..app import App
-from ..errors import StepwardenError, StoreError
+from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound
 from ..records import ActionOutcome
 from ..states import TaskState
 from . import _metrics
@@ -33,6 +33,8 @@ from ._models import (
     Error,
     OutcomeAnswer,
     Overview,
+    SendAnswer,
+    SendRequest,
     SkipRequest,
     TaskAnswer,
     TasksAnswer,
@@ -200,6 +202,36 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             seq=body.seq,
             result=_json.revive(body.result),
         )
+
+    @api.post(
+        "/api/tasks/{task_id:path}/send",
+        operation_id="sendEvent",
+        summary="Send an event to a task: kept until its workflow waits for that name, and "
+        "waking the task if it waits for it now (e.g. an approval).",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(SendAnswer, "Sent (or sent before, with this event_id)."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r404=(Error, "No such task."),
+            r409=(Error, "The task is finished: it takes no event."),
+        ),
+    )
+    async def send(task_id: TaskId, body: SendRequest, identity: Identity) -> Response:
+        try:
+            sent = await app.send_event_async(
+                task_id, body.name, _json.revive(body.payload), event_id=body.event_id
+            )
+        except TaskNotFound as exc:
+            return error(404, str(exc))
+        except EventRefused as exc:
+            return error(409, str(exc))
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        return json_response({"sent": sent.sent, "woke": sent.woke})
 
     @api.post(
         "/api/tasks/{task_id:path}/{action}",

@@ -35,6 +35,8 @@ def task_summary(t: TaskRecord) -> dict[str, Any]:
         "updated_at": t.updated_at,
         "finished_at": t.finished_at,
         "error": t.error,
+        "wake_at": t.wake_at,
+        "waiting_for": t.waiting_for,
     }
 
 

@@ -69,6 +69,19 @@ class SkipRequest(_Closed):
     by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
 
 
+class SendRequest(_Closed):
+    name: Name = Field(description="The event's name (what the workflow waits for).")
+    payload: Payload = Field(default=None, description="The event's JSON payload.")
+    event_id: Name | None = Field(
+        default=None, description="Sent once per id (default: a new one)."
+    )
+
+
+class SendAnswer(_Closed):
+    sent: bool = Field(description="False when this event_id was sent before.")
+    woke: bool = Field(description="The task was waiting for this event and is pending again.")
+
+
 class BulkRequest(_Closed):
     """The tasks named (task_ids), or a filter (state and/or workflow): one of the two."""
 
@@ -154,6 +167,12 @@ class TaskSummary(_Closed):
     updated_at: datetime
     finished_at: datetime | None
     error: str | None
+    wake_at: datetime | None = Field(
+        description="A waiting task's: when its timer fires, its wait times out or it starts."
+    )
+    waiting_for: str | None = Field(
+        description='A waiting task\'s: "timer", "event:NAME" or "start".'
+    )
 
 
 class Task(TaskSummary):

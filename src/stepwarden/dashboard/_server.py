@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__, _check
 from ..app import App
 from ..errors import StepwardenError, StoreError
-from ..states import OPERATOR_ACTIONS, TaskState
+from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
 from ._api import EVENT_PAGE, BadRequest, error, json_response, router
 from ._auth import CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Guard
 from ._data import Reader
@@ -227,6 +227,8 @@ def create_app(
             data=data,
             actions=actions,
             skip_allowed=state in OPERATOR_ACTIONS["skip"],
+            finished_states=[str(s) for s in FINISHED_TASK_STATES],
+            waiting_event=_event_waited_for(data["task"]["waiting_for"]),
             timeline=step_timeline(data["task"], data["steps"], datetime.now(UTC)),
         )
 
@@ -411,6 +413,12 @@ class _SecurityHeaders:
             await send(message)
 
         await self.inner(scope, receive, with_headers)
+
+
+def _event_waited_for(waiting_for: str | None) -> str:
+    """The name of the event a task waits for ("event:NAME"), or "" when it waits for none."""
+    kind, _, name = (waiting_for or "").partition(":")
+    return name if kind == "event" else ""
 
 
 def _host_name(header: str) -> str:

@@ -81,6 +81,30 @@
   }
 
   document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-send]");
+    if (!button) return;
+    event.preventDefault();
+    const name = document.getElementById("event-name");
+    const field = document.getElementById("event-payload");
+    const body = { name: name ? name.value : "" };
+    try {
+      body.payload = JSON.parse(field && field.value ? field.value : "null");
+    } catch (err) {
+      flash("The payload is not JSON.", "error");
+      return;
+    }
+    button.disabled = true;
+    const [response, data] = await post("/api/tasks/" + segment(button.dataset.send) + "/send", body);
+    if (response.ok) {
+      flash("event " + body.name + " sent" + (data.woke ? ": the task woke" : ""), "ok");
+    } else {
+      flash("send refused (" + response.status + "): " + (data.error || response.statusText), "error");
+    }
+    button.disabled = false;
+    refresh();
+  });
+
+  document.addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-action]");
     if (!button) return;
     event.preventDefault();

@@ -1,0 +1,104 @@
+"""Waiting tasks from the command line and the dashboard's API: a delayed submit, `show` of a
+waiting task, and an event sent to it (once per event_id), on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+
+import stepwarden as sw
+from stepwarden.dashboard import create_app
+from tests.contract.test_engine import running
+from tests.contract.test_waits import Approvals, in_state
+
+from .helpers import APP, assert_ok, assert_refused, invoke
+
+TOKEN = "a-token-of-24-characters"
+
+
+def test_a_delayed_submit_waits_and_show_says_for_what(migrated_url: str) -> None:
+    out = assert_ok(
+        invoke("--app", APP, "--store", migrated_url, "submit", "process", "{}",
+               "--task-id", "later", "--start-after", "3600")
+    )  # fmt: skip
+    assert out.strip() == "later"
+    shown = assert_ok(invoke("--store", migrated_url, "show", "later"))
+    assert "process_state  waiting" in shown and "waiting_for    start  until 20" in shown
+    data = orjson.loads(assert_ok(invoke("--store", migrated_url, "show", "later", "--json")))
+    assert data["waiting_for"] == "start" and data["wake_at"] is not None
+    assert_refused(
+        invoke("--app", APP, "--store", migrated_url, "submit", "process", "{}",
+               "--start-at", "2026-12-01T02:00:00"),
+        "--start-at", "time zone",
+        exit_code=2,
+    )  # fmt: skip
+
+
+def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
+    migrated_url: str,
+) -> None:
+    async def scenario() -> None:
+        shop = Approvals(migrated_url)
+        app = shop.app
+        try:
+            async with running(app):
+                await app.submit_async("approval", 600, task_id="cli")
+                await app.submit_async("approval", 600, task_id="api")
+                for task_id in ("cli", "api"):
+                    waiting = await in_state(app, task_id, sw.TaskState.WAITING)
+                    assert waiting.waiting_for == "event:approved"
+                sent = await asyncio.to_thread(
+                    invoke, "--store", migrated_url, "send", "cli", "approved", '"by cli"',
+                    "--event-id", "e-1",
+                )  # fmt: skip
+                assert assert_ok(sent).strip() == "cli: event 'approved' sent, the task woke"
+                again = await asyncio.to_thread(
+                    invoke, "--store", migrated_url, "send", "cli", "approved", "2",
+                    "--event-id", "e-1",
+                )  # fmt: skip
+                assert again.exit_code == 0 and "was sent before: nothing sent" in again.stderr
+                assert await app.result_async("cli", timeout=20) == {"approved": "by cli"}
+                web = create_app(app, token=TOKEN)
+                transport = httpx.ASGITransport(app=web)
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://127.0.0.1"
+                ) as client:
+                    page = await client.get("/tasks/api")
+                    assert 'id="waiting-for">event:approved<' in page.text
+                    refused = await client.post(
+                        "/api/tasks/api/send", json={"name": "approved", "payload": 1}
+                    )
+                    assert refused.status_code == 401
+                    auth = {"Authorization": f"Bearer {TOKEN}"}
+                    answer = await client.post(
+                        "/api/tasks/api/send",
+                        json={"name": "approved", "payload": {"ok": True}},
+                        headers=auth,
+                    )
+                    assert answer.status_code == 200 and answer.json() == {
+                        "sent": True,
+                        "woke": True,
+                    }
+                    assert await app.result_async("api", timeout=20) == {
+                        "approved": {"ok": True}
+                    }
+                    finished = await client.post(
+                        "/api/tasks/api/send", json={"name": "approved"}, headers=auth
+                    )
+                    assert finished.status_code == 409
+                    missing = await client.post(
+                        "/api/tasks/nobody/send", json={"name": "approved"}, headers=auth
+                    )
+                    assert missing.status_code == 404
+        finally:
+            await app.aclose()
+
+    asyncio.run(scenario())
+    gone = invoke("--store", migrated_url, "send", "cli", "approved")
+    assert_refused(gone, "task 'cli' is processed: it takes no event", exit_code=1)
+    assert_refused(invoke("--store", migrated_url, "send", "nobody", "x"), "no task", exit_code=1)
+
+
+
