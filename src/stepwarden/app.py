@@ -353,6 +353,10 @@ class App:
         """Submit tasks built with `new_task` in one transaction; True where created."""
         return await (await self.store()).submit(tasks)
 
+    def submit_many(self, tasks: Sequence[NewTask]) -> list[bool]:
+        """The blocking form of `submit_many_async`."""
+        return self._call(self.submit_many_async(tasks))
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[TaskTransaction]:
         """A transaction in which the application writes its own rows and submits tasks, so

@@ -45,6 +45,9 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
 - `heartbeat`: `{"for": s, "every": s}`: run `for` seconds, calling `call.heartbeat_sync`
   every `every` seconds (details: the beat's number);
 - `pickup_within`, `total_within`: the step's pick-up and total timeouts, in seconds.
+
+A spec `{"sleep": s}` is a durable timer of `s` seconds instead of a step, and
+`{"wait_event": NAME, "timeout": s}` a wait for the event NAME (its payload is the result).
 """
 
 from __future__ import annotations
@@ -307,6 +310,13 @@ def build_app(store: str) -> sw.App:
         _record_run(ctx.task_id, ctx.attempt)
         results = []
         for step in spec["steps"]:
+            if "sleep" in step:  # a durable timer, not a step
+                await ctx.sleep(timedelta(seconds=step["sleep"]))
+                continue
+            if "wait_event" in step:  # an event from outside, not a step
+                timeout = timedelta(seconds=step.get("timeout", 600))
+                results.append(await ctx.wait_for_event(step["wait_event"], timeout=timeout))
+                continue
             results.append(
                 await ctx.step(
                     act_async if step.get("async") else ops[step.get("op", "svc.act")],
