@@ -15,6 +15,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
 
 from . import _check, _json
 from .agent import Agent
@@ -37,13 +40,15 @@ from .records import (
     NewTask,
     OperatorAction,
     OutboxMessage,
+    ScheduleRecord,
     SchedulerInstance,
+    ScheduleSpec,
     SendOutcome,
     StepRecord,
     TaskRecord,
 )
 from .retry import Retry
-from .rules import plan_action
+from .rules import CATCH_UP, plan_action
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
 from .workflow import MAX_WAIT, Workflow, WorkflowFn
@@ -80,8 +85,114 @@ class App:
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         self._portal: _Portal | None = None
+        self.schedules: dict[str, ScheduleSpec] = {}
+        """The schedules declared with `schedule`, by name."""
         self.alert_sinks: list[AlertSink] = [LogSink()]
         """Where the supervisor delivers alerts (by default, the log)."""
+
+    def schedule(
+        self,
+        name: str,
+        workflow: str | WorkflowFn,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        catch_up: str = "skip",
+    ) -> ScheduleSpec:
+        """Run `workflow` with `input` at each tick of `cron` (a cron expression, read in
+        `timezone`) or `every` (a timedelta): the supervisor leader stores the schedule and
+        creates exactly one task per tick, whose id is the schedule's name and the tick
+        (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
+        (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
+        newest does)."""
+        _check.name("the schedule's name", name)
+        if "@" in name:
+            raise ConfigurationError(f"a schedule's name cannot hold '@': {_check.shown(name)}")
+        wf = self.find_workflow(workflow)
+        if (cron is None) == (every is None):
+            raise ConfigurationError(f"schedule {name!r}: give cron or every, one of the two")
+        if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+            raise ConfigurationError(
+                f"schedule {name!r}: not a cron expression: {_check.shown(cron)}"
+            )
+        if every is not None and (
+            not isinstance(every, timedelta) or not timedelta(seconds=1) <= every <= MAX_WAIT
+        ):
+            raise ConfigurationError(
+                f"schedule {name!r}: every must be a timedelta from 1 s to {MAX_WAIT.days} days,"
+                f" not {_check.shown(every)}"
+            )
+        try:
+            ZoneInfo(timezone)
+        except (ValueError, TypeError, ZoneInfoNotFoundError):
+            raise ConfigurationError(
+                f"schedule {name!r}: unknown time zone {_check.shown(timezone)}"
+            ) from None
+        if catch_up not in CATCH_UP:
+            raise ConfigurationError(
+                f"schedule {name!r}: catch_up must be one of {', '.join(CATCH_UP)}, not "
+                f"{_check.shown(catch_up)}"
+            )
+        if name in self.schedules:
+            raise ConfigurationError(f"schedule {name!r} is declared twice")
+        spec = ScheduleSpec(
+            name=name,
+            workflow=wf.name,
+            input=_json.dumps(input, what=f"the input of schedule {name!r}"),
+            complete_within=wf.complete_within.total_seconds(),
+            max_failures=wf.max_failures,
+            on_failure=str(wf.on_failure),
+            cron=cron,
+            every=None if every is None else every.total_seconds(),
+            timezone=timezone,
+            catch_up=catch_up,
+        )
+        self.schedules[name] = spec
+        return spec
+
+    async def schedules_async(self) -> list[ScheduleRecord]:
+        """The schedules stored (by a supervisor leader), with their next tick."""
+        return await (await self.store()).schedules()
+
+    async def pause_schedule_async(self, name: str, *, paused: bool = True) -> None:
+        """Pause a schedule (no task is created for its ticks until it is resumed), or resume
+        it (`paused=False`). Raises UnknownNameError for a schedule not stored."""
+        _check.name("the schedule's name", name)
+        if not await (await self.store()).pause_schedule(name, paused):
+            raise UnknownNameError(f"no schedule {name!r} is stored (a supervisor stores them)")
+
+    async def trigger_schedule_async(self, name: str) -> str:
+        """Run a stored schedule's workflow now, once, apart from its ticks; the task's id."""
+        _check.name("the schedule's name", name)
+        found = [s for s in await (await self.store()).schedules() if s.name == name]
+        if not found:
+            raise UnknownNameError(f"no schedule {name!r} is stored (a supervisor stores them)")
+        s = found[0]
+        task = NewTask(
+            task_id=f"{name}@now-{uuid.uuid4().hex[:12]}",
+            workflow=s.workflow,
+            input=_json.dumps(s.input, what=f"the input of schedule {name!r}"),
+            priority=0,
+            complete_within=s.complete_within,
+            max_failures=s.max_failures,
+            on_failure=s.on_failure,
+        )
+        await (await self.store()).submit([task])
+        return task.task_id
+
+    def schedules_list(self) -> list[ScheduleRecord]:
+        """The blocking form of `schedules_async`."""
+        return self._call(self.schedules_async())
+
+    def pause_schedule(self, name: str, *, paused: bool = True) -> None:
+        """The blocking form of `pause_schedule_async`."""
+        self._call(self.pause_schedule_async(name, paused=paused))
+
+    def trigger_schedule(self, name: str) -> str:
+        """The blocking form of `trigger_schedule_async`."""
+        return self._call(self.trigger_schedule_async(name))
 
     def add_alert_sink(self, sink: AlertSink) -> None:
         """Deliver alerts to `sink` too (a WebhookSink, a CallableSink, or your own)."""

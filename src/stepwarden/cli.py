@@ -678,6 +678,44 @@ def send(
 
 
 @cli.command()
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_obj
+def schedules(obj: _Ctx, as_json: bool) -> None:
+    """List the schedules a supervisor stored: each one's timing, next tick and whether it is
+    paused."""
+    found = _run(_read_store(obj, lambda store: store.schedules()))
+    if not as_json and not found:
+        _echo("no schedule is stored (a supervisor stores the application's)")
+    elif not as_json:
+        _echo(f"{'SCHEDULE':<24} {'WORKFLOW':<18} {'WHEN':<18} {'STATE':<7}  NEXT")
+    for s in found:
+        when = s.cron if s.cron is not None else f"every {s.every:g}s"
+        state = "paused" if s.paused else "active"
+        line = f"{s.name:<24} {s.workflow:<18} {when:<18} {state:<7}  {_time(s.next_at)}"
+        _echo_record(s, as_json, line)
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(["pause", "resume", "trigger"]))
+@click.argument("name")
+@click.pass_obj
+def schedule(obj: _Ctx, action: str, name: str) -> None:
+    """Pause or resume the schedule NAME, or trigger it: run its workflow now, once."""
+    app = App("stepwarden-schedule", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> str:
+        try:
+            if action == "trigger":
+                return f"{name}: task {await app.trigger_schedule_async(name)} submitted"
+            await app.pause_schedule_async(name, paused=action == "pause")
+            return f"{name}: {'paused' if action == 'pause' else 'resumed'}"
+        finally:
+            await app.aclose()
+
+    _echo(_run(go()))
+
+
+@cli.command()
 @click.pass_obj
 def migrate(obj: _Ctx) -> None:
     """Create or upgrade the store's schema; prints the version in place."""

@@ -556,3 +556,42 @@ class Woke:
 
     task_id: str
     waited_for: str | None
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleSpec:
+    """A schedule as the application declares it (`App.schedule`): a task of `workflow`
+    with `input` (JSON text) at each tick of `cron` (in `timezone`) or every `every`
+    seconds; missed ticks by `catch_up` ("skip", "all", "latest")."""
+
+    name: str
+    workflow: str
+    input: str
+    complete_within: float
+    max_failures: int
+    on_failure: str
+    cron: str | None = None
+    every: float | None = None
+    timezone: str = "UTC"
+    catch_up: str = "skip"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRecord:
+    name: str
+    workflow: str
+    cron: str | None
+    every: float | None
+    input: Any
+    timezone: str
+    catch_up: str
+    paused: bool
+    next_at: datetime
+    last_tick: datetime | None
+    """The last tick a task was created for."""
+    complete_within: float
+    max_failures: int
+    on_failure: str

@@ -9,13 +9,25 @@ limits, and what an operator's action does. Nothing here touches the database or
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
 
 from ._text import cut
-from .records import ActionOutcome, OperatorAction, OpLimit, StepRecord, TaskOutcome
+from .records import (
+    ActionOutcome,
+    OperatorAction,
+    OpLimit,
+    ScheduleSpec,
+    StepRecord,
+    TaskOutcome,
+)
 from .retry import Backoff
 from .states import (
     FINISHED_TASK_STATES,
@@ -366,3 +378,72 @@ def action_detail(action: OperatorAction, plan: ActionPlan) -> dict[str, Any]:
     if action.identity is not None:
         detail["authenticated"] = action.identity
     return detail
+
+
+# -- schedules ------------------------------------------------------------------------------
+
+CATCH_UP = ("skip", "all", "latest")
+SKIP_GRACE = 60.0
+"""Seconds late a tick may be and still run under catch_up="skip"."""
+MAX_TICKS = 1000
+"""Ticks created for one schedule at one pass (catch_up="all" after a long stop)."""
+
+
+def next_tick(spec: ScheduleSpec, after: float) -> float:
+    """The first tick of the schedule strictly after `after` (epochs)."""
+    if spec.every is not None:
+        return after + spec.every
+    assert spec.cron is not None
+    zone = ZoneInfo(spec.timezone)
+    start = datetime.fromtimestamp(after, tz=zone)
+    tick: datetime = croniter(spec.cron, start).get_next(datetime)
+    return tick.timestamp()
+
+
+def first_tick(spec: ScheduleSpec, now: float) -> float:
+    """Where a new (or changed) schedule starts: its first tick after now. An `every`
+    schedule ticks at the multiples of its period since the epoch (every hour: on the hour,
+    UTC), so that its ticks are the same whoever stores it, and when."""
+    if spec.every is not None:
+        return (math.floor(now / spec.every) + 1) * spec.every
+    return next_tick(spec, now)
+
+
+def _tick_from(spec: ScheduleSpec, next_at: float, start: float) -> float:
+    """The schedule's first tick at or after `start` (`next_at` is one of its ticks)."""
+    if start <= next_at:
+        return next_at
+    if spec.every is not None:
+        return next_at + math.ceil((start - next_at) / spec.every) * spec.every
+    return next_tick(spec, start - 1e-6)
+
+
+def plan_ticks(spec: ScheduleSpec, next_at: float, now: float) -> tuple[list[float], float]:
+    """The ticks to create now (epochs), oldest first, and the schedule's next tick after
+    them, from `next_at` (the first tick not created yet): with catch_up "all", every tick due
+    (up to MAX_TICKS a pass, the rest at the next); "latest", the newest due; "skip", those no
+    more than SKIP_GRACE seconds late."""
+    if next_at > now:
+        return [], next_at
+    if spec.catch_up == "latest":
+        start = now if spec.every is None else now - spec.every + 1e-6
+        newest = _tick_from(spec, next_at, max(next_at, start))
+        if newest > now:  # a cron tick: the newest at or before now is found going back
+            assert spec.cron is not None
+            zone = ZoneInfo(spec.timezone)
+            back = croniter(spec.cron, datetime.fromtimestamp(now, tz=zone)).get_prev(datetime)
+            newest = max(next_at, back.timestamp())
+        return [newest], next_tick(spec, newest)
+    tick = _tick_from(spec, next_at, now - SKIP_GRACE) if spec.catch_up == "skip" else next_at
+    due: list[float] = []
+    while tick <= now and len(due) < MAX_TICKS:
+        due.append(tick)
+        tick = next_tick(spec, tick)
+    return due, tick
+
+
+def schedule_task_id(name: str, tick: float) -> str:
+    """The id of the task of a schedule's tick: the same in every supervisor, so that a tick
+    creates one task however many race for it."""
+    at = datetime.fromtimestamp(tick, tz=UTC).isoformat()
+    return f"{name}@{at}"

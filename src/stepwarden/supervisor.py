@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
-from .records import Expired, Released, StepSwept, Woke
+from .records import Expired, Released, ScheduleSpec, StepSwept, Woke
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
 from .store import Store
@@ -50,8 +51,11 @@ class Supervisor:
         retention: float | None = DEFAULT_RETENTION,
         purge_batch: int = 200,
         gone_grace: float = 5.0,
+        schedules: Sequence[ScheduleSpec] = (),
     ) -> None:
         self.store = store
+        self.schedules = list(schedules)
+        """The application's schedules: stored when this supervisor becomes the leader."""
         self.gone_grace = gone_grace
         """Seconds after the store was out of this supervisor's reach before it finds anyone
         gone: the heartbeats of the others could not land meanwhile either."""
@@ -105,9 +109,12 @@ class Supervisor:
                 logger.info("supervisor %s: lease lost (term %s)", self.instance, self.term)
             else:
                 logger.info("supervisor %s: leader at term %d", self.instance, term)
+        became_leader = term is not None and term != self.term
         self.term = term
         if term is None:
             return []
+        if became_leader and self.schedules:
+            await self.store.store_schedules(self.schedules)
         now = asyncio.get_running_loop().time()
         if self._reached_at is None:
             self._reached_at = now
@@ -116,6 +123,7 @@ class Supervisor:
         if others_heard:
             await self._release(term)
         await self._wake(term)
+        await self._ticks(term)
         await self._sweep_steps(term, reassign=others_heard)
         recovered = await self._sweep(term)
         if self.retention is not None:
@@ -124,6 +132,15 @@ class Supervisor:
             if purged:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
+
+    async def _ticks(self, term: int) -> list[str]:
+        """The tasks of the schedules' due ticks (one per tick, whoever races for it)."""
+        created = await self.store.create_ticks(
+            lease=LEASE, holder=self.instance, term=term, limit=self.batch
+        )
+        for task_id in created:
+            logger.info("schedule: task %s created", task_id)
+        return created
 
     async def _wake(self, term: int) -> list[Woke]:
         """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),

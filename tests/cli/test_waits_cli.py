@@ -10,6 +10,7 @@ import orjson
 
 import stepwarden as sw
 from stepwarden.dashboard import create_app
+from stepwarden.supervisor import Supervisor
 from tests.contract.test_engine import running
 from tests.contract.test_waits import Approvals, in_state
 
@@ -102,3 +103,34 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
 
 
 
+
+
+def test_schedules_from_the_command_line(migrated_url: str) -> None:
+    """A supervisor stores the application's schedules; `schedules` lists them, `schedule
+    pause|resume|trigger NAME` acts on them, and an unknown one is refused."""
+
+    async def store_them() -> None:
+        app = Approvals(migrated_url).app
+        app.schedule("nightly", "plain", cron="0 2 * * *", input={"n": 1}, timezone="Europe/Paris")
+        try:
+            leader = Supervisor(
+                await app.store(), instance="sup", schedules=list(app.schedules.values())
+            )
+            await leader.tick()
+        finally:
+            await app.aclose()
+
+    asyncio.run(store_them())
+    listed = assert_ok(invoke("--store", migrated_url, "schedules"))
+    assert "nightly" in listed and "0 2 * * *" in listed and "active" in listed
+    out = assert_ok(invoke("--store", migrated_url, "schedule", "pause", "nightly"))
+    assert out.strip() == "nightly: paused"
+    data = orjson.loads(assert_ok(invoke("--store", migrated_url, "schedules", "--json")))
+    assert data["paused"] is True and data["timezone"] == "Europe/Paris"
+    triggered = assert_ok(invoke("--store", migrated_url, "schedule", "trigger", "nightly"))
+    task_id = triggered.split("task ", 1)[1].split()[0]
+    shown = orjson.loads(assert_ok(invoke("--store", migrated_url, "show", task_id, "--json")))
+    assert shown["workflow"] == "plain" and shown["input"] == {"n": 1}
+    assert_refused(
+        invoke("--store", migrated_url, "schedule", "resume", "nope"), "no schedule 'nope'"
+    )

@@ -21,6 +21,7 @@ from ..records import (
     LeaseRecord,
     OutboxMessage,
     Request,
+    ScheduleRecord,
     SchedulerInstance,
     StepRecord,
     StepStats,
@@ -225,4 +226,22 @@ def wait_record(row: Row) -> WaitRecord:
         payload=loads(row["payload"]),
         created_at=at(row["created_at"]),
         finished_at=when(row["finished_at"]),
+    )
+
+
+def schedule_record(row: Row) -> ScheduleRecord:
+    return ScheduleRecord(
+        name=row["name"],
+        workflow=row["workflow"],
+        cron=row["cron"],
+        every=row["every"],
+        input=loads(row["input"]),
+        timezone=row["timezone"],
+        catch_up=row["catch_up"],
+        paused=bool(row["paused"]),
+        next_at=at(row["next_at"]),
+        last_tick=when(row["last_tick"]),
+        complete_within=float(row["complete_within"]),
+        max_failures=int(row["max_failures"]),
+        on_failure=row["on_failure"],
     )

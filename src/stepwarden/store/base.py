@@ -41,7 +41,9 @@ from ..records import (
     Request,
     RequestHandback,
     SchedulerBeat,
+    ScheduleRecord,
     SchedulerInstance,
+    ScheduleSpec,
     SendOutcome,
     StepDispatch,
     StepOutcome,
@@ -513,6 +515,29 @@ class Store(abc.ABC):
                 lease=lease, holder=holder, term=term, limit=limit, wake=wake
             )
         )
+
+    async def store_schedules(self, specs: Sequence[ScheduleSpec]) -> None:
+        """Store the application's schedules as declared (a new or re-timed one starts at
+        its first tick after now; an operator's pause is kept)."""
+        if specs:
+            await self._write(partial(policy.store_schedules, specs))
+
+    async def create_ticks(self, *, lease: str, holder: str, term: int, limit: int) -> list[str]:
+        """Under the lease (holder, term): the tasks of the schedules' due ticks; their ids
+        (those created now)."""
+        return await self._write(
+            lambda wake: policy.create_ticks(
+                lease=lease, holder=holder, term=term, limit=limit, wake=wake
+            )
+        )
+
+    async def schedules(self) -> list[ScheduleRecord]:
+        return [_rows.schedule_record(r) for r in await self._read_one("list_schedules")]
+
+    async def pause_schedule(self, name: str, paused: bool) -> bool:
+        """Pause or resume a schedule; False when there is none of that name."""
+        query = Query("pause_schedule", {"name": name, "paused": paused})
+        return bool(await self._write_one(query))
 
     async def release_gone_schedulers(
         self, *, lease: str, holder: str, term: int, limit: int, forget_after: float

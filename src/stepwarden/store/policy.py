@@ -34,6 +34,7 @@ from ..records import (
     Request,
     RequestHandback,
     SchedulerBeat,
+    ScheduleSpec,
     SendOutcome,
     StepDispatch,
     StepOutcome,
@@ -57,6 +58,7 @@ from ..rules import (
     action_detail,
     compensable_tasks,
     error_text,
+    first_tick,
     lease_term,
     pick_within_limits,
     pickup_failure,
@@ -64,7 +66,9 @@ from ..rules import (
     plan_expiry,
     plan_finish,
     plan_set_aside,
+    plan_ticks,
     release_state,
+    schedule_task_id,
     total_failure,
     waiting_for,
 )
@@ -908,3 +912,80 @@ def wake_due(*, lease: str, holder: str, term: int, limit: int, wake: Wakeups) -
     if woken:
         wake.tasks()
     return [Woke(task_id=r["task_id"], waited_for=r["waiting_for"]) for r in woken]
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[None]:
+    """The application's schedules as declared: new ones start at their first tick after
+    now (the database's clock); one whose timing changed starts again from there."""
+    if not specs:
+        return None
+    [[clock]] = yield [Query("db_now")]
+    now = float(clock["now"])
+    each = [
+        {
+            "name": s.name,
+            "workflow": s.workflow,
+            "cron": s.cron,
+            "every": s.every,
+            "input": s.input,
+            "timezone": s.timezone,
+            "catch_up": s.catch_up,
+            "complete_within": s.complete_within,
+            "max_failures": s.max_failures,
+            "on_failure": s.on_failure,
+            "next_at": first_tick(s, now),
+        }
+        for s in specs
+    ]
+    yield [Query("upsert_schedules", each=each)]
+    return None
+
+
+def create_ticks(
+    *, lease: str, holder: str, term: int, limit: int, wake: Wakeups
+) -> Flow[list[str]]:
+    """Under the lease: for each schedule whose next tick has come, the tasks of its due
+    ticks (`rules.plan_ticks`), each id derived from the schedule and the tick so that a tick
+    makes one task however many supervisors race; the schedule moves on past them. Returns
+    the ids of the tasks created."""
+    held, due = yield [_held(lease, holder, term), Query("due_schedules", {"limit": limit})]
+    if not held or not due:
+        return []
+    tasks: list[NewTask] = []
+    moves = []
+    for row in due:
+        spec = ScheduleSpec(
+            name=row["name"],
+            workflow=row["workflow"],
+            input=row["input"],
+            complete_within=float(row["complete_within"]),
+            max_failures=int(row["max_failures"]),
+            on_failure=row["on_failure"],
+            cron=row["cron"],
+            every=row["every"],
+            timezone=row["timezone"],
+            catch_up=row["catch_up"],
+        )
+        ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
+        tasks.extend(
+            NewTask(
+                task_id=schedule_task_id(spec.name, tick),
+                workflow=spec.workflow,
+                input=spec.input,
+                priority=0,
+                complete_within=spec.complete_within,
+                max_failures=spec.max_failures,
+                on_failure=spec.on_failure,
+            )
+            for tick in ticks
+        )
+        last = ticks[-1] if ticks else None
+        moves.append({"name": spec.name, "next_at": after, "last_tick": last})
+    yield [Query("advance_schedules", each=moves)]
+    if not tasks:
+        return []
+    created = yield from submit(tasks, wake)
+    return [t.task_id for t, c in zip(tasks, created, strict=True) if c]

@@ -813,6 +813,68 @@ SELECT ord, task_id, waiting_for FROM u
 -- The waits of a task, by position.
 SELECT * FROM stepwarden_waits WHERE task_id = %(task_id)s ORDER BY seq
 
+-- name: db_now
+-- The database's clock, as an epoch.
+SELECT extract(epoch FROM now())::float8 AS now
+
+-- name: upsert_schedules
+-- The application's schedules as its code declares them; a schedule whose timing changed
+-- starts again from the next tick the caller worked out, one that did not keeps its own
+-- (and whether an operator paused it).
+INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
+                                       complete_within, max_failures, on_failure, next_at)
+SELECT d.name, d.workflow, d.cron, d.every, d.input::json, d.timezone, d.catch_up,
+       d.complete_within, d.max_failures, d.on_failure, to_timestamp(d.next_at)
+FROM unnest(%(name)s::text[], %(workflow)s::text[], %(cron)s::text[], %(every)s::float8[],
+            %(input)s::text[], %(timezone)s::text[], %(catch_up)s::text[],
+            %(complete_within)s::float8[], %(max_failures)s::int[], %(on_failure)s::text[],
+            %(next_at)s::float8[])
+     AS d(name, workflow, cron, every, input, timezone, catch_up, complete_within,
+          max_failures, on_failure, next_at)
+ON CONFLICT (name) DO UPDATE
+SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
+    complete_within = excluded.complete_within, max_failures = excluded.max_failures,
+    on_failure = excluded.on_failure,
+    cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
+    next_at = CASE WHEN s.cron IS DISTINCT FROM excluded.cron
+                     OR s.every IS DISTINCT FROM excluded.every
+                     OR s.timezone <> excluded.timezone
+                   THEN excluded.next_at ELSE s.next_at END,
+    updated_at = now()
+
+-- name: due_schedules
+-- Schedules not paused whose next tick has come, locked until commit, with the database's
+-- clock.
+SELECT name, workflow, cron, every, input, timezone, catch_up, complete_within, max_failures,
+       on_failure, extract(epoch FROM next_at)::float8 AS next_at,
+       extract(epoch FROM now())::float8 AS now
+FROM stepwarden_schedules
+WHERE NOT paused AND next_at <= now()
+ORDER BY next_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: advance_schedules
+-- Each schedule moves on to the next tick the caller worked out.
+UPDATE stepwarden_schedules s
+SET next_at = to_timestamp(d.next_at), last_tick = coalesce(to_timestamp(d.last_tick), s.last_tick),
+    updated_at = now()
+FROM unnest(%(name)s::text[], %(next_at)s::float8[], %(last_tick)s::float8[])
+     AS d(name, next_at, last_tick)
+WHERE s.name = d.name
+
+-- name: list_schedules
+SELECT * FROM stepwarden_schedules ORDER BY name
+
+-- name: get_schedule
+SELECT * FROM stepwarden_schedules WHERE name = %(name)s
+
+-- name: pause_schedule
+-- An operator pauses (or resumes) a schedule; resumed, it goes on from its next tick.
+UPDATE stepwarden_schedules SET paused = %(paused)s, updated_at = now()
+WHERE name = %(name)s
+RETURNING name
+
 -- name: op_read_task
 -- An operator action reads the task it acts on, and locks it until commit.
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE

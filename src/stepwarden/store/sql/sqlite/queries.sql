@@ -565,6 +565,56 @@ VALUES (:task_id, :now, 'woke', json_object('waited_for', :waiting_for, 'by', :b
 -- The waits of a task, by position.
 SELECT * FROM stepwarden_waits WHERE task_id = :task_id ORDER BY seq
 
+-- name: db_now
+-- The store's clock, as an epoch.
+SELECT :now AS now
+
+-- name: upsert_schedules
+-- The application's schedules as its code declares them; a schedule whose timing changed
+-- starts again from the next tick the caller worked out, one that did not keeps its own
+-- (and whether an operator paused it).
+INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
+                                       complete_within, max_failures, on_failure, next_at,
+                                       updated_at)
+VALUES (:name, :workflow, :cron, :every, :input, :timezone, :catch_up, :complete_within,
+        :max_failures, :on_failure, :next_at, :now)
+ON CONFLICT (name) DO UPDATE
+SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
+    complete_within = excluded.complete_within, max_failures = excluded.max_failures,
+    on_failure = excluded.on_failure,
+    cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
+    next_at = CASE WHEN s.cron IS NOT excluded.cron OR s.every IS NOT excluded.every
+                     OR s.timezone <> excluded.timezone
+                   THEN excluded.next_at ELSE s.next_at END,
+    updated_at = :now
+
+-- name: due_schedules
+-- Schedules not paused whose next tick has come, with the store's clock.
+SELECT name, workflow, cron, every, input, timezone, catch_up, complete_within, max_failures,
+       on_failure, next_at, :now AS now
+FROM stepwarden_schedules INDEXED BY stepwarden_schedules_due
+WHERE NOT paused AND next_at <= :now
+ORDER BY next_at
+LIMIT :limit
+
+-- name: advance_schedules
+-- A schedule moves on to the next tick the caller worked out.
+UPDATE stepwarden_schedules
+SET next_at = :next_at, last_tick = coalesce(:last_tick, last_tick), updated_at = :now
+WHERE name = :name
+
+-- name: list_schedules
+SELECT * FROM stepwarden_schedules ORDER BY name
+
+-- name: get_schedule
+SELECT * FROM stepwarden_schedules WHERE name = :name
+
+-- name: pause_schedule
+-- An operator pauses (or resumes) a schedule; resumed, it goes on from its next tick.
+UPDATE stepwarden_schedules SET paused = :paused, updated_at = :now
+WHERE name = :name
+RETURNING name
+
 -- name: op_read_task
 -- An operator action reads the task it acts on (under the write lock).
 SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id

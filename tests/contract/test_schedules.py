@@ -1,0 +1,165 @@
+"""Schedules on each store: declared in code, stored by the supervisor leader, exactly one task
+per tick however many supervisors race, the catch-up policies, pause, trigger, and clear
+errors for a bad declaration."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import stepwarden as sw
+from stepwarden.records import ScheduleSpec
+from stepwarden.rules import SKIP_GRACE, first_tick, plan_ticks, schedule_task_id
+from stepwarden.supervisor import Supervisor
+from tests.rawsql import is_sqlite, sql
+
+from .test_engine import running
+
+
+def _app(store_url: str) -> sw.App:
+    app = sw.App("sched", store=store_url)
+    desk = app.agent("desk")
+
+    @desk.operation
+    async def stamp(call: sw.Call, value: Any) -> Any:
+        return value
+
+    @app.workflow(complete_within=timedelta(seconds=20))
+    async def report(ctx: sw.Context, value: Any) -> Any:
+        return await ctx.step(desk.stamp, value)
+
+    return app
+
+
+def _spec(**kw: Any) -> ScheduleSpec:
+    base: dict[str, Any] = {
+        "name": "s",
+        "workflow": "report",
+        "input": "null",
+        "complete_within": 20.0,
+        "max_failures": 3,
+        "on_failure": "compensate",
+        "every": 10.0,
+    }
+    return ScheduleSpec(**{**base, **kw})
+
+
+def test_the_catch_up_policies() -> None:
+    now = 1_000_000.0
+    # Ticks every 10 s due since 100 s ago: 11 of them (the one at `now` included).
+    start = now - 100
+    every, _ = plan_ticks(_spec(catch_up="all"), start, now)
+    assert every == [start + 10 * i for i in range(11)]
+    latest, after = plan_ticks(_spec(catch_up="latest"), start, now)
+    assert latest == [now] and after == now + 10
+    skipped, after = plan_ticks(_spec(catch_up="skip"), start, now)
+    assert skipped == [t for t in every if now - t <= SKIP_GRACE] and after == now + 10
+    # After an hour without a supervisor: "skip" keeps the last minute's ticks only, "latest"
+    # the newest, and neither walks the hour tick by tick.
+    secondly = _spec(every=1.0, catch_up="skip")
+    recent, after = plan_ticks(secondly, now - 3600, now)
+    assert recent == [now - 60 + i for i in range(61)] and after == now + 1
+    newest, after = plan_ticks(_spec(every=1.0, catch_up="latest"), now - 3600, now)
+    assert newest == [now] and after == now + 1
+    nightly = _spec(cron="0 2 * * *", every=None, timezone="Europe/Paris", catch_up="all")
+    midnight = datetime(2026, 11, 24, 0, 0, tzinfo=UTC).timestamp()
+    [tick], _ = plan_ticks(nightly, first_tick(nightly, midnight), midnight + 86_400)
+    assert datetime.fromtimestamp(tick, tz=UTC) == datetime(2026, 11, 24, 1, 0, tzinfo=UTC)
+    assert schedule_task_id("s", midnight) == "s@2026-11-24T00:00:00+00:00"
+
+
+def test_a_bad_declaration_is_refused_with_a_clear_error(tmp_path: Any) -> None:
+    app = _app(f"sqlite:///{tmp_path / 'never.db'}")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"cron": "every night"}, "not a cron expression: 'every night'"),
+        ({"cron": "0 2 * * *", "every": timedelta(hours=1)}, "give cron or every, one of"),
+        ({}, "give cron or every, one of the two"),
+        ({"every": timedelta(0)}, "every must be a timedelta from 1 s"),
+        ({"every": 60}, "every must be a timedelta from 1 s"),
+        ({"cron": "0 2 * * *", "timezone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+        ({"cron": "0 2 * * *", "catch_up": "some"}, "catch_up must be one of skip, all, latest"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(sw.ConfigurationError, match=message):
+            app.schedule("nightly", "report", **kwargs)
+    with pytest.raises(sw.UnknownNameError):
+        app.schedule("nightly", "nope", cron="0 2 * * *")
+    app.schedule("nightly", "report", cron="0 2 * * *")
+    with pytest.raises(sw.ConfigurationError, match="declared twice"):
+        app.schedule("nightly", "report", cron="0 3 * * *")
+
+
+async def test_racing_supervisors_create_one_task_per_tick(store_url: str) -> None:
+    app = _app(store_url)
+    app.schedule("often", "report", every=timedelta(seconds=1), input={"n": 1}, catch_up="all")
+    store = await app.store()
+    try:
+        specs = list(app.schedules.values())
+        supervisors = [
+            Supervisor(store, instance=f"sup-{i}", interval=0.05, lease_ttl=0.3, schedules=specs)
+            for i in range(3)
+        ]
+        deadline = asyncio.get_running_loop().time() + 3.5
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.gather(*(s.tick() for s in supervisors))
+            await asyncio.sleep(0.05)
+            # The lease changes hands now and then: each new leader must not repeat a tick.
+            earlier = "expires_at - 1" if is_sqlite(store_url) else "expires_at - interval '1 s'"
+            sql(store_url, f"UPDATE stepwarden_leases SET expires_at = {earlier}")
+        tasks = [t for t in await app.tasks_async(limit=100) if t.task_id.startswith("often@")]
+        ids = [t.task_id for t in tasks]
+        assert len(ids) >= 3 and len(set(ids)) == len(ids)
+        ticks = sorted(datetime.fromisoformat(i.split("@", 1)[1]) for i in ids)
+        assert all((b - a) == timedelta(seconds=1) for a, b in itertools.pairwise(ticks))
+        [stored] = await app.schedules_async()
+        assert stored.last_tick == ticks[-1] and stored.next_at == ticks[-1] + timedelta(seconds=1)
+    finally:
+        await app.aclose()
+
+
+async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
+    store_url: str,
+) -> None:
+    app = _app(store_url)
+    app.schedule("tick", "report", every=timedelta(seconds=1), input="hello")
+
+    async def created() -> list[str]:
+        found = await app.tasks_async(limit=100)
+        return [t.task_id for t in found if t.task_id.startswith("tick@")]
+
+    try:
+        async with running(app):
+            async with asyncio.timeout(20):
+                while True:
+                    found = await created()
+                    if found:
+                        break
+                    await asyncio.sleep(0.05)
+            assert await app.result_async(found[0], timeout=20) == "hello"
+        # Paused, its ticks make no task, however late they are; resumed, they do again.
+        store = await app.store()
+        leader = Supervisor(
+            store, instance="sup", lease_ttl=30, schedules=list(app.schedules.values())
+        )
+        await app.pause_schedule_async("tick")
+        [paused] = await app.schedules_async()
+        assert paused.paused
+        before = set(await created())
+        past = "next_at - 3600" if is_sqlite(store_url) else "next_at - interval '1 hour'"
+        sql(store_url, f"UPDATE stepwarden_schedules SET next_at = {past}")
+        await leader.tick()
+        assert set(await created()) == before
+        await app.pause_schedule_async("tick", paused=False)
+        await leader.tick()
+        assert len(set(await created()) - before) >= 1  # the ticks of the last minute
+        triggered = await app.trigger_schedule_async("tick")
+        assert triggered.startswith("tick@now-")
+        assert (await app.status_async(triggered)).input == "hello"
+        with pytest.raises(sw.UnknownNameError):
+            await app.pause_schedule_async("nope")
+    finally:
+        await app.aclose()
