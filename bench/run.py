@@ -371,6 +371,13 @@ def table(result: dict[str, Any]) -> str:
         if "error" in sw:
             lines.append(f"sweep ({name}): FAILED {sw['error']}")
             continue
+        if "waiting_tasks" in sw:
+            lines.append(
+                f"wake-up ({name}): {sw['waiting_tasks']:,} waiting + {sw['due_tasks']} due "
+                f"tasks: {sw['wake_ms']:.1f} ms (median of {len(sw['wake_ms_runs'])}), "
+                f"nothing due {sw['empty_wake_ms_median']:.1f} ms; load {sw['load']}"
+            )
+            continue
         lines.append(
             f"sweep ({name}): {sw['finished_tasks']:,} finished + {sw['expired_tasks']} "
             f"expired tasks: sweep {sw['sweep_ms']:.1f} ms (median of {len(sw['sweep_ms_runs'])})"
@@ -675,8 +682,17 @@ def run_sweep(args: argparse.Namespace, res: Resources) -> dict[str, Any]:
                 ),
             )
         )
+    if "stepwarden-postgres" in args.systems:
+        jobs.append(
+            (
+                "stepwarden-postgres waiting",
+                lambda: sweep_mod.wake_postgres(
+                    res, args.sweep_finished, args.sweep_expired, runs=args.runs
+                ),
+            )
+        )
     for name, job in jobs:
-        log(f"{name}: sweep among {args.sweep_finished:,} finished tasks")
+        log(f"{name}: sweep among {args.sweep_finished:,} finished (or waiting) tasks")
         try:
             out[name] = job()
         except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import threading
@@ -470,3 +471,70 @@ def sweep_sqlite(res: Resources, finished: int, expired: int, *, runs: int = 1) 
         }
     finally:
         res.remove_path(workdir)
+
+
+# -- waiting tasks: the supervisor's wake-up among many sleepers ----------------------------
+
+
+async def _time_wakes(url: str, due: int) -> dict[str, Any]:
+    from stepwarden.store import open_store
+
+    store = open_store(url)
+    await store.open(migrate=False)
+    try:
+        term = await store.acquire_lease(LEASE, HOLDER, 60.0)
+        assert term is not None, "the lease is free in a new store"
+        start = time.perf_counter()
+        woken = await store.wake_due(lease=LEASE, holder=HOLDER, term=term, limit=BATCH)
+        first = time.perf_counter() - start
+        if len(woken) != due:
+            raise RuntimeError(f"the supervisor woke {len(woken)} tasks, not {due}")
+        empty = []
+        for _ in range(EMPTY_SWEEPS):
+            start = time.perf_counter()
+            again = await store.wake_due(lease=LEASE, holder=HOLDER, term=term, limit=BATCH)
+            empty.append(time.perf_counter() - start)
+            assert not again, again
+        await store.release_lease(LEASE, HOLDER)
+    finally:
+        await store.close()
+    return {
+        "wake_ms": round(first * 1000, 2),
+        "empty_wake_ms_median": round(median(empty) * 1000, 2),
+    }
+
+
+def wake_postgres(res: Resources, waiting: int, due: int, *, runs: int = 1) -> dict[str, Any]:
+    """`waiting` tasks asleep until tomorrow and `due` whose timer has fired, loaded straight
+    into stepwarden_tasks; then the supervisor's wake-up (`store.wake_due`, lease held, limit
+    500) is timed: it reads the index of waiting tasks by wake_at, so it costs what is due."""
+    samples = []
+    for run in range(runs):
+        url = res.create_database(f"wake{run}")
+        try:
+            asyncio.run(_migrate(url))
+            with psycopg.connect(url, autocommit=True) as db:
+                db.execute(
+                    "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state,"
+                    " max_failures, complete_within, eligible_at, created_at, updated_at,"
+                    " wake_at, waiting_for)"
+                    " SELECT 'w' || g, 'order', %s::json, 'waiting', 3, 30, now(), now(), now(),"
+                    " CASE WHEN g <= %s THEN now() - interval '1 s'"
+                    " ELSE now() + interval '1 day' END, 'timer'"
+                    " FROM generate_series(1, %s) AS g",
+                    (ORDER_INPUT, due, waiting + due),
+                )
+                db.execute("ANALYZE stepwarden_tasks")
+            log(f"wake/postgres run {run + 1}: {waiting:,} waiting + {due} due tasks loaded")
+            samples.append(asyncio.run(_time_wakes(url, due)))
+            log(f"wake/postgres run {run + 1}: {samples[-1]['wake_ms']} ms")
+        finally:
+            res.drop_database(url)
+    return {
+        "waiting_tasks": waiting,
+        "due_tasks": due,
+        "wake_ms": round(median([s["wake_ms"] for s in samples]), 2),
+        "wake_ms_runs": [s["wake_ms"] for s in samples],
+        "empty_wake_ms_median": round(median([s["empty_wake_ms_median"] for s in samples]), 2),
+        "load": os.getloadavg(),
+    }
