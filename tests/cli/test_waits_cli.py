@@ -4,6 +4,7 @@ waiting task, and an event sent to it (once per event_id), on both stores."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import httpx
 import orjson
@@ -134,3 +135,36 @@ def test_schedules_from_the_command_line(migrated_url: str) -> None:
     assert_refused(
         invoke("--store", migrated_url, "schedule", "resume", "nope"), "no schedule 'nope'"
     )
+
+
+def test_schedules_on_the_dashboard_and_its_api(migrated_url: str) -> None:
+    async def scenario() -> None:
+        app = Approvals(migrated_url).app
+        app.schedule("hourly", "plain", every=timedelta(hours=1), input=7)
+        try:
+            leader = Supervisor(
+                await app.store(), instance="sup", schedules=list(app.schedules.values())
+            )
+            await leader.tick()
+            transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1"
+            ) as client:
+                [listed] = (await client.get("/api/schedules")).json()["schedules"]
+                timing = (listed["name"], listed["every"], listed["paused"])
+                assert timing == ("hourly", 3600, False)
+                assert 'data-schedule="hourly"' in (await client.get("/schedules")).text
+                path = "/api/schedules/hourly"
+                assert (await client.post(f"{path}/pause")).status_code == 401
+                paused = await client.post(f"{path}/pause", headers=auth)
+                assert paused.json() == {"name": "hourly", "paused": True, "task_id": None}
+                assert (await app.schedules_async())[0].paused
+                ran = (await client.post(f"{path}/trigger", headers=auth)).json()
+                assert (await app.status_async(ran["task_id"])).input == 7
+                missing = await client.post("/api/schedules/nope/resume", headers=auth)
+                assert missing.status_code == 404
+        finally:
+            await app.aclose()
+
+    asyncio.run(scenario())

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from .. import _check, _json
 from .._text import SAFE_PATTERN
 from ..app import App
-from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound
+from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound, UnknownNameError
 from ..records import ActionOutcome
 from ..states import TaskState
 from . import _metrics
@@ -33,6 +33,8 @@ from ._models import (
     Error,
     OutcomeAnswer,
     Overview,
+    ScheduleAnswer,
+    SchedulesAnswer,
     SendAnswer,
     SendRequest,
     SkipRequest,
@@ -343,6 +345,48 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
     )
     async def agents() -> Response:
         return json_response(await reader.agents())
+
+    @api.get(
+        "/api/schedules",
+        operation_id="listSchedules",
+        summary="The schedules a supervisor stored: timing, next tick, paused or not.",
+        responses=_answers(r200=(SchedulesAnswer, "The schedules.")),
+    )
+    async def schedules() -> Response:
+        return json_response(await reader.schedules())
+
+    @api.post(
+        "/api/schedules/{name}/{action}",
+        operation_id="actOnSchedule",
+        summary="Pause or resume a schedule, or trigger it: run its workflow now, once.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(ScheduleAnswer, "Done."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r404=(Error, "No such schedule."),
+        ),
+    )
+    async def act_on_schedule(
+        name: Annotated[
+            str, Path(min_length=1, max_length=_check.MAX_NAME, pattern=SAFE_PATTERN)
+        ],
+        action: Literal["pause", "resume", "trigger"],
+        identity: Identity,
+    ) -> Response:
+        try:
+            if action == "trigger":
+                task_id = await app.trigger_schedule_async(name)
+                return json_response({"name": name, "paused": None, "task_id": task_id})
+            await app.pause_schedule_async(name, paused=action == "pause")
+        except UnknownNameError as exc:
+            return error(404, str(exc))
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        return json_response({"name": name, "paused": action == "pause", "task_id": None})
 
     @api.get(
         "/metrics",

@@ -8,7 +8,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..app import App
-from ..records import AgentInstance, EventRecord, OutboxMessage, StepRecord, TaskRecord
+from ..records import (
+    AgentInstance,
+    EventRecord,
+    OutboxMessage,
+    ScheduleRecord,
+    StepRecord,
+    TaskRecord,
+)
 from ..states import TaskState
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
@@ -98,6 +105,21 @@ def alert_dict(m: OutboxMessage) -> dict[str, Any]:
         "at": m.at,
         "attempts": m.attempts,
         "delivered_to": list(m.delivered_to),
+    }
+
+
+def schedule_dict(s: ScheduleRecord) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "workflow": s.workflow,
+        "cron": s.cron,
+        "every": s.every,
+        "timezone": s.timezone,
+        "catch_up": s.catch_up,
+        "paused": s.paused,
+        "next_at": s.next_at,
+        "last_tick": s.last_tick,
+        "input": s.input,
     }
 
 
@@ -214,6 +236,10 @@ class Reader:
                 for s in stats
             ],
         }
+
+    async def schedules(self) -> dict[str, Any]:
+        found = await (await self.app.store()).schedules()
+        return {"schedules": [schedule_dict(s) for s in found]}
 
     async def alerts(self, limit: int) -> dict[str, Any]:
         store = await self.app.store()

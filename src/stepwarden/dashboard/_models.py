@@ -313,6 +313,29 @@ class OperationStats(_Closed):
     reassignments: int
 
 
+class Schedule(_Closed):
+    name: str
+    workflow: str
+    cron: str | None
+    every: float | None = Field(description="Seconds between ticks, when not a cron schedule.")
+    timezone: str
+    catch_up: Literal["skip", "all", "latest"]
+    paused: bool
+    next_at: datetime = Field(description="The next tick a task is created for.")
+    last_tick: datetime | None
+    input: Payload = None
+
+
+class SchedulesAnswer(_Closed):
+    schedules: list[Schedule]
+
+
+class ScheduleAnswer(_Closed):
+    name: str
+    paused: bool | None = Field(description="After a pause or a resume.")
+    task_id: str | None = Field(description="After a trigger: the task created.")
+
+
 class AgentsAnswer(_Closed):
     instances: list[AgentInstance]
     operations: list[OperationStats]

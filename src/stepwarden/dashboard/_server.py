@@ -256,6 +256,16 @@ def create_app(
             data=await reader.agents(),
         )
 
+    async def schedules_page(request: Request) -> Response:
+        return page(
+            request,
+            "schedules.html",
+            "_schedules_live.html",
+            title="Schedules",
+            page="schedules",
+            data=await reader.schedules(),
+        )
+
     async def login_page(request: Request) -> Response:
         next_ = _safe_next(request.query_params.get("next"))
         return page(request, "login.html", "login.html", title="Sign in", next=next_, failed=False)
@@ -327,6 +337,7 @@ def create_app(
         Route("/tasks/{task_id:path}", task_page),
         Route("/alerts", alerts_page),
         Route("/agents", agents_page),
+        Route("/schedules", schedules_page),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),

@@ -81,6 +81,23 @@
   }
 
   document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-schedule-action]");
+    if (!button) return;
+    event.preventDefault();
+    const action = button.dataset.scheduleAction;
+    button.disabled = true;
+    const [response, data] = await post(
+      "/api/schedules/" + encodeURIComponent(button.dataset.name) + "/" + action, {});
+    if (response.ok) {
+      flash(button.dataset.name + ": " + (data.task_id ? "task " + data.task_id : action + "d"), "ok");
+    } else {
+      flash(action + " refused (" + response.status + "): " + (data.error || response.statusText), "error");
+    }
+    button.disabled = false;
+    refresh();
+  });
+
+  document.addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-send]");
     if (!button) return;
     event.preventDefault();
