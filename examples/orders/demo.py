@@ -8,7 +8,9 @@ What it does:
    a scheduler, the agents and a supervisor;
 3. places the orders: each order row and its task are committed in one transaction;
 4. kills one worker with SIGKILL once part of the orders are done, and starts a replacement;
-5. waits until every order is finished (processed; or compensated: its charge refunded and
+5. approves the orders above the shop's threshold as they wait for it (an `approved` event),
+   but for a few, which time out and are undone;
+6. waits until every order is finished (processed; or compensated: its charge refunded and
    its reservation released), then prints a summary: submitted, processed, compensated,
    error, lost, retries, deadlines missed, duplicate effects prevented by the idempotency keys
    and duplicate effects applied. It exits 1 if an order was lost, an effect applied twice,
@@ -68,6 +70,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="share of orders shipping refuses after the charge (refunded)",
     )
     p.add_argument("--kill-at", type=float, default=0.3, help="kill a worker at this progress")
+    p.add_argument(
+        "--unapproved",
+        type=float,
+        default=0.1,
+        help="share of the orders awaiting approval that are never approved (time out)",
+    )
+    p.add_argument(
+        "--approval-within",
+        type=float,
+        default=3.0,
+        help="seconds an order waits for its approval (default 3)",
+    )
     p.add_argument("--no-kill", action="store_true", help="kill no worker")
     p.add_argument("--no-faults", action="store_true", help="a payment service without faults")
     p.add_argument("--seed", type=int, default=7)
@@ -207,6 +221,9 @@ class Summary(TypedDict):
     charges_applied: int
     refunds_applied: int
     charged_not_processed: int
+    awaiting_approval: int
+    approved: int
+    approval_timeouts: int
     workers_killed: int
     payment_service_crashes: int
     seconds: float
@@ -216,7 +233,14 @@ class Summary(TypedDict):
 async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
     from examples.orders import shop  # reads STEPWARDEN_STORE and PAYMENTS_URL
 
-    orders = make_orders(args.orders, args.declined, args.undeliverable, random.Random(args.seed))
+    rng = random.Random(args.seed)
+    orders = make_orders(args.orders, args.declined, args.undeliverable, rng)
+    never = {
+        f"order-{o['id']}"
+        for o in orders
+        if o["amount"] > shop.APPROVAL_ABOVE and rng.random() < args.unapproved
+    }
+    approved: set[str] = set()
     store = await shop.app.store()
     await shop.create_orders_table()
     for _ in range(args.workers):
@@ -237,6 +261,13 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
         for order in orders[next_order : next_order + 25]:
             task_ids.append(await shop.place_order(order))
         next_order += 25
+        # A person approves the orders waiting for it (but for a few, which time out).
+        for task in await store.list_tasks(state=TaskState.WAITING, limit=1000):
+            if task.task_id not in never and task.task_id not in approved:
+                await shop.app.send_event_async(
+                    task.task_id, "approved", {"by": "demo"}, event_id=f"approval-{task.task_id}"
+                )
+                approved.add(task.task_id)
         counts = await store.count_tasks()
         now_done = sum(counts.get(s, 0) for s in FINISHED)
         bar.update(now_done - done)
@@ -255,23 +286,25 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
     elapsed = time.monotonic() - started
     bar.close()
     procs.stop()
-    summary = await summarise(store, task_ids, procs, elapsed)
+    summary = await summarise(store, task_ids, procs, elapsed, len(approved))
     await shop.app.aclose()
     return summary
 
 
 async def summarise(
-    store: Store, task_ids: list[str], procs: Processes, elapsed: float
+    store: Store, task_ids: list[str], procs: Processes, elapsed: float, approved: int
 ) -> Summary:
     states: dict[str, int] = {s: 0 for s in ("processed", "compensated", "error")}
     retries = 0
     unfinished = 0
+    waits: list[str] = []
     for task_id in task_ids:
         task = await store.get_task(task_id)
         if task is None or str(task.process_state) not in states:
             unfinished += 1
             continue
         states[str(task.process_state)] += 1
+        waits.extend(w.state for w in await store.waits(task_id))
         for step in await store.get_steps(task_id):
             retries += (step.attempt - 1) + max(0, step.tries - 1)
     ledger = payment_service.read_stats(str(procs.workdir / "ledger.db"))
@@ -291,6 +324,9 @@ async def summarise(
         "refunds_applied": ledger["refunds"],
         # The saga holds: an order is charged (and not refunded) if and only if processed.
         "charged_not_processed": ledger["orders_charged_not_refunded"] - states["processed"],
+        "awaiting_approval": len(waits),
+        "approved": approved,
+        "approval_timeouts": waits.count("timed_out"),
         "workers_killed": procs.workers_killed,
         "payment_service_crashes": procs.service_restarts,
         "seconds": round(elapsed, 1),
@@ -335,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     service_args = ["--port", str(port), "--ledger", str(workdir / "ledger.db"), *faults]
     os.environ["STEPWARDEN_STORE"] = store
     os.environ["PAYMENTS_URL"] = url
+    os.environ["SHOP_APPROVAL_WITHIN"] = str(args.approval_within)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = Processes(workdir=workdir, env=env, service_args=service_args, seed=args.seed)
     try:

@@ -109,14 +109,29 @@ def ship(call: stepwarden.Call, order: dict[str, Any]) -> dict[str, Any]:
     return {"tracking": f"T-{call.idempotency_key}", "items": order["items"]}
 
 
+APPROVAL_ABOVE = 150.0
+"""Orders above this amount ship only once a person approves them (an `approved` event)."""
+APPROVAL_WITHIN = timedelta(seconds=float(os.environ.get("SHOP_APPROVAL_WITHIN", "3600")))
+"""How long an order waits for its approval before it is undone."""
+
+
 @app.workflow(complete_within=timedelta(seconds=10), max_failures=5)
 async def process_order(ctx: stepwarden.Context, order: dict[str, Any]) -> dict[str, Any]:
     reservation = await ctx.step(inventory.reserve, order, compensate=inventory.release)
     payment = await ctx.step(
         payments.charge, order, complete_within=CHARGE_WITHIN, compensate=payments.refund
     )
+    approval: dict[str, Any] = {}
+    if order["amount"] > APPROVAL_ABOVE:
+        # The task is released while it waits: no scheduler holds it, no deadline runs.
+        try:
+            approval = await ctx.wait_for_event("approved", timeout=APPROVAL_WITHIN)
+        except stepwarden.EventTimeout:
+            raise stepwarden.PermanentError(
+                f"order {order['id']} was not approved in time"
+            ) from None
     shipment = await ctx.step(shipping.ship, order)
-    return {**reservation, **payment, **shipment}
+    return {**reservation, **payment, **shipment, "approval": approval}
 
 
 # -- the shop's side: orders and their tasks, committed together ---------------------------

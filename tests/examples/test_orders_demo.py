@@ -24,6 +24,7 @@ def test_demo_loses_nothing_and_applies_nothing_twice(store_url: str, tmp_path: 
         "--kill-at", "0.2",
         "--declined", "0.1",
         "--undeliverable", "0.1",
+        "--unapproved", "0.3",
         "--store", store_url,
         "--workdir", str(tmp_path),
         "--timeout", "120",
@@ -42,3 +43,8 @@ def test_demo_loses_nothing_and_applies_nothing_twice(store_url: str, tmp_path: 
     # declined and undeliverable orders were undone (a refund where a charge was applied).
     assert summary["charged_not_processed"] == 0
     assert summary["compensated"] >= 1 and summary["refunds_applied"] >= 1
+    # Orders above the threshold waited for a person's approval: most came, the others timed
+    # out and were undone, and every order that waited is one or the other.
+    assert summary["awaiting_approval"] >= 1 and summary["approved"] >= 1
+    assert summary["approval_timeouts"] <= summary["compensated"]
+    assert summary["approved"] + summary["approval_timeouts"] >= summary["awaiting_approval"]
