@@ -85,7 +85,7 @@ class App:
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         self._portal: _Portal | None = None
-        self.schedules: dict[str, ScheduleSpec] = {}
+        self.schedule_specs: dict[str, ScheduleSpec] = {}
         """The schedules declared with `schedule`, by name."""
         self.alert_sinks: list[AlertSink] = [LogSink()]
         """Where the supervisor delivers alerts (by default, the log)."""
@@ -135,7 +135,7 @@ class App:
                 f"schedule {name!r}: catch_up must be one of {', '.join(CATCH_UP)}, not "
                 f"{_check.shown(catch_up)}"
             )
-        if name in self.schedules:
+        if name in self.schedule_specs:
             raise ConfigurationError(f"schedule {name!r} is declared twice")
         spec = ScheduleSpec(
             name=name,
@@ -149,7 +149,7 @@ class App:
             timezone=timezone,
             catch_up=catch_up,
         )
-        self.schedules[name] = spec
+        self.schedule_specs[name] = spec
         return spec
 
     async def schedules_async(self) -> list[ScheduleRecord]:
@@ -182,7 +182,7 @@ class App:
         await (await self.store()).submit([task])
         return task.task_id
 
-    def schedules_list(self) -> list[ScheduleRecord]:
+    def schedules(self) -> list[ScheduleRecord]:
         """The blocking form of `schedules_async`."""
         return self._call(self.schedules_async())
 

@@ -165,7 +165,7 @@ class Worker:
                 alerts=AlertDeliverer(store, sinks) if sinks else None,
                 retention=opts.retention,
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
-                schedules=list(self.app.schedules.values()),
+                schedules=list(self.app.schedule_specs.values()),
             )
             other_roles.append(asyncio.create_task(supervisor.run(later)))
         logger.info("worker %s running %s", self.instance, ", ".join(sorted(opts.roles)))

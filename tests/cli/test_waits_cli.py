@@ -115,7 +115,7 @@ def test_schedules_from_the_command_line(migrated_url: str) -> None:
         app.schedule("nightly", "plain", cron="0 2 * * *", input={"n": 1}, timezone="Europe/Paris")
         try:
             leader = Supervisor(
-                await app.store(), instance="sup", schedules=list(app.schedules.values())
+                await app.store(), instance="sup", schedules=list(app.schedule_specs.values())
             )
             await leader.tick()
         finally:
@@ -143,7 +143,7 @@ def test_schedules_on_the_dashboard_and_its_api(migrated_url: str) -> None:
         app.schedule("hourly", "plain", every=timedelta(hours=1), input=7)
         try:
             leader = Supervisor(
-                await app.store(), instance="sup", schedules=list(app.schedules.values())
+                await app.store(), instance="sup", schedules=list(app.schedule_specs.values())
             )
             await leader.tick()
             transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))

@@ -98,7 +98,7 @@ async def test_racing_supervisors_create_one_task_per_tick(store_url: str) -> No
     app.schedule("often", "report", every=timedelta(seconds=1), input={"n": 1}, catch_up="all")
     store = await app.store()
     try:
-        specs = list(app.schedules.values())
+        specs = list(app.schedule_specs.values())
         supervisors = [
             Supervisor(store, instance=f"sup-{i}", interval=0.05, lease_ttl=0.3, schedules=specs)
             for i in range(3)
@@ -143,7 +143,7 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
         # Paused, its ticks make no task, however late they are; resumed, they do again.
         store = await app.store()
         leader = Supervisor(
-            store, instance="sup", lease_ttl=30, schedules=list(app.schedules.values())
+            store, instance="sup", lease_ttl=30, schedules=list(app.schedule_specs.values())
         )
         await app.pause_schedule_async("tick")
         [paused] = await app.schedules_async()
