@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
+from stepwarden.store import Store
 from tests.rawsql import sql
 
 from .test_engine import FAST, running
@@ -276,3 +277,46 @@ async def test_a_changed_workflow_is_refused_at_the_position_of_a_wait(store_url
             await changed.aclose()
     finally:
         await app.aclose()
+
+
+async def test_waits_and_wake_ups_are_fenced(store: Store) -> None:
+    """A wait from a scheduler that no longer holds the task (another one, or an older
+    attempt) records nothing and parks nothing; a wake-up under a stale lease term wakes
+    nothing; a task parked twice is parked once."""
+    from stepwarden.records import NewTask, WaitRequest
+
+    await store.submit(
+        [NewTask(task_id="f", workflow="wf", input="{}", priority=0, complete_within=30,
+                 max_failures=3)]
+    )  # fmt: skip
+    [claimed] = await store.claim_tasks("s1", ["wf"], 1)
+    attempt = claimed.task.attempt
+
+    def request(scheduler: str, attempt: int, seq: int = 1) -> WaitRequest:
+        return WaitRequest(
+            task_id="f", task_attempt=attempt, scheduler=scheduler, seq=seq, kind="timer",
+            name="", delay=0.2,
+        )  # fmt: skip
+
+    for fenced in (request("s2", attempt), request("s1", attempt - 1)):
+        assert (await store.wait(fenced)).state == "fenced"
+    assert await store.waits("f") == []
+    assert (await store.get_task("f")).process_state == sw.TaskState.PROCESSING  # type: ignore[union-attr]
+    assert (await store.wait(request("s1", attempt))).state == "parked"
+    assert (await store.wait(request("s1", attempt))).state == "fenced"  # no longer held
+    [recorded] = await store.waits("f")
+    assert recorded.state == "open"
+    term = await store.acquire_lease("supervisor", "sup", 30)
+    assert term is not None
+    async with asyncio.timeout(10):
+        while True:
+            old = await store.wake_due(lease="supervisor", holder="sup", term=term - 1, limit=10)
+            assert old == []
+            other = await store.wake_due(lease="supervisor", holder="nobody", term=term, limit=10)
+            assert other == []
+            woken = await store.wake_due(lease="supervisor", holder="sup", term=term, limit=10)
+            if woken:
+                break
+            await asyncio.sleep(0.05)
+    assert [w.task_id for w in woken] == ["f"] and woken[0].waited_for == "timer"
+    assert (await store.get_task("f")).process_state == sw.TaskState.PENDING  # type: ignore[union-attr]
