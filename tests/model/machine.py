@@ -46,6 +46,7 @@ from stepwarden.records import (
     StepRecord,
     TaskOutcome,
     TaskRecord,
+    WaitRequest,
 )
 from stepwarden.retry import Backoff
 from stepwarden.states import (
@@ -181,6 +182,21 @@ class MStep:
 
 
 @dataclass
+class MWait:
+    """A workflow's wait at its position: a timer, or a wait for the event "go"."""
+
+    kind: str
+    wake_at: When
+    state: str = "open"
+
+
+@dataclass
+class MEvent:
+    event_id: str
+    taken_by: int | None = None
+
+
+@dataclass
 class MTask:
     task_id: str
     order: int
@@ -198,6 +214,10 @@ class MTask:
     result: Any = None
     error: str | None = None
     steps: dict[int, MStep] = field(default_factory=dict)
+    wake_at: When | None = None
+    waiting_for: str | None = None
+    waits: dict[int, MWait] = field(default_factory=dict)
+    inbox: list[MEvent] = field(default_factory=list)
 
     @property
     def held(self) -> bool:
@@ -237,6 +257,8 @@ class MTask:
         self.state = state
         self.locked_by = None
         self.complete_by = None
+        self.wake_at = None
+        self.waiting_for = None
 
 
 def after_expiry(task: MTask) -> tuple[TaskState, int, int, int, bool]:
@@ -888,6 +910,131 @@ class StoreModel(RuleBasedStateMachine):
                     for q in seqs
                 }
 
+    # -- waits: timers and events -------------------------------------------------------
+    @precondition(has_tasks)
+    @rule(
+        i=st.integers(0, 9),
+        who=whose,
+        token=tokens,
+        kind=st.sampled_from(["timer", "timer", "event"]),
+        delay=st.sampled_from([SHORT, LONG]),
+        again=st.booleans(),
+    )
+    def wait(self, i: int, who: str, token: int, kind: str, delay: float, again: bool) -> None:
+        """A scheduler's wait at a new position of its task's workflow, or again at the last
+        one (as on replay): fenced by the hold and the attempt; recorded once; done when its
+        timer has fired or an event "go" is there to take; otherwise the task is parked.
+        Event waits are long (they never time out here)."""
+        t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING)
+        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
+            SCHEDULERS, t.locked_by
+        )
+        attempt = t.attempt + token
+        if again and t.waits:
+            seq = max(t.waits)
+            kind = t.waits[seq].kind
+        else:
+            seq = max([*t.steps, *t.waits], default=0) + 1
+        name = "go" if kind == "event" else ""
+        request = WaitRequest(
+            task_id=t.task_id, task_attempt=attempt, scheduler=scheduler, seq=seq, kind=kind,
+            name=name, delay=LONG if kind == "event" else delay,
+        )  # fmt: skip
+        out, span = self.call(self.s.wait(request))
+        held = (t.state, t.locked_by, t.attempt) == (TaskState.PROCESSING, scheduler, attempt)
+        if not held:
+            assert out.state == "fenced", f"wait on {t.task_id} by {scheduler}@{attempt}: {out}"
+            self.refused = True
+            return
+        w = t.waits.get(seq)
+        if w is None:
+            w = t.waits[seq] = MWait(kind, When.now(span).plus(request.delay))
+        if w.state == "done":
+            assert out.state == "done", f"{t.task_id}/{seq}: a done wait said {out}"
+            self.refused = True
+            return
+        if kind == "timer":
+            due = w.wake_at.passed(span)
+            agree(due, out.state == "done", f"timer {t.task_id}/{seq}")
+            if out.state == "done":
+                w.state = "done"
+                return
+        else:
+            event = next((e for e in t.inbox if e.taken_by is None), None)
+            agree(event is not None, out.state == "done", f"event wait {t.task_id}/{seq}")
+            if event is not None:
+                assert out.payload == event.event_id, f"{t.task_id}/{seq} took {out.payload}"
+                event.taken_by = seq
+                w.state = "done"
+                return
+        assert out.state == "parked", f"{t.task_id}/{seq}: {out}"
+        t.release(TaskState.WAITING)
+        t.wake_at = w.wake_at
+        t.waiting_for = "timer" if kind == "timer" else "event:go"
+        self.expect_event(t.task_id, "waiting", seq=seq, **{"for": t.waiting_for})
+
+    @precondition(has_tasks)
+    @rule(i=st.integers(0, 9), event=st.sampled_from(["e1", "e2", "e3"]))
+    def send(self, i: int, event: str) -> None:
+        """An event "go" for a task: kept (once per event_id) until a wait takes it, and the
+        task woken if it waits for it; refused for a finished task."""
+        t = self.task_at(i, prefer=lambda t: t.state == TaskState.WAITING)
+        payload = f'"{event}"'
+        out, span = self.call(self.s.send_event(t.task_id, "go", payload, event))
+        if t.state in FINISHED_TASK_STATES:
+            assert out == t.state, f"a send to {t.task_id} ({t.state}): {out}"
+            self.refused = True
+            return
+        assert not isinstance(out, TaskState) and out is not None
+        new = all(e.event_id != event for e in t.inbox)
+        assert out.sent == new, f"send {event} to {t.task_id}: sent={out.sent}"
+        if not new:
+            assert not out.woke
+            self.refused = True
+            return
+        t.inbox.append(MEvent(event))
+        woke = t.state == TaskState.WAITING and t.waiting_for == "event:go"
+        assert out.woke == woke, f"send {event} to {t.task_id} ({t.state}): woke={out.woke}"
+        self.expect_event(t.task_id, "event_received", event_id=event, woke=woke)
+        if woke:
+            t.release(TaskState.PENDING)
+            t.eligible_at = When.now(span)
+
+    @rule(who=st.sampled_from(["leader", "leader", *HOLDERS]), token=st.sampled_from([0, 0, -1]))
+    def wake(self, who: str, token: int) -> None:
+        """The supervisor wakes the waiting tasks whose wake_at has passed, under the lease."""
+        now = time.time()
+        if self.lease is None or (
+            who == "leader" and self.lease.expires.passed((now, now)) is not False
+        ):
+            self.acquire_lease(self.lease.holder if self.lease else HOLDERS[0], LONG)
+            self.refused = False
+        assert self.lease is not None
+        holder = self.lease.holder if who == "leader" else who
+        term = self.lease.term + token
+        woken, span = self.call(
+            self.s.wake_due(lease=LEASE, holder=holder, term=term, limit=100)
+        )
+        leased = all3(
+            holder == self.lease.holder,
+            term == self.lease.term,
+            not3(self.lease.expires.passed(span)),
+        )
+        got = {w.task_id for w in woken}
+        if leased is False:
+            assert not got, f"{holder}@{term} woke tasks without the lease: {got}"
+        if not got:
+            self.refused = True
+        for t in self.tasks.values():
+            due: Maybe = False
+            if t.state == TaskState.WAITING and t.wake_at is not None:
+                due = all3(leased, t.wake_at.passed(span))
+            agree(due, t.task_id in got, f"wake of {t.task_id} ({t.state})")
+            if t.task_id in got:
+                self.expect_event(t.task_id, "woke", waited_for=t.waiting_for)
+                t.release(TaskState.PENDING)
+                t.eligible_at = When.now(span)
+
     # -- the operator -------------------------------------------------------------------
     @precondition(has_tasks)
     @rule(
@@ -1040,6 +1187,7 @@ class StoreModel(RuleBasedStateMachine):
         found = [t.eligible_at for t in self.tasks.values()]
         found += [t.complete_by for t in self.tasks.values() if t.complete_by is not None]
         found += [s.complete_by for t in self.tasks.values() for s in t.steps.values()]
+        found += [w.wake_at for t in self.tasks.values() for w in t.waits.values()]
         if self.lease is not None:
             found.append(self.lease.expires)
         return found
@@ -1157,6 +1305,13 @@ class StoreModel(RuleBasedStateMachine):
         if t.complete_by is not None:
             assert rec.complete_by is not None
             assert t.complete_by.holds(rec.complete_by.timestamp()), f"{tid}: complete_by"
+        assert rec.waiting_for == t.waiting_for, f"{tid}: waiting_for {rec.waiting_for}"
+        if t.wake_at is None:
+            assert rec.wake_at is None, f"{tid}: wake_at {rec.wake_at}, the model has none"
+        else:
+            assert rec.wake_at is not None and t.wake_at.holds(rec.wake_at.timestamp()), (
+                f"{tid}: wake_at {rec.wake_at}"
+            )
         have = {s.seq: s for s in steps}
         assert sorted(have) == sorted(t.steps), f"{tid}: steps {sorted(have)}"
         for seq, m in t.steps.items():
