@@ -481,9 +481,10 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
     if found:
         _echo(f"{'TASK':<28} {'WORKFLOW':<18} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  UPDATED")
     for t in found:
+        waiting = f"  {t.waiting_for} until {_time(t.wake_at)}" if t.waiting_for else ""
         _echo(
             f"{t.task_id:<28} {t.workflow:<18} {t.process_state.value:<11} "
-            f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}"
+            f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}{waiting}"
         )
 
 

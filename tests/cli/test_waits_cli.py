@@ -28,6 +28,8 @@ def test_a_delayed_submit_waits_and_show_says_for_what(migrated_url: str) -> Non
     assert out.strip() == "later"
     shown = assert_ok(invoke("--store", migrated_url, "show", "later"))
     assert "process_state  waiting" in shown and "waiting_for    start  until 20" in shown
+    listed = assert_ok(invoke("--store", migrated_url, "tasks"))
+    assert "waiting: 1" in listed and "waiting  " in listed and "start until 20" in listed
     data = orjson.loads(assert_ok(invoke("--store", migrated_url, "show", "later", "--json")))
     assert data["waiting_for"] == "start" and data["wake_at"] is not None
     assert_refused(
@@ -69,6 +71,8 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                 ) as client:
                     page = await client.get("/tasks/api")
                     assert 'id="waiting-for">event:approved<' in page.text
+                    listing = (await client.get("/tasks")).text
+                    assert 'class="quiet waiting">event:approved until' in listing
                     refused = await client.post(
                         "/api/tasks/api/send", json={"name": "approved", "payload": 1}
                     )
