@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -50,6 +51,7 @@ from examples.orders.demo import (
     make_orders,
     wait_for_service,
 )
+from stepwarden import EventRefused, TaskState
 
 ROLES = ("scheduler", "agents", "supervisor")
 GOOD = ("processed", "compensated")
@@ -249,6 +251,13 @@ class Soak:
                     _connections_cut(args.store)
                 self.db_cuts += 1
             try:
+                # Orders over the shop's threshold wait for a person's approval: approve them
+                # (once each: the event_id makes a send idempotent).
+                for task in await store.list_tasks(state=TaskState.WAITING, limit=1000):
+                    with contextlib.suppress(EventRefused):  # finished meanwhile
+                        await shop.app.send_event_async(
+                            task.task_id, "approved", "soak", event_id=f"approval-{task.task_id}"
+                        )
                 counts = await store.count_tasks()
                 done = sum(counts.get(s, 0) for s in FINISHED)
             except Exception:  # the database is being cut or restarted: ask again
