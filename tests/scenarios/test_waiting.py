@@ -19,7 +19,7 @@ def test_tasks_asleep_when_their_worker_is_killed_wake_once_and_finish(cluster: 
     ids = [f"s-{i:02d}" for i in range(20)]
     step = {"idempotent": True}
     for task_id in ids:
-        c.submit(task_id, [step, {"sleep": 3}, step])
+        c.submit(task_id, [step, {"sleep": 8}, step])
 
     def all_asleep() -> bool:
         return all(c.status(t).process_state == WAITING for t in ids)
