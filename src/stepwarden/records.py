@@ -108,6 +108,9 @@ class StepRecord:
     limit_key: str | None = None
     complete_within: float | None = None
     """Seconds each dispatch of the step may take (its complete_by from the dispatch)."""
+    position: str | None = None
+    """Its place in the workflow, which a replay matches it by ("3", "3.2.1": see
+    `Context.gather`); None on a compensation."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,8 +119,8 @@ class ClaimedTask:
     steps: list[StepRecord]
     remaining: float
     """Seconds until the task's complete_by, by the database clock at claim time."""
-    waits: dict[int, tuple[str, str]] = field(default_factory=dict)
-    """The recorded waits' positions, with their kind and name."""
+    waits: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    """The recorded waits by position, with their seq, kind and name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,8 @@ class NewStep:
     limit_key: str | None = None  # the key of the operation's limits
     pickup_within: float | None = None
     total_within: float | None = None
+    position: str | None = None
+    """Its place in the workflow (`StepRecord.position`); None on a compensation."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -511,6 +516,8 @@ class WaitRequest:
     name: str
     delay: float = 0.0
     until: datetime | None = None
+    position: str | None = None
+    """Its place in the workflow, which a replay matches it by (`StepRecord.position`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -547,6 +554,7 @@ class WaitRecord:
     payload: Any
     created_at: datetime
     finished_at: datetime | None
+    position: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -95,6 +95,9 @@ class Scheduler:
         left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
         self._running: set[asyncio.Task[None]] = set()
+        self._driving: dict[str, asyncio.Task[None]] = {}
+        """The drive of each task by its id: a task claimed again (released meanwhile, say by
+        the supervisor when a step's agent was gone) stops its older, fenced-out drive."""
         self._room = asyncio.Event()
         self._waiting: dict[str, tuple[tuple[str, int], asyncio.Future[StepRecord]]] = {}
         self._dispatches: Batcher[StepDispatch, DispatchedStep | None] = Batcher(
@@ -212,9 +215,13 @@ class Scheduler:
                     await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
                     continue
                 for c in claimed:
+                    older = self._driving.get(c.task.task_id)
+                    if older is not None:
+                        older.cancel()
                     task = asyncio.create_task(self._drive(c))
+                    self._driving[c.task.task_id] = task
                     self._running.add(task)
-                    task.add_done_callback(self._done)
+                    task.add_done_callback(partial(self._done, c.task.task_id))
                 if len(claimed) < limit:
                     await first(stop.wait(), sub.wait(self.poll_interval))
         finally:
@@ -230,8 +237,10 @@ class Scheduler:
             self._room_at = now
         return limit if self._room_left is None else min(limit, self._room_left)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, task_id: str, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        if self._driving.get(task_id) is task:
+            del self._driving[task_id]
         self._room.set()
         if not task.cancelled() and task.exception() is not None:
             logger.error("scheduler: driving a task failed", exc_info=task.exception())
@@ -453,7 +462,8 @@ class Scheduler:
                 )
                 raise Abandon from exc
         finally:
-            self._waiting.pop(key, None)
+            if self._waiting.get(key, (where, None))[1] is future:
+                del self._waiting[key]
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)

@@ -12,7 +12,10 @@ scheduler, coroutine or deadline), then resumed by replay, where the wait return
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -43,6 +46,12 @@ MAX_COMPLETE_WITHIN = timedelta(days=365)
 """The longest claim of a task or a step: complete_by must stay a date both stores hold."""
 MAX_WAIT = timedelta(days=3660)
 """The longest timer or event wait (about ten years)."""
+
+_BRANCH: contextvars.ContextVar[tuple[Context, str] | None] = contextvars.ContextVar(
+    "stepwarden_branch", default=None
+)
+"""The branch of a `Context.gather` the current asyncio task runs: its Context and the prefix
+of its places ("3.2.")."""
 
 
 def _check_within(what: str, value: object, option: str = "complete_within") -> None:
@@ -104,21 +113,32 @@ class StepRunner(Protocol):
 
 
 class Context:
-    """Handed to a workflow: records and dispatches its steps, replays the recorded ones."""
+    """Handed to a workflow: records and dispatches its steps, replays the recorded ones.
+
+    Each step, wait and gather takes the next place (`position`) of the branch it runs in:
+    "1", "2", ... in the workflow's body, "3.2.1", "3.2.2", ... in the second branch of a
+    `gather` at 3. A replay matches what the workflow does with what was recorded by these
+    places, which do not depend on when results arrive; `seq` only numbers the records in
+    the order they were made.
+    """
 
     def __init__(
         self,
         runner: StepRunner,
         held: Held,
         steps: list[StepRecord],
-        waits: Mapping[int, tuple[str, str]] | None = None,
+        waits: Mapping[str, tuple[int, str, str]] | None = None,
     ) -> None:
         self._runner = runner
         self._held = held
-        self._recorded = {s.seq: s for s in steps}
+        self._recorded = {s.position: s for s in steps if s.position is not None}
         self._waits = dict(waits or {})
-        """The recorded waits' positions, with their kind and name."""
-        self._next_seq = 1
+        """The recorded waits by position, with their seq, kind and name."""
+        self._last_seq = max(
+            [s.seq for s in steps] + [seq for seq, _, _ in self._waits.values()], default=0
+        )
+        self._taken: dict[str, int] = {}
+        """The places taken so far in each branch, by the branch's prefix ("" for the body)."""
 
     @property
     def task_id(self) -> str:
@@ -128,6 +148,65 @@ class Context:
     def attempt(self) -> int:
         """How many times a scheduler has claimed this task."""
         return self._held.attempt
+
+    def _place(self) -> str:
+        """The next place in the branch the caller runs in (taken before any await, so that
+        steps started together take their places in the order they were started)."""
+        branch = _BRANCH.get()
+        prefix = branch[1] if branch is not None and branch[0] is self else ""
+        n = self._taken.get(prefix, 0) + 1
+        self._taken[prefix] = n
+        return f"{prefix}{n}"
+
+    def _new_seq(self) -> int:
+        self._last_seq += 1
+        return self._last_seq
+
+    async def gather(self, *branches: Coroutine[Any, Any, Any]) -> list[Any]:
+        """Run `branches` (coroutines: `ctx.step(...)` calls, or calls of async functions that
+        take steps of their own) side by side and return their results in order.
+
+        Each branch numbers its steps and waits on its own (the gather takes one place; its
+        i-th branch's steps take places under it), so a replay finds each branch's records
+        however the branches interleaved. When a branch raises, the others are cancelled:
+        they stop waiting (their steps already queued still run, and are compensated with the
+        task's other steps if it fails) and the first error, by branch order among those
+        raised, is raised here.
+        """
+        for branch in branches:
+            if not inspect.iscoroutine(branch):
+                for b in branches:
+                    if inspect.iscoroutine(b):
+                        b.close()
+                raise ConfigurationError(
+                    "ctx.gather takes coroutines (ctx.step(...) or a call of an async "
+                    f"function), not {_check.shown(branch)}"
+                )
+        position = self._place()
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+        for i, branch in enumerate(branches, 1):
+            context = contextvars.copy_context()
+            context.run(_BRANCH.set, (self, f"{position}.{i}."))
+            tasks.append(loop.create_task(branch, context=context))
+        if not tasks:
+            return []
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks)
+            raise
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks)
+            error = failed[0].exception()
+            assert error is not None
+            raise error
+        return [t.result() for t in tasks]
 
     async def step(
         self,
@@ -161,14 +240,16 @@ class Context:
                     f"operation {op.qualname!r} is not one of the App's agents' operations "
                     "(declare its agent with app.agent)"
                 )
-        seq = self._next_seq
-        self._next_seq += 1
+        position = self._place()
+        recorded = self._recorded.get(position)
+        seq = recorded.seq if recorded is not None else self._new_seq()
         step_name = name or operation.qualname
-        if seq in self._waits:
+        if position in self._waits:
+            _, kind, wait_name = self._waits[position]
             raise NonDeterminismError(
-                f"task {self._held.task_id!r} position {seq}: the workflow asked for step "
-                f"{step_name!r} but a {_wait_name(*self._waits[seq])} is recorded there; a "
-                "workflow must take the same steps and waits in the same order when it is "
+                f"task {self._held.task_id!r} position {position}: the workflow asked for "
+                f"step {step_name!r} but a {_wait_name(kind, wait_name)} is recorded there; "
+                "a workflow must take the same steps and waits in the same order when it is "
                 "resumed"
             )
         for what, value in (
@@ -181,7 +262,6 @@ class Context:
         within = complete_within or self._runner.workflow_of(self._held).complete_within
         held = self._held
         scheduler = self._runner.instance
-        recorded = self._recorded.get(seq)
         if recorded is None:
             payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
             new = NewStep(
@@ -200,13 +280,14 @@ class Context:
                 limit_key=None if operation.limit is None else operation.limit.key_of(args),
                 pickup_within=None if pickup_within is None else pickup_within.total_seconds(),
                 total_within=None if total_within is None else total_within.total_seconds(),
+                position=position,
             )
             return await self._runner.run_step(held, new, step_name)
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:
             raise NonDeterminismError(
-                f"task {held.task_id!r} step {seq}: the workflow asked for "
+                f"task {held.task_id!r} position {position}: the workflow asked for "
                 f"{wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the recorded step is "
                 f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
                 "in the same order when it is resumed"
@@ -265,30 +346,31 @@ class Context:
     async def _wait(
         self, kind: str, name: str, *, delay: float = 0.0, until: datetime | None = None
     ) -> WaitOutcome:
-        seq = self._next_seq
-        self._next_seq += 1
+        position = self._place()
         held = self._held
-        step = self._recorded.get(seq)
+        step = self._recorded.get(position)
         if step is not None:
             raise NonDeterminismError(
-                f"task {held.task_id!r} position {seq}: the workflow asked for a "
+                f"task {held.task_id!r} position {position}: the workflow asked for a "
                 f"{_wait_name(kind, name)} but the recorded step is {step.name!r}; a workflow "
                 "must take the same steps and waits in the same order when it is resumed"
             )
+        recorded = self._waits.get(position)
         request = WaitRequest(
             task_id=held.task_id,
             task_attempt=held.attempt,
             scheduler=self._runner.instance,
-            seq=seq,
+            seq=self._new_seq() if recorded is None else recorded[0],
             kind=kind,
             name=name,
             delay=delay,
             until=until,
+            position=position,
         )
         outcome = await self._runner.wait(request)
         if outcome.state == "mismatch" and outcome.recorded is not None:
             raise NonDeterminismError(
-                f"task {held.task_id!r} position {seq}: the workflow asked for a "
+                f"task {held.task_id!r} position {position}: the workflow asked for a "
                 f"{_wait_name(kind, name)} but a {_wait_name(*outcome.recorded)} is recorded "
                 "there; a workflow must take the same steps and waits in the same order when "
                 "it is resumed"

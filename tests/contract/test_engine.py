@@ -190,6 +190,7 @@ async def _record_first_step(shop: Shop, task_id: str, *, complete: bool) -> Non
                 input='[{"id": 1}]',
                 priority=0,
                 complete_within=0.2,
+                position="1",
             )
         ]
     )
@@ -260,6 +261,7 @@ async def test_a_workflow_that_changed_its_steps_fails_clearly(store_url: str) -
                     input="[]",
                     priority=0,
                     complete_within=0.2,
+                    position="1",
                 )
             ]
         )

@@ -39,6 +39,7 @@ from hypothesis.stateful import (
 
 from stepwarden.records import (
     EventRecord,
+    NewStep,
     NewTask,
     OperatorAction,
     RequestHandback,
@@ -171,6 +172,7 @@ class MStep:
     tries: int = 0
     compensation: str | None = None
     compensates: int | None = None
+    position: str | None = None
 
     @property
     def key(self) -> str:
@@ -576,6 +578,7 @@ class StoreModel(RuleBasedStateMachine):
             compensation=compensation,
             compensation_input=INPUT if compensation else None,
             compensates=compensates,
+            position=None if compensates is not None else str(seq),
         )
         [got], span = self.call(self.s.dispatch_steps([d]))
         held = t.held and t.locked_by == scheduler and t.attempt == task_attempt
@@ -601,6 +604,7 @@ class StoreModel(RuleBasedStateMachine):
                 complete_by=deadline,
                 compensation=compensation,
                 compensates=compensates,
+                position=None if compensates is not None else str(seq),
             )
         elif kind == "redispatch":
             assert step is not None
@@ -615,6 +619,70 @@ class StoreModel(RuleBasedStateMachine):
         assert got.attempt == step.attempt, f"dispatched attempt {got.attempt} != {step.attempt}"
         c = step.complete_by
         assert c.lo - span[1] - EPS <= got.remaining <= c.hi - span[0] + EPS
+
+    @precondition(has_tasks)
+    @rule(
+        i=st.integers(0, 9),
+        who=whose,
+        token=tokens,
+        branches=st.integers(2, 4),
+        within=st.sampled_from([SHORT, LONG]),
+        undoable=st.booleans(),
+    )
+    def fan_out(
+        self, i: int, who: str, token: int, branches: int, within: float, undoable: bool
+    ) -> None:
+        """A scheduler records the first steps of the branches of a gather in one batch (as
+        the group commit writes steps started together): each at its branch's place, all open
+        at once; as the holder or not, under the current task attempt or a stale one."""
+        t = self.task_at(i, lambda t: t.held)
+        holder = t.locked_by or SCHEDULERS[0]
+        scheduler = holder if who == "holder" else self.other(SCHEDULERS, t.locked_by)
+        task_attempt = t.attempt + token
+        first = max(t.steps, default=0) + 1
+        if first + branches - 1 > MAX_SEQ + 4:
+            self.refused = True
+            return
+        place = sum(1 for s in t.steps.values() if s.position and "." not in s.position) + 1
+        compensation = f"{AGENT}.{UNDO}" if undoable else None
+        batch = [
+            step_dispatch(
+                "new",
+                task_id=t.task_id,
+                task_attempt=task_attempt,
+                scheduler=scheduler,
+                seq=first + b,
+                name=f"{AGENT}.{FORWARD}",
+                agent=AGENT,
+                operation=FORWARD,
+                input=INPUT,
+                priority=t.priority,
+                complete_within=within,
+                compensation=compensation,
+                compensation_input=INPUT if compensation else None,
+                position=f"{place}.{b + 1}.1",
+            )
+            for b in range(branches)
+        ]
+        got, span = self.call(self.s.dispatch_steps(batch))
+        held = t.held and t.locked_by == scheduler and t.attempt == task_attempt
+        for d, g in zip(batch, got, strict=True):
+            agree(held, g is not None, f"fan-out step {t.task_id}/{d.seq} by {scheduler}")
+        if not held:
+            self.refused = True
+            return
+        deadline = When.now(span).plus(within).earliest(t.complete_by)
+        for d in batch:
+            t.steps[d.seq] = MStep(
+                task_id=t.task_id,
+                seq=d.seq,
+                operation=FORWARD,
+                attempt=1,
+                task_attempt=task_attempt,
+                complete_by=deadline,
+                compensation=compensation,
+                position=d.position if isinstance(d, NewStep) else None,
+            )
 
     @precondition(has_tasks)
     @rule(
@@ -1150,6 +1218,7 @@ class StoreModel(RuleBasedStateMachine):
             t = self.task_at(i, lambda t: t.held)
             seqs = sorted(t.steps)
             actions.append(lambda: self.dispatch(i, "new", "holder", 0, 1, 0, within, flavor))
+            actions.append(lambda: self.fan_out(i, "holder", 0, 2 + fail % 3, within, fail < 2))
             if t.state == TaskState.COMPENSATING:  # the undo of a step not yet undone
                 undoable = [
                     s.seq for s in t.steps.values() if s.compensation and s.compensates is None
@@ -1329,6 +1398,7 @@ class StoreModel(RuleBasedStateMachine):
                 m.operation,
                 m.compensation,
                 m.compensates,
+                m.position,
             )
             got_s = (
                 StepState(s.state),
@@ -1343,10 +1413,11 @@ class StoreModel(RuleBasedStateMachine):
                 s.operation,
                 s.compensation,
                 s.compensates,
+                s.position,
             )
             assert got_s == want_s, (
                 f"{tid}/{seq}: (state, attempt, task_attempt, locked_by, key, result, error, "
-                f"abandoned, tries, operation, compensation, compensates) is {got_s}, "
+                f"abandoned, tries, operation, compensation, compensates, position) is {got_s}, "
                 f"the model says {want_s}"
             )
             assert s.input == {"n": 1}

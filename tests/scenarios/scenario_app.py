@@ -46,8 +46,10 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
   every `every` seconds (details: the beat's number);
 - `pickup_within`, `total_within`: the step's pick-up and total timeouts, in seconds.
 
-A spec `{"sleep": s}` is a durable timer of `s` seconds instead of a step, and
-`{"wait_event": NAME, "timeout": s}` a wait for the event NAME (its payload is the result).
+A spec `{"sleep": s}` is a durable timer of `s` seconds instead of a step,
+`{"wait_event": NAME, "timeout": s}` a wait for the event NAME (its payload is the result), and
+`{"parallel": [[spec, ...], ...]}` runs each list of specs as a branch of `ctx.gather` (its
+result: the branches' lists of results).
 """
 
 from __future__ import annotations
@@ -308,8 +310,15 @@ def build_app(store: str) -> sw.App:
 
     async def run_steps(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
         _record_run(ctx.task_id, ctx.attempt)
-        results = []
-        for step in spec["steps"]:
+        return await run_list(ctx, spec["steps"])
+
+    async def run_list(ctx: sw.Context, specs: list[dict[str, Any]]) -> list[Any]:
+        results: list[Any] = []
+        for step in specs:
+            if "parallel" in step:  # branches side by side, each a list of specs
+                branches = [run_list(ctx, branch) for branch in step["parallel"]]
+                results.append(await ctx.gather(*branches))
+                continue
             if "sleep" in step:  # a durable timer, not a step
                 await ctx.sleep(timedelta(seconds=step["sleep"]))
                 continue

@@ -101,6 +101,7 @@ def step_record(row: Row) -> StepRecord:
         heartbeat_at=when(row["heartbeat_at"]),
         limit_key=row["limit_key"],
         complete_within=row["complete_within"],
+        position=row["position"],
     )
 
 
@@ -226,6 +227,7 @@ def wait_record(row: Row) -> WaitRecord:
         payload=loads(row["payload"]),
         created_at=at(row["created_at"]),
         finished_at=when(row["finished_at"]),
+        position=row["position"],
     )
 
 

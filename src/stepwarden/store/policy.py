@@ -241,9 +241,10 @@ def claim_tasks(
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
         steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
-    waits: dict[str, dict[int, tuple[str, str]]] = {}
+    waits: dict[str, dict[str, tuple[int, str, str]]] = {}
     for w in wait_rows:
-        waits.setdefault(w["task_id"], {})[w["seq"]] = (w["kind"], w["name"])
+        place = w["position"] or str(w["seq"])
+        waits.setdefault(w["task_id"], {})[place] = (w["seq"], w["kind"], w["name"])
     claimed = [
         ClaimedTask(
             task=_rows.task_record(r),
@@ -319,6 +320,7 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "pickup_within": d.pickup_within,
             "total_within": d.total_within,
             "limit_key": d.limit_key,
+            "position": d.position,
         }
     if isinstance(d, Redispatch):
         return {
@@ -831,7 +833,8 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     found = yield from fetch("read_wait", **key)
     if not found:
         until = None if req.until is None else req.until.timestamp()
-        new = {"kind": req.kind, "name": req.name, "until": until, "delay": float(req.delay)}
+        new = {"kind": req.kind, "name": req.name, "until": until, "delay": float(req.delay),
+               "position": req.position}  # fmt: skip
         found = yield from fetch("insert_wait", **key, **new)
     [w] = found
     if (w["kind"], w["name"]) != (req.kind, req.name):

@@ -81,7 +81,7 @@ RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
 
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
-SELECT task_id, seq, kind, name FROM stepwarden_waits
+SELECT task_id, seq, position, kind, name FROM stepwarden_waits
 WHERE task_id = ANY(%(task_ids)s::text[])
 
 -- name: steps_of_tasks
@@ -100,10 +100,10 @@ WITH d AS (
                          %(input)s::text[], %(ord)s::int[], %(compensation)s::text[],
                          %(compensation_input)s::text[], %(compensates)s::int[],
                          %(pickup_within)s::float8[], %(total_within)s::float8[],
-                         %(limit_key)s::text[])
+                         %(limit_key)s::text[], %(position)s::text[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
              complete_within, idempotency_key, input, ord, compensation, compensation_input,
-             compensates, pickup_within, total_within, limit_key)
+             compensates, pickup_within, total_within, limit_key, position)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -120,13 +120,13 @@ WITH d AS (
                                   task_attempt, priority, complete_by, idempotency_key, input,
                                   created_at, dispatched_at, compensation, compensation_input,
                                   compensates, complete_within, pickup_within, give_up_by,
-                                  limit_key)
+                                  limit_key, position)
     SELECT task_id, seq, name, agent, operation, 'not_started', 1, task_attempt, priority,
            LEAST(now() + make_interval(secs => complete_within), task_complete_by,
                  now() + make_interval(secs => total_within)),
            idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
            compensates, complete_within, pickup_within,
-           now() + make_interval(secs => total_within), limit_key
+           now() + make_interval(secs => total_within), limit_key, position
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -724,8 +724,8 @@ WHERE task_id = %(task_id)s AND seq = %(seq)s
 -- name: insert_wait
 -- A new wait at its position: it fires (or times out) at `until` (an epoch) or `delay`
 -- seconds from now, by the database clock.
-INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at)
-VALUES (%(task_id)s, %(seq)s, %(kind)s, %(name)s,
+INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at)
+VALUES (%(task_id)s, %(seq)s, %(position)s, %(kind)s, %(name)s,
         coalesce(to_timestamp(%(until)s::float8),
                  now() + make_interval(secs => %(delay)s::float8)))
 RETURNING kind, name, state, payload, wake_at <= now() AS due

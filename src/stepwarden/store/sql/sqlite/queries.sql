@@ -53,7 +53,7 @@ RETURNING *, complete_by - :now AS remaining
 
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
-SELECT task_id, seq, kind, name FROM stepwarden_waits
+SELECT task_id, seq, position, kind, name FROM stepwarden_waits
 WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 
 -- name: steps_of_tasks
@@ -67,11 +67,11 @@ ORDER BY task_id, seq
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
                               dispatched_at, compensation, compensation_input, compensates,
-                              complete_within, pickup_within, give_up_by, limit_key)
+                              complete_within, pickup_within, give_up_by, limit_key, position)
 SELECT :task_id, :seq, :name, :agent, :operation, 'not_started', 1, :task_attempt, :priority,
        MIN(:now + :complete_within, t.complete_by, coalesce(:now + :total_within, 1e300)),
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
-       :complete_within, :pickup_within, :now + :total_within, :limit_key
+       :complete_within, :pickup_within, :now + :total_within, :limit_key, :position
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
@@ -491,8 +491,8 @@ WHERE task_id = :task_id AND seq = :seq
 -- name: insert_wait
 -- A new wait at its position: it fires (or times out) at `until` (an epoch) or `delay`
 -- seconds from now.
-INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at, created_at)
-VALUES (:task_id, :seq, :kind, :name, coalesce(:until, :now + :delay), :now)
+INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at, created_at)
+VALUES (:task_id, :seq, :position, :kind, :name, coalesce(:until, :now + :delay), :now)
 RETURNING kind, name, state, payload, wake_at <= :now AS due
 
 -- name: end_wait
