@@ -296,6 +296,7 @@ class Scheduler:
         try:
             async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
                 value = await workflow.fn(ctx, task.input)
+                await ctx.settle()
             result = _json.dumps(value, what=f"the result of workflow {task.workflow!r}")
             state = TaskState.PROCESSED
         except Parked:

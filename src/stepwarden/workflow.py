@@ -139,6 +139,9 @@ class Context:
         )
         self._taken: dict[str, int] = {}
         """The places taken so far in each branch, by the branch's prefix ("" for the body)."""
+        self._markers: list[asyncio.Future[WaitOutcome]] = []
+        """Patch markers being recorded: written before anything the workflow records after
+        them (a marker matters only to a replay that finds records after it)."""
 
     @property
     def task_id(self) -> str:
@@ -149,14 +152,92 @@ class Context:
         """How many times a scheduler has claimed this task."""
         return self._held.attempt
 
-    def _place(self) -> str:
-        """The next place in the branch the caller runs in (taken before any await, so that
-        steps started together take their places in the order they were started)."""
+    def _prefix(self) -> str:
         branch = _BRANCH.get()
-        prefix = branch[1] if branch is not None and branch[0] is self else ""
+        return branch[1] if branch is not None and branch[0] is self else ""
+
+    def _peek(self) -> str:
+        """The next place in the branch the caller runs in, not taken."""
+        prefix = self._prefix()
+        return f"{prefix}{self._taken.get(prefix, 0) + 1}"
+
+    def _place(self) -> str:
+        """Take the next place in the branch the caller runs in (before any await, so that
+        steps started together take their places in the order they were started)."""
+        prefix = self._prefix()
         n = self._taken.get(prefix, 0) + 1
         self._taken[prefix] = n
         return f"{prefix}{n}"
+
+    async def settle(self) -> None:
+        """Wait for what this context still owes the store (the patch markers taken); the
+        scheduler calls it when the workflow returns."""
+        await self._recorded_markers()
+
+    async def _recorded_markers(self) -> None:
+        """Wait until the patch markers taken so far are recorded (before what follows)."""
+        while self._markers:
+            outcome = await self._markers[0]
+            self._markers.pop(0)
+            if outcome.state == "fenced":
+                raise Abandon
+            if outcome.state == "mismatch":
+                raise NonDeterminismError(
+                    f"task {self._held.task_id!r}: a patch marker's place holds "
+                    f"{outcome.recorded}; a workflow must take the same steps and waits in the "
+                    "same order when it is resumed"
+                )
+
+    # -- changing code while tasks run ----------------------------------------------------
+    def patched(self, patch_id: str) -> bool:
+        """Whether this task takes the code path added by the patch `patch_id`.
+
+        True for a task that had not got this far when the code changed (a marker is recorded
+        at this place, so a replay takes the new path again); False for a task whose old code
+        recorded something else here (its replay goes on down the old path). Write the new
+        path under `if ctx.patched("id"):` beside the old one; once no task started before the
+        patch is left, keep only the new path and call `ctx.deprecate_patch("id")` there.
+        """
+        _check.name("patch_id", patch_id)
+        place = self._peek()
+        marker = self._waits.get(place)
+        if marker is not None and marker[1] == "patch":
+            if marker[2] != patch_id:
+                raise NonDeterminismError(
+                    f"task {self._held.task_id!r} position {place}: the workflow asked for "
+                    f"patch {patch_id!r} but patch {marker[2]!r} is recorded there"
+                )
+            self._place()
+            return True
+        if self._recorded_at_or_under(place):
+            return False  # recorded by the code before the patch: the old path
+        place = self._place()
+        request = WaitRequest(
+            task_id=self._held.task_id,
+            task_attempt=self._held.attempt,
+            scheduler=self._runner.instance,
+            seq=self._new_seq(),
+            kind="patch",
+            name=patch_id,
+            position=place,
+        )
+        self._markers.append(asyncio.ensure_future(self._runner.wait(request)))
+        return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Where a patch's new path is now the only one: a task that recorded the patch's
+        marker here replays past it; other tasks record nothing."""
+        _check.name("patch_id", patch_id)
+        marker = self._waits.get(self._peek())
+        if marker is not None and marker[1:] == ("patch", patch_id):
+            self._place()
+
+    def _recorded_at_or_under(self, place: str) -> bool:
+        """Whether a step, a wait or a gather's branch is recorded at `place`."""
+        if place in self._recorded or place in self._waits:
+            return True
+        under = place + "."
+        return any(p.startswith(under) for p in (*self._recorded, *self._waits))
 
     def _new_seq(self) -> int:
         self._last_seq += 1
@@ -183,6 +264,7 @@ class Context:
                     f"function), not {_check.shown(branch)}"
                 )
         position = self._place()
+        await self._recorded_markers()
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[Any]] = []
         for i, branch in enumerate(branches, 1):
@@ -282,6 +364,7 @@ class Context:
                 total_within=None if total_within is None else total_within.total_seconds(),
                 position=position,
             )
+            await self._recorded_markers()
             return await self._runner.run_step(held, new, step_name)
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
@@ -367,6 +450,7 @@ class Context:
             until=until,
             position=position,
         )
+        await self._recorded_markers()
         outcome = await self._runner.wait(request)
         if outcome.state == "mismatch" and outcome.recorded is not None:
             raise NonDeterminismError(
@@ -383,6 +467,8 @@ class Context:
 
 
 def _wait_name(kind: str, name: str) -> str:
+    if kind == "patch":
+        return f"patch marker {name!r}"
     return "timer" if kind == "timer" else f"wait for event {name!r}"
 
 

@@ -55,3 +55,42 @@ async def test_steps_abandoned_before_the_flag_existed_are_flagged(empty_store_u
         assert [(s.seq, s.abandoned) for s in steps] == [(1, True), (2, False), (3, False)]
     finally:
         await store.close()
+
+
+async def test_steps_and_waits_recorded_before_positions_are_found_at_their_seq(
+    empty_store_url: str,
+) -> None:
+    """A task in flight across the upgrade that brought parallel steps: its steps and waits,
+    numbered in order, take that number as their place, so its replay finds them; a
+    compensation step has no place."""
+    url = empty_store_url
+    build_at(url, 8)
+    now = "0" if is_sqlite(url) else "now()"
+    sql(
+        url,
+        "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+        f" complete_within, eligible_at, created_at, updated_at) VALUES ('t1', 'wf', '{{}}',"
+        f" 'pending', 3, 30, {now}, {now}, {now})",
+    )
+    for seq, compensates in [(1, "NULL"), (3, "NULL"), (4, "1")]:
+        sql(
+            url,
+            "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+            " task_attempt, priority, complete_by, idempotency_key, input, created_at,"
+            f" dispatched_at, compensates) VALUES ('t1', {seq}, 'pay.charge', 'pay', 'charge',"
+            f" 'completed', 1, 1, 0, {now}, 't1/{seq}', '[]', {now}, {now}, {compensates})",
+        )
+    sql(
+        url,
+        "INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at, state, created_at)"
+        f" VALUES ('t1', 2, 'timer', '', {now}, 'done', {now})",
+    )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        steps = await store.get_steps("t1")
+        assert [(s.seq, s.position) for s in steps] == [(1, "1"), (3, "3"), (4, None)]
+        [claimed] = await store.claim_tasks("s1", ["wf"], 1)
+        assert claimed.waits == {"2": (2, "timer", "")}
+    finally:
+        await store.close()

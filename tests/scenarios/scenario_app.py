@@ -233,6 +233,9 @@ async def _block_async(call: sw.Call, spec: dict[str, Any], *, after_effect: boo
 
 
 DOWN_ENV = "SCENARIO_DOWN"
+RELEASE_ENV = "SCENARIO_RELEASE"
+"""The release of the code the `deploy` workflow runs: "1" (the default) reserves then
+charges; "2" adds a fraud check between them, behind `ctx.patched("fraud-check")`."""
 
 
 def _act(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +341,18 @@ def build_app(store: str) -> sw.App:
             )
         return results
 
+    release = int(os.environ.get(RELEASE_ENV, "1"))
+
+    async def deploy(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
+        """`reserve`, then (release 2, for tasks that had not passed this place) `fraud`,
+        then `charge`, whose spec is the task's input (to block it, say)."""
+        done = [await ctx.step(act_async, {"idempotent": True}, name="reserve")]
+        if release >= 2 and ctx.patched("fraud-check"):
+            done.append(await ctx.step(act_async, {"idempotent": True}, name="fraud"))
+        done.append(await ctx.step(act_async, spec, name="charge"))
+        return done
+
+    app.workflow(deploy, name="deploy", complete_within=timedelta(seconds=60), max_failures=3)
     # A long task deadline: a task expires only through its steps.
     app.workflow(run_steps, name="steps", complete_within=timedelta(seconds=30), max_failures=3)
     # A short task deadline: a task held by a dead scheduler is recovered quickly.

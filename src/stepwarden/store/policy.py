@@ -843,6 +843,9 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
         return WaitOutcome(state="done", payload=loads(w["payload"]))
     if w["state"] == "timed_out":
         return WaitOutcome(state="timed_out")
+    if req.kind == "patch":  # a marker: recorded, nothing to wait for
+        yield [Query("end_wait", {**key, "state": "done", "event_id": None, "payload": None})]
+        return WaitOutcome(state="done")
     due = bool(w["due"])
     if req.kind == "timer" and due:
         yield [Query("end_wait", {**key, "state": "done", "event_id": None, "payload": None})]
