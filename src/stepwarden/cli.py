@@ -623,6 +623,7 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo(
             f"  {s.seq:>3} {s.name:<24} {s.state.value:<11} attempt {s.attempt} "
             f"tries {s.tries}  key {s.idempotency_key}"
+            + (f"  at {s.position}" if s.position is not None else "")
         )
         _echo(
             f"      dispatched {_time(s.created_at)}  claimed {_time(s.claimed_at)}  "

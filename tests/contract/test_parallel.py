@@ -67,7 +67,17 @@ class Fanout:
         async def plain(ctx: sw.Context, items: list[str]) -> list[str]:
             return list(await asyncio.gather(*(ctx.step(work, item) for item in items)))
 
-        self.branches, self.fan_out, self.plain = branches, fan_out, plain
+        @self.app.workflow(complete_within=timedelta(seconds=within))
+        async def nested(ctx: sw.Context, _: Any) -> Any:
+            async def inner(tag: str) -> list[str]:
+                return await ctx.gather(ctx.step(work, f"{tag}-x"), ctx.step(work, f"{tag}-y"))
+
+            async def outer() -> Any:
+                return [await ctx.step(work, "o"), await inner("deep")]
+
+            return await ctx.gather(outer(), inner("flat"))
+
+        self.branches, self.fan_out, self.plain, self.nested = branches, fan_out, plain, nested
 
     def gate(self, what: str) -> asyncio.Event:
         return self.gates.setdefault(what, asyncio.Event())
@@ -218,6 +228,23 @@ async def test_plain_asyncio_gather_of_steps_takes_places_in_argument_order(
         assert await fanout.app.result_async("t", timeout=30) == ["done x", "done y", "done z"]
     view = await fanout.app.show_async("t")
     assert {k: p for k, (p, _) in places(view).items()} == {"x": "1", "y": "2", "z": "3"}
+
+
+async def test_gathers_inside_branches_nest_their_places(fanout: Fanout) -> None:
+    async with running(fanout.app):
+        await fanout.app.submit_async(fanout.nested, None, task_id="t")
+        assert await fanout.app.result_async("t", timeout=30) == [
+            ["done o", ["done deep-x", "done deep-y"]],
+            ["done flat-x", "done flat-y"],
+        ]
+    view = await fanout.app.show_async("t")
+    assert {k: p for k, (p, _) in places(view).items()} == {
+        "o": "1.1.1",
+        "deep-x": "1.1.2.1.1",
+        "deep-y": "1.1.2.2.1",
+        "flat-x": "1.2.1.1.1",
+        "flat-y": "1.2.1.2.1",
+    }
 
 
 async def test_gather_refuses_what_is_not_a_coroutine(store_url: str) -> None:

@@ -82,6 +82,7 @@ def step_dict(s: StepRecord) -> dict[str, Any]:
         "error": s.error,
         "compensation": s.compensation,
         "compensates": s.compensates,
+        "position": s.position,
     }
 
 

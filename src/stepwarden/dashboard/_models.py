@@ -208,6 +208,10 @@ class Step(_Closed):
     error: str | None
     compensation: str | None
     compensates: int | None
+    position: str | None = Field(
+        description="Its place in the workflow (3, or 3.2.1: the first step of the second "
+        "branch of a gather at 3); none on a compensation."
+    )
 
 
 class Event(_Closed):
