@@ -1,5 +1,6 @@
 """The benchmark: stepwarden (SQLite, PostgreSQL), DBOS, Celery and procrastinate on the same
-"order" workload, in the same run, so that the figures are read as ratios.
+"order" workload, in the same run, so that the figures are read as ratios; then stepwarden's
+fan-out, recoveries and sweep.
 
     python -m bench [--quick] [--only stepwarden-postgres,celery] [--n 2000] [--runs 3]
 
@@ -28,6 +29,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from . import fanout as fanout_mod
 from . import recovery as recovery_mod
 from . import sweep as sweep_mod
 from .common import (
@@ -341,6 +343,12 @@ def table(result: dict[str, Any]) -> str:
             cmp = ">=" if key == "wf_per_s" else "<="
             parts.append(f"{key} {_f(g['measured'], '{:,.2f}')} ({cmp} {g['goal']:g}: {mark})")
         lines += ["", f"goal ({BASE}): " + "; ".join(parts)]
+    if result.get("fanout"):
+        settings = result.get("settings", {})
+        lines += fanout_mod.table_lines(
+            result["fanout"], settings.get("fanout_n", 0), settings.get("runs", 0)
+        )
+        lines.append("")
     for name, kinds in result.get("recovery", {}).items():
         for kind, rec in kinds.items():
             if "error" in rec:
@@ -522,6 +530,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="load the sweep's database anew and drop it after (default: keep a template "
         "database on the server and copy it)",
     )
+    p.add_argument(
+        "--fanout-n",
+        type=int,
+        default=None,
+        help="steps of the fan-out task (ctx.gather) [10,000; quick 1,000]",
+    )
+    p.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
     p.add_argument("--no-sweep", action="store_true", help="skip the sweep measurement")
     p.add_argument("--no-recovery", action="store_true", help="skip the recovery measurement")
     p.add_argument(
@@ -562,6 +577,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.latency_n = args.latency_n or (50 if args.quick else 200)
     args.runs = args.runs or (1 if args.quick else 3)
     args.sweep_finished = args.sweep_finished or (100_000 if args.quick else 1_000_000)
+    args.fanout_n = args.fanout_n or (1_000 if args.quick else 10_000)
     return args
 
 
@@ -579,7 +595,7 @@ def make_system(name: str, res: Resources, workers: int, log_dir: Path) -> Syste
     raise ValueError(name)
 
 
-def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Outcome]:
     outcomes = {
         name: Outcome(make_system(name, res, args.workers, log_dir)) for name in args.systems
     }
@@ -622,7 +638,57 @@ def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str
                 f"{name}: W2 p50 {percentile(samples, 50) * 1000:.1f} ms, "
                 f"p99 {percentile(samples, 99) * 1000:.1f} ms"
             )
-    return {name: summarise(o) for name, o in outcomes.items()}
+    return outcomes
+
+
+def run_fanout(
+    args: argparse.Namespace, res: Resources, log_dir: Path, outcomes: dict[str, Outcome]
+) -> dict[str, Any]:
+    """The fan-out on each stepwarden store, `args.runs` times, each on a fresh store, the
+    stores in another order each run; the commits per step less the idle phase's (the one
+    measured before W1, or one of its own)."""
+    names = [n for n in ("stepwarden-sqlite", "stepwarden-postgres") if n in args.systems]
+    systems = {n: make_system(n, res, args.workers, log_dir) for n in names}
+    idle: dict[str, int | None] = {}
+    errors: dict[str, list[str]] = {n: [] for n in names}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for name, system in systems.items():
+        if not system.postgres:
+            continue
+        known = outcomes[name].idle if name in outcomes else None
+        if known is None or known.get("commits") is None:
+            log(f"{name}: idle phase for the fan-out (the commits of starting and stopping)")
+            try:
+                known = idle_phase(res, system)
+            except Exception as exc:
+                log(f"FAILED {name} fan-out idle phase: {exc}")
+                traceback.print_exc(file=sys.stderr)
+                errors[name].append(f"idle phase: {type(exc).__name__}: {exc}")
+                continue
+        idle[name] = known.get("commits")
+    for run in range(args.runs):
+        order = names[run % len(names) :] + names[: run % len(names)] if names else []
+        for name in order:
+            if errors[name]:
+                continue
+            log(f"{name}: fan-out run {run + 1}/{args.runs}, one task of {args.fanout_n:,} steps")
+            system = systems[name]
+            assert isinstance(system, Stepwarden)
+            try:
+                one = fanout_mod.fanout_once(res, system, args.fanout_n, run)
+            except Exception as exc:
+                log(f"FAILED {name} fan-out run {run + 1}: {type(exc).__name__}: {exc}")
+                traceback.print_exc(file=sys.stderr)
+                errors[name].append(f"run {run + 1}: {type(exc).__name__}: {exc}")
+                with contextlib.suppress(Exception):
+                    system.cleanup()
+                continue
+            runs[name].append(one)
+            log(
+                f"{name}: fan-out {one['elapsed_s']:.2f} s, {one['steps_per_s']:,.0f} steps/s, "
+                f"{one['dispatch_txns']} dispatch transactions"
+            )
+    return {n: fanout_mod.summarise(runs[n], idle.get(n), errors[n]) for n in names}
 
 
 def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
@@ -726,7 +792,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"runs={args.runs}, {args.workers} worker processes each; "
             f"load average {m['load_average_at_start']}"
         )
-        systems = measure(args, res, log_dir)
+        outcomes = measure(args, res, log_dir)
+        systems = {name: summarise(o) for name, o in outcomes.items()}
         result: dict[str, Any] = {
             "started": started.isoformat(timespec="seconds"),
             "git_commit": commit,
@@ -741,12 +808,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "w2_warmup": W2_WARMUP,
                 "runs": args.runs,
                 "workers_per_system": args.workers,
+                "fanout_n": None if args.no_fanout else args.fanout_n,
             },
             "systems": systems,
         }
         result["ratios"] = ratios(systems)
         result["goal"] = goal_check(systems)
         result["reference"] = {k: v for k, v in REFERENCE.items() if k in systems}
+        if not args.no_fanout:
+            result["fanout"] = run_fanout(args, res, log_dir, outcomes)
         if not args.no_recovery:
             result["recovery"] = run_recovery(args, res, log_dir)
         if not args.no_sweep:
@@ -763,6 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(result))
         failed = (
             [n for n, s in systems.items() if s.get("errors")]
+            + [f"fanout/{n}" for n, v in result.get("fanout", {}).items() if v.get("errors")]
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [
                 f"recovery/{n}/{kind}"

@@ -180,6 +180,12 @@ class Stepwarden(System):
     def open_client(self) -> None:
         self._client()
 
+    def submit(self, workflow: str, payload: Any, *, task_id: str) -> None:
+        """Submit one task through the client (App.submit_async)."""
+        app = self._client()
+        assert self._runner is not None
+        self._runner.run(app.submit_async(workflow, payload, task_id=task_id))
+
     def close_client(self) -> None:
         if self._runner is not None:
             self._runner.run(self._app.aclose())

@@ -4,6 +4,9 @@ step a trivial operation returning a small dict, each result recorded by the eng
 Workers run it with `stepwarden worker bench.workload:app --store URL`; the URL given here is
 only a default for imports (every process of the benchmark names its store).
 
+`fan_out` is the fan-out measurement's workflow: one task whose N steps (`inventory.pick`, as
+trivial as the order's) run side by side under `ctx.gather`.
+
 `hold_order` and `gate_order` are the recovery measurements' workflows: their one step blocks
 until a marker file exists, so that the benchmark can SIGKILL the agent process running it, or
 the scheduler holding the tasks.
@@ -50,6 +53,30 @@ async def order(ctx: sw.Context, order: dict[str, Any]) -> dict[str, Any]:
     receipt = await ctx.step(payments.charge, order)
     shipped = await ctx.step(shipping.ship, order)
     return {"reserved": reserved, "receipt": receipt, "shipped": shipped}
+
+
+@inventory.operation
+async def pick(call: sw.Call, item: dict[str, Any]) -> dict[str, Any]:
+    return {"picked": item["sku"], "n": item["n"]}
+
+
+FANOUT_WITHIN = timedelta(minutes=15)
+"""The fan-out task's complete_within (and so each of its steps'): long enough for the
+measurement to time out (bench.fanout.TIMEOUT) before the engine gives up on the task."""
+
+
+@app.workflow(complete_within=FANOUT_WITHIN)
+async def fan_out(ctx: sw.Context, spec: dict[str, Any]) -> dict[str, Any]:
+    """spec["n"] steps side by side; the result says how many came back, and whether each
+    came back in its branch's place (the list is in the order the steps were started)."""
+    picked = await ctx.gather(
+        *(ctx.step(inventory.pick, {"n": i, "sku": f"s{i}"}) for i in range(spec["n"]))
+    )
+    return {
+        "steps": len(picked),
+        "in_order": all(p["n"] == i for i, p in enumerate(picked)),
+        "last": picked[-1] if picked else None,
+    }
 
 
 @holder.operation
