@@ -4,7 +4,8 @@ The stores read the facts a rule needs in the transaction that applies it, call 
 here, and write what it decided: where a task goes when its complete_by passes or its
 scheduler ends its hold, how long it waits, which alert is raised and why, which steps must
 be undone, who may hold the supervisor's lease, which queued requests may start within their
-limits, and what an operator's action does. Nothing here touches the database or the clock.
+limits, what an operator's action does, which version of its workflow a new task runs and
+which waiting tasks no scheduler runs. Nothing here touches the database or the clock.
 """
 
 from __future__ import annotations

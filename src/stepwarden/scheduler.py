@@ -188,12 +188,12 @@ class Scheduler:
                 have = sorted(v for name, v in self.workflows if name == b.workflow)
                 logger.warning(
                     "scheduler %s: %d task(s) of workflow %r version %d wait for a scheduler "
-                    "with that version (this one runs version %s of it); they stay pending "
-                    "until one runs",
+                    "with that version (this one runs %s %s of it)",
                     self.instance,
                     b.tasks,
                     b.workflow,
                     b.version,
+                    "version" if len(have) == 1 else "versions",
                     ", ".join(str(v) for v in have),
                 )
             await asyncio.sleep(self.versions_every)
