@@ -262,6 +262,11 @@ def test_the_api_shows_each_task_s_version_and_the_versions_no_scheduler_runs(
     assert served.get("/api/tasks/order-1").json()["task"]["version"] == 1
     listed = {t["task_id"]: t["version"] for t in served.get("/api/tasks").json()["tasks"]}
     assert listed["order-v2"] == 2 and listed["order-1"] == 1
+    twos = served.get("/api/tasks", params={"workflow": "process", "version": 2}).json()
+    assert [t["task_id"] for t in twos["tasks"]] == ["order-v2"]
+    for bad in ("0", "two", str(2**31)):
+        refused = served.get("/api/tasks", params={"version": bad})
+        assert refused.status_code == 400 and "version" in refused.json()["error"], refused.text
 
     def stranded() -> list[dict[str, Any]]:
         return list(served.get("/api/overview").json()["unrunnable"])

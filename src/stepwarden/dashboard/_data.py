@@ -205,9 +205,12 @@ class Reader:
         workflow: str | None,
         search: str | None,
         limit: int,
+        version: int | None = None,
     ) -> dict[str, Any]:
         store = await self.app.store()
-        found = await store.find_tasks(state=state, workflow=workflow, search=search, limit=limit)
+        found = await store.find_tasks(
+            state=state, workflow=workflow, search=search, limit=limit, version=version
+        )
         return {
             "tasks": [task_summary(t) for t in found],
             "workflows": await store.workflow_names(),
