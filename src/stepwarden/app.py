@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import getpass
 import threading
 import uuid
@@ -48,7 +49,7 @@ from .records import (
     TaskRecord,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action
+from .rules import CATCH_UP, plan_action, submit_version
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
 from .workflow import MAX_WAIT, Workflow, WorkflowFn
@@ -81,7 +82,7 @@ class App:
         self.store_url = store
         open_store(store)  # validate the URL now, not at first use
         self.auto_migrate = auto_migrate
-        self.workflows: dict[str, Workflow] = {}
+        self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         self._portal: _Portal | None = None
@@ -106,7 +107,7 @@ class App:
         creates exactly one task per tick, whose id is the schedule's name and the tick
         (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
         (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
-        newest does)."""
+        newest does). Its tasks run the newest version of the workflow this App declares."""
         _check.name("the schedule's name", name)
         if "@" in name:
             raise ConfigurationError(f"a schedule's name cannot hold '@': {_check.shown(name)}")
@@ -148,6 +149,7 @@ class App:
             every=None if every is None else every.total_seconds(),
             timezone=timezone,
             catch_up=catch_up,
+            version=wf.version,
         )
         self.schedule_specs[name] = spec
         return spec
@@ -178,6 +180,7 @@ class App:
             complete_within=s.complete_within,
             max_failures=s.max_failures,
             on_failure=s.on_failure,
+            version=s.version,
         )
         await (await self.store()).submit([task])
         return task.task_id
@@ -228,6 +231,7 @@ class App:
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
+        version: int = 1,
     ) -> W: ...
 
     @overload
@@ -240,6 +244,7 @@ class App:
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
+        version: int = 1,
     ) -> Callable[[W], W]: ...
 
     def workflow(
@@ -251,6 +256,7 @@ class App:
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
+        version: int = 1,
     ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
@@ -261,6 +267,11 @@ class App:
         max_failures, wait for the fault to clear with a growing backoff) or "stop" (Error,
         for the operator). `alert_after` raises an alert when a step is dispatched that many
         times (its complete_by passed again and again).
+
+        `version` (an integer, 1 by default) declares one version of the workflow `name`
+        beside the others: a task runs to its end on the version it was submitted with
+        (the newest the submitting App declares, unless `submit(..., version=N)`), and a
+        scheduler claims only the tasks of the versions its App declares.
         """
         try:
             policy = OnFailure(on_failure)
@@ -276,22 +287,46 @@ class App:
                 what = getattr(fn, "__name__", None) or _check.shown(fn)
                 raise ConfigurationError(f"workflow {what!r} must be an async function")
             wf_name = _check.name("the workflow's name", fn.__name__ if name is None else name)
-            if wf_name in self.workflows:
-                raise ConfigurationError(f"workflow {wf_name!r} is already declared")
-            self.workflows[wf_name] = Workflow(
+            wf = Workflow(
                 wf_name,
                 fn,
                 complete_within,
                 max_failures,
                 on_failure=policy,
                 alert_after=alert_after,
+                version=version,
             )
+            if wf.key in self._workflows:
+                raise ConfigurationError(
+                    f"workflow {wf_name!r} version {version} is already declared"
+                )
+            self._workflows[wf.key] = wf
+            if self.workflows[wf_name] is wf:  # the newest: the schedules of it run it now
+                for spec in list(self.schedule_specs.values()):
+                    if spec.workflow == wf_name:
+                        self.schedule_specs[spec.name] = _for_version(spec, wf)
             fn.__stepwarden_workflow__ = wf_name  # type: ignore[attr-defined]
             return fn
 
         return register(fn) if fn is not None else register
 
-    def find_workflow(self, workflow: str | WorkflowFn) -> Workflow:
+    @property
+    def workflows(self) -> dict[str, Workflow]:
+        """The newest version of each declared workflow, by name: what a submit runs unless
+        it names a version."""
+        newest: dict[str, Workflow] = {}
+        for _, wf in sorted(self._workflows.items()):
+            newest[wf.name] = wf
+        return newest
+
+    @property
+    def workflow_versions(self) -> dict[tuple[str, int], Workflow]:
+        """Every declared workflow, by (name, version): what this App's schedulers run."""
+        return dict(sorted(self._workflows.items()))
+
+    def find_workflow(self, workflow: str | WorkflowFn, version: int | None = None) -> Workflow:
+        """The workflow named (by its name, or by the function of any of its versions) at
+        `version`, or at its newest version when None (`rules.submit_version`)."""
         wf_name = (
             workflow
             if isinstance(workflow, str)
@@ -299,11 +334,11 @@ class App:
                 workflow, "__stepwarden_workflow__", getattr(workflow, "__name__", repr(workflow))
             )
         )
-        try:
-            return self.workflows[wf_name]
-        except KeyError:
+        versions = {v: wf for (n, v), wf in self._workflows.items() if n == wf_name}
+        if not versions:
             known = ", ".join(sorted(self.workflows)) or "none"
-            raise UnknownNameError(f"unknown workflow {wf_name!r} (declared: {known})") from None
+            raise UnknownNameError(f"unknown workflow {wf_name!r} (declared: {known})")
+        return versions[submit_version(wf_name, versions, version)]
 
     # -- the store, per event loop --------------------------------------------------------
     async def store(self) -> Store:
@@ -344,9 +379,11 @@ class App:
         reply_to: str | None = None,
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
+        version: int | None = None,
     ) -> NewTask:
-        """Validate a submission and build its record, without writing anything."""
-        wf = self.find_workflow(workflow)
+        """Validate a submission and build its record, without writing anything. The task
+        runs the newest version of the workflow this App declares, or `version`."""
+        wf = self.find_workflow(workflow, version)
         if start_at is not None and start_after is not None:
             raise ConfigurationError("give start_at or start_after, not both")
         if start_at is not None and (not isinstance(start_at, datetime) or not start_at.tzinfo):
@@ -377,6 +414,7 @@ class App:
             reply_to=reply_to,
             start_at=start_at,
             start_after=0.0 if start_after is None else start_after.total_seconds(),
+            version=wf.version,
         )
 
     async def submit_async(
@@ -389,13 +427,15 @@ class App:
         reply_to: str | None = None,
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
+        version: int | None = None,
     ) -> str:
         """Submit a task; returns its id. A task_id already submitted is not created again.
         With `reply_to`, the task's status messages (received, step_completed, processed,
         error, compensating, compensated, ...) are published on that channel: follow them
         with `watch(task_id)` or `subscribe(channel)`. With `start_at` (a datetime with its
         time zone) or `start_after` (a timedelta, by the store's clock), the task waits
-        (`waiting`, for "start") until then."""
+        (`waiting`, for "start") until then. The task runs to its end on the newest version
+        of the workflow this App declares, or on `version` (one it declares)."""
         task = self.new_task(
             workflow,
             input,
@@ -404,6 +444,7 @@ class App:
             reply_to=reply_to,
             start_at=start_at,
             start_after=start_after,
+            version=version,
         )
         await (await self.store()).submit([task])
         return task.task_id
@@ -418,6 +459,7 @@ class App:
         reply_to: str | None = None,
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
+        version: int | None = None,
     ) -> str:
         return self._call(
             self.submit_async(
@@ -428,6 +470,7 @@ class App:
                 reply_to=reply_to,
                 start_at=start_at,
                 start_after=start_after,
+                version=version,
             )
         )
 
@@ -546,12 +589,18 @@ class App:
         state: TaskState | str | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        version: int | None = None,
     ) -> list[TaskRecord]:
+        """Tasks, oldest first, optionally of one state, one workflow and one version."""
         wanted = _check.state(state)
         if workflow is not None:
             _check.name("workflow", workflow)
+        if version is not None:
+            _check.integer("version", version, 1)
         _check.integer("limit", limit, 1)
-        return await (await self.store()).list_tasks(state=wanted, workflow=workflow, limit=limit)
+        return await (await self.store()).list_tasks(
+            state=wanted, workflow=workflow, version=version, limit=limit
+        )
 
     def tasks(
         self,
@@ -559,8 +608,11 @@ class App:
         state: TaskState | str | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        version: int | None = None,
     ) -> list[TaskRecord]:
-        return self._call(self.tasks_async(state=state, workflow=workflow, limit=limit))
+        return self._call(
+            self.tasks_async(state=state, workflow=workflow, limit=limit, version=version)
+        )
 
     async def agent_instances_async(self) -> list[AgentInstance]:
         """The agent registry: every instance, alive or gone (for an hour), with its
@@ -800,6 +852,7 @@ class TaskTransaction:
         reply_to: str | None = None,
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
+        version: int | None = None,
     ) -> str:
         task = self._app.new_task(
             workflow,
@@ -809,6 +862,7 @@ class TaskTransaction:
             reply_to=reply_to,
             start_at=start_at,
             start_after=start_after,
+            version=version,
         )
         await self._tx.submit([task])
         return task.task_id
@@ -820,6 +874,17 @@ class TaskTransaction:
         only if the transaction commits (see `App.send_event_async`)."""
         event = self._app._event(task_id, name, payload, event_id)
         return _sent(task_id, await self._tx.send_event(*event))
+
+
+def _for_version(spec: ScheduleSpec, wf: Workflow) -> ScheduleSpec:
+    """A schedule's spec running `wf` (the newest version of its workflow)."""
+    return dataclasses.replace(
+        spec,
+        version=wf.version,
+        complete_within=wf.complete_within.total_seconds(),
+        max_failures=wf.max_failures,
+        on_failure=str(wf.on_failure),
+    )
 
 
 def _sent(task_id: str, got: SendOutcome | TaskState | None) -> SendOutcome:

@@ -11,7 +11,7 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import IO, Any, TypeVar
 
@@ -384,6 +384,16 @@ def worker(
     metavar="ISO-8601",
     help="Start no sooner than this time, with its time zone (e.g. 2026-12-01T02:00:00+00:00).",
 )
+@_opt(
+    "--version",
+    "workflow_version",
+    envvar="STEPWARDEN_WORKFLOW_VERSION",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="N",
+    help="The version of WORKFLOW the task runs, one the application declares [default: "
+    "the newest it declares].",
+)
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -394,10 +404,12 @@ def submit(
     priority: int,
     start_after: float | None,
     start_at: str | None,
+    workflow_version: int | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
-    as its input; prints the task id. A value written {"$secret": VALUE} is a Secret: stored
-    for its operation, never shown."""
+    as its input; prints the task id. The task runs to its end on the newest version of
+    WORKFLOW the application declares, or on --version. A value written {"$secret": VALUE}
+    is a Secret: stored for its operation, never shown."""
     if input_json is not None and input_file is not None:
         raise click.UsageError("give the input as INPUT_JSON or --input-file, not both")
     hint = "INPUT_JSON"
@@ -424,6 +436,7 @@ def submit(
                 priority=priority,
                 start_at=when,
                 start_after=after,
+                version=workflow_version,
             )
             [created] = await app.submit_many_async([task])
             return task.task_id, created
@@ -446,6 +459,15 @@ def submit(
 )
 @_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
 @_opt(
+    "--version",
+    "workflow_version",
+    envvar="STEPWARDEN_WORKFLOW_VERSION",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="N",
+    help="Only the tasks that run this version of their workflow.",
+)
+@_opt(
     "--limit",
     envvar="STEPWARDEN_LIMIT",
     default=100,
@@ -455,8 +477,15 @@ def submit(
 )
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
 @click.pass_obj
-def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_json: bool) -> None:
-    """List tasks, oldest first, with a count per state."""
+def tasks(
+    obj: _Ctx,
+    state: str | None,
+    workflow: str | None,
+    workflow_version: int | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List tasks, oldest first, with a count per state (of every task)."""
     url = obj.store_url()
 
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
@@ -466,7 +495,10 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
         await store.open(migrate=False)
         try:
             found = await store.list_tasks(
-                state=TaskState(state) if state else None, workflow=workflow, limit=limit
+                state=TaskState(state) if state else None,
+                workflow=workflow,
+                version=workflow_version,
+                limit=limit,
             )
             return found, await store.count_tasks()
         finally:
@@ -479,11 +511,14 @@ def tasks(obj: _Ctx, state: str | None, workflow: str | None, limit: int, as_jso
         return
     _echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
     if found:
-        _echo(f"{'TASK':<28} {'WORKFLOW':<18} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  UPDATED")
+        _echo(
+            f"{'TASK':<28} {'WORKFLOW':<18} {'VER':>3} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  "
+            "UPDATED"
+        )
     for t in found:
         waiting = f"  {t.waiting_for} until {_time(t.wake_at)}" if t.waiting_for else ""
         _echo(
-            f"{t.task_id:<28} {t.workflow:<18} {t.process_state.value:<11} "
+            f"{t.task_id:<28} {t.workflow:<18} {t.version:>3} {t.process_state.value:<11} "
             f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}{waiting}"
         )
 
@@ -516,16 +551,33 @@ def agents(obj: _Ctx, as_json: bool) -> None:
 @click.pass_obj
 def schedulers(obj: _Ctx, as_json: bool) -> None:
     """List the scheduler registry: each scheduler instance, alive or gone, with the tasks it
-    holds and how many it drives at once. A gone one's tasks are given back at once."""
+    holds, how many it drives at once and the workflow versions it runs (WORKFLOW@VERSIONS:
+    it claims the tasks of those only). A gone one's tasks are given back at once."""
     found = _run(_read_store(obj, lambda store: store.list_schedulers()))
     if not as_json and not found:
         _echo("no scheduler instance has registered")
     elif not as_json:
-        _echo(f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  HEARTBEAT")
+        _echo(
+            f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  {'HEARTBEAT':<29}  "
+            "RUNS"
+        )
     for s in found:
         status = "alive" if s.alive else "gone"
-        line = f"{s.instance:<28} {status:<6} {s.held:>6} {s.capacity:>8}  {_time(s.heartbeat_at)}"
+        line = (
+            f"{s.instance:<28} {status:<6} {s.held:>6} {s.capacity:>8}  "
+            f"{_time(s.heartbeat_at):<29}  {_runs(s.versions)}"
+        )
         _echo_record(s, as_json, line)
+
+
+def _runs(versions: Sequence[tuple[str, int]]) -> str:
+    """(workflow, version) pairs as `name@1,2 other@1`."""
+    by_name: dict[str, list[int]] = {}
+    for name, version in versions:
+        by_name.setdefault(name, []).append(version)
+    return " ".join(
+        f"{name}@{','.join(str(v) for v in sorted(vs))}" for name, vs in sorted(by_name.items())
+    )
 
 
 async def _read_store(obj: _Ctx, read: Callable[[Store], Awaitable[T]]) -> T:
@@ -602,7 +654,7 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo_json(_json.display(data, indent=True))
         return
     t = view.task
-    _echo(f"task {t.task_id}  workflow {t.workflow}  priority {t.priority}")
+    _echo(f"task {t.task_id}  workflow {t.workflow}  version {t.version}  priority {t.priority}")
     _echo(f"  process_state  {t.process_state.value}")
     _echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
     if t.compensation_failures or t.process_state in COMPENSATION_STATES:

@@ -41,6 +41,8 @@ class NewTask:
     """Start no sooner than this (the task waits until then, `waiting_for` "start")."""
     start_after: float = 0.0
     """Start no sooner than this many seconds after the submit, by the store's clock."""
+    version: int = 1
+    """The version of the workflow the task runs, from its first claim to its end."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,9 @@ class TaskRecord:
     """A waiting task's: when its timer fires, its wait times out or its delayed start comes."""
     waiting_for: str | None = None
     """A waiting task's: what it waits for ("timer", "event:NAME", "start")."""
+    version: int = 1
+    """The version of its workflow the task runs (recorded at submit; 1 for tasks stored
+    before versions existed): only a scheduler that has that version claims it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +136,7 @@ class Held:
     attempt: int
     workflow: str
     priority: int
+    version: int = 1
 
 
 # -- what a scheduler writes --------------------------------------------------------------
@@ -296,12 +302,14 @@ class AgentInstance(AgentBeat):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerBeat:
     """One scheduler instance's heartbeat: the workflows it runs, how many it drives at once
-    (`capacity`) and how many tasks it holds."""
+    (`capacity`) and how many tasks it holds; `versions`, each (workflow, version) it runs
+    (the tasks it may claim)."""
 
     instance: str
     workflows: tuple[str, ...]
     capacity: int
     held: int
+    versions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -585,6 +593,8 @@ class ScheduleSpec:
     every: float | None = None
     timezone: str = "UTC"
     catch_up: str = "skip"
+    version: int = 1
+    """The version of the workflow its tasks run (the newest the declaring App has)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -603,3 +613,25 @@ class ScheduleRecord:
     complete_within: float
     max_failures: int
     on_failure: str
+    version: int = 1
+    """The version of the workflow its ticks' tasks run."""
+
+
+# -- workflow versions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionBacklog:
+    """The tasks of one workflow at one version that wait for a scheduler: `pending`, and
+    `compensating` with no scheduler holding them; `oldest`, when the oldest of them was
+    submitted."""
+
+    workflow: str
+    version: int
+    pending: int
+    compensating: int
+    oldest: datetime
+
+    @property
+    def tasks(self) -> int:
+        return self.pending + self.compensating

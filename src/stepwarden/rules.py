@@ -4,13 +4,14 @@ The stores read the facts a rule needs in the transaction that applies it, call 
 here, and write what it decided: where a task goes when its complete_by passes or its
 scheduler ends its hold, how long it waits, which alert is raised and why, which steps must
 be undone, who may hold the supervisor's lease, which queued requests may start within their
-limits, and what an operator's action does. Nothing here touches the database or the clock.
+limits, what an operator's action does, which version of its workflow a new task runs and
+which waiting tasks no scheduler runs. Nothing here touches the database or the clock.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -19,7 +20,9 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from . import _check
 from ._text import cut
+from .errors import UnknownNameError
 from .records import (
     ActionOutcome,
     OperatorAction,
@@ -27,6 +30,7 @@ from .records import (
     ScheduleSpec,
     StepRecord,
     TaskOutcome,
+    VersionBacklog,
 )
 from .retry import Backoff
 from .states import (
@@ -447,3 +451,32 @@ def schedule_task_id(name: str, tick: float) -> str:
     creates one task however many race for it."""
     at = datetime.fromtimestamp(tick, tz=UTC).isoformat()
     return f"{name}@{at}"
+
+
+# -- workflow versions ---------------------------------------------------------------------
+
+
+def submit_version(workflow: str, declared: Collection[int], asked: object = None) -> int:
+    """The version of `workflow` a new task runs to its end: the newest of the versions the
+    submitting App declares, or `asked` when it is one of them."""
+    if asked is None:
+        return max(declared)
+    version = _check.integer("version", asked, 1)
+    if version not in declared:
+        known = ", ".join(str(v) for v in sorted(declared))
+        raise UnknownNameError(
+            f"workflow {workflow!r} has no version {version} in this App (declared: {known})"
+        )
+    return version
+
+
+def unrunnable(
+    backlog: Iterable[VersionBacklog], runnable: Collection[tuple[str, int]]
+) -> list[VersionBacklog]:
+    """The tasks waiting for a scheduler, by (workflow, version), that no scheduler running
+    `runnable` (its (workflow, version) pairs) may claim: they wait until one with that
+    version starts. By workflow, then version."""
+    return sorted(
+        (b for b in backlog if (b.workflow, b.version) not in runnable),
+        key=lambda b: (b.workflow, b.version),
+    )

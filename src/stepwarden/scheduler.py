@@ -1,6 +1,7 @@
 """The scheduler: claims pending tasks, drives their workflows, dispatches their steps.
 
-One Scheduler instance runs many workflows concurrently as coroutines in one event loop. Step
+One Scheduler instance runs many workflows concurrently as coroutines in one event loop: the
+tasks of the (workflow, version)s it has, each with the version it was submitted with. Step
 records and task outcomes of concurrent workflows are written together (group commit), and
 step results arrive by wake-up (in-process, or LISTEN/NOTIFY on PostgreSQL) with polling as the
 fallback. A scheduler that no longer holds a task (its complete_by passed, or the supervisor
@@ -42,7 +43,7 @@ from .records import (
     step_key,
 )
 from .retry import after_store_failure, answered
-from .rules import AlertReason, describe, error_text, step_needs_compensation
+from .rules import AlertReason, describe, error_text, step_needs_compensation, unrunnable
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
 from .workflow import Abandon, Context, Parked, Workflow
@@ -63,13 +64,16 @@ its tasks back for another scheduler to resume."""
 ADMIT_BATCH = 25
 """A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
 claiming them: claims of one or two tasks each would cost a commit each."""
+VERSIONS_EVERY = 60.0
+"""Seconds between two looks (the first at start) for tasks of a scheduler's workflows at
+versions it does not have, each logged as a warning while any wait."""
 
 
 class Scheduler:
     def __init__(
         self,
         store: Store,
-        workflows: dict[str, Workflow],
+        workflows: Mapping[tuple[str, int], Workflow],
         *,
         instance: str,
         concurrency: int = 1000,
@@ -78,11 +82,17 @@ class Scheduler:
         admission: bool = True,
         heartbeat: float = DEFAULT_HEARTBEAT,
         gone_after: float = DEFAULT_GONE_AFTER,
+        versions_every: float = VERSIONS_EVERY,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
         self.gone_after = gone_after
-        self.workflows = workflows
+        self.versions_every = versions_every
+        self.workflows = dict(workflows)
+        """What this scheduler runs, by (workflow, version): it claims those tasks only."""
+        for key, wf in self.workflows.items():
+            if key != wf.key:
+                raise ValueError(f"workflow {wf.name!r} version {wf.version} filed as {key}")
         self.operations = operations
         """The operations of the App's agents by "agent.operation"; None accepts any."""
         self.instance = instance
@@ -106,7 +116,7 @@ class Scheduler:
         self._finishes: Batcher[TaskOutcome, bool] = Batcher(store.finish_tasks)
 
     def workflow_of(self, held: Held) -> Workflow:
-        return self.workflows[held.workflow]
+        return self.workflows[(held.workflow, held.version)]
 
     # -- the loops ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event, *, drain_timeout: float = 30.0) -> None:
@@ -117,6 +127,7 @@ class Scheduler:
             return
         results = asyncio.create_task(self._watch_results())
         beats = asyncio.create_task(self._heartbeats())
+        versions = asyncio.create_task(self._watch_versions())
         try:
             await self._claim_loop(stop)
             if self._running:
@@ -129,16 +140,18 @@ class Scheduler:
         finally:
             results.cancel()
             beats.cancel()
-            await asyncio.gather(results, beats, return_exceptions=True)
+            versions.cancel()
+            await asyncio.gather(results, beats, versions, return_exceptions=True)
             await self._leave()
 
     # -- the registry ---------------------------------------------------------------------
     def _beat(self) -> SchedulerBeat:
         return SchedulerBeat(
             instance=self.instance,
-            workflows=tuple(sorted(self.workflows)),
+            workflows=tuple(sorted({name for name, _ in self.workflows})),
             capacity=self.concurrency,
             held=len(self._running),
+            versions=tuple(sorted(self.workflows)),
         )
 
     async def _register(self, stop: asyncio.Event) -> bool:
@@ -163,6 +176,31 @@ class Scheduler:
             except StoreError as exc:
                 logger.warning("scheduler %s: heartbeat failed: %s", self.instance, exc)
 
+    async def _watch_versions(self) -> None:
+        """Say, as a warning every `versions_every` seconds (the first at start), which tasks
+        of this scheduler's workflows wait at a version it does not have: it leaves them to
+        a scheduler with that version, and there may be none."""
+        names = sorted({name for name, _ in self.workflows})
+        while True:
+            try:
+                backlog = await self.store.version_backlog(names)
+            except StoreError as exc:
+                logger.debug("scheduler %s: cannot read the backlog: %s", self.instance, exc)
+                backlog = []
+            for b in unrunnable(backlog, self.workflows):
+                have = sorted(v for name, v in self.workflows if name == b.workflow)
+                logger.warning(
+                    "scheduler %s: %d task(s) of workflow %r version %d wait for a scheduler "
+                    "with that version (this one runs %s %s of it)",
+                    self.instance,
+                    b.tasks,
+                    b.workflow,
+                    b.version,
+                    "version" if len(have) == 1 else "versions",
+                    ", ".join(str(v) for v in have),
+                )
+            await asyncio.sleep(self.versions_every)
+
     async def _leave(self) -> None:
         """Give back the tasks still held (their workflows were stopped) and leave the
         registry, so that nothing waits for this instance to be found gone."""
@@ -181,7 +219,7 @@ class Scheduler:
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
         sub = self.store.subscribe(CHANNEL_TASKS)
-        names = sorted(self.workflows)
+        names = sorted(self.workflows)  # (workflow, version): the tasks this one may run
         failures = 0
         try:
             while not stop.is_set():
@@ -286,8 +324,8 @@ class Scheduler:
         if task.process_state == TaskState.COMPENSATING:
             await self._drive_compensation(claimed)
             return
-        workflow = self.workflows[task.workflow]
-        held = Held(task.task_id, task.attempt, task.workflow, task.priority)
+        held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
+        workflow = self.workflow_of(held)
         ctx = Context(self, held, claimed.steps, claimed.waits)
         loop = asyncio.get_running_loop()
         state: TaskState
@@ -348,8 +386,8 @@ class Scheduler:
         """Run the compensations of the task's steps that took (or may have taken) effect,
         newest first, each as a recorded step of its own; resume those already recorded."""
         task = claimed.task
-        held = Held(task.task_id, task.attempt, task.workflow, task.priority)
-        workflow = self.workflows[task.workflow]
+        held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
+        workflow = self.workflow_of(held)
         recorded = {s.compensates: s for s in claimed.steps if s.compensates is not None}
         next_seq = max((s.seq for s in claimed.steps), default=0) + 1
         to_undo = [s for s in reversed(claimed.steps) if step_needs_compensation(s)]
@@ -537,7 +575,7 @@ class Scheduler:
     async def _alert_if_retried_too_often(
         self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
     ) -> None:
-        threshold = self.workflows[held.workflow].alert_after
+        threshold = self.workflow_of(held).alert_after
         if got.attempt != threshold:
             return
         detail = {

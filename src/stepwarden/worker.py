@@ -120,10 +120,10 @@ class Worker:
         first_roles: list[asyncio.Task[None]] = []
         other_roles: list[asyncio.Task[None]] = []
         runners: list[AgentRunner] = []
-        if "scheduler" in opts.roles and self.app.workflows:
+        if "scheduler" in opts.roles and self.app.workflow_versions:
             scheduler = Scheduler(
                 store,
-                self.app.workflows,
+                self.app.workflow_versions,
                 instance=f"scheduler-{self.instance}",
                 concurrency=opts.concurrency,
                 poll_interval=opts.poll_interval,

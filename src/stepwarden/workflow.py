@@ -71,11 +71,20 @@ class Workflow:
     on_failure: OnFailure = OnFailure.COMPENSATE
     alert_after: int = 3
     """Alert the operator when a step of this workflow is dispatched this many times."""
+    version: int = 1
+    """Which version of the workflow `name` this is: a task runs to its end on the version
+    it was submitted with (`App.workflow(version=...)`)."""
 
     def __post_init__(self) -> None:
+        _check.integer(f"workflow {self.name!r}: version", self.version, 1)
         _check_within(f"workflow {self.name!r}", self.complete_within)
         _check.integer(f"workflow {self.name!r}: alert_after", self.alert_after, 2)
         _check.integer(f"workflow {self.name!r}: max_failures", self.max_failures, 1)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(name, version): what a scheduler claims tasks by."""
+        return (self.name, self.version)
 
 
 class Abandon(BaseException):

@@ -12,6 +12,7 @@ from .helpers import assert_ok, assert_refused, invoke, json_lines
 TASK_FIELDS = {
     "task_id",
     "workflow",
+    "version",
     "input",
     "process_state",
     "locked_by",
@@ -97,8 +98,8 @@ def test_tasks_as_text_counts_each_state_and_lists_the_chosen_ones(populated: st
     counts, header, *rows = out.splitlines()
     for expected in ("pending: 1", "processing: 0", "processed: 1", "error: 1"):
         assert expected in counts, counts
-    assert header.split()[:3] == ["TASK", "WORKFLOW", "STATE"]
-    assert len(rows) == 1 and rows[0].split()[:3] == ["bad-1", "process", "error"]
+    assert header.split()[:4] == ["TASK", "WORKFLOW", "VER", "STATE"]
+    assert len(rows) == 1 and rows[0].split()[:4] == ["bad-1", "process", "1", "error"]
 
 
 def test_show_json_has_the_task_its_steps_and_its_history(populated: str) -> None:

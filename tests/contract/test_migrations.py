@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import stepwarden as sw
 from stepwarden.store import _sql, open_store
 
 from ..rawsql import is_sqlite, script, sql
+from .test_engine import running
 
 
 def build_at(url: str, version: int) -> None:
@@ -94,3 +98,59 @@ async def test_steps_and_waits_recorded_before_positions_are_found_at_their_seq(
         assert claimed.waits == {"2": (2, "timer", "")}
     finally:
         await store.close()
+
+
+async def test_tasks_stored_before_versions_are_version_1_and_run_on_version_1_code(
+    empty_store_url: str,
+) -> None:
+    """A store upgraded to workflow versions (0011): the tasks it held are version 1, and a
+    scheduler whose code declares the workflow without a version (version 1) runs them; the
+    registry's rows run version 1 of their workflows, and schedules make version 1 tasks."""
+    url = empty_store_url
+    build_at(url, 10)  # the schema as it was before 0011
+    now = "0" if is_sqlite(url) else "now()"
+    sql(
+        url,
+        "INSERT INTO stepwarden_tasks (task_id, workflow, input, max_failures, complete_within,"
+        f" eligible_at, created_at, updated_at) VALUES ('old-1', 'wf', '{{\"n\": 1}}', 3, 30,"
+        f" {now}, {now}, {now})",
+    )
+    sql(
+        url,
+        "INSERT INTO stepwarden_schedulers (instance, workflows, capacity, held, started_at,"
+        f" heartbeat_at, expires_at) VALUES ('s-old', '[\"wf\", \"other\"]', 10, 0, {now},"
+        f" {now}, {now})",
+    )
+    sql(
+        url,
+        "INSERT INTO stepwarden_schedules (name, workflow, input, timezone, complete_within,"
+        " max_failures, on_failure, catch_up, next_at, updated_at) VALUES ('nightly', 'wf',"
+        f" 'null', 'UTC', 30, 3, 'compensate', 'skip', {now}, {now})",
+    )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        assert await store.schema_version() == _sql.latest_version(store.dialect)
+        [task] = await store.list_tasks()
+        assert (task.task_id, task.version) == ("old-1", 1)
+        [old] = await store.list_schedulers()
+        assert sorted(old.versions) == [("other", 1), ("wf", 1)]
+        [schedule] = await store.schedules()
+        assert schedule.version == 1
+        # A claim for version 2 of the workflow leaves it alone.
+        assert await store.claim_tasks("v2-only", [("wf", 2)], 10) == []
+    finally:
+        await store.close()
+
+    app = sw.App("old", store=url)
+
+    @app.workflow
+    async def wf(ctx: sw.Context, value: Any) -> Any:
+        return value
+
+    try:
+        async with running(app):
+            assert await app.result_async("old-1", timeout=30) == {"n": 1}
+        assert (await app.status_async("old-1")).version == 1
+    finally:
+        await app.aclose()

@@ -15,7 +15,8 @@ from schemathesis.core.result import Err
 import stepwarden as sw
 from tests.cli.helpers import error_line, run, sql
 
-from .conftest import TOKEN, Served, submit_orders, wait_for
+from .conftest import TOKEN, Served, run_async, submit_orders, wait_for
+from .dash_app import build, order
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
 """An operation of the OpenAPI document (the library leaves its type parameters open)."""
@@ -235,3 +236,69 @@ def test_a_store_that_cannot_be_served_ends_the_command_with_one_error_line(
         busy = run("--store", f"sqlite:///{tmp_path / 'x.db'}", "dashboard", "--port", port)
     assert busy.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in error_line(busy.stderr)
+
+
+def test_the_api_shows_each_task_s_version_and_the_versions_no_scheduler_runs(
+    served: Served,
+) -> None:
+    """A deploy that declares version 2 of `process` submits an order; the worker serving the
+    store runs version 1 only: the order waits, and the overview (page and API) says which
+    (workflow, version) no alive scheduler runs, until it is cancelled."""
+
+    async def submit_version_2() -> None:
+        app = build(served.store_url, None)
+
+        @app.workflow(name="process", version=2)
+        async def process_v2(ctx: sw.Context, order: dict[str, Any]) -> Any:
+            raise AssertionError("no scheduler runs version 2")
+
+        try:
+            await app.submit_async("process", order(7), task_id="order-v2")
+        finally:
+            await app.aclose()
+
+    run_async(submit_version_2())
+    assert served.get("/api/tasks/order-v2").json()["task"]["version"] == 2
+    assert served.get("/api/tasks/order-1").json()["task"]["version"] == 1
+    listed = {t["task_id"]: t["version"] for t in served.get("/api/tasks").json()["tasks"]}
+    assert listed["order-v2"] == 2 and listed["order-1"] == 1
+    twos = served.get("/api/tasks", params={"workflow": "process", "version": 2}).json()
+    assert [t["task_id"] for t in twos["tasks"]] == ["order-v2"]
+    for bad in ("0", "two", str(2**31)):
+        refused = served.get("/api/tasks", params={"version": bad})
+        assert refused.status_code == 400 and "version" in refused.json()["error"], refused.text
+
+    def stranded() -> list[dict[str, Any]]:
+        return list(served.get("/api/overview").json()["unrunnable"])
+
+    [entry] = wait_for("order-v2 listed as unrunnable", stranded)
+    assert {k: entry[k] for k in ("workflow", "version", "pending", "compensating")} == {
+        "workflow": "process",
+        "version": 2,
+        "pending": 1,
+        "compensating": 0,
+    }
+    assert entry["oldest_created_at"] == served.get("/api/tasks/order-v2").json()["task"][
+        "created_at"
+    ]
+    page = served.get("/").text
+    assert "Workflow versions no scheduler runs" in page
+    table = page.split('<table id="unrunnable">', 1)[1].split("</table>", 1)[0]
+    assert ">process</a></td>" in table and "<td>2</td>" in table, table
+    task_page = served.get("/tasks/order-v2").text
+    assert '<span id="task-version">2</span>' in task_page
+
+    document = served.get("/openapi.json").json()["components"]["schemas"]
+    assert "unrunnable" in document["Overview"]["required"]
+    assert document["TaskSummary"]["properties"]["version"]["minimum"] == 1
+    assert set(document["UnrunnableVersion"]["properties"]) == {
+        "workflow",
+        "version",
+        "pending",
+        "compensating",
+        "oldest_created_at",
+    }
+
+    cancelled = served.post("/api/tasks/order-v2/cancel", headers=bearer(TOKEN), json={})
+    assert cancelled.status_code == 200, cancelled.text
+    assert stranded() == []

@@ -50,6 +50,11 @@ A spec `{"sleep": s}` is a durable timer of `s` seconds instead of a step,
 `{"wait_event": NAME, "timeout": s}` a wait for the event NAME (its payload is the result), and
 `{"parallel": [[spec, ...], ...]}` runs each list of specs as a branch of `ctx.gather` (its
 result: the branches' lists of results).
+
+The workflow `versioned` has two versions, of which a process declares those listed in
+SCENARIO_VERSIONS (default "1"; e.g. "1,2"): its input is `{"first": spec, "second": spec}`;
+version 1 takes the steps "v1 first" and "v1 second", version 2 another path: "v2 first",
+"v2 extra" (an empty spec), "v2 second". Each records a run, like the others.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ import stepwarden as sw
 
 STORE_ENV = "STEPWARDEN_STORE"
 SIDE_ENV = "SCENARIO_SIDE_DB"
+VERSIONS_ENV = "SCENARIO_VERSIONS"
 #: Never opened: the test process builds its own App with `build_app(url)`.
 DEFAULT_STORE = "sqlite:///stepwarden-scenarios.db"
 
@@ -282,8 +288,9 @@ def _undo(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the App ---------------------------------------------------------------------------------
-def build_app(store: str) -> sw.App:
-    """The scenario App on `store`: the workers import `app`; the test builds its own."""
+def build_app(store: str, versions: tuple[int, ...] = (1,)) -> sw.App:
+    """The scenario App on `store`, declaring these versions of `versioned`: the workers
+    import `app`; the test builds its own."""
     app = sw.App("scenarios", store=store)
     svc = app.agent("svc", retry=sw.Retry(max_attempts=5, initial=0.05, maximum=0.2))
     act = svc.operation(_act, name="act")
@@ -359,7 +366,36 @@ def build_app(store: str) -> sw.App:
     app.workflow(
         run_steps, name="steps_short", complete_within=timedelta(seconds=2.5), max_failures=3
     )
+
+    async def versioned_v1(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
+        _record_run(ctx.task_id, ctx.attempt)
+        return [
+            await ctx.step(act, spec["first"], name="v1 first"),
+            await ctx.step(act, spec["second"], name="v1 second"),
+        ]
+
+    async def versioned_v2(ctx: sw.Context, spec: dict[str, Any]) -> list[Any]:
+        _record_run(ctx.task_id, ctx.attempt)
+        return [
+            await ctx.step(act, spec["first"], name="v2 first"),
+            await ctx.step(act, {}, name="v2 extra"),
+            await ctx.step(act, spec["second"], name="v2 second"),
+        ]
+
+    paths = {1: versioned_v1, 2: versioned_v2}
+    for version in versions:
+        app.workflow(
+            paths[version],
+            name="versioned",
+            version=version,
+            complete_within=timedelta(seconds=30),
+            max_failures=3,
+        )
     return app
 
 
-app = build_app(os.environ.get(STORE_ENV, DEFAULT_STORE))
+def _versions() -> tuple[int, ...]:
+    return tuple(int(v) for v in os.environ.get(VERSIONS_ENV, "1").split(","))
+
+
+app = build_app(os.environ.get(STORE_ENV, DEFAULT_STORE), _versions())

@@ -122,7 +122,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
     @api.get(
         "/api/tasks",
         operation_id="listTasks",
-        summary="Tasks, newest first, by state, workflow and part of the id.",
+        summary="Tasks, newest first, by state, workflow, version and part of the id.",
         responses=_answers(
             r200=(TasksAnswer, "The tasks found, and every workflow name (for filters)."),
             r400=BAD,
@@ -142,13 +142,23 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             ),
         ] = None,
         limit: Limit = 100,
+        version: Annotated[
+            int | None,
+            Query(
+                ge=1,
+                le=_check.MAX_INT,
+                description="Only tasks that run this version of their workflow.",
+            ),
+        ] = None,
     ) -> Response:
-        for name in ("state", "workflow", "search", "limit"):
+        for name in ("state", "workflow", "search", "limit", "version"):
             one(request, name)
         for what, value in (("workflow", workflow), ("search", search)):
             if value is not None:
                 _checked(what, value)
-        found = await reader.tasks(state=state, workflow=workflow, search=search, limit=limit)
+        found = await reader.tasks(
+            state=state, workflow=workflow, search=search, limit=limit, version=version
+        )
         return json_response(found)
 
     @api.get(

@@ -15,7 +15,9 @@ from ..records import (
     ScheduleRecord,
     StepRecord,
     TaskRecord,
+    VersionBacklog,
 )
+from ..rules import unrunnable
 from ..states import TaskState
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
@@ -30,6 +32,7 @@ def task_summary(t: TaskRecord) -> dict[str, Any]:
     return {
         "task_id": t.task_id,
         "workflow": t.workflow,
+        "version": t.version,
         "process_state": str(t.process_state),
         "failure_count": t.failure_count,
         "compensation_failures": t.compensation_failures,
@@ -109,6 +112,16 @@ def alert_dict(m: OutboxMessage) -> dict[str, Any]:
     }
 
 
+def backlog_dict(b: VersionBacklog) -> dict[str, Any]:
+    return {
+        "workflow": b.workflow,
+        "version": b.version,
+        "pending": b.pending,
+        "compensating": b.compensating,
+        "oldest_created_at": b.oldest,
+    }
+
+
 def schedule_dict(s: ScheduleRecord) -> dict[str, Any]:
     return {
         "name": s.name,
@@ -155,6 +168,8 @@ class Reader:
         for state in FAILED_STATES:
             failed.extend(await store.find_tasks(state=state, limit=10))
         failed.sort(key=lambda t: t.updated_at, reverse=True)
+        runnable = {v for s in await store.list_schedulers() if s.alive for v in s.versions}
+        stranded = unrunnable(await store.version_backlog(), runnable)
         return {
             "counts": {str(s): n for s, n in counts.items()},
             "oldest_pending_age": await store.oldest_pending_age(),
@@ -181,6 +196,7 @@ class Reader:
             },
             "failed_tasks": [task_summary(t) for t in failed[:10]],
             "alerts": [alert_dict(m) for m in await store.newest_outbox(channel=ALERTS, limit=5)],
+            "unrunnable": [backlog_dict(b) for b in stranded],
         }
 
     async def tasks(
@@ -190,9 +206,12 @@ class Reader:
         workflow: str | None,
         search: str | None,
         limit: int,
+        version: int | None = None,
     ) -> dict[str, Any]:
         store = await self.app.store()
-        found = await store.find_tasks(state=state, workflow=workflow, search=search, limit=limit)
+        found = await store.find_tasks(
+            state=state, workflow=workflow, search=search, limit=limit, version=version
+        )
         return {
             "tasks": [task_summary(t) for t in found],
             "workflows": await store.workflow_names(),

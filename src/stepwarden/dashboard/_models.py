@@ -155,6 +155,9 @@ class BulkAnswer(_Closed):
 class TaskSummary(_Closed):
     task_id: str
     workflow: str
+    version: int = Field(
+        ge=1, description="The version of its workflow the task runs, from start to end."
+    )
     process_state: TaskState
     failure_count: int
     compensation_failures: int
@@ -285,6 +288,17 @@ Counts: type[BaseModel] = create_model(
 """Tasks in each state."""
 
 
+class UnrunnableVersion(_Closed):
+    """Tasks of one workflow at one version waiting for a scheduler, which no alive
+    scheduler runs: they wait until one with that version starts."""
+
+    workflow: str
+    version: int = Field(ge=1)
+    pending: int = Field(ge=0)
+    compensating: int = Field(ge=0, description="Compensating, held by no scheduler.")
+    oldest_created_at: datetime = Field(description="When the oldest of them was submitted.")
+
+
 class Overview(_Closed):
     counts: Counts  # type: ignore[valid-type]
     oldest_pending_age: Annotated[float, Field(ge=0)] | None
@@ -292,6 +306,10 @@ class Overview(_Closed):
     activity: Activity
     failed_tasks: list[TaskSummary]
     alerts: list[Alert]
+    unrunnable: list[UnrunnableVersion] = Field(
+        description="The tasks waiting for a scheduler, by workflow and version, that no "
+        "alive scheduler runs (none alive: every one waiting)."
+    )
 
 
 class AgentInstance(_Closed):

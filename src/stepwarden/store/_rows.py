@@ -26,6 +26,7 @@ from ..records import (
     StepRecord,
     StepStats,
     TaskRecord,
+    VersionBacklog,
     WaitRecord,
 )
 from ..secret import public_name
@@ -69,6 +70,7 @@ def task_record(row: Row) -> TaskRecord:
         compensation_failures=row["compensation_failures"],
         wake_at=when(row["wake_at"]),
         waiting_for=row["waiting_for"],
+        version=row["version"],
     )
 
 
@@ -165,6 +167,7 @@ def scheduler_instance(row: Row) -> SchedulerInstance:
     return SchedulerInstance(
         instance=row["instance"],
         workflows=tuple(loads(row["workflows"])),
+        versions=tuple((str(w), int(v)) for w, v in loads(row["versions"])),
         capacity=row["capacity"],
         held=row["held"],
         started_at=at(row["started_at"]),
@@ -246,4 +249,15 @@ def schedule_record(row: Row) -> ScheduleRecord:
         complete_within=float(row["complete_within"]),
         max_failures=int(row["max_failures"]),
         on_failure=row["on_failure"],
+        version=int(row["version"]),
+    )
+
+
+def version_backlog(row: Row) -> VersionBacklog:
+    return VersionBacklog(
+        workflow=row["workflow"],
+        version=int(row["version"]),
+        pending=int(row["pending"]),
+        compensating=int(row["compensating"]),
+        oldest=at(row["oldest"]),
     )

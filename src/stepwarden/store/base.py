@@ -52,6 +52,7 @@ from ..records import (
     StepSwept,
     TaskOutcome,
     TaskRecord,
+    VersionBacklog,
     WaitOutcome,
     WaitRecord,
     WaitRequest,
@@ -267,13 +268,19 @@ class Store(abc.ABC):
         return [_rows.step_record(r) for r in await self._read_one("get_steps", task_id=task_id)]
 
     async def list_tasks(
-        self, *, state: TaskState | None = None, workflow: str | None = None, limit: int = 100
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        version: int | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, optionally of one state and one workflow, oldest first."""
+        """Tasks, optionally of one state, one workflow and one version, oldest first."""
         rows = await self._read_one(
             "list_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
+            version=version,
             limit=limit,
         )
         return [_rows.task_record(r) for r in rows]
@@ -346,12 +353,15 @@ class Store(abc.ABC):
 
     # -- the scheduler --------------------------------------------------------------------
     async def claim_tasks(
-        self, scheduler: str, workflows: Sequence[str], limit: int
+        self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
     ) -> list[ClaimedTask]:
-        """Claim up to `limit` eligible tasks, by priority then age, exclusively: pending ones
+        """Claim up to `limit` eligible tasks of these (workflow, version) pairs (a workflow
+        named alone is its version 1), by priority then age, exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
-        if limit <= 0 or not await self._worth_writing("any_pending", workflows=list(workflows)):
+        if limit <= 0 or not workflows:
+            return []
+        if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
         return await self._write(partial(policy.claim_tasks, scheduler, workflows, limit))
 
@@ -399,6 +409,16 @@ class Store(abc.ABC):
     async def list_schedulers(self) -> list[SchedulerInstance]:
         """The scheduler registry: every instance, alive or gone (for a while), by start."""
         return [_rows.scheduler_instance(r) for r in await self._read_one("list_schedulers")]
+
+    async def version_backlog(
+        self, workflows: Sequence[str] | None = None
+    ) -> list[VersionBacklog]:
+        """The tasks waiting for a scheduler (pending; compensating, held by none) by
+        workflow and version, of these workflows (all, when None), by workflow and version."""
+        rows = await self._read_one(
+            "version_backlog", workflows=None if workflows is None else list(workflows)
+        )
+        return [_rows.version_backlog(r) for r in rows]
 
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """A workflow's timer or event wait at its position: recorded the first time; done
@@ -624,13 +644,15 @@ class Store(abc.ABC):
         workflow: str | None = None,
         search: str | None = None,
         limit: int = 100,
+        version: int | None = None,
     ) -> list[TaskRecord]:
-        """Tasks newest first, optionally of one state and one workflow, and whose id
-        contains `search`."""
+        """Tasks newest first, optionally of one state, one workflow and one version, and
+        whose id contains `search`."""
         rows = await self._read_one(
             "find_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
+            version=version,
             search=search or None,
             limit=limit,
         )

@@ -109,6 +109,7 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
             "reply_to": t.reply_to,
             "start_at": None if t.start_at is None else t.start_at.timestamp(),
             "start_after": float(t.start_after),
+            "version": t.version,
         }
         for t in tasks
     ]
@@ -224,12 +225,20 @@ def _moves(action: OperatorAction, plan: ActionPlan, attempt: int) -> list[Query
 # -- the scheduler ------------------------------------------------------------------------
 
 
+def claim_pairs(workflows: Sequence[str | tuple[str, int]]) -> dict[str, list[Any]]:
+    """The (workflow, version) pairs a claim is for, as the parameters `workflows` and
+    `versions` (side by side); a workflow named alone is its version 1."""
+    pairs = sorted({(w, 1) if isinstance(w, str) else (w[0], int(w[1])) for w in workflows})
+    return {"workflows": [w for w, _ in pairs], "versions": [v for _, v in pairs]}
+
+
 def claim_tasks(
-    scheduler: str, workflows: Sequence[str], limit: int, wake: Wakeups
+    scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int, wake: Wakeups
 ) -> Flow[list[ClaimedTask]]:
+    """Claim up to `limit` eligible tasks of these (workflow, version) pairs only."""
     if limit <= 0 or not workflows:
         return []
-    params = {"scheduler": scheduler, "workflows": list(workflows), "limit": limit}
+    params = {"scheduler": scheduler, **claim_pairs(workflows), "limit": limit}
     rows = yield from fetch("claim_tasks", **params)
     if not rows:
         return []
@@ -749,6 +758,7 @@ def scheduler_beat(beats: Sequence[SchedulerBeat], ttl: float) -> Query:
         {
             "instance": b.instance,
             "workflows": _json_text(list(b.workflows)),
+            "versions": _json_text([list(p) for p in b.versions]),
             "capacity": b.capacity,
             "held": b.held,
         }
@@ -943,6 +953,7 @@ def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[None]:
             "max_failures": s.max_failures,
             "on_failure": s.on_failure,
             "next_at": first_tick(s, now),
+            "version": s.version,
         }
         for s in specs
     ]
@@ -974,6 +985,7 @@ def create_ticks(
             every=row["every"],
             timezone=row["timezone"],
             catch_up=row["catch_up"],
+            version=int(row["version"]),
         )
         ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
         tasks.extend(
@@ -985,6 +997,7 @@ def create_ticks(
                 complete_within=spec.complete_within,
                 max_failures=spec.max_failures,
                 on_failure=spec.on_failure,
+                version=spec.version,
             )
             for tick in ticks
         )

@@ -70,7 +70,9 @@ Waiting for a lock longer than this fails (`lock_timeout`) and the caller tries 
 libpq's `options` in the store URL to choose other values."""
 NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
-UNPREPARED = frozenset({"list_tasks", "events", "history", "outbox_read", "find_tasks"})
+UNPREPARED = frozenset(
+    {"list_tasks", "events", "history", "outbox_read", "find_tasks", "version_backlog"}
+)
 """Queries with optional filters: planned for the filters each call has, not prepared."""
 TRANSIENT_CLASSES = ("08", "40", "53", "57P")
 """SQLSTATE classes of an error that may pass when the call is tried again: connection

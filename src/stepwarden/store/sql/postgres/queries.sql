@@ -24,23 +24,24 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: insert_tasks
 -- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
--- or start_after seconds from now); an existing task_id is left untouched.
+-- or start_after seconds from now), each with the version of its workflow it runs; an
+-- existing task_id is left untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
-                              process_state, wake_at, waiting_for)
+                              process_state, wake_at, waiting_for, version)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
-       CASE WHEN d.delayed THEN 'start' END
+       CASE WHEN d.delayed THEN 'start' END, d.version
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
-                  %(start_after)s::float8[])
+                  %(start_after)s::float8[], %(version)s::int[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-                reply_to, start_at, start_after)) AS d
+                reply_to, start_at, start_after, version)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -50,22 +51,32 @@ SELECT pg_notify(n.channel, n.payload)
 FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
 
 -- name: claim_tasks
--- Claim eligible tasks by priority then age, skipping rows other claimers hold: pending ones
--- (-> processing) and compensating ones no scheduler holds; a new attempt each.
-WITH p AS MATERIALIZED (
-    SELECT task_id, priority, created_at FROM stepwarden_tasks
-    WHERE process_state = 'pending' AND eligible_at <= now()
-      AND workflow = ANY(%(workflows)s::text[])
-    ORDER BY priority DESC, created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+-- Claim eligible tasks of the given (workflow, version) pairs (the arrays workflows and
+-- versions, side by side) by priority then age, skipping rows other claimers hold: pending
+-- ones (-> processing) and compensating ones no scheduler holds; a new attempt each. Each
+-- pair is read through the claim indexes by (workflow, version, priority, age), up to the
+-- limit: the tasks of other versions are never read.
+WITH w AS MATERIALIZED (
+    SELECT DISTINCT workflow, version
+    FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+), p AS MATERIALIZED (
+    SELECT x.* FROM w CROSS JOIN LATERAL (
+        SELECT task_id, priority, created_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'pending' AND t.workflow = w.workflow
+          AND t.version = w.version AND t.eligible_at <= now()
+        ORDER BY t.priority DESC, t.created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS x
 ), c AS MATERIALIZED (
-    SELECT task_id, priority, created_at FROM stepwarden_tasks
-    WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= now()
-      AND workflow = ANY(%(workflows)s::text[])
-    ORDER BY priority DESC, created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT x.* FROM w CROSS JOIN LATERAL (
+        SELECT task_id, priority, created_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'compensating' AND t.locked_by IS NULL
+          AND t.workflow = w.workflow AND t.version = w.version AND t.eligible_at <= now()
+        ORDER BY t.priority DESC, t.created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS x
 ), pick AS MATERIALIZED (
     SELECT task_id FROM (SELECT * FROM p UNION ALL SELECT * FROM c) AS x
     ORDER BY priority DESC, created_at
@@ -685,10 +696,12 @@ SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s
 SELECT * FROM stepwarden_steps WHERE task_id = %(task_id)s ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state and one workflow, oldest first (run unprepared).
+-- Tasks, optionally of one state, one workflow and one version, oldest first (run
+-- unprepared).
 SELECT * FROM stepwarden_tasks
 WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR version = %(version)s::int)
 ORDER BY created_at, task_id
 LIMIT %(limit)s
 
@@ -818,23 +831,24 @@ SELECT * FROM stepwarden_waits WHERE task_id = %(task_id)s ORDER BY seq
 SELECT extract(epoch FROM now())::float8 AS now
 
 -- name: upsert_schedules
--- The application's schedules as its code declares them; a schedule whose timing changed
--- starts again from the next tick the caller worked out, one that did not keeps its own
--- (and whether an operator paused it).
+-- The application's schedules as its code declares them (the version of the workflow their
+-- tasks run included); a schedule whose timing changed starts again from the next tick the
+-- caller worked out, one that did not keeps its own (and whether an operator paused it).
 INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
-                                       complete_within, max_failures, on_failure, next_at)
+                                       complete_within, max_failures, on_failure, next_at,
+                                       version)
 SELECT d.name, d.workflow, d.cron, d.every, d.input::json, d.timezone, d.catch_up,
-       d.complete_within, d.max_failures, d.on_failure, to_timestamp(d.next_at)
+       d.complete_within, d.max_failures, d.on_failure, to_timestamp(d.next_at), d.version
 FROM unnest(%(name)s::text[], %(workflow)s::text[], %(cron)s::text[], %(every)s::float8[],
             %(input)s::text[], %(timezone)s::text[], %(catch_up)s::text[],
             %(complete_within)s::float8[], %(max_failures)s::int[], %(on_failure)s::text[],
-            %(next_at)s::float8[])
+            %(next_at)s::float8[], %(version)s::int[])
      AS d(name, workflow, cron, every, input, timezone, catch_up, complete_within,
-          max_failures, on_failure, next_at)
+          max_failures, on_failure, next_at, version)
 ON CONFLICT (name) DO UPDATE
 SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
     complete_within = excluded.complete_within, max_failures = excluded.max_failures,
-    on_failure = excluded.on_failure,
+    on_failure = excluded.on_failure, version = excluded.version,
     cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
     next_at = CASE WHEN s.cron IS DISTINCT FROM excluded.cron
                      OR s.every IS DISTINCT FROM excluded.every
@@ -845,8 +859,8 @@ SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.ca
 -- name: due_schedules
 -- Schedules not paused whose next tick has come, locked until commit, with the database's
 -- clock.
-SELECT name, workflow, cron, every, input, timezone, catch_up, complete_within, max_failures,
-       on_failure, extract(epoch FROM next_at)::float8 AS next_at,
+SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
+       max_failures, on_failure, extract(epoch FROM next_at)::float8 AS next_at,
        extract(epoch FROM now())::float8 AS now
 FROM stepwarden_schedules
 WHERE NOT paused AND next_at <= now()
@@ -977,11 +991,12 @@ ORDER BY e.ord
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
 -- and its metrics.
--- Tasks newest first, optionally of one state and one workflow, whose id contains a search
--- (run unprepared).
+-- Tasks newest first, optionally of one state, one workflow and one version, whose id
+-- contains a search (run unprepared).
 SELECT * FROM stepwarden_tasks
 WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR version = %(version)s::int)
   AND (%(search)s::text IS NULL OR strpos(task_id, %(search)s::text) > 0)
 ORDER BY created_at DESC, task_id DESC
 LIMIT %(limit)s
@@ -1055,16 +1070,18 @@ GROUP BY agent, operation ORDER BY agent, operation
 SELECT count(*)::bigint AS n FROM stepwarden_events WHERE kind = %(kind)s
 
 -- name: scheduler_beat
--- Scheduler instances register or refresh their row; each is gone at expires_at.
-INSERT INTO stepwarden_schedulers AS s (instance, workflows, capacity, held, started_at,
-                                        heartbeat_at, expires_at)
-SELECT b.instance, b.workflows::json, b.capacity, b.held, now(), now(),
+-- Scheduler instances register or refresh their row (the workflows and versions they run);
+-- each is gone at expires_at.
+INSERT INTO stepwarden_schedulers AS s (instance, workflows, versions, capacity, held,
+                                        started_at, heartbeat_at, expires_at)
+SELECT b.instance, b.workflows::json, b.versions::json, b.capacity, b.held, now(), now(),
        now() + make_interval(secs => %(ttl)s::float8)
-FROM unnest(%(instance)s::text[], %(workflows)s::text[], %(capacity)s::int[], %(held)s::int[])
-     AS b(instance, workflows, capacity, held)
+FROM unnest(%(instance)s::text[], %(workflows)s::text[], %(versions)s::text[],
+            %(capacity)s::int[], %(held)s::int[])
+     AS b(instance, workflows, versions, capacity, held)
 ON CONFLICT (instance) DO UPDATE
-SET workflows = excluded.workflows, capacity = excluded.capacity, held = excluded.held,
-    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+SET workflows = excluded.workflows, versions = excluded.versions, capacity = excluded.capacity,
+    held = excluded.held, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
 
 -- name: scheduler_leave
 UPDATE stepwarden_schedulers SET expires_at = LEAST(expires_at, now())
@@ -1110,6 +1127,20 @@ WITH d AS (
     FROM u ORDER BY ord
 )
 SELECT ord, task_id, attempt, scheduler, process_state FROM u
+
+-- name: version_backlog
+-- The tasks waiting for a scheduler (pending; compensating, unheld) by workflow and version,
+-- of the given workflows (all, when null), with the submit time of the oldest: read through
+-- the claim indexes.
+SELECT workflow, version,
+       count(*) FILTER (WHERE process_state = 'pending')::int AS pending,
+       count(*) FILTER (WHERE process_state = 'compensating')::int AS compensating,
+       min(created_at) AS oldest
+FROM stepwarden_tasks
+WHERE (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
+  AND (%(workflows)s::text[] IS NULL OR workflow = ANY(%(workflows)s::text[]))
+GROUP BY workflow, version
+ORDER BY workflow, version
 
 -- name: forget_schedulers
 -- Scheduler instances gone for a while leave the registry.

@@ -6,48 +6,69 @@
 
 -- name: insert_tasks
 -- Record a task, pending, or waiting for a delayed start (start_at, an epoch, or start_after
--- seconds from now); an existing task_id is left untouched.
+-- seconds from now), with the version of its workflow it runs; an existing task_id is left
+-- untouched.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
-                              process_state, wake_at, waiting_for)
+                              process_state, wake_at, waiting_for, version)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0
              THEN coalesce(:start_at, :now + :start_after) END,
-        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END)
+        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
 -- name: any_pending
--- A cheap read before taking the write lock.
-SELECT 1 FROM stepwarden_tasks
-WHERE process_state = 'pending' AND eligible_at <= :now
-  AND workflow IN (SELECT value FROM json_each(:workflows))
-UNION ALL
-SELECT 1 FROM stepwarden_tasks
-WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= :now
-  AND workflow IN (SELECT value FROM json_each(:workflows))
+-- A cheap read before taking the write lock: is any task of the given (workflow, version)
+-- pairs (the JSON arrays workflows and versions, side by side) eligible?
+WITH w AS (
+    SELECT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+)
+SELECT 1 FROM w
+WHERE EXISTS (SELECT 1 FROM stepwarden_tasks AS t INDEXED BY stepwarden_tasks_pending
+              WHERE t.process_state = 'pending' AND t.workflow = w.workflow
+                AND t.version = w.version AND t.eligible_at <= :now)
+   OR EXISTS (SELECT 1 FROM stepwarden_tasks AS t INDEXED BY stepwarden_tasks_compensate
+              WHERE t.process_state = 'compensating' AND t.locked_by IS NULL
+                AND t.workflow = w.workflow AND t.version = w.version
+                AND t.eligible_at <= :now)
 LIMIT 1
 
 -- name: claim_tasks
--- Claim eligible tasks by priority then age, a new attempt each: pending -> processing, and
--- compensating tasks no scheduler holds.
+-- Claim eligible tasks of the given (workflow, version) pairs (the JSON arrays workflows and
+-- versions, side by side) by priority then age, a new attempt each: pending -> processing,
+-- and compensating tasks no scheduler holds. Each pair is read through the claim indexes by
+-- (workflow, version, priority, age), up to the limit: the tasks of other versions are
+-- never read.
+WITH w AS (
+    SELECT DISTINCT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+), candidates AS (
+    SELECT t.task_id, t.priority, t.created_at
+    FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
+        SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_pending
+        WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+          AND x.version = w.version AND x.eligible_at <= :now
+        ORDER BY x.priority DESC, x.created_at
+        LIMIT :limit)
+    UNION ALL
+    SELECT t.task_id, t.priority, t.created_at
+    FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
+        SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_compensate
+        WHERE x.process_state = 'compensating' AND x.locked_by IS NULL
+          AND x.workflow = w.workflow AND x.version = w.version AND x.eligible_at <= :now
+        ORDER BY x.priority DESC, x.created_at
+        LIMIT :limit)
+)
 UPDATE stepwarden_tasks
 SET locked_by = :scheduler, attempt = attempt + 1,
     process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
     complete_by = :now + complete_within, updated_at = :now
-WHERE task_id IN (
-    SELECT task_id FROM (
-        SELECT task_id, priority, created_at FROM stepwarden_tasks
-        WHERE process_state = 'pending' AND eligible_at <= :now
-          AND workflow IN (SELECT value FROM json_each(:workflows))
-        UNION ALL
-        SELECT task_id, priority, created_at FROM stepwarden_tasks
-        WHERE process_state = 'compensating' AND locked_by IS NULL AND eligible_at <= :now
-          AND workflow IN (SELECT value FROM json_each(:workflows)))
-    ORDER BY priority DESC, created_at
-    LIMIT :limit)
+WHERE task_id IN (SELECT task_id FROM candidates ORDER BY priority DESC, created_at
+                  LIMIT :limit)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, complete_by - :now AS remaining
 
@@ -449,10 +470,11 @@ SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
 SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state and one workflow, oldest first.
+-- Tasks, optionally of one state, one workflow and one version, oldest first.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:version IS NULL OR version = :version)
 ORDER BY created_at, task_id
 LIMIT :limit
 
@@ -570,18 +592,18 @@ SELECT * FROM stepwarden_waits WHERE task_id = :task_id ORDER BY seq
 SELECT :now AS now
 
 -- name: upsert_schedules
--- The application's schedules as its code declares them; a schedule whose timing changed
--- starts again from the next tick the caller worked out, one that did not keeps its own
--- (and whether an operator paused it).
+-- The application's schedules as its code declares them (the version of the workflow their
+-- tasks run included); a schedule whose timing changed starts again from the next tick the
+-- caller worked out, one that did not keeps its own (and whether an operator paused it).
 INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
                                        complete_within, max_failures, on_failure, next_at,
-                                       updated_at)
+                                       updated_at, version)
 VALUES (:name, :workflow, :cron, :every, :input, :timezone, :catch_up, :complete_within,
-        :max_failures, :on_failure, :next_at, :now)
+        :max_failures, :on_failure, :next_at, :now, :version)
 ON CONFLICT (name) DO UPDATE
 SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
     complete_within = excluded.complete_within, max_failures = excluded.max_failures,
-    on_failure = excluded.on_failure,
+    on_failure = excluded.on_failure, version = excluded.version,
     cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
     next_at = CASE WHEN s.cron IS NOT excluded.cron OR s.every IS NOT excluded.every
                      OR s.timezone <> excluded.timezone
@@ -590,8 +612,8 @@ SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.ca
 
 -- name: due_schedules
 -- Schedules not paused whose next tick has come, with the store's clock.
-SELECT name, workflow, cron, every, input, timezone, catch_up, complete_within, max_failures,
-       on_failure, next_at, :now AS now
+SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
+       max_failures, on_failure, next_at, :now AS now
 FROM stepwarden_schedules INDEXED BY stepwarden_schedules_due
 WHERE NOT paused AND next_at <= :now
 ORDER BY next_at
@@ -705,10 +727,12 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
 -- and its metrics.
--- Tasks newest first, optionally of one state and one workflow, whose id contains :search.
+-- Tasks newest first, optionally of one state, one workflow and one version, whose id
+-- contains :search.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:version IS NULL OR version = :version)
   AND (:search IS NULL OR instr(task_id, :search) > 0)
 ORDER BY created_at DESC, task_id DESC
 LIMIT :limit
@@ -779,13 +803,14 @@ GROUP BY agent, operation ORDER BY agent, operation
 SELECT count(*) AS n FROM stepwarden_events WHERE kind = :kind
 
 -- name: scheduler_beat
--- A scheduler instance registers or refreshes its row; it is gone at expires_at.
-INSERT INTO stepwarden_schedulers (instance, workflows, capacity, held, started_at,
+-- A scheduler instance registers or refreshes its row (the workflows and versions it runs);
+-- it is gone at expires_at.
+INSERT INTO stepwarden_schedulers (instance, workflows, versions, capacity, held, started_at,
                                    heartbeat_at, expires_at)
-VALUES (:instance, :workflows, :capacity, :held, :now, :now, :now + :ttl)
+VALUES (:instance, :workflows, :versions, :capacity, :held, :now, :now, :now + :ttl)
 ON CONFLICT (instance) DO UPDATE
-SET workflows = excluded.workflows, capacity = excluded.capacity, held = excluded.held,
-    heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+SET workflows = excluded.workflows, versions = excluded.versions, capacity = excluded.capacity,
+    held = excluded.held, heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
 
 -- name: scheduler_leave
 UPDATE stepwarden_schedulers SET expires_at = MIN(expires_at, :now) WHERE instance = :instance
@@ -821,6 +846,29 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (:task_id, :now, 'released',
         json_object('attempt', :attempt, 'from', :scheduler, 'by', :by, 'term', :term,
                     'reason', :reason));
+
+-- name: version_backlog
+-- The tasks waiting for a scheduler (pending; compensating, unheld) by workflow and version,
+-- of the given workflows (a JSON array; all, when null), with the submit time of the oldest:
+-- read through the claim indexes.
+SELECT workflow, version, sum(pending) AS pending, sum(compensating) AS compensating,
+       min(oldest) AS oldest
+FROM (
+    SELECT workflow, version, count(*) AS pending, 0 AS compensating,
+           min(created_at) AS oldest
+    FROM stepwarden_tasks INDEXED BY stepwarden_tasks_pending
+    WHERE process_state = 'pending'
+      AND (:workflows IS NULL OR workflow IN (SELECT value FROM json_each(:workflows)))
+    GROUP BY workflow, version
+    UNION ALL
+    SELECT workflow, version, 0, count(*), min(created_at)
+    FROM stepwarden_tasks INDEXED BY stepwarden_tasks_compensate
+    WHERE process_state = 'compensating' AND locked_by IS NULL
+      AND (:workflows IS NULL OR workflow IN (SELECT value FROM json_each(:workflows)))
+    GROUP BY workflow, version
+)
+GROUP BY workflow, version
+ORDER BY workflow, version
 
 -- name: forget_schedulers
 -- Scheduler instances gone for a while leave the registry.
