@@ -101,6 +101,7 @@ def step_record(row: Row) -> StepRecord:
         heartbeat_at=when(row["heartbeat_at"]),
         limit_key=row["limit_key"],
         complete_within=row["complete_within"],
+        call_stopped_at=when(row["call_stopped_at"]),
     )
 
 
