@@ -148,8 +148,10 @@ def call_lost(*, attempt: int, instance: str, found: Mapping[str, Any] | None) -
         if task_state in CALL_TASK_STATES:
             return None
         return f"the task is {task_state}"
-    if state == StepState.FAILED and found["abandoned"] and task_state not in CALL_TASK_STATES:
-        return f"the task is {task_state}"
+    if state == StepState.FAILED and found["abandoned"]:
+        if task_state in (TaskState.PROCESSING, TaskState.PENDING, TaskState.WAITING):
+            return "the step was abandoned"  # past its total timeout
+        return f"the task is {task_state}"  # it stopped holding its steps
     if state == StepState.NOT_STARTED:
         return "the step was handed back to the queue"
     return f"the step is no longer held by this call (it is {state})"
