@@ -540,9 +540,9 @@ def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[boo
 
 
 def call_facts(calls: Sequence[tuple[str, int, int]]) -> Query:
-    """The facts of the steps of these calls (task_id, seq, attempt), for `lost`."""
-    params = {"task_ids": [c[0] for c in calls], "seqs": [c[1] for c in calls]}
-    return Query("call_facts", params)
+    """The facts of the steps of these calls (task_id, seq, attempt), for `lost`: a batch
+    (SQLite: a lookup by key each; PostgreSQL: one statement)."""
+    return Query("call_facts", each=[{"task_id": t, "seq": q} for t, q, _ in calls])
 
 
 def lost(

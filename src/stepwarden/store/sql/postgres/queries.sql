@@ -354,14 +354,14 @@ WHERE s.task_id = %(task_id)s AND s.seq = %(seq)s AND s.attempt = %(attempt)s
 RETURNING extract(epoch FROM s.complete_by - now())::float8 AS remaining
 
 -- name: call_facts
--- The facts rules.call_lost and rules.plan_call_stopped decide on, for the given steps (the
--- i-th task id with the i-th seq): each step's agent, state, attempt, holder, abandonment
--- and stop, the seconds left before its complete_by, and its task's state and holder.
+-- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
+-- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
+-- its complete_by, and its task's state and holder.
 SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
        s.call_stopped_at IS NOT NULL AS call_stopped,
        extract(epoch FROM s.complete_by - now())::float8 AS remaining,
        t.process_state, t.locked_by AS task_locked_by
-FROM unnest(%(task_ids)s::text[], %(seqs)s::int[]) AS c(task_id, seq)
+FROM unnest(%(task_id)s::text[], %(seq)s::int[]) AS c(task_id, seq)
 JOIN stepwarden_steps s ON s.task_id = c.task_id AND s.seq = c.seq
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 

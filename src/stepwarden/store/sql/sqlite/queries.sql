@@ -234,16 +234,14 @@ WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'runn
 RETURNING complete_by - :now AS remaining
 
 -- name: call_facts
--- The facts rules.call_lost and rules.plan_call_stopped decide on, for the given steps (the
--- i-th task id with the i-th seq): each step's agent, state, attempt, holder, abandonment
--- and stop, the seconds left before its complete_by, and its task's state and holder.
+-- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
+-- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
+-- its complete_by, and its task's state and holder.
 SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
        s.call_stopped_at IS NOT NULL AS call_stopped, s.complete_by - :now AS remaining,
        t.process_state, t.locked_by AS task_locked_by
-FROM json_each(:task_ids) AS i
-JOIN json_each(:seqs) AS q ON q.key = i.key
-JOIN stepwarden_steps s ON s.task_id = i.value AND s.seq = q.value
-JOIN stepwarden_tasks t ON t.task_id = s.task_id
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.task_id = :task_id AND s.seq = :seq
 
 -- name: lock_tasks
 -- Tasks a flow decides on, locked until commit (BEGIN IMMEDIATE already holds every write).
