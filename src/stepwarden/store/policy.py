@@ -574,7 +574,7 @@ def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
         call_facts(calls),
     ]
     found = {(r["task_id"], r["seq"]): r for r in rows}
-    each, positions, freed = [], [], set()
+    each, positions, freed = [], [], {}
     for i in keep:
         c = batch[i]
         f = found.get((c.task_id, c.seq))
@@ -594,7 +594,7 @@ def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
             and f["process_state"] == TaskState.COMPENSATING
             and f["task_locked_by"] is None
         ):
-            freed.add(c.task_id)
+            freed[c.task_id] = f["task_attempt"]
     if not each:
         return [False] * len(batch)
     [stopped] = yield [Query("stop_calls", each=each)]
@@ -603,11 +603,10 @@ def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
     wake.requests(
         [found[(batch[i].task_id, batch[i].seq)]["agent"] for i in handed if i in applied]
     )
-    freed &= {batch[i].task_id for i in applied}
-    if freed:
-        ids = sorted(freed)
+    ids = sorted({batch[i].task_id for i in applied} & set(freed))
+    if ids:
         holds = _holds((yield from fetch("hold_facts", task_ids=ids)))
-        sooner = [{"task_id": t, "hold": holds.get(t, 0.0)} for t in ids]
+        sooner = [{"task_id": t, "attempt": freed[t], "hold": holds.get(t, 0.0)} for t in ids]
         [moved] = yield [Query("compensate_sooner", each=sooner)]
         if any(r["due"] for r in moved):
             wake.tasks()

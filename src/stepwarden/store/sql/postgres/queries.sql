@@ -356,11 +356,11 @@ RETURNING extract(epoch FROM s.complete_by - now())::float8 AS remaining
 -- name: call_facts
 -- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
 -- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
--- its complete_by, and its task's state and holder.
+-- its complete_by, and its task's state, holder and attempt.
 SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
        s.call_stopped_at IS NOT NULL AS call_stopped,
        extract(epoch FROM s.complete_by - now())::float8 AS remaining,
-       t.process_state, t.locked_by AS task_locked_by
+       t.process_state, t.locked_by AS task_locked_by, t.attempt AS task_attempt
 FROM unnest(%(task_id)s::text[], %(seq)s::int[]) AS c(task_id, seq)
 JOIN stepwarden_steps s ON s.task_id = c.task_id AND s.seq = c.seq
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
@@ -415,20 +415,21 @@ WHERE task_id = ANY(%(task_ids)s::text[])
 ORDER BY task_id, seq
 
 -- name: compensate_sooner
--- Compensating tasks no scheduler holds are eligible after `hold` seconds (what their steps
--- still hold them up for, rules.compensation_wait), never sooner than the end of their
--- backoff (backoff_until; a task without one keeps its eligible_at), never later than they
--- were.
+-- Compensating tasks no scheduler holds (under the attempt read) are eligible after `hold`
+-- seconds (what their steps still hold them up for, rules.compensation_wait), never sooner
+-- than the end of their backoff (backoff_until; a task without one keeps its eligible_at),
+-- never later than they were.
 WITH d AS (
-    SELECT * FROM unnest(%(task_id)s::text[], %(hold)s::float8[], %(ord)s::int[])
-        AS d(task_id, hold, ord)
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(hold)s::float8[],
+                         %(ord)s::int[])
+        AS d(task_id, attempt, hold, ord)
 )
 UPDATE stepwarden_tasks t
 SET eligible_at = LEAST(t.eligible_at,
                         GREATEST(now() + make_interval(secs => d.hold), t.backoff_until))
 FROM d
-WHERE t.task_id = d.task_id AND t.process_state = 'compensating' AND t.locked_by IS NULL
-  AND t.backoff_until IS NOT NULL
+WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = 'compensating'
+  AND t.locked_by IS NULL AND t.backoff_until IS NOT NULL
 RETURNING d.ord, t.task_id, t.eligible_at <= now() AS due
 
 -- name: agent_beat

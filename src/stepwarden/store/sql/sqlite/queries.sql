@@ -236,10 +236,10 @@ RETURNING complete_by - :now AS remaining
 -- name: call_facts
 -- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
 -- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
--- its complete_by, and its task's state and holder.
+-- its complete_by, and its task's state, holder and attempt.
 SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
        s.call_stopped_at IS NOT NULL AS call_stopped, s.complete_by - :now AS remaining,
-       t.process_state, t.locked_by AS task_locked_by
+       t.process_state, t.locked_by AS task_locked_by, t.attempt AS task_attempt
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.task_id = :task_id AND s.seq = :seq
 
@@ -279,13 +279,14 @@ WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 ORDER BY task_id, seq
 
 -- name: compensate_sooner
--- A compensating task no scheduler holds is eligible after :hold seconds (what its steps
--- still hold it up for, rules.compensation_wait), never sooner than the end of its backoff
--- (backoff_until; a task without one keeps its eligible_at), never later than it was.
+-- A compensating task no scheduler holds (under the attempt read) is eligible after :hold
+-- seconds (what its steps still hold it up for, rules.compensation_wait), never sooner than
+-- the end of its backoff (backoff_until; a task without one keeps its eligible_at), never
+-- later than it was.
 UPDATE stepwarden_tasks
 SET eligible_at = MIN(eligible_at, MAX(:now + :hold, backoff_until))
-WHERE task_id = :task_id AND process_state = 'compensating' AND locked_by IS NULL
-  AND backoff_until IS NOT NULL
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = 'compensating'
+  AND locked_by IS NULL AND backoff_until IS NOT NULL
 RETURNING :ord AS ord, task_id, eligible_at <= :now AS due
 
 -- name: agent_beat
