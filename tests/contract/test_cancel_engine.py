@@ -82,9 +82,7 @@ class Cancellable:
         @self.app.workflow(complete_within=timedelta(seconds=120))
         async def long(ctx: sw.Context, spec: dict[str, Any]) -> Any:
             op = loop_long if spec.get("sync") else wait_long
-            return await ctx.step(
-                op, spec, complete_within=timedelta(seconds=60), compensate=undo
-            )
+            return await ctx.step(op, spec, complete_within=timedelta(seconds=60), compensate=undo)
 
         self.workflow = long
 

@@ -50,9 +50,7 @@ def ended(c: Cluster, task_id: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
-def test_a_cancel_from_the_command_line_stops_the_running_call(
-    cluster: Cluster, kind: str
-) -> None:
+def test_a_cancel_from_the_command_line_stops_the_running_call(cluster: Cluster, kind: str) -> None:
     c = cluster
     c.start("worker")
     c.submit("t1", [{"async": kind == "async", "long": LONG, "within": 90}])
