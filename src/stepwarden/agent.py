@@ -73,12 +73,15 @@ class Limit:
 
 
 class CallHold(Protocol):
-    """The runner's hold of the step a call serves: its deadline, moved on by heartbeats."""
+    """The runner's hold of the step a call serves: its deadline, moved on by heartbeats,
+    and why it was lost, once it is."""
 
     loop: asyncio.AbstractEventLoop
     deadline: float
     """complete_by on the loop's clock."""
     complete_by: datetime
+    cancelled: str | None
+    """Why the call no longer holds its step (None while it does)."""
 
     async def heartbeat(self, details: Any) -> None: ...
 
@@ -125,6 +128,17 @@ class Call:
         """When this call must be done; a heartbeat moves it on."""
         return self._hold.complete_by
 
+    @property
+    def cancelled(self) -> str | None:
+        """Why this call was cancelled, once its step is no longer held by it (its task
+        cancelled, paused or sent to compensating by an operator, the step abandoned,
+        dispatched again or reassigned): a short reason such as "the task is cancelled".
+        None while the call holds its step. An async operation is cancelled then
+        (`asyncio.CancelledError` is raised inside it); a sync one cannot be interrupted and
+        should check this in a long loop, and stop. Whatever the operation returns after
+        that is discarded."""
+        return self._hold.cancelled
+
     def remaining(self) -> float:
         """Seconds left before complete_by."""
         return max(0.0, self._hold.deadline - self._hold.loop.time())
@@ -133,7 +147,8 @@ class Call:
         """Tell the store this call is alive: the step's complete_by moves to now + its
         complete_within (never past the task's complete_by, nor the step's total timeout),
         and `details` (JSON) are recorded with the step. Raises StepLost when this call no
-        longer holds the step: stop then. From a sync operation use `heartbeat_sync`."""
+        longer holds the step (and from then on: see `cancelled`): stop then. From a sync
+        operation use `heartbeat_sync`."""
         await self._hold.heartbeat(details)
 
     def heartbeat_sync(self, details: Any = None) -> None:

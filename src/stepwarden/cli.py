@@ -685,6 +685,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
             _echo(f"      reassigned {s.reassignments} time(s) (not counted as failures)")
         if s.heartbeat_at is not None:
             _echo(f"      heartbeat {_time(s.heartbeat_at)}  {_json.display(s.heartbeat)}")
+        if s.call_stopped_at is not None:
+            _echo(f"      call stopped {_time(s.call_stopped_at)}  (by {s.locked_by})")
         if s.error:
             _echo(f"      error: {s.error}")
     if view.events:
@@ -919,7 +921,8 @@ def resume(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
 )
 @click.pass_obj
 def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options: Any) -> None:
-    """Cancel tasks: they stop for good, and their open steps are closed."""
+    """Cancel tasks: they stop for good, their open steps are closed, and the calls of their
+    running steps are cancelled."""
     _operate(obj, "compensate" if compensate else "cancel", task_ids, **options)
 
 

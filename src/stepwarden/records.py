@@ -116,6 +116,10 @@ class StepRecord:
     position: str | None = None
     """Its place in the workflow, which a replay matches it by ("3", "3.2.1": see
     `Context.gather`); None on a compensation."""
+    call_stopped_at: datetime | None = None
+    """When the agent instance that held the step (`locked_by`, under `attempt`) reported its
+    call ended after the step was taken from it (abandoned): from then on the step no longer
+    holds up its task's compensation."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,6 +277,20 @@ class RequestHandback:
     attempt: int
     agent_instance: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallStop:
+    """An agent instance's word that its call of a step it no longer holds (its task
+    cancelled, paused or compensating, the step abandoned) has ended: fenced by the attempt
+    and instance that held the step (`rules.plan_call_stopped` says what it writes)."""
+
+    task_id: str
+    seq: int
+    attempt: int
+    agent_instance: str
+    reason: str
+    """Why the call was stopped (`rules.call_lost`), for the task's history."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -122,6 +122,95 @@ def waiting_for(kind: str, name: str) -> str:
 def abandoned_error(state: TaskState) -> str:
     """The error of an open step closed because its task went to `state`."""
     return f"abandoned: the task is {state}"
+
+
+# -- calls that no longer hold their step --------------------------------------------------
+
+CALL_TASK_STATES = frozenset(
+    {TaskState.PENDING, TaskState.PROCESSING, TaskState.COMPENSATING, TaskState.WAITING}
+)
+"""The states of a task in which a call of one of its running steps goes on (a pending task
+was released: its next scheduler adopts the step). In any other (paused, or finished) the
+call is stopped."""
+
+
+def call_lost(*, attempt: int, instance: str, found: Mapping[str, Any] | None) -> str | None:
+    """Why the call of a step that `instance` claimed under `attempt` no longer holds it,
+    from the step and its task as stored (`found`: the step's state, attempt, locked_by and
+    abandoned, its task's process_state; None when the step is gone), or None while it
+    holds it: the step runs under that attempt, held by that instance, for a task in one of
+    the CALL_TASK_STATES."""
+    if found is None:
+        return "the step no longer exists"
+    task_state = TaskState(found["process_state"])
+    state = StepState(found["state"])
+    if int(found["attempt"]) != attempt:
+        return f"the step was dispatched again (attempt {found['attempt']})"
+    if state == StepState.RUNNING:
+        if found["locked_by"] != instance:
+            return "the step is held by another agent instance"
+        if task_state in CALL_TASK_STATES:
+            return None
+        return f"the task is {task_state}"
+    if state == StepState.FAILED and found["abandoned"]:
+        if task_state in (TaskState.PROCESSING, TaskState.PENDING, TaskState.WAITING):
+            return "the step was abandoned"  # past its total timeout
+        return f"the task is {task_state}"  # it stopped holding its steps
+    if state == StepState.NOT_STARTED:
+        return "the step was handed back to the queue"
+    return f"the step is no longer held by this call (it is {state})"
+
+
+StopPlan = Literal["stopped", "requeue", "hand_back"]
+"""What an agent's word that its call stopped writes on the step: `stopped` (an abandoned
+step: its call_stopped_at, so that it no longer holds up the compensation); `requeue` (a
+step still running for a paused task: back to not_started, past its complete_by, so that no
+agent claims it and the scheduler resuming the task dispatches it again at once);
+`hand_back` (a step still running for a task whose calls go on again, resumed meanwhile:
+back to the queue, in time, for an agent to claim)."""
+
+
+def plan_call_stopped(
+    *, attempt: int, instance: str, found: Mapping[str, Any] | None
+) -> StopPlan | None:
+    """What the word of `instance` that its call of a step (under `attempt`) has ended
+    writes, from the step and its task as stored (as for `call_lost`, with call_stopped);
+    None when it writes nothing: the step is another attempt's or instance's, its stop is
+    already recorded, or it ended otherwise (completed, failed on its own)."""
+    if found is None or int(found["attempt"]) != attempt or found["locked_by"] != instance:
+        return None
+    state = StepState(found["state"])
+    if state == StepState.RUNNING:
+        in_call = TaskState(found["process_state"]) in CALL_TASK_STATES
+        return "hand_back" if in_call else "requeue"
+    if state == StepState.FAILED and found["abandoned"] and not found["call_stopped"]:
+        return "stopped"
+    return None
+
+
+def holds_up_compensation(*, remaining: float, call_stopped: bool) -> bool:
+    """Whether a step its task stopped holding (abandoned, or about to be) still holds up
+    the task's compensation: an agent may still be calling it, and apply its effect, until
+    its call has stopped (the agent said so: `call_stopped_at`) or its complete_by has
+    passed (`remaining`, seconds by the database clock), whichever comes first. A call whose
+    agent died says nothing: its complete_by bounds it."""
+    return not call_stopped and remaining > 0
+
+
+def compensation_wait(steps: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds a compensation waits for the steps of its task that hold it up
+    (`holds_up_compensation`), of steps read as rows (remaining, call_stopped); 0 when none
+    does."""
+    return max(
+        (
+            float(s["remaining"])
+            for s in steps
+            if holds_up_compensation(
+                remaining=float(s["remaining"]), call_stopped=bool(s["call_stopped"])
+            )
+        ),
+        default=0.0,
+    )
 
 
 # -- the supervisor: expired tasks --------------------------------------------------------

@@ -10,6 +10,13 @@ capacity, calls in flight and circuit breaker). It claims only as many requests 
 free slots, none while its breaker is open (an instance whose service answers takes them),
 and only within the operations' limits. An instance that stops heartbeating is gone: the
 supervisor hands its running steps to another.
+
+Once per poll interval (at once on a wake-up naming one of their tasks) it asks the store, in
+one query, which of its calls in flight no longer hold their step (their task cancelled,
+paused or sent to compensating, the step abandoned, dispatched again or reassigned) and why
+(`rules.call_lost`). Such a call is cancelled: an async operation gets CancelledError, a sync
+one sees `call.cancelled`; nothing is reported for it, no failure counted, and once it has
+ended the store is told (`Store.stop_calls`), so that a compensation waiting for it may start.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _json
@@ -28,6 +36,7 @@ from .breaker import CLOSED, OPEN, CircuitBreaker
 from .errors import CircuitOpen, PayloadError, StepLost, StoreError, TransientStoreError
 from .records import (
     AgentBeat,
+    CallStop,
     OpLimit,
     Request,
     RequestHandback,
@@ -37,7 +46,7 @@ from .records import (
 from .retry import after_store_failure, answered
 from .rules import describe
 from .states import StepState
-from .store import CHANNEL_REQUESTS, Store
+from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
 
 logger = logging.getLogger("stepwarden.agent")
 T = TypeVar("T")
@@ -48,8 +57,14 @@ DEFAULT_GONE_AFTER = 5.0
 """Seconds without a heartbeat after which an agent instance is gone."""
 
 
+class _Lost(Exception):
+    """Raised in the serving task in place of the CancelledError it was sent when its call
+    lost its step (`_Hold.lose`)."""
+
+
 class _Hold:
-    """A runner's hold of one claimed step: its deadline, moved on by heartbeats."""
+    """A runner's hold of one claimed step: its deadline, moved on by heartbeats, and why it
+    was lost, once it is."""
 
     def __init__(self, runner: AgentRunner, request: Request) -> None:
         self.runner = runner
@@ -58,10 +73,37 @@ class _Hold:
         self.deadline = self.loop.time() + request.remaining
         self.complete_by = request.complete_by
         self.timeout: asyncio.Timeout | None = None
+        self.cancelled: str | None = None
+        self._task: asyncio.Task[Any] | None = None
+        """The serving task, while what it awaits may be interrupted."""
+        self._interrupted = False
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.request.task_id, self.request.seq, self.request.attempt)
+
+    def lose(self, why: str) -> None:
+        """The call no longer holds its step: say why (`Call.cancelled`), and interrupt what
+        the serving task awaits, if it may be (an async operation, a wait between tries)."""
+        if self.cancelled is None:
+            self.cancelled = why
+        if self._task is not None and not self._interrupted:
+            self._interrupted = True
+            self._task.cancel()
+
+    def interruptible(self, enabled: bool) -> _Interruptible:
+        """A block whose awaits `lose` interrupts (when `enabled`): the CancelledError it
+        sends comes out of the block as `_Lost`; any other cancellation goes through."""
+        return _Interruptible(self, enabled)
 
     async def heartbeat(self, details: Any) -> None:
-        detail = None if details is None else _json.dumps(details, what="heartbeat details")
         r = self.request
+        if self.cancelled is not None:
+            raise StepLost(
+                f"step {r.idempotency_key} attempt {r.attempt} is no longer held by this call: "
+                f"{self.cancelled}"
+            )
+        detail = None if details is None else _json.dumps(details, what="heartbeat details")
         try:
             remaining = await self.runner.store.heartbeat_step(
                 r.task_id, r.seq, r.attempt, self.runner.instance, detail
@@ -78,6 +120,31 @@ class _Hold:
         self.complete_by = datetime.now(UTC) + timedelta(seconds=remaining)
         if self.timeout is not None:
             self.timeout.reschedule(self.deadline)
+
+
+class _Interruptible:
+    def __init__(self, hold: _Hold, enabled: bool) -> None:
+        self.hold = hold
+        self.enabled = enabled
+
+    def __enter__(self) -> None:
+        if self.enabled:
+            self.hold._task = asyncio.current_task()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self.hold
+        task, hold._task = hold._task, None
+        if not hold._interrupted or task is None:
+            return
+        hold._interrupted = False
+        # The cancellation `lose` asked for is taken back; another one (a drain) stands.
+        if task.uncancel() == 0 and kind is asyncio.CancelledError:
+            raise _Lost from exc
 
 
 class AgentRunner:
@@ -102,10 +169,14 @@ class AgentRunner:
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self._inflight: dict[asyncio.Task[None], str] = {}
+        self._holds: dict[tuple[str, int, int], _Hold] = {}
+        """The steps of the calls in flight, by (task_id, seq, attempt)."""
+        self._watcher: asyncio.Task[None] | None = None
         self._room = asyncio.Event()
         self._beat_now = asyncio.Event()
         self._transitions: list[str] = []
         self._completions: Batcher[StepOutcome, bool] = Batcher(store.complete_steps)
+        self._stops: Batcher[CallStop, bool] = Batcher(store.stop_calls)
         self.breaker = (
             None if agent.breaker is None else CircuitBreaker(agent.breaker, self._on_breaker)
         )
@@ -175,10 +246,61 @@ class AgentRunner:
             )
         return limits
 
+    # -- calls that no longer hold their step ---------------------------------------------
+    async def _watch_calls(self, stop: asyncio.Event) -> None:
+        """Every poll interval, and at once on a wake-up naming the task of a call in flight,
+        stop the calls in flight whose step is no longer theirs. Runs until `stop` is set and
+        no call is in flight (a drain ends it)."""
+        sub = self.store.subscribe(CHANNEL_CALLS)
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + self.poll_interval
+        try:
+            while not (stop.is_set() and not self._holds):
+                payloads = await sub.wait(max(0.0, next_check - loop.time()))
+                if payloads is not None:
+                    named = set(payloads)
+                    if not any(h.request.task_id in named for h in self._holds.values()):
+                        continue
+                next_check = loop.time() + self.poll_interval
+                await self._check_calls()
+        finally:
+            self.store.unsubscribe(CHANNEL_CALLS, sub)
+
+    async def _check_calls(self, holds: list[_Hold] | None = None) -> None:
+        """Ask the store which of these calls (those in flight) no longer hold their step,
+        in one query, and stop those."""
+        if holds is None:
+            holds = [h for h in self._holds.values() if h.cancelled is None]
+        if not holds:
+            return
+        try:
+            lost = await self.store.lost_calls(self.instance, [h.key for h in holds])
+        except StoreError as exc:
+            logger.warning("agent %s: cannot check its calls: %s", self.agent.name, exc)
+            return
+        for hold in holds:
+            why = lost.get(hold.key)
+            if why is not None and hold.cancelled is None:
+                logger.info(
+                    "%s attempt %d: cancelling the call: %s",
+                    hold.request.idempotency_key,
+                    hold.request.attempt,
+                    why,
+                )
+                hold.lose(why)
+
+    async def _stop_watching(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
     async def run(self, stop: asyncio.Event) -> None:
         await self.register(stop)
         sub = self.store.subscribe(CHANNEL_REQUESTS)
         beats = asyncio.create_task(self._heartbeats(stop))
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_calls(stop))
         failures = 0
         try:
             while not stop.is_set():
@@ -220,6 +342,8 @@ class AgentRunner:
             self.store.unsubscribe(CHANNEL_REQUESTS, sub)
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
+            if not self._inflight:  # else it watches the calls still in flight, to the drain
+                await self._stop_watching()
 
     async def drain(self, timeout: float) -> None:
         """Let the calls under way finish (up to `timeout` seconds), write their outcomes,
@@ -229,6 +353,8 @@ class AgentRunner:
         for task in set(self._inflight):
             task.cancel()
         await self._completions.drain()
+        await self._stops.drain()
+        await self._stop_watching()
         try:
             await self.store.leave(self.instance, [self.agent.name])
         except StoreError as exc:
@@ -244,13 +370,26 @@ class AgentRunner:
 
     # -- serving --------------------------------------------------------------------------
     async def _serve(self, request: Request) -> None:
-        op = self.agent.operations[request.operation]
         hold = _Hold(self, request)
+        self._holds[hold.key] = hold
+        try:
+            await self._calls(hold)
+        finally:
+            if self._holds.get(hold.key) is hold:
+                del self._holds[hold.key]
+
+    async def _calls(self, hold: _Hold) -> None:
+        """Call the operation of a claimed request until it answers, fails for good, runs
+        out of tries or time, or loses its step; report what is to be reported."""
+        request = hold.request
+        op = self.agent.operations[request.operation]
         loop = hold.loop
         args = request.input if isinstance(request.input, list) else [request.input]
         tries = 0
-        error: BaseException
         while True:
+            if hold.cancelled is not None:
+                await self._stopped(op, hold)
+                return
             if self.breaker is not None and not self.breaker.allow():
                 await self._hand_back(hold, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
@@ -269,17 +408,33 @@ class AgentRunner:
                 ),
             )
             verdict: bool | None = None  # the service answered (True), or failed (False)
+            error: BaseException | None = None
+            permanent = False
+            result = ""
             try:
                 async with asyncio.timeout_at(hold.deadline) as hold.timeout:
-                    value = await op.invoke(call, args)
-                verdict = True
-                result = _json.dumps(value, what=f"the result of {op.qualname}")
+                    # An async operation is cancelled when its call loses the step; a sync
+                    # one runs in a thread, which nothing interrupts: it sees call.cancelled.
+                    with hold.interruptible(op.is_async):
+                        value = await op.invoke(call, args)
+                if hold.cancelled is None:  # else it returned all the same: discarded
+                    verdict = True
+                    result = _json.dumps(value, what=f"the result of {op.qualname}")
+            except _Lost:
+                pass
             except StepLost as exc:
-                logger.info("%s for %s: %s; stopping", op.qualname, request.idempotency_key, exc)
-                return
+                if hold.cancelled is None:
+                    logger.info(
+                        "%s for %s: %s; stopping", op.qualname, request.idempotency_key, exc
+                    )
+                    await self._check_calls([hold])  # why, if the store can tell
+                    if hold.cancelled is None:
+                        return
             except TimeoutError as exc:
                 verdict = False
                 if loop.time() >= hold.deadline:
+                    # Past complete_by (a sync operation may even run on): nothing to report,
+                    # and a stop would change nothing.
                     logger.info(
                         "%s for %s: complete_by passed, stopping",
                         op.qualname,
@@ -292,18 +447,21 @@ class AgentRunner:
             except Exception as exc:
                 error, permanent = exc, op.retry.is_permanent(exc)
                 verdict = permanent
-            else:
-                await self._report(hold, StepState.COMPLETED, result, None, tries)
-                return
             finally:
                 hold.timeout = None
                 if self.breaker is not None:
-                    if verdict is True:
+                    if verdict is True and hold.cancelled is None:
                         self.breaker.success()
-                    elif verdict is False:
+                    elif verdict is False and hold.cancelled is None:
                         self.breaker.failure()
                     else:
                         self.breaker.abandon()
+            if hold.cancelled is not None:
+                await self._stopped(op, hold)
+                return
+            if error is None:
+                await self._report(hold, StepState.COMPLETED, result, None, tries)
+                return
             message = describe(error)
             if permanent:
                 await self._report(hold, StepState.FAILED, None, message, tries)
@@ -338,7 +496,30 @@ class AgentRunner:
                 message,
                 delay,
             )
-            await asyncio.sleep(delay)
+            try:
+                with hold.interruptible(True):
+                    await asyncio.sleep(delay)
+            except _Lost:
+                pass  # stopped at the top of the loop
+
+    async def _stopped(self, op: Any, hold: _Hold) -> None:
+        """The call of a step it no longer holds has ended: report no outcome, and tell the
+        store (before complete_by, after which it would change nothing)."""
+        request = hold.request
+        why = hold.cancelled or "the step is no longer held by this call"
+        logger.info("%s for %s: cancelled (%s)", op.qualname, request.idempotency_key, why)
+        stop = CallStop(
+            task_id=request.task_id,
+            seq=request.seq,
+            attempt=request.attempt,
+            agent_instance=self.instance,
+            reason=why,
+        )
+        await self._before_complete_by(
+            f"cannot record that the call of {request.idempotency_key} stopped",
+            hold,
+            lambda: self._stops.submit(stop),
+        )
 
     async def _before_complete_by(
         self, what: str, hold: _Hold, call: Callable[[], Awaitable[T]]
@@ -408,3 +589,8 @@ class AgentRunner:
                 request.seq,
                 request.attempt,
             )
+            # The step was taken from this call as it answered (its task cancelled...): the
+            # call has ended, which a compensation waiting for it needs to know.
+            await self._check_calls([hold])
+            if hold.cancelled is not None:
+                await self._stopped(self.agent.operations[request.operation], hold)

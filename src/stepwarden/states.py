@@ -25,6 +25,10 @@ Step::
          ▲   │                      │
          │   └──────────────────────┴──permanent error, or its task finished──▶ failed
          └── re-dispatch (attempt + 1) by a scheduler resuming the task after expiry
+
+A running step goes back to not_started, under the same attempt, when its agent hands it
+back (its breaker open) or says its call stopped while the task was paused (then past its
+complete_by, for the scheduler resuming the task to dispatch it again).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import stepwarden as sw
+from stepwarden.records import CallStop
 from stepwarden.store import _sql, open_store
 
-from ..rawsql import is_sqlite, script, sql
+from ..rawsql import is_sqlite, script, seconds_until, sql
 from .test_engine import running
 
 
@@ -154,3 +155,49 @@ async def test_tasks_stored_before_versions_are_version_1_and_run_on_version_1_c
         assert (await app.status_async("old-1")).version == 1
     finally:
         await app.aclose()
+
+
+async def test_a_compensation_waiting_before_the_upgrade_still_waits_for_complete_by(
+    empty_store_url: str,
+) -> None:
+    # Migration 0010 converts no row: a step abandoned before it has no call_stopped_at, and
+    # a compensating task no backoff_until. Its agent's word that the call stopped, after the
+    # upgrade, is recorded, but brings the compensation no sooner than before: the abandoned
+    # step's complete_by.
+    url = empty_store_url
+    build_at(url, 8)
+    sqlite = is_sqlite(url)
+    now = "((julianday('now') - 2440587.5) * 86400.0)" if sqlite else "now()"
+    later = f"({now} + 60)" if sqlite else "(now() + interval '60 seconds')"
+    sql(
+        url,
+        "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+        f" complete_within, eligible_at, created_at, updated_at) VALUES ('t1', 'wf', '{{}}',"
+        f" 'compensating', 3, 30, {later}, {now}, {now})",
+    )
+    sql(
+        url,
+        "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+        " task_attempt, priority, complete_by, idempotency_key, input, error, created_at,"
+        " dispatched_at, abandoned, locked_by) VALUES ('t1', 1, 'pay.charge', 'pay', 'charge',"
+        f" 'failed', 1, 1, 0, {later}, 't1/1', '[]', 'abandoned: the task is compensating',"
+        f" {now}, {now}, {'1' if sqlite else 'true'}, 'a1')",
+    )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        assert await store.schema_version() == _sql.latest_version(store.dialect)
+        [step] = await store.get_steps("t1")
+        assert (step.abandoned, step.call_stopped_at) == (True, None)
+        stop = CallStop(task_id="t1", seq=1, attempt=1, agent_instance="a1", reason="test")
+        assert await store.stop_calls([stop]) == [True]
+        assert (await store.get_steps("t1"))[0].call_stopped_at is not None
+        assert await store.claim_tasks("s1", ["wf"], 1) == []
+        [(left,)] = sql(
+            url,
+            f"SELECT {seconds_until(url, 'eligible_at')} FROM stepwarden_tasks"
+            " WHERE task_id = 't1'",
+        )
+        assert float(left) > 30
+    finally:
+        await store.close()

@@ -229,10 +229,13 @@ class MTask:
         return [s for s in self.steps.values() if s.open]
 
     def open_until(self) -> When | None:
-        """The latest complete_by of the open steps: until then an agent may still act."""
+        """The latest complete_by of the steps an agent may still be calling, open or
+        abandoned (rules.holds_up_compensation; the model never hears of a call that
+        stopped): until then a compensation waits."""
         until: When | None = None
-        for s in self.open_steps():
-            until = s.complete_by.latest(until)
+        for s in self.steps.values():
+            if s.open or s.abandoned:
+                until = s.complete_by.latest(until)
         return until
 
     def compensable(self) -> bool:
@@ -248,12 +251,13 @@ class MTask:
         )
 
     def close_open_steps(self) -> None:
-        """A task leaving the held states leaves no request behind."""
+        """A task leaving the held states leaves no request behind. An abandoned step keeps
+        its locked_by: the agent instance whose call may still run, and who alone may say
+        that it stopped."""
         for s in self.open_steps():
             s.state = StepState.FAILED
             s.error = ABANDONED + self.state
             s.abandoned = True
-            s.locked_by = None
 
     def release(self, state: TaskState) -> None:
         self.state = state

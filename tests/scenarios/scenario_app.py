@@ -8,7 +8,8 @@ service" the operations call is a SQLite file of its own, SCENARIO_SIDE_DB, whic
 shares and the test reads:
 
 - `calls`: one row per invocation of an operation (written first: the "started" marker), with
-  the idempotency key, the step attempt, the try number, the pid, and how it ended;
+  the idempotency key, the step attempt, the try number, the pid, and how it ended (with
+  `call.cancelled` as it was then);
 - `effects`: one row per effect applied. An effect is applied once per invocation that gets
   that far, unless the step asks for `idempotent`, in which case the service honours the
   idempotency key (a key already applied is not applied again), as a real remote service does;
@@ -27,6 +28,9 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
 - `ignore_cancel`: (async only) keep blocking when cancelled at complete_by and return late,
   so that the agent reports an answer after the deadline;
 - `work`: seconds of simulated remote latency;
+- `long`: seconds the call takes unless it is cancelled first (async: an await, which a
+  cancel interrupts with CancelledError; sync: a loop that checks `call.cancelled` every
+  10 ms and stops, returning early, when it is set); the effect is applied after it;
 - `fail_times`: raise a transient error until the key has been called more than this often;
 - `permanent`: raise `stepwarden.PermanentError` with this message;
 - `drop_answer_times`: apply the effect, then lose the answer (a transient error, as when the
@@ -81,7 +85,7 @@ SIDE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, task_id TEXT NOT NULL, seq INTEGER NOT NULL,
     attempt INTEGER NOT NULL, try_number INTEGER NOT NULL, pid INTEGER NOT NULL,
-    started_at REAL NOT NULL, ended_at REAL, outcome TEXT);
+    started_at REAL NOT NULL, ended_at REAL, outcome TEXT, cancelled TEXT);
 CREATE TABLE IF NOT EXISTS effects (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, task_id TEXT NOT NULL, seq INTEGER NOT NULL,
     attempt INTEGER NOT NULL, pid INTEGER NOT NULL, at REAL NOT NULL);
@@ -146,11 +150,11 @@ def _start_call(call: sw.Call) -> tuple[int, int]:
         return int(cur.lastrowid or 0), int(count)
 
 
-def _end_call(call_id: int, outcome: str) -> None:
+def _end_call(call_id: int, outcome: str, call: sw.Call) -> None:
     with _connect() as conn:
         conn.execute(
-            "UPDATE calls SET ended_at = ?, outcome = ? WHERE id = ?",
-            (time.time(), outcome, call_id),
+            "UPDATE calls SET ended_at = ?, outcome = ?, cancelled = ? WHERE id = ?",
+            (time.time(), outcome, call.cancelled, call_id),
         )
 
 
@@ -252,6 +256,13 @@ def _act(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
         _block(call, spec, after_effect=False)
         if spec.get("work"):
             time.sleep(spec["work"])  # simulated latency of the remote service
+        if spec.get("long"):
+            end = time.monotonic() + spec["long"]
+            while call.cancelled is None and time.monotonic() < end:
+                time.sleep(0.01)
+            if call.cancelled is not None:
+                _end_call(call_id, "stopped early", call)
+                return {"stopped": call.cancelled}  # discarded by the agent
         if "heartbeat" in spec:
             end = time.monotonic() + spec["heartbeat"]["for"]
             beat = 0
@@ -262,9 +273,9 @@ def _act(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
         result = _effect(call, spec, count)
         _block(call, spec, after_effect=True)
     except BaseException as exc:
-        _end_call(call_id, f"raised {type(exc).__name__}: {exc}")
+        _end_call(call_id, f"raised {type(exc).__name__}: {exc}", call)
         raise
-    _end_call(call_id, "returned")
+    _end_call(call_id, "returned", call)
     return result
 
 
@@ -274,12 +285,14 @@ async def _act_async(call: sw.Call, spec: dict[str, Any]) -> dict[str, Any]:
         late = await _block_async(call, spec, after_effect=False)
         if spec.get("work"):
             await asyncio.sleep(spec["work"])
+        if spec.get("long"):
+            await asyncio.sleep(spec["long"])
         result = _effect(call, spec, count)
         late = await _block_async(call, spec, after_effect=True) or late
     except BaseException as exc:
-        _end_call(call_id, f"raised {type(exc).__name__}: {exc}")
+        _end_call(call_id, f"raised {type(exc).__name__}: {exc}", call)
         raise
-    _end_call(call_id, "returned late" if late else "returned")
+    _end_call(call_id, "returned late" if late else "returned", call)
     return result
 
 

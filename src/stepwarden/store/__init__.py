@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ._flow import (
+    CHANNEL_CALLS,
     CHANNEL_OUTBOX,
     CHANNEL_REQUESTS,
     CHANNEL_RESULTS,
@@ -51,6 +52,7 @@ def _masked(url: str) -> str:
 
 
 __all__ = [
+    "CHANNEL_CALLS",
     "CHANNEL_OUTBOX",
     "CHANNEL_REQUESTS",
     "CHANNEL_RESULTS",

@@ -31,6 +31,9 @@ CHANNEL_RESULTS = "results"
 """Woken when steps finish; payloads are step keys (see `records.step_key`)."""
 CHANNEL_TASK_DONE = "task_done"
 """Woken when tasks finish; payloads are task ids."""
+CHANNEL_CALLS = "calls"
+"""Woken when tasks stop holding their steps (cancelled, paused, compensating: the calls of
+their running steps are to stop); payloads are task ids."""
 CHANNEL_OUTBOX = "outbox"
 """Woken when outbox messages are written (PostgreSQL); payloads are outbox channels."""
 
@@ -80,7 +83,8 @@ def first_of_each(items: Sequence[T], key: Callable[[T], Hashable]) -> list[int]
 
 
 class Wakeups:
-    """The wake-ups a transaction owes once it commits: which actors have new work.
+    """The wake-ups a transaction owes once it commits: which actors have new work (or calls
+    to stop).
 
     The driver sends them to other processes where it can (PostgreSQL: NOTIFY, delivered on
     commit) and publishes them in this process after the commit."""
@@ -104,6 +108,11 @@ class Wakeups:
         """These steps (step keys) finished: the schedulers waiting for them may go on."""
         if keys:
             self.due.append((CHANNEL_RESULTS, list(keys)))
+
+    def calls(self, task_ids: Sequence[str]) -> None:
+        """These tasks stopped holding their steps: agents calling one stop the call."""
+        if task_ids:
+            self.due.append((CHANNEL_CALLS, list(task_ids)))
 
     def done(self, task_ids: Sequence[str]) -> None:
         """These tasks finished: whoever waits for their result may read it."""

@@ -104,6 +104,7 @@ def step_record(row: Row) -> StepRecord:
         limit_key=row["limit_key"],
         complete_within=row["complete_within"],
         position=row["position"],
+        call_stopped_at=when(row["call_stopped_at"]),
     )
 
 

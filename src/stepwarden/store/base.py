@@ -27,6 +27,7 @@ from ..records import (
     Activity,
     AgentBeat,
     AgentInstance,
+    CallStop,
     ClaimedTask,
     DispatchedStep,
     EventPage,
@@ -484,6 +485,25 @@ class Store(abc.ABC):
         under this attempt and instance, or its complete_by has passed."""
         rows = await self._write_one(policy.heartbeat_step(task_id, seq, attempt, instance, detail))
         return float(rows[0]["remaining"]) if rows else None
+
+    async def lost_calls(
+        self, instance: str, calls: Sequence[tuple[str, int, int]]
+    ) -> dict[tuple[str, int, int], str]:
+        """Of the calls `instance` makes (task_id, seq, attempt: the steps it claimed), those
+        whose step it no longer holds, each with why (`rules.call_lost`: its task cancelled,
+        paused or compensating, the step abandoned, dispatched again or reassigned...); one
+        query for all of them."""
+        if not calls:
+            return {}
+        return policy.lost(await self._read(policy.call_facts(calls)), calls, instance)
+
+    async def stop_calls(self, batch: Sequence[CallStop]) -> list[bool]:
+        """Record that these calls of steps their instances no longer hold have ended
+        (`rules.plan_call_stopped`), each fenced by the attempt and instance that held the
+        step; True for each that wrote something. A compensating task whose abandoned steps'
+        calls have all stopped (or passed their complete_by) becomes eligible at once (not
+        before its backoff ends)."""
+        return await self._write(partial(policy.stop_calls, batch))
 
     async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
         """Register or refresh agent instances; each is gone `ttl` seconds after its last

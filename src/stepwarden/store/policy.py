@@ -22,6 +22,7 @@ from ..records import (
     ActionOutcome,
     Adopt,
     AgentBeat,
+    CallStop,
     ClaimedTask,
     DispatchedStep,
     Expired,
@@ -56,13 +57,17 @@ from ..rules import (
     FinishPlan,
     abandoned_error,
     action_detail,
+    call_lost,
     compensable_tasks,
+    compensation_wait,
     error_text,
     first_tick,
+    holds_up_compensation,
     lease_term,
     pick_within_limits,
     pickup_failure,
     plan_action,
+    plan_call_stopped,
     plan_expiry,
     plan_finish,
     plan_set_aside,
@@ -81,6 +86,15 @@ logger = logging.getLogger("stepwarden.store")
 
 def _json_text(value: Any) -> str:
     return _json.dumps(value, what="a stored detail")
+
+
+def _holds(rows: Rows) -> dict[str, float]:
+    """Of `hold_facts` rows, the seconds each task's compensation waits for the steps an
+    agent may still be calling (`rules.compensation_wait`)."""
+    by_task: dict[str, Rows] = {}
+    for r in rows:
+        by_task.setdefault(r["task_id"], []).append(r)
+    return {task_id: compensation_wait(steps) for task_id, steps in by_task.items()}
 
 
 def _by_ord(rows: Rows, positions: Sequence[int]) -> dict[int, Row]:
@@ -162,6 +176,13 @@ def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[Actio
     moved = {o.after for o in outcomes if o.applied}
     if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
         wake.tasks()
+    wake.calls(
+        [
+            a.task_id
+            for a, o in zip(actions, outcomes, strict=True)
+            if o.applied and a.action in ("cancel", "compensate", "pause")
+        ]
+    )
     if moved & FINISHED_TASK_STATES:
         wake.done([o.task_id for o in outcomes if o.applied])
     wake.results(
@@ -192,13 +213,18 @@ def _operate(action: OperatorAction) -> Flow[ActionOutcome]:
             return ActionOutcome.refused(action.task_id, before, why)
         yield [Query("insert_events", each=[event])]
     else:
-        yield [*_moves(action, plan, found[0]["attempt"]), Query("insert_events", each=[event])]
+        hold = 0.0
+        if plan.wait_open:
+            held = yield from fetch("hold_facts", task_ids=[action.task_id])
+            hold = _holds(held).get(action.task_id, 0.0)
+        moves = _moves(action, plan, found[0]["attempt"], hold)
+        yield [*moves, Query("insert_events", each=[event])]
     return ActionOutcome(
         task_id=action.task_id, applied=True, before=before, after=plan.after, message="done"
     )
 
 
-def _moves(action: OperatorAction, plan: ActionPlan, attempt: int) -> list[Query]:
+def _moves(action: OperatorAction, plan: ActionPlan, attempt: int, hold: float) -> list[Query]:
     task = {"task_id": action.task_id}
     queries = [
         Query(
@@ -211,6 +237,7 @@ def _moves(action: OperatorAction, plan: ActionPlan, attempt: int) -> list[Query
                 "reset_failures": plan.reset_failures,
                 "reset_compensation_failures": plan.reset_compensation_failures,
                 "wait_open": plan.wait_open,
+                "hold": hold,
                 "final": plan.final,
             },
         )
@@ -347,10 +374,15 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
     errors = sorted({batch[i].task_id for i in keep if batch[i].state == TaskState.ERROR})
     policies: dict[str, str] = {}
     compensable: set[str] = set()
+    holds: dict[str, float] = {}
     if errors:
-        facts = yield from fetch("compensation_facts", task_ids=errors)
+        facts, held = yield [
+            Query("compensation_facts", {"task_ids": errors}),
+            Query("hold_facts", {"task_ids": errors}),
+        ]
         policies = {f["task_id"]: f["on_failure"] for f in facts}
         compensable = compensable_tasks(facts)
+        holds = _holds(held)
     each = []
     for i in keep:
         o = batch[i]
@@ -379,11 +411,17 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
                 "error": None if error is None else error_text(error),
                 "alert": None if plan.alert is None else str(plan.alert),
                 "abandoned_error": abandoned_error(plan.state),
+                "hold": (
+                    holds.get(o.task_id, 0.0) if plan.state == TaskState.COMPENSATING else 0.0
+                ),
             }
         )
     [rows] = yield [Query("finish_tasks", each=each)]
     applied = _by_ord(rows, keep)
     wake.done([batch[i].task_id for i in sorted(applied)])
+    wake.calls(
+        [r["task_id"] for r in applied.values() if r["process_state"] != TaskState.PROCESSED]
+    )
     if any(r["process_state"] == TaskState.COMPENSATING for r in applied.values()):
         wake.tasks()
     return [i in applied for i in range(len(batch))]
@@ -512,6 +550,80 @@ def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[boo
     return [i in applied for i in range(len(batch))]
 
 
+def call_facts(calls: Sequence[tuple[str, int, int]]) -> Query:
+    """The facts of the steps of these calls (task_id, seq, attempt), for `lost`: a batch
+    (SQLite: a lookup by key each; PostgreSQL: one statement)."""
+    return Query("call_facts", each=[{"task_id": t, "seq": q} for t, q, _ in calls])
+
+
+def lost(
+    rows: Rows, calls: Sequence[tuple[str, int, int]], instance: str
+) -> dict[tuple[str, int, int], str]:
+    """Of the calls (task_id, seq, attempt) `instance` makes, those that no longer hold
+    their step, with why (`rules.call_lost`), from `call_facts` rows."""
+    found = {(r["task_id"], r["seq"]): r for r in rows}
+    out: dict[tuple[str, int, int], str] = {}
+    for task_id, seq, attempt in calls:
+        why = call_lost(attempt=attempt, instance=instance, found=found.get((task_id, seq)))
+        if why is not None:
+            out[(task_id, seq, attempt)] = why
+    return out
+
+
+def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
+    """Agents' word that their calls of steps they no longer hold have ended, each written
+    as `rules.plan_call_stopped` says, fenced by the attempt, instance and state read (the
+    tasks locked first). A compensating task no scheduler holds whose abandoned steps no
+    longer hold it up (`rules.holds_up_compensation`) becomes eligible now, never before
+    the end of its backoff, and the schedulers are woken."""
+    if not batch:
+        return []
+    keep = first_of_each(batch, lambda c: (c.task_id, c.seq, c.attempt, c.agent_instance))
+    calls = [(batch[i].task_id, batch[i].seq, batch[i].attempt) for i in keep]
+    _, rows = yield [
+        Query("lock_tasks", {"task_ids": sorted({c[0] for c in calls})}),
+        call_facts(calls),
+    ]
+    found = {(r["task_id"], r["seq"]): r for r in rows}
+    each, positions, freed = [], [], {}
+    for i in keep:
+        c = batch[i]
+        f = found.get((c.task_id, c.seq))
+        plan = plan_call_stopped(attempt=c.attempt, instance=c.agent_instance, found=f)
+        if plan is None or f is None:
+            continue
+        each.append(
+            {"task_id": c.task_id, "seq": c.seq, "attempt": c.attempt,
+             "instance": c.agent_instance, "state": f["state"], "plan": plan,
+             "reason": c.reason}
+        )  # fmt: skip
+        positions.append(i)
+        held_up = holds_up_compensation(remaining=float(f["remaining"]), call_stopped=False)
+        if (
+            plan == "stopped"
+            and held_up
+            and f["process_state"] == TaskState.COMPENSATING
+            and f["task_locked_by"] is None
+        ):
+            freed[c.task_id] = f["task_attempt"]
+    if not each:
+        return [False] * len(batch)
+    [stopped] = yield [Query("stop_calls", each=each)]
+    applied = _by_ord(stopped, positions)
+    handed = [i for i, e in zip(positions, each, strict=True) if e["plan"] == "hand_back"]
+    wake.requests(
+        [found[(batch[i].task_id, batch[i].seq)]["agent"] for i in handed if i in applied]
+    )
+    ids = sorted({batch[i].task_id for i in applied} & set(freed))
+    if ids:
+        holds = _holds((yield from fetch("hold_facts", task_ids=ids)))
+        sooner = [{"task_id": t, "attempt": freed[t], "hold": holds.get(t, 0.0)} for t in ids]
+        [moved] = yield [Query("compensate_sooner", each=sooner)]
+        if any(r["due"] for r in moved):
+            wake.tasks()
+    return [i in applied for i in range(len(batch))]
+
+
 # -- the supervisor -----------------------------------------------------------------------
 
 
@@ -568,9 +680,11 @@ def sweep(
             plans.append((r, _plan_expiry(r, r["task_id"] in compensable, backoff)))
         except Exception as exc:
             aside.append((r, exc))
+    abandoning = sorted({r["task_id"] for r, p in plans if p.abandon})
+    holds = _holds((yield from fetch("hold_facts", task_ids=abandoning))) if abandoning else {}
     by = {"holder": holder, "term": term}
     applied, refused = yield from _apply_each(
-        "reset_tasks", by, [_reset_params(r, p) for r, p in plans]
+        "reset_tasks", by, [_reset_params(r, p, holds) for r, p in plans]
     )
     aside.extend((plans[i][0], exc) for i, exc in refused)
     expired = [
@@ -587,6 +701,7 @@ def sweep(
     if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
         wake.tasks()
     wake.done([e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES])
+    wake.calls([e.task_id for e in expired if e.task_id in abandoning or e.set_aside])
     return expired
 
 
@@ -603,7 +718,7 @@ def _plan_expiry(r: Row, compensable: bool, backoff: Backoff) -> ExpiryPlan:
     )
 
 
-def _reset_params(r: Row, p: ExpiryPlan) -> dict[str, Any]:
+def _reset_params(r: Row, p: ExpiryPlan, holds: Mapping[str, float]) -> dict[str, Any]:
     return {
         "task_id": r["task_id"],
         "attempt": r["attempt"],
@@ -617,6 +732,7 @@ def _reset_params(r: Row, p: ExpiryPlan) -> dict[str, Any]:
         "delay": p.delay,
         "finished": p.finished,
         "abandon": p.abandon,
+        "hold": holds.get(r["task_id"], 0.0) if p.abandon else 0.0,
         "alert": None if p.alert is None else str(p.alert),
         "abandoned_error": abandoned_error(p.state),
     }

@@ -36,6 +36,7 @@ from ..errors import (
 )
 from . import _sql
 from ._flow import (
+    CHANNEL_CALLS,
     CHANNEL_OUTBOX,
     CHANNEL_REQUESTS,
     CHANNEL_RESULTS,
@@ -87,6 +88,7 @@ PG_CHANNELS = {
     CHANNEL_REQUESTS: "stepwarden_requests",
     CHANNEL_RESULTS: "stepwarden_results",
     CHANNEL_TASK_DONE: "stepwarden_task_done",
+    CHANNEL_CALLS: "stepwarden_calls",
     CHANNEL_OUTBOX: "stepwarden_outbox",  # sent by the outbox triggers
 }
 _FROM_PG = {pg: local for local, pg in PG_CHANNELS.items()}

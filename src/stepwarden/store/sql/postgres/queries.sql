@@ -161,7 +161,7 @@ WITH d AS (
 )
 UPDATE stepwarden_steps s
 SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
-    locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
+    locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = now(),
     complete_within = d.complete_within,
     complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by,
                         s.give_up_by)
@@ -207,27 +207,25 @@ ORDER BY s.task_id, s.seq
 
 -- name: finish_tasks
 -- End the hold of tasks under the holding attempt and scheduler (in the state held_as), into
--- the state the caller planned (rules.plan_finish), eligible once the open steps'
--- complete_by has passed (an agent still calling may apply its effect until then); the
--- planned alert, and the open steps of each task closed (abandoned).
+-- the state the caller planned (rules.plan_finish), eligible after `hold` seconds: a
+-- compensation waits for the steps an agent may still be calling
+-- (rules.compensation_wait); the planned alert, and the open steps of each task closed
+-- (abandoned; locked_by kept: the instance whose call may still run).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(scheduler)s::text[],
                          %(held_as)s::text[], %(state)s::text[],
                          %(compensation_starts)s::bool[],
                          %(finished)s::bool[], %(result)s::text[], %(error)s::text[],
-                         %(alert)s::text[], %(abandoned_error)s::text[], %(ord)s::int[])
+                         %(alert)s::text[], %(abandoned_error)s::text[], %(hold)s::float8[],
+                         %(ord)s::int[])
         AS d(task_id, attempt, scheduler, held_as, state, compensation_starts, finished, result,
-             error, alert, abandoned_error, ord)
-), o AS MATERIALIZED (
-    SELECT s.task_id, max(s.complete_by) AS open_until FROM stepwarden_steps s
-    WHERE s.task_id IN (SELECT task_id FROM d) AND s.state IN ('not_started', 'running')
-    GROUP BY s.task_id
+             error, alert, abandoned_error, hold, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
     SET process_state = d.state,
         compensation_failures = CASE WHEN d.compensation_starts THEN 0
                                      ELSE t.compensation_failures END,
-        eligible_at = GREATEST(now(), (SELECT o.open_until FROM o WHERE o.task_id = t.task_id)),
+        eligible_at = now() + make_interval(secs => d.hold), backoff_until = now(),
         finished_at = CASE WHEN d.finished THEN now() END,
         result = d.result::json, error = d.error, locked_by = NULL, complete_by = NULL,
         updated_at = now()
@@ -244,8 +242,7 @@ WITH d AS (
 ), c AS (
     -- A finished task leaves no request behind: its open steps are closed.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
-        finished_at = now()
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, finished_at = now()
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
@@ -366,6 +363,85 @@ SET heartbeat = %(detail)s::json, heartbeat_at = now(),
 WHERE s.task_id = %(task_id)s AND s.seq = %(seq)s AND s.attempt = %(attempt)s
   AND s.state = 'running' AND s.locked_by = %(instance)s AND s.complete_by > now()
 RETURNING extract(epoch FROM s.complete_by - now())::float8 AS remaining
+
+-- name: call_facts
+-- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
+-- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
+-- its complete_by, and its task's state, holder and attempt.
+SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
+       s.call_stopped_at IS NOT NULL AS call_stopped,
+       extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+       t.process_state, t.locked_by AS task_locked_by, t.attempt AS task_attempt
+FROM unnest(%(task_id)s::text[], %(seq)s::int[]) AS c(task_id, seq)
+JOIN stepwarden_steps s ON s.task_id = c.task_id AND s.seq = c.seq
+JOIN stepwarden_tasks t ON t.task_id = s.task_id
+
+-- name: lock_tasks
+-- Tasks a flow decides on, locked until commit (in the order of their ids).
+SELECT task_id FROM stepwarden_tasks WHERE task_id = ANY(%(task_ids)s::text[])
+ORDER BY task_id
+FOR UPDATE
+
+-- name: stop_calls
+-- Agents' word that their calls of steps ended, as the caller planned
+-- (rules.plan_call_stopped), fenced by the attempt, the instance and the state it read:
+-- `stopped` notes when (call_stopped_at); `requeue` and `hand_back` put a step still running
+-- back to not_started (requeue: past its complete_by, for the task's next scheduler to
+-- dispatch again). Then a `call_stopped` event each.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
+                         %(instance)s::text[], %(state)s::text[], %(plan)s::text[],
+                         %(reason)s::text[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, state, plan, reason, ord)
+), u AS (
+    UPDATE stepwarden_steps s
+    SET call_stopped_at = CASE WHEN d.plan = 'stopped' THEN now() END,
+        state = CASE WHEN d.plan = 'stopped' THEN s.state ELSE 'not_started' END,
+        locked_by = CASE WHEN d.plan = 'stopped' THEN s.locked_by END,
+        claimed_at = CASE WHEN d.plan = 'stopped' THEN s.claimed_at END,
+        complete_by = CASE WHEN d.plan = 'requeue' THEN LEAST(s.complete_by, now())
+                           ELSE s.complete_by END
+    FROM d
+    WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
+      AND s.locked_by = d.instance AND s.state = d.state AND s.call_stopped_at IS NULL
+    RETURNING d.ord, d.task_id, d.seq, d.attempt, d.instance, d.plan, d.reason
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT task_id, now(), 'call_stopped',
+           json_build_object('seq', seq, 'attempt', attempt, 'from', instance,
+                             'reason', reason, 'then', plan)
+    FROM u ORDER BY ord
+)
+SELECT ord, task_id, seq FROM u
+
+-- name: hold_facts
+-- The facts rules.compensation_wait decides on: the steps of the given tasks an agent may
+-- still be calling (open, or abandoned), the seconds left before their complete_by, and
+-- whether their call was reported stopped.
+SELECT task_id, seq, extract(epoch FROM complete_by - now())::float8 AS remaining,
+       call_stopped_at IS NOT NULL AS call_stopped
+FROM stepwarden_steps
+WHERE task_id = ANY(%(task_ids)s::text[])
+  AND (state IN ('not_started', 'running') OR abandoned)
+ORDER BY task_id, seq
+
+-- name: compensate_sooner
+-- Compensating tasks no scheduler holds (under the attempt read) are eligible after `hold`
+-- seconds (what their steps still hold them up for, rules.compensation_wait), never sooner
+-- than the end of their backoff (backoff_until; a task without one keeps its eligible_at),
+-- never later than they were.
+WITH d AS (
+    SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(hold)s::float8[],
+                         %(ord)s::int[])
+        AS d(task_id, attempt, hold, ord)
+)
+UPDATE stepwarden_tasks t
+SET eligible_at = LEAST(t.eligible_at,
+                        GREATEST(now() + make_interval(secs => d.hold), t.backoff_until))
+FROM d
+WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = 'compensating'
+  AND t.locked_by IS NULL AND t.backoff_until IS NOT NULL
+RETURNING d.ord, t.task_id, t.eligible_at <= now() AS due
 
 -- name: agent_beat
 INSERT INTO stepwarden_agents AS a (instance, agent, operations, capacity, inflight, breaker,
@@ -599,29 +675,26 @@ LIMIT %(limit)s
 -- name: reset_tasks
 -- The supervisor's recovery of expired tasks into the states the caller planned
 -- (rules.plan_expiry), each fenced by the attempt and state it read. A task whose open
--- steps are abandoned waits for their complete_by too: an agent still calling may yet apply
--- its effect until then.
+-- steps are abandoned waits `hold` seconds for them too (rules.compensation_wait: an agent
+-- still calling may yet apply its effect), and its backoff's end is kept (backoff_until).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(attempt)s::int[], %(seq)s::int[],
                          %(held_as)s::text[], %(state)s::text[], %(failure_count)s::int[],
                          %(compensation_failures)s::int[], %(expiries)s::int[],
                          %(error)s::text[], %(delay)s::float8[],
                          %(finished)s::bool[], %(abandon)s::bool[], %(alert)s::text[],
-                         %(abandoned_error)s::text[], %(ord)s::int[])
+                         %(abandoned_error)s::text[], %(hold)s::float8[], %(ord)s::int[])
         AS d(task_id, attempt, seq, held_as, state, failure_count, compensation_failures,
-             expiries, error, delay, finished, abandon, alert, abandoned_error, ord)
+             expiries, error, delay, finished, abandon, alert, abandoned_error, hold, ord)
 ), u AS (
     UPDATE stepwarden_tasks t
     SET failure_count = d.failure_count, compensation_failures = d.compensation_failures,
         locked_by = NULL, complete_by = NULL, process_state = d.state,
         error = coalesce(d.error, t.error),
         finished_at = CASE WHEN d.finished THEN now() END,
-        eligible_at = CASE WHEN d.abandon
-                           THEN GREATEST(now() + make_interval(secs => d.delay),
-                                         (SELECT max(s.complete_by) FROM stepwarden_steps s
-                                          WHERE s.task_id = t.task_id
-                                            AND s.state IN ('not_started', 'running')))
-                           ELSE now() + make_interval(secs => d.delay) END,
+        eligible_at = now() + make_interval(secs => GREATEST(d.delay, d.hold)),
+        backoff_until = CASE WHEN d.abandon THEN now() + make_interval(secs => d.delay)
+                             ELSE t.backoff_until END,
         updated_at = now()
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.process_state = d.held_as
@@ -644,8 +717,7 @@ WITH d AS (
 ), c AS (
     -- A task leaving the held states leaves no request behind.
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
-        finished_at = now()
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, finished_at = now()
     FROM u
     WHERE u.abandon AND s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
@@ -680,8 +752,7 @@ WITH d AS (
     ORDER BY u.ord, x.k
 ), c AS (
     UPDATE stepwarden_steps s
-    SET state = 'failed', error = u.abandoned_error, abandoned = true, locked_by = NULL,
-        finished_at = now()
+    SET state = 'failed', error = u.abandoned_error, abandoned = true, finished_at = now()
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
@@ -895,27 +966,25 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = %(task_id)s 
 
 -- name: op_move_task
 -- An operator action moves the task from the state and attempt it read. Releasing a held task
--- fences out its scheduler; a compensation waits for the open steps' complete_by.
+-- fences out its scheduler; a compensation waits `hold` seconds for the steps an agent may
+-- still be calling (rules.compensation_wait).
 UPDATE stepwarden_tasks
 SET process_state = %(to)s, locked_by = NULL, complete_by = NULL, wake_at = NULL,
     waiting_for = NULL,
     failure_count = CASE WHEN %(reset_failures)s THEN 0 ELSE failure_count END,
     compensation_failures = CASE WHEN %(reset_compensation_failures)s THEN 0
                                  ELSE compensation_failures END,
-    eligible_at = CASE WHEN %(wait_open)s
-                       THEN GREATEST(now(), (SELECT max(s.complete_by) FROM stepwarden_steps s
-                                             WHERE s.task_id = %(task_id)s
-                                               AND s.state IN ('not_started', 'running')))
-                       ELSE now() END,
+    eligible_at = now() + make_interval(secs => %(hold)s::float8),
+    backoff_until = CASE WHEN %(wait_open)s THEN now() ELSE backoff_until END,
     finished_at = CASE WHEN %(final)s THEN now() END, updated_at = now()
 WHERE task_id = %(task_id)s AND process_state = %(from)s AND attempt = %(attempt)s
 
 -- name: close_open_steps
 -- A task leaving the held states by an operator's hand leaves no request behind: its open
--- steps are closed (abandoned), so no agent claims them and a late answer changes nothing.
+-- steps are closed (abandoned), so no agent claims them and a late answer changes nothing
+-- (locked_by kept: the instance whose call may still run, until it says it stopped).
 UPDATE stepwarden_steps
-SET state = 'failed', error = %(error)s, abandoned = true, locked_by = NULL,
-    finished_at = now()
+SET state = 'failed', error = %(error)s, abandoned = true, finished_at = now()
 WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
 
 -- name: op_reopen_steps
@@ -924,7 +993,7 @@ WHERE task_id = %(task_id)s AND state IN ('not_started', 'running')
 -- a new attempt and the same idempotency key, and no agent claims them before.
 UPDATE stepwarden_steps
 SET state = 'not_started', complete_by = now(), locked_by = NULL, error = NULL,
-    abandoned = false, finished_at = NULL
+    abandoned = false, finished_at = NULL, call_stopped_at = NULL
 WHERE task_id = %(task_id)s AND state = 'failed'
   AND (compensates IS NOT NULL) = %(compensations)s
 RETURNING seq

@@ -103,7 +103,8 @@ RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
 -- Re-dispatch an expired step: a new attempt, the same idempotency key.
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
-    locked_by = NULL, claimed_at = NULL, dispatched_at = :now, complete_within = :complete_within,
+    locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = :now,
+    complete_within = :complete_within,
     complete_by = MIN(:now + :complete_within,
                       (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id),
                       coalesce(give_up_by, 1e300))
@@ -140,17 +141,16 @@ ORDER BY s.task_id, s.seq
 
 -- name: finish_tasks
 -- End the hold of a task, only under the attempt and scheduler that hold it in :held_as, into
--- the state the caller planned (rules.plan_finish), eligible once the open steps'
--- complete_by has passed: an agent still calling may yet apply its effect until then. Then
--- the planned alert, and the open steps closed (abandoned).
+-- the state the caller planned (rules.plan_finish), eligible after :hold seconds: a
+-- compensation waits for the steps an agent may still be calling
+-- (rules.compensation_wait). Then the planned alert, and the open steps closed (abandoned;
+-- locked_by kept: the instance whose call may still run).
 UPDATE stepwarden_tasks
 SET process_state = :state, result = :result, error = :error, locked_by = NULL,
     complete_by = NULL, updated_at = :now,
     compensation_failures = CASE WHEN :compensation_starts THEN 0
                                  ELSE compensation_failures END,
-    eligible_at = MAX(:now, coalesce((SELECT max(complete_by) FROM stepwarden_steps s
-                                      WHERE s.task_id = :task_id
-                                        AND s.state IN ('not_started', 'running')), 0)),
+    eligible_at = :now + :hold, backoff_until = :now,
     finished_at = CASE WHEN :finished THEN :now END
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
   AND process_state = :held_as
@@ -160,8 +160,7 @@ SELECT :task_id, :now, 'alert',
        json_object('reason', :alert, 'error', :error, 'then', :process_state)
 WHERE :alert IS NOT NULL;
 UPDATE stepwarden_steps
-SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
-    finished_at = :now
+SET state = 'failed', error = :abandoned_error, abandoned = 1, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running');
 
 -- name: any_request
@@ -254,6 +253,62 @@ SET heartbeat = :detail, heartbeat_at = :now,
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance AND complete_by > :now
 RETURNING complete_by - :now AS remaining
+
+-- name: call_facts
+-- The facts rules.call_lost and rules.plan_call_stopped decide on, for each step of the
+-- batch: its agent, state, attempt, holder, abandonment and stop, the seconds left before
+-- its complete_by, and its task's state, holder and attempt.
+SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
+       s.call_stopped_at IS NOT NULL AS call_stopped, s.complete_by - :now AS remaining,
+       t.process_state, t.locked_by AS task_locked_by, t.attempt AS task_attempt
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.task_id = :task_id AND s.seq = :seq
+
+-- name: lock_tasks
+-- Tasks a flow decides on, locked until commit (BEGIN IMMEDIATE already holds every write).
+SELECT task_id FROM stepwarden_tasks WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+
+-- name: stop_calls
+-- An agent's word that its call of a step ended, as the caller planned
+-- (rules.plan_call_stopped), fenced by the attempt, the instance and the state it read:
+-- `stopped` notes when (call_stopped_at); `requeue` and `hand_back` put a step still running
+-- back to not_started (requeue: past its complete_by, for the task's next scheduler to
+-- dispatch again). Then its `call_stopped` event.
+UPDATE stepwarden_steps
+SET call_stopped_at = CASE WHEN :plan = 'stopped' THEN :now END,
+    state = CASE WHEN :plan = 'stopped' THEN state ELSE 'not_started' END,
+    locked_by = CASE WHEN :plan = 'stopped' THEN locked_by END,
+    claimed_at = CASE WHEN :plan = 'stopped' THEN claimed_at END,
+    complete_by = CASE WHEN :plan = 'requeue' THEN MIN(complete_by, :now) ELSE complete_by END
+WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND locked_by = :instance
+  AND state = :state AND call_stopped_at IS NULL
+RETURNING :ord AS ord, task_id, seq;
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+VALUES (:task_id, :now, 'call_stopped',
+        json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'reason', :reason,
+                    'then', :plan));
+
+-- name: hold_facts
+-- The facts rules.compensation_wait decides on: the steps of the given tasks an agent may
+-- still be calling (open, or abandoned), the seconds left before their complete_by, and
+-- whether their call was reported stopped.
+SELECT task_id, seq, complete_by - :now AS remaining,
+       call_stopped_at IS NOT NULL AS call_stopped
+FROM stepwarden_steps
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+  AND (state IN ('not_started', 'running') OR abandoned)
+ORDER BY task_id, seq
+
+-- name: compensate_sooner
+-- A compensating task no scheduler holds (under the attempt read) is eligible after :hold
+-- seconds (what its steps still hold it up for, rules.compensation_wait), never sooner than
+-- the end of its backoff (backoff_until; a task without one keeps its eligible_at), never
+-- later than it was.
+UPDATE stepwarden_tasks
+SET eligible_at = MIN(eligible_at, MAX(:now + :hold, backoff_until))
+WHERE task_id = :task_id AND attempt = :attempt AND process_state = 'compensating'
+  AND locked_by IS NULL AND backoff_until IS NOT NULL
+RETURNING :ord AS ord, task_id, eligible_at <= :now AS due
 
 -- name: agent_beat
 INSERT INTO stepwarden_agents (instance, agent, operations, capacity, inflight, breaker,
@@ -413,20 +468,16 @@ LIMIT :limit
 -- name: reset_tasks
 -- The supervisor's recovery of an expired task into the state the caller planned
 -- (rules.plan_expiry), fenced by the attempt and state it read. When its open steps are
--- abandoned, the task waits for their complete_by too: an agent still calling may yet apply
--- its effect until then. Then its `expired` event, the planned alert, and its open steps
--- closed when abandoned.
+-- abandoned, the task waits :hold seconds for them too (rules.compensation_wait: an agent
+-- still calling may yet apply its effect), and its backoff's end is kept (backoff_until).
+-- Then its `expired` event, the planned alert, and its open steps closed when abandoned.
 UPDATE stepwarden_tasks
 SET failure_count = :failure_count, compensation_failures = :compensation_failures,
     locked_by = NULL, complete_by = NULL, process_state = :state,
     error = coalesce(:error, error),
     finished_at = CASE WHEN :finished THEN :now END, updated_at = :now,
-    eligible_at = CASE WHEN :abandon
-                       THEN MAX(:now + :delay,
-                                coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
-                                          WHERE s.task_id = :task_id
-                                            AND s.state IN ('not_started', 'running')), 0))
-                       ELSE :now + :delay END
+    eligible_at = :now + MAX(:delay, :hold),
+    backoff_until = CASE WHEN :abandon THEN :now + :delay ELSE backoff_until END
 WHERE task_id = :task_id AND attempt = :attempt AND process_state = :held_as
   AND locked_by IS NOT NULL
 RETURNING :ord AS ord, task_id, :seq AS seq, :expiries AS failure_count, process_state;
@@ -439,8 +490,7 @@ SELECT :task_id, :now, 'alert',
        json_object('reason', :alert, 'error', :error, 'then', :process_state)
 WHERE :alert IS NOT NULL;
 UPDATE stepwarden_steps
-SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
-    finished_at = :now
+SET state = 'failed', error = :abandoned_error, abandoned = 1, finished_at = :now
 WHERE :abandon AND task_id = :task_id AND state IN ('not_started', 'running');
 
 -- name: set_aside
@@ -459,8 +509,7 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (:task_id, :now, 'alert',
         json_object('reason', :alert, 'error', :error, 'then', :process_state));
 UPDATE stepwarden_steps
-SET state = 'failed', error = :abandoned_error, abandoned = 1, locked_by = NULL,
-    finished_at = :now
+SET state = 'failed', error = :abandoned_error, abandoned = 1, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running');
 
 -- name: get_task
@@ -643,27 +692,25 @@ SELECT process_state, attempt FROM stepwarden_tasks WHERE task_id = :task_id
 
 -- name: op_move_task
 -- An operator action moves the task from the state and attempt it read. Releasing a held task
--- fences out its scheduler; a compensation waits for the open steps' complete_by.
+-- fences out its scheduler; a compensation waits :hold seconds for the steps an agent may
+-- still be calling (rules.compensation_wait).
 UPDATE stepwarden_tasks
 SET process_state = :to, locked_by = NULL, complete_by = NULL, wake_at = NULL,
     waiting_for = NULL,
     failure_count = CASE WHEN :reset_failures THEN 0 ELSE failure_count END,
     compensation_failures = CASE WHEN :reset_compensation_failures THEN 0
                                  ELSE compensation_failures END,
-    eligible_at = CASE WHEN :wait_open
-                       THEN MAX(:now, coalesce((SELECT max(s.complete_by) FROM stepwarden_steps s
-                                                WHERE s.task_id = :task_id
-                                                  AND s.state IN ('not_started', 'running')),
-                                               0))
-                       ELSE :now END,
+    eligible_at = :now + :hold,
+    backoff_until = CASE WHEN :wait_open THEN :now ELSE backoff_until END,
     finished_at = CASE WHEN :final THEN :now ELSE NULL END, updated_at = :now
 WHERE task_id = :task_id AND process_state = :from AND attempt = :attempt
 
 -- name: close_open_steps
 -- A task leaving the held states by an operator's hand leaves no request behind: its open
--- steps are closed (abandoned), so no agent claims them and a late answer changes nothing.
+-- steps are closed (abandoned), so no agent claims them and a late answer changes nothing
+-- (locked_by kept: the instance whose call may still run, until it says it stopped).
 UPDATE stepwarden_steps
-SET state = 'failed', error = :error, abandoned = 1, locked_by = NULL, finished_at = :now
+SET state = 'failed', error = :error, abandoned = 1, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running')
 
 -- name: op_reopen_steps
@@ -672,7 +719,7 @@ WHERE task_id = :task_id AND state IN ('not_started', 'running')
 -- a new attempt and the same idempotency key, and no agent claims them before.
 UPDATE stepwarden_steps
 SET state = 'not_started', complete_by = :now, locked_by = NULL, error = NULL, abandoned = 0,
-    finished_at = NULL
+    finished_at = NULL, call_stopped_at = NULL
 WHERE task_id = :task_id AND state = 'failed'
   AND ((:compensations AND compensates IS NOT NULL) OR (NOT :compensations AND compensates IS NULL))
 RETURNING seq
