@@ -230,7 +230,10 @@ class Context:
             name=patch_id,
             position=place,
         )
-        self._markers.append(asyncio.ensure_future(self._runner.wait(request)))
+        writing = asyncio.ensure_future(self._runner.wait(request))
+        # Read by what the workflow records next; if it records nothing more, nobody awaits it.
+        writing.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._markers.append(writing)
         return True
 
     def deprecate_patch(self, patch_id: str) -> None:
