@@ -627,7 +627,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
                 f"{_f(call, '{:.2f}'):>10}{failed}"
             )
     ratios = result.get("variant_ratios") or {}
-    if ratios:
+    if any(ratios.values()):
         lines += [
             "",
             f"{BASE} / peer by way of submitting (wf/s: >1 is faster; CPU per workflow "

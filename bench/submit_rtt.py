@@ -1,16 +1,24 @@
-"""One `App.submit_async` round trip on stepwarden-postgres, in three conditions: no worker
-running, the two W1 workers running idle, and the workers running W1 one at a time.
+"""One `App.submit_async` round trip on stepwarden-postgres: with no worker running, with
+the two W1 workers running idle, and with the workers running W1 one at a time.
 
 Each run, on a fresh database with the client connected (5 submits first, not counted):
-`n` submits back to back with no worker running (nobody takes the tasks); then W1's two
-workers start, process those tasks, and after a second without work get `n` submits, each
-made once the previous task is processed (the harness reads its row every 5 ms from a
-connection of its own, then waits SETTLE seconds more), so that every submit finds the
-workers idle (their polls, heartbeats and supervisor ticks only); the workers stop. Each
-figure is the time of the `await app.submit_async(...)` alone, in the client's event loop.
-The third condition is W1 one at a time itself (`w1_single.submit_call` of
-stepwarden-postgres): every submit of its runs, made while the workers process the ones
-before.
+
+- "no_workers_back_to_back": `n` submits, each right after the one before, no worker
+  running (nobody takes the tasks);
+- "no_workers": `n` submits, each GAP seconds after the one before, no worker running;
+- then W1's two workers start and process those tasks; after a second without work,
+  "workers_idle": `n` submits, each made once the previous task is processed (the harness
+  reads its row every 5 ms from a connection of its own) and GAP seconds more have passed,
+  so that every submit finds the workers idle (their polls, heartbeats, supervisor ticks
+  and LISTEN only); the workers stop.
+
+A submit made after the client slept is slower than one made right after another (the
+process and its connection are cold; the machine's other work has run meanwhile; the
+longer the sleep, the slower): so the idle workers' figure is compared with "no_workers",
+the same GAP before each submit, and W1 one at a time's
+(`w1_single.submit_call` of stepwarden-postgres: every submit of its runs, back to back,
+while the workers process the ones before) with "no_workers_back_to_back". Each figure is
+the time of the `await app.submit_async(...)` alone, in the client's event loop.
 """
 
 from __future__ import annotations
@@ -20,20 +28,23 @@ import contextlib
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from .common import Resources, log, percentile
-from .systems import Stepwarden, submit_each
+from .systems import AsyncSubmit, Stepwarden, submit_each
 
 WARMUP = 5
 POLL = 0.005
 """Seconds between the harness's reads of the last submitted task (idle condition)."""
-SETTLE = 0.05
-"""Seconds waited after that task was processed, before the next submit."""
+GAP = 0.05
+"""Seconds the client sleeps before each paced submit (after the previous submit; with
+workers, after the previous task was processed)."""
 TIMEOUT = 60.0
+CONDITIONS = ("no_workers_back_to_back", "no_workers", "workers_idle")
 
 
 def _stats(seconds: list[float]) -> dict[str, Any]:
@@ -62,30 +73,51 @@ def _wait_processed(db: psycopg.Connection[Any], task_ids: list[str], what: str)
         time.sleep(POLL)
 
 
+def _paced(
+    each: AsyncSubmit, start: int, n: int, after: Callable[[str], None] | None = None
+) -> list[float]:
+    """n submits, each after `after(previous task's id)` (when given) and GAP seconds."""
+    out: list[float] = []
+    for i in range(start, start + n):
+        time.sleep(GAP)
+        out += submit_each(each, 1, 1, start=i)
+        if after is not None:
+            after(f"o{i}")
+    return out
+
+
 def once(res: Resources, system: Stepwarden, n: int, run: int) -> dict[str, list[float]]:
-    """One run: the submit times (seconds) with no worker and with idle workers."""
+    """One run: the submit times (seconds) of each condition."""
     system.prepare(run)
     try:
         each = system.one_submitter()
         submit_each(each, WARMUP, 1, start=900_000)
-        no_workers = submit_each(each, n, 1, start=0)
+        back_to_back = submit_each(each, n, 1, start=0)
+        paced = _paced(each, 100_000, n)
         children = system.start_workers(f"rtt{run}")
         try:
-            idle: list[float] = []
             with psycopg.connect(system.url, autocommit=True) as db:
-                backlog = [f"o{i}" for i in (*range(900_000, 900_000 + WARMUP), *range(n))]
+                backlog = [
+                    f"o{i}"
+                    for i in (
+                        *range(900_000, 900_000 + WARMUP),
+                        *range(n),
+                        *range(100_000, 100_000 + n),
+                    )
+                ]
                 _wait_processed(db, backlog, "the tasks submitted with no worker")
                 time.sleep(1.0)
-                for i in range(100_000, 100_000 + n):
-                    idle += submit_each(each, 1, 1, start=i)
-                    _wait_processed(db, [f"o{i}"], f"task o{i}")
-                    time.sleep(SETTLE)
+
+                def processed(task_id: str) -> None:
+                    _wait_processed(db, [task_id], f"task {task_id}")
                     for child in children:
                         if not child.alive():
                             raise RuntimeError(f"{child.name} exited:\n{child.tail()}")
+
+                idle = _paced(each, 200_000, n, processed)
         finally:
             system.stop_workers(children)
-        return {"no_workers": no_workers, "workers_idle": idle}
+        return {"no_workers_back_to_back": back_to_back, "no_workers": paced, "workers_idle": idle}
     finally:
         system.cleanup()
 
@@ -99,12 +131,14 @@ def run(
     """`args.runs` runs (see the module's docstring); the percentiles of all their submits
     together, each run's median, and W1 one at a time's figure beside them."""
     system = Stepwarden(res, workers=args.workers, log_dir=log_dir, postgres=True)
-    pooled: dict[str, list[float]] = {"no_workers": [], "workers_idle": []}
-    medians: dict[str, list[float]] = {"no_workers": [], "workers_idle": []}
+    pooled: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+    medians: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     errors: list[str] = []
     for r in range(args.runs):
-        log(f"stepwarden-postgres: submit round trip run {r + 1}/{args.runs}, {args.rtt_n} "
-            "submits with no worker, then with idle workers")  # fmt: skip
+        log(
+            f"stepwarden-postgres: submit round trip run {r + 1}/{args.runs}, {args.rtt_n} "
+            "submits with no worker (back to back, paced), then with idle workers (paced)"
+        )
         try:
             one = once(res, system, args.rtt_n, r)
         except Exception as exc:
@@ -118,10 +152,16 @@ def run(
             pooled[key] += values
             medians[key].append(round(percentile(values, 50) * 1000, 3))
         log(
-            f"stepwarden-postgres: submit_async p50 {medians['no_workers'][-1]:.2f} ms with no "
-            f"worker, {medians['workers_idle'][-1]:.2f} ms with idle workers"
+            "stepwarden-postgres: submit_async p50 with no worker "
+            f"{medians['no_workers_back_to_back'][-1]:.2f} ms back to back, "
+            f"{medians['no_workers'][-1]:.2f} ms paced; with idle workers "
+            f"{medians['workers_idle'][-1]:.2f} ms paced"
         )
-    out: dict[str, Any] = {"system": "stepwarden-postgres", "call": "App.submit_async"}
+    out: dict[str, Any] = {
+        "system": "stepwarden-postgres",
+        "call": "App.submit_async",
+        "paced_gap_s": GAP,
+    }
     if errors:
         out["errors"] = errors
     for key, values in pooled.items():
@@ -134,21 +174,27 @@ def run(
 
 def table_lines(rtt: dict[str, Any]) -> list[str]:
     """The submit round trip's lines of the printed table."""
-    parts = []
-    for key, label in (
-        ("no_workers", "no worker running"),
-        ("workers_idle", "2 workers idle"),
-        ("during_w1_single", "2 workers running W1 one at a time"),
-    ):
+
+    def fig(key: str) -> str:
         s = rtt.get(key)
-        if s:
-            parts.append(
-                f"{label} {s['p50_ms']:.2f} ms (p90 {s['p90_ms']:.2f}, p99 {s['p99_ms']:.2f}; "
-                f"{s['n']:,} submits)"
-            )
-        else:
-            parts.append(f"{label} -")
-    lines = ["", "submit_async round trip (stepwarden-postgres, median): " + "; ".join(parts)]
+        if not s:
+            return "-"
+        return (
+            f"{s['p50_ms']:.2f} ms (p90 {s['p90_ms']:.2f}, p99 {s['p99_ms']:.2f}; "
+            f"{s['n']:,} submits)"
+        )
+
+    gap = rtt.get("paced_gap_s", GAP)
+    lines = [
+        "",
+        "submit_async round trip (stepwarden-postgres, median of one await app.submit_async):",
+        f"  back to back:              no worker running {fig('no_workers_back_to_back')}",
+        f"                             2 workers running W1 one at a time "
+        f"{fig('during_w1_single')}",
+        f"  {gap * 1000:g} ms after the last:      no worker running {fig('no_workers')}",
+        f"                             2 workers idle (and the last task processed) "
+        f"{fig('workers_idle')}",
+    ]
     if rtt.get("errors"):
         lines.append("submit round trip FAILED: " + "; ".join(rtt["errors"]))
     return lines
