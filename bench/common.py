@@ -288,6 +288,9 @@ class RssSampler:
         self.interval = interval
         self.peak_total = 0
         self.peak_each = 0
+        self.thread_cpu_s = 0.0
+        """CPU seconds the sampling thread has used so far (updated after each sample): the
+        client's CPU figure leaves it out."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rss")
 
@@ -317,6 +320,7 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
+            self.thread_cpu_s = time.thread_time()
 
 
 # -- CPU time ----------------------------------------------------------------------------
@@ -355,32 +359,134 @@ def _delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(v - before.get(pid, 0.0) for pid, v in after.items())
 
 
+@dataclass
+class Server:
+    """The server process(es) of a system's store, for their CPU time: `pids()` lists them
+    as they are at the moment (PostgreSQL starts a backend per connection)."""
+
+    kind: str
+    """"postgresql" or "redis"."""
+    pids: Callable[[], list[int]]
+    db_backends: Callable[[], list[int]] | None = None
+    """PostgreSQL: the backends connected to the system's database now."""
+
+
+def _is(pid: int, name: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return name in psutil.Process(pid).name()
+    return False
+
+
+def postgres_server(admin_url: str, db_url: str | None = None) -> Server | None:
+    """The PostgreSQL server behind admin_url: its postmaster (the parent of this
+    connection's backend) and the postmaster's children (every backend, of every database,
+    and the background processes: WAL writer, checkpointer, ...). None when it is not a
+    process of this machine."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        row = admin.execute("SELECT pg_backend_pid()").fetchone()
+    if not row or not _is(int(row[0]), "postgres"):
+        return None
+    try:
+        postmaster = psutil.Process(int(row[0])).ppid()
+    except psutil.Error:
+        return None
+    if not _is(postmaster, "postgres"):
+        return None
+
+    def pids() -> list[int]:
+        with contextlib.suppress(psutil.Error):
+            return [postmaster, *(c.pid for c in psutil.Process(postmaster).children())]
+        return []
+
+    def db_backends() -> list[int]:
+        assert db_url is not None
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database_name(db_url),),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    return Server("postgresql", pids, db_backends if db_url else None)
+
+
+def redis_server(redis_url: str) -> Server | None:
+    """The redis-server process behind redis_url (INFO's process_id), when it is one of this
+    machine's."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        pid = int(client.info("server")["process_id"])
+    finally:
+        client.close()
+    if not _is(pid, "redis"):
+        return None
+    return Server("redis", lambda: [pid])
+
+
+def _cpu_of(pids: Sequence[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out[pid] = _cpu(psutil.Process(pid))
+    return out
+
+
 class CpuMeter:
     """CPU seconds spent between `start()` and `stop()`: by the worker processes (with their
-    descendants), by this process (the client, and the harness's polling), by the PostgreSQL
-    server's processes (every database's: other users of the server count too; a backend
-    that exits in between is missed) and by the whole machine."""
+    descendants), by this process (the client, and the harness's polling; less the RSS
+    sampler's thread when given), by the PostgreSQL server's processes (every database's:
+    other users of the server count too; a backend that exits in between is missed), by the
+    system's own server when given (`server_s`: PostgreSQL's postmaster and all its children,
+    or redis-server; `server_db_backends_s`: PostgreSQL's backends connected to the system's
+    database at the end) and by the whole machine."""
 
-    def __init__(self, worker_pids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        worker_pids: Sequence[int],
+        *,
+        server: Server | None = None,
+        harness_cpu: Callable[[], float] | None = None,
+    ) -> None:
         self.worker_pids = list(worker_pids)
-        self.figures: dict[str, float] = {}
+        self.server = server
+        self.harness_cpu = harness_cpu
+        self.figures: dict[str, Any] = {}
 
     def start(self) -> None:
         self._t = time.perf_counter()
         self._workers = _tree_cpu(self.worker_pids)
-        self._client = time.process_time()
         self._pg = _postgres_cpu()
+        self._server = _cpu_of(self.server.pids()) if self.server else {}
         self._machine = _machine_cpu()
+        # Last, so that the meter's own reads above are not counted as the client's.
+        self._harness = self.harness_cpu() if self.harness_cpu else 0.0
+        self._client = time.process_time()
 
-    def stop(self) -> dict[str, float]:
-        self.figures = {
+    def stop(self) -> dict[str, Any]:
+        # First, for the same reason.
+        client = time.process_time() - self._client
+        harness = (self.harness_cpu() if self.harness_cpu else 0.0) - self._harness
+        figures: dict[str, float] = {
             "wall_s": time.perf_counter() - self._t,
             "workers_s": _delta(self._workers, _tree_cpu(self.worker_pids)),
-            "client_s": time.process_time() - self._client,
-            "postgres_s": _delta(self._pg, _postgres_cpu()),
-            "machine_s": _machine_cpu() - self._machine,
+            "client_s": client - harness,
         }
-        self.figures = {k: round(v, 2) for k, v in self.figures.items()}
+        if self.server is not None:
+            backends = self.server.db_backends() if self.server.db_backends else None
+            after = _cpu_of(self.server.pids())
+            figures["server_s"] = _delta(self._server, after)
+            if backends is not None:
+                own = set(backends)
+                figures["server_db_backends_s"] = _delta(
+                    self._server, {p: v for p, v in after.items() if p in own}
+                )
+        figures["postgres_s"] = _delta(self._pg, _postgres_cpu())
+        figures["machine_s"] = _machine_cpu() - self._machine
+        self.figures = {k: round(v, 3) for k, v in figures.items()}
+        if self.server is not None:
+            self.figures["server"] = self.server.kind
         return self.figures
 
 

@@ -31,6 +31,7 @@ import psycopg
 
 from . import fanout as fanout_mod
 from . import recovery as recovery_mod
+from . import submit_rtt as rtt_mod
 from . import sweep as sweep_mod
 from .common import (
     RESULTS,
@@ -38,14 +39,26 @@ from .common import (
     Interrupted,
     Resources,
     RssSampler,
+    Server,
     install_signal_handlers,
     log,
     median,
     percentile,
+    postgres_server,
+    redis_server,
     wait_no_backends,
     xact_commit,
 )
-from .systems import Celery, Dbos, Procrastinate, Stepwarden, System, Throughput
+from .systems import (
+    SUBMITTERS,
+    VARIANTS,
+    Celery,
+    Dbos,
+    Procrastinate,
+    Stepwarden,
+    System,
+    Throughput,
+)
 
 SYSTEMS = ("stepwarden-sqlite", "stepwarden-postgres", "dbos", "celery", "procrastinate")
 BASE = "stepwarden-postgres"
@@ -80,16 +93,38 @@ PACKAGES = (
 )
 
 
+VARIANT_KEY = {"batch": "w1", "single": "w1_single", "concurrent": "w1_concurrent"}
+"""Where each W1 variant's figures go in a system's JSON."""
+
+
+def variant_label(variant: str, submitters: int) -> str:
+    return {
+        "batch": "batched",
+        "single": "one at a time",
+        "concurrent": f"{submitters} submitters",
+    }[variant]
+
+
 @dataclass
 class Outcome:
     """What was measured of one system."""
 
     system: System
-    w1: list[dict[str, Any]] = field(default_factory=list)
+    variants: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {v: [] for v in VARIANTS}
+    )
+    """W1's runs by variant ("batch" is W1 as it always was)."""
     w2: list[list[float]] = field(default_factory=list)
     w2_rss: list[dict[str, Any]] = field(default_factory=list)
     idle: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    """The errors by phase ("w1", "w1_single", "w1_concurrent", "w2", "idle"): a phase that
+    failed is not run again; the others go on."""
+
+    @property
+    def w1(self) -> list[dict[str, Any]]:
+        return self.variants["batch"]
 
 
 # -- the phases ---------------------------------------------------------------------------
@@ -130,22 +165,64 @@ def idle_phase(res: Resources, system: System) -> dict[str, Any]:
         system.cleanup()
 
 
-def w1_phase(res: Resources, system: System, n: int, run: int) -> dict[str, Any]:
+def server_of(res: Resources, system: System) -> Server | None:
+    """The system's store server, for its CPU time (None: SQLite, or not on this machine)."""
+    try:
+        if system.server == "postgresql":
+            return postgres_server(res.admin_url, system.db_url)
+        if system.server == "redis" and isinstance(system, Celery):
+            return redis_server(system.redis_url)
+    except Exception as exc:
+        log(f"{system.name}: cannot find its server's processes ({exc}): no server CPU")
+    return None
+
+
+def latency_stats(seconds: Sequence[float]) -> dict[str, Any]:
+    """Percentiles of submit calls, in ms."""
+    return {
+        "n": len(seconds),
+        "p50_ms": round(percentile(seconds, 50) * 1000, 3),
+        "p90_ms": round(percentile(seconds, 90) * 1000, 3),
+        "p99_ms": round(percentile(seconds, 99) * 1000, 3),
+        "mean_ms": round(sum(seconds) / len(seconds) * 1000, 3),
+        "max_ms": round(max(seconds) * 1000, 3),
+    }
+
+
+def w1_phase(
+    res: Resources,
+    system: System,
+    n: int,
+    run: int,
+    variant: str = "batch",
+    submitters: int = SUBMITTERS,
+) -> dict[str, Any]:
+    """One W1 run of the variant on a fresh store: the workers started, the n workflows
+    submitted the variant's way, waited for; CPU of the workers, the client (this process
+    less the RSS sampler's thread), the store's server and the machine over submit + wait;
+    the commits of the whole phase (workers start -> stop)."""
     system.prepare(run)
     try:
         before = _commits_before(res, system)
-        children = system.start_workers(f"w1r{run}")
+        server = server_of(res, system)
+        children = system.start_workers(f"w1{variant[0]}r{run}")
         try:
-            meter = CpuMeter([c.pid for c in children])
-            with RssSampler([c.pid for c in children], interval=0.2) as rss:
+            system.watch(children)
+            pids = [c.pid for c in children]
+            with RssSampler(pids, interval=0.2) as rss:
+                meter = CpuMeter(pids, server=server, harness_cpu=lambda: rss.thread_cpu_s)
                 meter.start()
-                tp: Throughput = system.around_throughput(children, lambda: system.throughput(n))
+                tp: Throughput = system.around_throughput(
+                    children, lambda: system.throughput(n, variant, submitters)
+                )
                 cpu = meter.stop()
         finally:
+            system.watch([])
             system.stop_workers(children)
         raw = _commits_after(res, system, before)
         out: dict[str, Any] = {
             "n": n,
+            "variant": variant,
             "elapsed_s": round(tp.elapsed, 3),
             "wf_per_s": round(n / tp.elapsed, 1),
             "submit_s": round(tp.submit_seconds, 3),
@@ -153,6 +230,11 @@ def w1_phase(res: Resources, system: System, n: int, run: int) -> dict[str, Any]
             "peak_rss_one_worker_mb": _mb(rss.peak_each),
             "cpu_s": cpu,
         }
+        if variant == "concurrent":
+            out["submitters"] = submitters
+        if tp.submit_latencies:
+            out["submit_call"] = latency_stats(tp.submit_latencies)
+            out["_submit_latencies"] = tp.submit_latencies  # pooled in the summary, not saved
         if raw is not None:
             out["commits_raw"] = raw
             out["harness_queries"] = tp.harness_queries
@@ -186,8 +268,9 @@ def w2_phase(
         system.cleanup()
 
 
-def _guarded(outcome: Outcome, what: str, fn: Callable[[], Any]) -> Any:
-    """Run one phase; an Exception is recorded and the benchmark goes on with the next."""
+def _guarded(outcome: Outcome, what: str, fn: Callable[[], Any], phase: str = "") -> Any:
+    """Run one phase; an Exception is recorded (under `phase`, which is then not run again)
+    and the benchmark goes on with the next."""
     try:
         return fn()
     except Exception as exc:
@@ -195,6 +278,7 @@ def _guarded(outcome: Outcome, what: str, fn: Callable[[], Any]) -> Any:
         log(f"FAILED {message}")
         traceback.print_exc(file=sys.stderr)
         outcome.errors.append(message)
+        outcome.failed.setdefault(phase or what, []).append(message)
         with contextlib.suppress(Exception):
             outcome.system.cleanup()
         return None
@@ -208,26 +292,75 @@ def _commits_per_wf(run: dict[str, Any], idle: dict[str, Any] | None) -> float |
     return round((run["commits_raw"] - run["harness_queries"] - idle_commits) / run["n"], 2)
 
 
+CPU_PARTS = ("workers", "client", "server", "server_db_backends")
+"""The parts of CPU per workflow (`<part>_s` in a run's cpu_s); "total" is workers + client +
+server (the store's server, where it has one: not SQLite)."""
+
+
+def _cpu_per_wf(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """CPU seconds per workflow: each part the median of the runs' (its CPU over submit +
+    wait, divided by N); the total the sum of the workers', client's and server's medians."""
+    out: dict[str, Any] = {}
+    for part in CPU_PARTS:
+        values = [r["cpu_s"][f"{part}_s"] / r["n"] for r in runs if f"{part}_s" in r["cpu_s"]]
+        out[f"{part}_s"] = round(median(values), 6) if values else None
+    out["total_s"] = round(sum(out[f"{p}_s"] or 0.0 for p in ("workers", "client", "server")), 6)
+    kinds = {r["cpu_s"].get("server") for r in runs}
+    out["server"] = kinds.pop() if len(kinds) == 1 else None
+    return out
+
+
+def summarise_variant(
+    runs: list[dict[str, Any]], idle: dict[str, Any] | None, errors: list[str]
+) -> dict[str, Any]:
+    """One W1 variant of one system: the median of its runs."""
+    out: dict[str, Any] = {}
+    if errors:
+        out["errors"] = errors
+    if not runs:
+        return out
+    pooled: list[float] = []
+    for run in runs:
+        per_wf = _commits_per_wf(run, idle)
+        if per_wf is not None:
+            run["commits_per_wf"] = per_wf
+        pooled += run.pop("_submit_latencies", [])
+    rates = [r["wf_per_s"] for r in runs]
+    out.update(
+        {
+            "variant": runs[0].get("variant", "batch"),
+            "wf_per_s": round(median(rates), 1),
+            "wf_per_s_runs": rates,
+            "cpu_s_per_wf": _cpu_per_wf(runs),
+        }
+    )
+    if "submitters" in runs[0]:
+        out["submitters"] = runs[0]["submitters"]
+    per_wf_runs = [r["commits_per_wf"] for r in runs if "commits_per_wf" in r]
+    if per_wf_runs:
+        out["commits_per_wf"] = round(median(per_wf_runs), 2)
+    if pooled:
+        out["submit_call"] = latency_stats(pooled)
+    out["runs"] = runs
+    return out
+
+
 def summarise(outcome: Outcome) -> dict[str, Any]:
     s = outcome.system
     out: dict[str, Any] = {"store": s.store, **s.describe()}
     if outcome.errors:
         out["errors"] = outcome.errors
+    for variant, key in VARIANT_KEY.items():
+        runs = outcome.variants[variant]
+        errors = outcome.failed.get(key, [])
+        if runs or errors:
+            out[key] = summarise_variant(runs, outcome.idle, errors)
     if outcome.w1:
-        for run in outcome.w1:
-            per_wf = _commits_per_wf(run, outcome.idle)
-            if per_wf is not None:
-                run["commits_per_wf"] = per_wf
-        rates = [r["wf_per_s"] for r in outcome.w1]
-        out["w1"] = {
-            "wf_per_s": round(median(rates), 1),
-            "wf_per_s_runs": rates,
-            "runs": outcome.w1,
-        }
         per_wf_runs = [r["commits_per_wf"] for r in outcome.w1 if "commits_per_wf" in r]
         if per_wf_runs:
             out["commits_per_wf"] = round(median(per_wf_runs), 2)
-            out["commits_idle_phase"] = (outcome.idle or {}).get("commits")
+    if outcome.idle is not None:
+        out["commits_idle_phase"] = outcome.idle.get("commits")
     if outcome.w2:
         pooled = [x for run in outcome.w2 for x in run]
         out["w2"] = {
@@ -246,6 +379,7 @@ def summarise(outcome: Outcome) -> dict[str, Any]:
                 for r, x in zip(outcome.w2, outcome.w2_rss, strict=True)
             ],
         }
+    # RSS as before: W1 batched and W2 (the other variants' runs have theirs in the JSON).
     rss = [r["peak_rss_workers_mb"] for r in outcome.w1] + [
         r["peak_rss_workers_mb"] for r in outcome.w2_rss
     ]
@@ -280,6 +414,39 @@ def ratios(systems: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
             a, b = _fig(base, key), _fig(peer, key)
             row[key] = round(a / b, 3) if a is not None and b else None
         out[name] = row
+    return out
+
+
+def variant_ratios(
+    systems: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per W1 variant, stepwarden-postgres's wf/s, CPU per workflow (total) and commits per
+    workflow divided by each peer's."""
+    base = systems.get(BASE)
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    if base is None:
+        return out
+    for key in VARIANT_KEY.values():
+        mine = base.get(key)
+        if not mine or "wf_per_s" not in mine:
+            continue
+        rows: dict[str, dict[str, float | None]] = {}
+        for name, peer in systems.items():
+            theirs = peer.get(key)
+            if name == BASE or not theirs or "wf_per_s" not in theirs:
+                continue
+            pairs = {
+                "wf_per_s": (mine["wf_per_s"], theirs["wf_per_s"]),
+                "cpu_s_per_wf": (
+                    mine["cpu_s_per_wf"]["total_s"],
+                    theirs["cpu_s_per_wf"]["total_s"],
+                ),
+                "commits_per_wf": (mine.get("commits_per_wf"), theirs.get("commits_per_wf")),
+            }
+            rows[name] = {
+                k: round(a / b, 3) if a is not None and b else None for k, (a, b) in pairs.items()
+            }
+        out[key] = rows
     return out
 
 
@@ -343,6 +510,9 @@ def table(result: dict[str, Any]) -> str:
             cmp = ">=" if key == "wf_per_s" else "<="
             parts.append(f"{key} {_f(g['measured'], '{:,.2f}')} ({cmp} {g['goal']:g}: {mark})")
         lines += ["", f"goal ({BASE}): " + "; ".join(parts)]
+    lines += variants_table_lines(result)
+    if result.get("submit_rtt"):
+        lines += rtt_mod.table_lines(result["submit_rtt"])
     if result.get("fanout"):
         settings = result.get("settings", {})
         lines += fanout_mod.table_lines(
@@ -402,6 +572,85 @@ def table(result: dict[str, Any]) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if seconds is None else fmt.format(seconds * 1000)
+
+
+def variants_table_lines(result: dict[str, Any]) -> list[str]:
+    """W1's variants: a section of their own, with stepwarden-postgres's ratios."""
+    settings = result.get("settings", {})
+    variants = settings.get("w1_variants", ["batch"])
+    submitters = settings.get("submitters", SUBMITTERS)
+    if variants == ["batch"]:
+        return []
+    lines = [
+        "",
+        f"W1 by way of submitting: the same {settings.get('w1_n')} workflows and workers, "
+        f"median of {settings.get('runs')} run(s). CPU ms per workflow over submit + wait: "
+        "workers, client (the benchmark's process), server (PostgreSQL: all the server's "
+        "processes, other users' too, and in brackets its backends of the system's "
+        "database; Redis: redis-server), total = workers + client + server; commits/wf on "
+        "PostgreSQL (less the idle phase); submit p50: one submit call, ms",
+    ]
+    head = (
+        f"{'system':<20} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} {'workers':>8} "
+        f"{'client':>7} {'server (own db)':>16} {'total':>7} {'commits/wf':>10} "
+        f"{'submit p50':>10}"
+    )
+    lines += [head, "-" * len(head)]
+    for name, s in result["systems"].items():
+        first = True
+        for variant in variants:
+            v = s.get(VARIANT_KEY[variant])
+            label = variant_label(variant, submitters)
+            who = name if first else ""
+            first = False
+            if not v:
+                lines.append(f"{who:<20} {label:<14} {'-':>8}")
+                continue
+            failed = "   FAILED: " + "; ".join(v["errors"]) if v.get("errors") else ""
+            if "wf_per_s" not in v:
+                lines.append(f"{who:<20} {label:<14} {'-':>8}{failed}")
+                continue
+            cpu = v["cpu_s_per_wf"]
+            runs = "(" + ", ".join(f"{r:,.0f}" for r in v["wf_per_s_runs"]) + ")"
+            server = _ms(cpu["server_s"])
+            if cpu.get("server_db_backends_s") is not None:
+                server += f" ({_ms(cpu['server_db_backends_s'])})"
+            call = v.get("submit_call", {}).get("p50_ms")
+            lines.append(
+                f"{who:<20} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} "
+                f"{_ms(cpu['workers_s']):>8} {_ms(cpu['client_s']):>7} {server:>16} "
+                f"{_ms(cpu['total_s']):>7} {_f(v.get('commits_per_wf'), '{:.2f}'):>10} "
+                f"{_f(call, '{:.2f}'):>10}{failed}"
+            )
+    ratios = result.get("variant_ratios") or {}
+    if any(ratios.values()):
+        lines += [
+            "",
+            f"{BASE} / peer by way of submitting (wf/s: >1 is faster; CPU per workflow "
+            "(total) and commits/wf: <1 is less)",
+        ]
+        peers = [n for n in result["systems"] if n != BASE]
+        for peer in peers:
+            parts = []
+            for variant in variants:
+                r = ratios.get(VARIANT_KEY[variant], {}).get(peer)
+                label = variant_label(variant, submitters)
+                if r is None:
+                    parts.append(f"{label}: -")
+                    continue
+                part = (
+                    f"{label}: wf/s x{_f(r['wf_per_s'], '{:.2f}')}, "
+                    f"CPU x{_f(r['cpu_s_per_wf'], '{:.2f}')}"
+                )
+                if r.get("commits_per_wf") is not None:
+                    part += f", commits x{r['commits_per_wf']:.2f}"
+                parts.append(part)
+            lines.append(f"  vs {peer:<18} " + " | ".join(parts))
+    return lines
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -515,6 +764,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--latency-n", type=int, default=None, help="W2 workflows per run [200; quick 50]"
     )
     p.add_argument("--runs", type=int, default=None, help="runs of W1 and W2 [3; quick 1]")
+    p.add_argument(
+        "--w1-variants",
+        default=",".join(VARIANTS),
+        help="W1's ways of submitting, comma-separated (default: all): batch (batches of 100 "
+        "where the system can batch), single (one workflow per call, each awaited before the "
+        "next), concurrent (--submitters submitters, each one workflow per call)",
+    )
+    p.add_argument(
+        "--submitters",
+        type=int,
+        default=SUBMITTERS,
+        help=f"concurrent submitters of W1's 'concurrent' variant [{SUBMITTERS}]",
+    )
+    p.add_argument(
+        "--rtt-n",
+        type=int,
+        default=None,
+        help="submits per condition of the submit round trip (stepwarden-postgres) [200; quick 50]",
+    )
+    p.add_argument(
+        "--no-submit-rtt",
+        action="store_true",
+        help="skip the submit round trip (stepwarden-postgres with no worker, idle workers)",
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes per system [2]")
     p.add_argument(
         "--sweep-finished",
@@ -573,6 +846,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             if name not in chosen:
                 chosen.append(name)
     args.systems = [s for s in SYSTEMS if s in chosen]
+    variants = [v.strip() for v in args.w1_variants.split(",") if v.strip()]
+    for v in variants:
+        if v not in VARIANTS:
+            p.error(f"unknown W1 variant {v!r}; choose from {', '.join(VARIANTS)}")
+    if not variants:
+        p.error("--w1-variants names none")
+    args.variants = [v for v in VARIANTS if v in variants]
+    if args.submitters < 1:
+        p.error("--submitters must be at least 1")
+    args.rtt_n = args.rtt_n or (50 if args.quick else 200)
     args.n = args.n or (200 if args.quick else 2000)
     args.latency_n = args.latency_n or (50 if args.quick else 200)
     args.runs = args.runs or (1 if args.quick else 3)
@@ -603,7 +886,7 @@ def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str
         if outcome.system.postgres:
             log(f"{name}: idle phase (the commits of starting and stopping)")
             outcome.idle = _guarded(
-                outcome, "idle phase", lambda o=outcome: idle_phase(res, o.system)
+                outcome, "idle phase", lambda o=outcome: idle_phase(res, o.system), "idle"
             )
     for run in range(args.runs):
         # Each run takes the systems in another order, so that none is always first or last.
@@ -611,23 +894,38 @@ def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str
         names = names[run % len(names) :] + names[: run % len(names)]
         for name in names:
             outcome = outcomes[name]
-            if outcome.errors:
+            if "idle" in outcome.failed:
+                continue  # its commit counts would mean nothing; the error says why
+            for variant in args.variants:
+                key = VARIANT_KEY[variant]
+                if key in outcome.failed:
+                    continue
+                label = variant_label(variant, args.submitters)
+                log(f"{name}: W1 {label} run {run + 1}/{args.runs}, {args.n} workflows")
+                w1 = _guarded(
+                    outcome,
+                    f"W1 {label} run {run + 1}",
+                    lambda o=outcome, r=run, v=variant: w1_phase(
+                        res, o.system, args.n, r, v, args.submitters
+                    ),
+                    key,
+                )
+                if w1 is None:
+                    continue
+                outcome.variants[variant].append(w1)
+                call = w1.get("submit_call")
+                log(
+                    f"{name}: W1 {label} {w1['wf_per_s']:,.1f} wf/s ({w1['elapsed_s']:.2f} s)"
+                    + (f", submit call p50 {call['p50_ms']:.2f} ms" if call else "")
+                )
+            if "w2" in outcome.failed:
                 continue
-            log(f"{name}: W1 run {run + 1}/{args.runs}, {args.n} workflows")
-            w1 = _guarded(
-                outcome,
-                f"W1 run {run + 1}",
-                lambda o=outcome, r=run: w1_phase(res, o.system, args.n, r),
-            )
-            if w1 is None:
-                continue
-            outcome.w1.append(w1)
-            log(f"{name}: W1 {w1['wf_per_s']:,.1f} wf/s ({w1['elapsed_s']:.2f} s)")
             log(f"{name}: W2 run {run + 1}/{args.runs}, {args.latency_n} workflows one by one")
             w2 = _guarded(
                 outcome,
                 f"W2 run {run + 1}",
                 lambda o=outcome, r=run: w2_phase(res, o.system, args.latency_n, r),
+                "w2",
             )
             if w2 is None:
                 continue
@@ -808,13 +1106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "w2_warmup": W2_WARMUP,
                 "runs": args.runs,
                 "workers_per_system": args.workers,
+                "w1_variants": args.variants,
+                "submitters": args.submitters,
+                "submit_rtt_n": None if args.no_submit_rtt else args.rtt_n,
                 "fanout_n": None if args.no_fanout else args.fanout_n,
             },
             "systems": systems,
         }
         result["ratios"] = ratios(systems)
+        result["variant_ratios"] = variant_ratios(systems)
         result["goal"] = goal_check(systems)
         result["reference"] = {k: v for k, v in REFERENCE.items() if k in systems}
+        if not args.no_submit_rtt and BASE in args.systems:
+            result["submit_rtt"] = rtt_mod.run(
+                res, args, log_dir, systems[BASE].get("w1_single", {}).get("submit_call")
+            )
         if not args.no_fanout:
             result["fanout"] = run_fanout(args, res, log_dir, outcomes)
         if not args.no_recovery:
@@ -834,6 +1140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = (
             [n for n, s in systems.items() if s.get("errors")]
             + [f"fanout/{n}" for n, v in result.get("fanout", {}).items() if v.get("errors")]
+            + (["submit_rtt"] if result.get("submit_rtt", {}).get("errors") else [])
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [
                 f"recovery/{n}/{kind}"

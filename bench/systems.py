@@ -4,7 +4,13 @@ finished by the system's own record of it.
 
 Every adapter is driven the same way by `bench.run`:
 
-    prepare(run) -> start_workers(n) -> throughput(n) | latency(n) -> stop -> cleanup()
+    prepare(run) -> start_workers(n) -> throughput(n, variant) | latency(n) -> stop -> cleanup()
+
+W1 comes in three variants (`VARIANTS`), which differ only in how the client submits:
+"batch" (batches of SUBMIT_BATCH where the system can batch), "single" (one workflow per
+call, each call awaited before the next) and "concurrent" (`submitters` submitters in the
+client process, each submitting its share one at a time: asyncio tasks where the client API
+is async, threads where it is sync).
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import json
 import os
 import sqlite3
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +52,10 @@ RESULT_POLL = 0.01
 """Seconds between a client's reads of one workflow's result, where the system offers no
 wake-up for it (DBOS's handle, procrastinate): the observation's granularity in W2."""
 W1_TIMEOUT = 600.0
+VARIANTS = ("batch", "single", "concurrent")
+"""W1's ways of submitting: batches where the system can batch, one workflow per call,
+`SUBMITTERS` concurrent submitters each one workflow per call."""
+SUBMITTERS = 16
 
 
 @dataclass
@@ -56,6 +68,66 @@ class Throughput:
     harness_queries: int
     """Transactions the harness itself ran on the system's database while measuring
     (completion polls); subtracted from the commit count."""
+    submit_latencies: list[float] = field(default_factory=list)
+    """Seconds of each submit call (variants "single" and "concurrent")."""
+
+
+@dataclass
+class AsyncSubmit:
+    """Submits workflow i through an async client API, on the client's event loop."""
+
+    runner: asyncio.Runner
+    one: Callable[[int], Awaitable[object]]
+
+
+@dataclass
+class SyncSubmit:
+    """Submits workflow i through a blocking client API (threads submit concurrently)."""
+
+    one: Callable[[int], object]
+
+
+def submit_each(
+    submit: AsyncSubmit | SyncSubmit, n: int, submitters: int, start: int = 0
+) -> list[float]:
+    """Submit workflows start..start+n-1 one per call: `submitters` submitters, submitter k
+    taking start+k, start+k+submitters, ...; each awaits its call before its next. Returns
+    each call's seconds."""
+
+    if isinstance(submit, AsyncSubmit):
+        one_async = submit.one
+
+        async def share_async(k: int) -> list[float]:
+            out = []
+            for i in range(start + k, start + n, submitters):
+                began = time.perf_counter()
+                await one_async(i)
+                out.append(time.perf_counter() - began)
+            return out
+
+        async def all_async() -> list[list[float]]:
+            if submitters == 1:
+                return [await share_async(0)]
+            return list(await asyncio.gather(*(share_async(k) for k in range(submitters))))
+
+        shares = submit.runner.run(all_async())
+    else:
+        one_sync = submit.one
+
+        def share_sync(k: int) -> list[float]:
+            out = []
+            for i in range(start + k, start + n, submitters):
+                began = time.perf_counter()
+                one_sync(i)
+                out.append(time.perf_counter() - began)
+            return out
+
+        if submitters == 1:
+            shares = [share_sync(0)]
+        else:
+            with ThreadPoolExecutor(submitters, thread_name_prefix="submitter") as pool:
+                shares = list(pool.map(share_sync, range(submitters)))
+    return [x for share in shares for x in share]
 
 
 class System(abc.ABC):
@@ -63,13 +135,20 @@ class System(abc.ABC):
     store: str
     postgres: bool = False
     submit_mode: str = ""
+    submit_one_mode: str = ""
     worker_mode: str = ""
+
+    server: str | None = None
+    """The store's server process, whose CPU W1 measures: "postgresql", "redis" or None."""
+    concurrency: str = ""
+    """How the client's submitters share its connections (variant "concurrent")."""
 
     def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
         self.res = res
         self.workers = workers
         self.log_dir = log_dir
         self.db_url: str | None = None
+        self._watched: list[Child] = []
 
     @abc.abstractmethod
     def prepare(self, run: int) -> None:
@@ -79,8 +158,52 @@ class System(abc.ABC):
     def start_workers(self, phase: str) -> list[Child]:
         """Start `self.workers` worker processes and wait until they are ready."""
 
+    def watch(self, children: Sequence[Child]) -> None:
+        """The worker processes whose exit fails W1 at once (rather than at its timeout)."""
+        self._watched = list(children)
+
+    def _check_workers(self) -> None:
+        for child in self._watched:
+            if not child.alive():
+                raise RuntimeError(
+                    f"{child.name} exited ({child.popen.returncode}) during W1:\n" + child.tail()
+                )
+
+    def throughput(
+        self, n: int, variant: str = "batch", submitters: int = SUBMITTERS
+    ) -> Throughput:
+        """W1: submit workflows 0..n-1 the variant's way, then wait until all are done."""
+        latencies: list[float] = []
+        if variant == "batch":
+            submit_all = self.batch_submitter(n)
+        elif variant in ("single", "concurrent"):
+            each = self.one_submitter()
+            k = 1 if variant == "single" else submitters
+
+            def submit_all() -> None:
+                latencies.extend(submit_each(each, n, k))
+        else:
+            raise ValueError(f"unknown W1 variant {variant!r}")
+        t0 = time.time()
+        start = time.perf_counter()
+        submit_all()
+        submit_seconds = time.perf_counter() - start
+        last, queries = self.wait_done(n)
+        return Throughput(n, last - t0, submit_seconds, queries, latencies)
+
     @abc.abstractmethod
-    def throughput(self, n: int) -> Throughput: ...
+    def batch_submitter(self, n: int) -> Callable[[], None]:
+        """What submits workflows 0..n-1 in W1's "batch" variant (built before the clock
+        starts)."""
+
+    @abc.abstractmethod
+    def one_submitter(self) -> AsyncSubmit | SyncSubmit:
+        """What submits workflow i alone (variants "single" and "concurrent")."""
+
+    @abc.abstractmethod
+    def wait_done(self, n: int) -> tuple[float, int]:
+        """Wait until the n workflows are done: the last one's completion (epoch seconds, as
+        the system recorded it) and the queries the harness ran on the system's database."""
 
     @abc.abstractmethod
     def latency(self, n: int, offset: int) -> list[float]:
@@ -112,7 +235,13 @@ class System(abc.ABC):
         """Remove the store made by prepare()."""
 
     def describe(self) -> dict[str, Any]:
-        return {"submit": self.submit_mode, "workers": self.worker_mode}
+        return {
+            "submit": self.submit_mode,
+            "submit_one": self.submit_one_mode,
+            "concurrent_submitters": self.concurrency,
+            "workers": self.worker_mode,
+            "server": self.server,
+        }
 
     def worker_env(self) -> dict[str, str]:
         # The workers import bench.peers.* / bench.workload from the project's directory.
@@ -133,6 +262,7 @@ def _bin(name: str) -> str:
 # -- stepwarden ---------------------------------------------------------------------------
 class Stepwarden(System):
     submit_mode = f"App.submit_many_async, batches of {SUBMIT_BATCH} (App.new_task)"
+    submit_one_mode = "App.submit_async"
 
     def __init__(
         self,
@@ -147,6 +277,12 @@ class Stepwarden(System):
         self.postgres = postgres
         self.name = "stepwarden-postgres" if postgres else "stepwarden-sqlite"
         self.store = "PostgreSQL" if postgres else "SQLite"
+        self.server = "postgresql" if postgres else None
+        self.concurrency = "asyncio tasks sharing one App, " + (
+            "whose store's pool has up to 10 connections (the default)"
+            if postgres
+            else "whose store has one connection, in one thread"
+        )
         self.worker_args = list(worker_args)
         extra = "; " + " ".join(worker_args) if worker_args else ""
         self.worker_mode = (
@@ -220,24 +356,35 @@ class Stepwarden(System):
         return children
 
     # W1
-    def throughput(self, n: int) -> Throughput:
+    def batch_submitter(self, n: int) -> Callable[[], None]:
         app = self._client()
-        assert self._runner is not None
+        runner = self._runner
+        assert runner is not None
         tasks = [app.new_task("order", order_input(i), task_id=f"o{i}") for i in range(n)]
-        t0 = time.time()
-        with_submit = time.perf_counter()
 
         async def submit_all() -> None:
             for i in range(0, n, SUBMIT_BATCH):
                 await app.submit_many_async(tasks[i : i + SUBMIT_BATCH])
 
-        self._runner.run(submit_all())
-        submit_seconds = time.perf_counter() - with_submit
-        _, last, queries = self._wait_done(n)
-        return Throughput(n, last - t0, submit_seconds, queries)
+        return lambda: runner.run(submit_all())
 
-    def _wait_done(self, n: int) -> tuple[int, float, int]:
+    def one_submitter(self) -> AsyncSubmit:
+        app = self._client()
+        assert self._runner is not None
+
+        async def one(i: int) -> None:
+            await app.submit_async("order", order_input(i), task_id=f"o{i}")
+
+        return AsyncSubmit(self._runner, one)
+
+    def wait_done(self, n: int) -> tuple[float, int]:
+        _, last, queries = self._wait_done(n)
+        return last, queries
+
+    def _wait_done(self, n: int, prefix: str = "") -> tuple[int, float, int]:
+        """Wait until n tasks (those whose id starts with prefix) are processed."""
         queries = 0
+        like = prefix + "%"
         deadline = time.monotonic() + W1_TIMEOUT
         if self.postgres:
             with psycopg.connect(self.url, autocommit=True) as db:
@@ -248,13 +395,15 @@ class Stepwarden(System):
                         " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
                         " 'compensation_failed', 'cancelled')),"
                         " extract(epoch FROM max(finished_at))::float8"
-                        " FROM stepwarden_tasks"
+                        " FROM stepwarden_tasks WHERE task_id LIKE %s",
+                        (like,),
                     ).fetchone()
                     assert row is not None
                     if row[1]:
                         raise RuntimeError(f"{row[1]} workflow(s) did not succeed")
                     if row[0] >= n:
                         return int(row[0]), float(row[2]), queries
+                    self._check_workers()
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
                     time.sleep(COMPLETION_POLL)
@@ -265,12 +414,14 @@ class Stepwarden(System):
                     "SELECT count(*) FILTER (WHERE process_state = 'processed'),"
                     " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
                     " 'compensation_failed', 'cancelled')), max(finished_at)"
-                    " FROM stepwarden_tasks"
+                    " FROM stepwarden_tasks WHERE task_id LIKE ?",
+                    (like,),
                 ).fetchone()
                 if row[1]:
                     raise RuntimeError(f"{row[1]} workflow(s) did not succeed")
                 if row[0] >= n:
                     return int(row[0]), float(row[2]), 0
+                self._check_workers()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
                 time.sleep(COMPLETION_POLL)
@@ -366,6 +517,12 @@ class Dbos(System):
     name = "dbos"
     store = "PostgreSQL"
     postgres = True
+    server = "postgresql"
+    submit_one_mode = "DBOSClient.enqueue"
+    concurrency = (
+        "threads sharing one DBOSClient, whose pool has 5 connections (the default, no "
+        "overflow); DBOSClient.enqueue is blocking (enqueue_async runs it in a thread)"
+    )
 
     def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
         super().__init__(res, workers=workers, log_dir=log_dir)
@@ -445,15 +602,23 @@ class Dbos(System):
             "workflow_id": workflow_id,
         }
 
-    def throughput(self, n: int) -> Throughput:
+    def batch_submitter(self, n: int) -> Callable[[], None]:
         client = self.client()
-        t0 = time.time()
-        start = time.perf_counter()
-        for i in range(0, n, SUBMIT_BATCH):
-            with self._engine.begin() as conn:
-                for j in range(i, min(n, i + SUBMIT_BATCH)):
-                    client.enqueue_in_transaction(conn, self._options(f"o{j}"), order_input(j))
-        submit_seconds = time.perf_counter() - start
+
+        def submit_all() -> None:
+            for i in range(0, n, SUBMIT_BATCH):
+                with self._engine.begin() as conn:
+                    for j in range(i, min(n, i + SUBMIT_BATCH)):
+                        client.enqueue_in_transaction(conn, self._options(f"o{j}"), order_input(j))
+
+        return submit_all
+
+    def one_submitter(self) -> SyncSubmit:
+        # DBOSClient.enqueue is blocking (its enqueue_async runs it in a thread).
+        client = self.client()
+        return SyncSubmit(lambda i: client.enqueue(self._options(f"o{i}"), order_input(i)))
+
+    def wait_done(self, n: int) -> tuple[float, int]:
         queries = 0
         deadline = time.monotonic() + W1_TIMEOUT
         assert self.db_url is not None
@@ -470,7 +635,8 @@ class Dbos(System):
                 if row[1]:
                     raise RuntimeError(f"{row[1]} DBOS workflow(s) did not succeed")
                 if row[0] >= n:
-                    return Throughput(n, row[2] / 1000.0 - t0, submit_seconds, queries)
+                    return row[2] / 1000.0, queries
+                self._check_workers()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
                 time.sleep(COMPLETION_POLL)
@@ -497,7 +663,16 @@ class Dbos(System):
 class Celery(System):
     name = "celery"
     store = "Redis"
-    submit_mode = "chain(reserve.s(order), charge.s(), ship.s()).apply_async(), one by one"
+    submit_mode = (
+        "chain(reserve.s(order), charge.s(), ship.s()).apply_async(), one by one (Celery "
+        "has no batch submit)"
+    )
+    submit_one_mode = "chain(reserve.s(order), charge.s(), ship.s()).apply_async()"
+    server = "redis"
+    concurrency = (
+        "threads sharing one Celery app (apply_async is blocking): its producer pool "
+        "(broker_pool_limit, 10 by default) and its Redis result consumer"
+    )
 
     def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
         super().__init__(res, workers=workers, log_dir=log_dir)
@@ -507,6 +682,7 @@ class Celery(System):
         )
         self.redis_url = ""
         self.app: Any = None
+        self._final_ids: list[str] = []
 
     def prepare(self, run: int) -> None:
         self.redis_url = self.res.fresh_redis()
@@ -566,16 +742,39 @@ class Celery(System):
             app.signature(celery_app.SHIP),
         )
 
-    def throughput(self, n: int) -> Throughput:
+    def batch_submitter(self, n: int) -> Callable[[], None]:
+        # Celery has no batch submit: the same as one at a time.
+        self._final_ids = []
+        one = self.one_submitter().one
+
+        def submit_all() -> None:
+            for i in range(n):
+                one(i)
+
+        return submit_all
+
+    def one_submitter(self) -> SyncSubmit:
+        # apply_async is blocking; the client's threads share its producer pool
+        # (broker_pool_limit, 10 by default) and its result consumer.
+        self._app()
+        self._final_ids = []
+        ids = self._final_ids
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            final_id = self._chain(i).apply_async().id
+            with lock:
+                ids.append(final_id)
+
+        return SyncSubmit(one)
+
+    def wait_done(self, n: int) -> tuple[float, int]:
         import redis
 
-        self._app()
-        t0 = time.time()
-        start = time.perf_counter()
-        final_ids = [self._chain(i).apply_async().id for i in range(n)]
-        submit_seconds = time.perf_counter() - start
+        if len(self._final_ids) != n:
+            raise RuntimeError(f"{len(self._final_ids)} chains submitted, not {n}")
         client = redis.Redis.from_url(self.redis_url)
-        pending = [f"celery-task-meta-{tid}" for tid in final_ids]
+        pending = [f"celery-task-meta-{tid}" for tid in self._final_ids]
         last = 0.0
         deadline = time.monotonic() + W1_TIMEOUT
         try:
@@ -594,7 +793,8 @@ class Celery(System):
                         last = max(last, _iso_epoch(meta["date_done"]))
                 pending = still
                 if not pending:
-                    return Throughput(n, last - t0, submit_seconds, 0)
+                    return last, 0
+                self._check_workers()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{n - len(pending)}/{n} done after {W1_TIMEOUT}s")
                 time.sleep(COMPLETION_POLL)
@@ -636,6 +836,12 @@ class Procrastinate(System):
     store = "PostgreSQL"
     postgres = True
     submit_mode = f"reserve.batch_defer_async, batches of {SUBMIT_BATCH}"
+    submit_one_mode = "reserve.defer_async"
+    server = "postgresql"
+    concurrency = (
+        "asyncio tasks sharing one App, whose PsycopgConnector's pool has psycopg_pool's "
+        "default size (4 connections)"
+    )
 
     def __init__(self, res: Resources, *, workers: int, log_dir: Path) -> None:
         super().__init__(res, workers=workers, log_dir=log_dir)
@@ -722,12 +928,11 @@ class Procrastinate(System):
         time.sleep(0.3)
         return children
 
-    def throughput(self, n: int) -> Throughput:
+    def batch_submitter(self, n: int) -> Callable[[], None]:
         app = self._client()
-        assert self._runner is not None
+        runner = self._runner
+        assert runner is not None
         reserve = app.tasks[self.settings.RESERVE]
-        t0 = time.time()
-        start = time.perf_counter()
 
         async def defer_all() -> None:
             for i in range(0, n, SUBMIT_BATCH):
@@ -735,8 +940,19 @@ class Procrastinate(System):
                     *({"order": order_input(j)} for j in range(i, min(n, i + SUBMIT_BATCH)))
                 )
 
-        self._runner.run(defer_all())
-        submit_seconds = time.perf_counter() - start
+        return lambda: runner.run(defer_all())
+
+    def one_submitter(self) -> AsyncSubmit:
+        app = self._client()
+        assert self._runner is not None
+        reserve = app.tasks[self.settings.RESERVE]
+
+        async def one(i: int) -> None:
+            await reserve.defer_async(order=order_input(i))
+
+        return AsyncSubmit(self._runner, one)
+
+    def wait_done(self, n: int) -> tuple[float, int]:
         queries = 0
         deadline = time.monotonic() + W1_TIMEOUT
         assert self.db_url is not None
@@ -761,7 +977,8 @@ class Procrastinate(System):
                         (self.settings.SHIP,),
                     ).fetchone()
                     assert last is not None
-                    return Throughput(n, float(last[0]) - t0, submit_seconds, queries)
+                    return float(last[0]), queries
+                self._check_workers()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
                 time.sleep(COMPLETION_POLL)
