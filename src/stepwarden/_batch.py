@@ -13,10 +13,17 @@ Out = TypeVar("Out")
 
 class Batcher(Generic[In, Out]):
     def __init__(
-        self, flush: Callable[[Sequence[In]], Awaitable[Sequence[Out]]], *, max_size: int = 500
+        self,
+        flush: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
+        *,
+        max_size: int = 500,
+        yields: int = 1,
     ) -> None:
         self._flush = flush
         self._max_size = max_size
+        self._yields = yields
+        """Turns of the event loop a flush waits before it takes the items: the coroutines
+        woken together (and those they wake) add theirs."""
         self._queue: list[tuple[In, asyncio.Future[Out]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
@@ -29,7 +36,8 @@ class Batcher(Generic[In, Out]):
 
     async def _run(self) -> None:
         try:
-            await asyncio.sleep(0)  # let the coroutines woken together add their items
+            for _ in range(self._yields):  # let the coroutines woken together add theirs
+                await asyncio.sleep(0)
             while self._queue:
                 batch = self._queue[: self._max_size]
                 del self._queue[: self._max_size]

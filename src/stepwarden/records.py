@@ -168,6 +168,9 @@ class NewStep:
     total_within: float | None = None
     position: str | None = None
     """Its place in the workflow (`StepRecord.position`); None on a compensation."""
+    claimed_by: str | None = None
+    """An agent instance of the scheduler's own process with room for it: the step is
+    recorded running, held by that instance, which calls it at once (no queue, no wake-up)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -66,14 +66,25 @@ class _Hold:
     """A runner's hold of one claimed step: its deadline, moved on by heartbeats, and why it
     was lost, once it is."""
 
-    def __init__(self, runner: AgentRunner, request: Request) -> None:
+    def __init__(
+        self,
+        runner: AgentRunner,
+        request: Request,
+        report: Callable[[StepOutcome], Awaitable[bool]] | None = None,
+    ) -> None:
         self.runner = runner
         self.request = request
+        self.report = report
+        """Where the outcome goes when the step was handed over by this process's scheduler
+        (it records it with its workflow's next write); None: written by the runner."""
         self.loop = asyncio.get_running_loop()
         self.deadline = self.loop.time() + request.remaining
         self.complete_by = request.complete_by
         self.timeout: asyncio.Timeout | None = None
         self.cancelled: str | None = None
+        self.answered = False
+        """Its outcome is being recorded: the step's state no longer says whether the call
+        holds it."""
         self._task: asyncio.Task[Any] | None = None
         """The serving task, while what it awaits may be interrupted."""
         self._interrupted = False
@@ -169,6 +180,12 @@ class AgentRunner:
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self._inflight: dict[asyncio.Task[None], str] = {}
+        self._reserved = 0
+        """Room promised to steps this process's scheduler is handing over (`take_local`)."""
+        self._queue_empty = False
+        """The last claim found fewer queued requests than it had room for: a step handed
+        over passes none that waits (until a wake-up says some may, and a claim looks)."""
+        self._accepting = False
         self._holds: dict[tuple[str, int, int], _Hold] = {}
         """The steps of the calls in flight, by (task_id, seq, attempt)."""
         self._watcher: asyncio.Task[None] | None = None
@@ -230,6 +247,36 @@ class AgentRunner:
                 self._transitions[:0] = transitions
                 logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
 
+    # -- steps handed over by this process's scheduler ------------------------------------
+    def take_local(self, operation: str) -> bool:
+        """Reserve room for a step of `operation` that this process's scheduler would hand
+        over at once (recorded running, held by this instance): only while this instance
+        runs, has room, its breaker is closed, the operation has no limit (limits are
+        counted by claims) and no queued request of this agent waits (it would be passed)."""
+        op = self.agent.operations.get(operation)
+        if not self._accepting or op is None or op.limit is not None:
+            return False
+        if self.breaker is not None and self.breaker.state != CLOSED:
+            return False
+        if not self._queue_empty or len(self._inflight) + self._reserved >= self.concurrency:
+            return False
+        self._reserved += 1
+        return True
+
+    def release_local(self) -> None:
+        self._reserved -= 1
+        self._room.set()
+
+    def serve_local(
+        self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]]
+    ) -> None:
+        """Call a step recorded as held by this instance, its room reserved; its outcome
+        goes to `report`."""
+        self._reserved -= 1
+        task = asyncio.create_task(self._serve(request, report))
+        self._inflight[task] = request.operation
+        task.add_done_callback(self._done)
+
     # -- claiming -------------------------------------------------------------------------
     def _limits(self) -> dict[str, OpLimit]:
         limits: dict[str, OpLimit] = {}
@@ -270,7 +317,7 @@ class AgentRunner:
         """Ask the store which of these calls (those in flight) no longer hold their step,
         in one query, and stop those."""
         if holds is None:
-            holds = [h for h in self._holds.values() if h.cancelled is None]
+            holds = [h for h in self._holds.values() if h.cancelled is None and not h.answered]
         if not holds:
             return
         try:
@@ -302,10 +349,11 @@ class AgentRunner:
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch_calls(stop))
         failures = 0
+        self._accepting = True
         try:
             while not stop.is_set():
                 self._room.clear()
-                free = self.concurrency - len(self._inflight)
+                free = self.concurrency - len(self._inflight) - self._reserved
                 trial = None if self.breaker is None else self.breaker.room()
                 if trial is not None:
                     free = min(free, trial)
@@ -319,11 +367,13 @@ class AgentRunner:
                         waits.append(asyncio.sleep(reopens))
                     await first(*waits)
                     continue
+                self._queue_empty = False
                 try:
                     requests = await self.store.claim_requests(
                         self.instance, self.agent.name, operations, free, limits
                     )
                     failures = 0
+                    self._queue_empty = len(requests) < free
                 except StoreError as exc:
                     failures += 1
                     what = f"agent {self.agent.name}: cannot claim requests"
@@ -339,6 +389,7 @@ class AgentRunner:
                         waits.append(self._room.wait())
                     await first(*waits)
         finally:
+            self._accepting = False
             self.store.unsubscribe(CHANNEL_REQUESTS, sub)
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
@@ -369,8 +420,10 @@ class AgentRunner:
             )
 
     # -- serving --------------------------------------------------------------------------
-    async def _serve(self, request: Request) -> None:
-        hold = _Hold(self, request)
+    async def _serve(
+        self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]] | None = None
+    ) -> None:
+        hold = _Hold(self, request, report)
         self._holds[hold.key] = hold
         try:
             await self._calls(hold)
@@ -575,10 +628,12 @@ class AgentRunner:
             error=error,
             tries=tries,
         )
+        report = hold.report or self._completions.submit
+        hold.answered = True
         applied = await self._before_complete_by(
             f"cannot record the outcome of {request.idempotency_key}",
             hold,
-            lambda: self._completions.submit(outcome),
+            lambda: report(outcome),
         )
         if applied is None:
             return

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import _json
 from ._aio import first, sleep_unless
@@ -34,12 +36,15 @@ from .records import (
     Held,
     NewStep,
     Redispatch,
+    Request,
     SchedulerBeat,
     StepDispatch,
+    StepOutcome,
     StepRecord,
     TaskOutcome,
     WaitOutcome,
     WaitRequest,
+    idempotency_key,
     step_key,
 )
 from .retry import after_store_failure, answered
@@ -64,9 +69,58 @@ its tasks back for another scheduler to resume."""
 ADMIT_BATCH = 25
 """A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
 claiming them: claims of one or two tasks each would cost a commit each."""
+RECORD_WITHIN = 0.005
+"""Seconds the outcome of a step called in this process waits for the workflow's next write
+(which it then shares a transaction with) before it is written alone."""
 VERSIONS_EVERY = 60.0
 """Seconds between two looks (the first at start) for tasks of a scheduler's workflows at
 versions it does not have, each logged as a warning while any wait."""
+
+
+class LocalAgent(Protocol):
+    """An agent instance in the scheduler's own process (`AgentRunner`), to which a step may
+    be handed at once: recorded running, held by it, called without a queue or a wake-up."""
+
+    instance: str
+
+    def take_local(self, operation: str) -> bool:
+        """Reserve room for one call of `operation` now, if it may be handed over."""
+
+    def release_local(self) -> None:
+        """Give back a reservation whose step was not handed over after all."""
+
+    def serve_local(
+        self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]]
+    ) -> None:
+        """Call a step recorded as held by this instance (its reservation taken); its
+        outcome goes to `report`, whose answer says whether it was recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """How a step ended, as the workflow waiting for it sees it."""
+
+    state: StepState
+    result: Any
+    error: str | None
+
+    @classmethod
+    def of(cls, step: StepRecord) -> _Answer:
+        return cls(step.state, step.result, step.error)
+
+
+@dataclass(slots=True)
+class _Unrecorded:
+    """The outcome of a step called in this process, handed to its workflow before it is
+    recorded: it is written with the task's next write, or alone soon after."""
+
+    outcome: StepOutcome
+    recorded: asyncio.Future[bool]
+
+
+_Write = StepDispatch | TaskOutcome | None
+"""What a workflow writes to the store through the scheduler's group commit (None: only the
+outcomes it goes on from)."""
 
 
 class Scheduler:
@@ -109,11 +163,22 @@ class Scheduler:
         """The drive of each task by its id: a task claimed again (released meanwhile, say by
         the supervisor when a step's agent was gone) stops its older, fenced-out drive."""
         self._room = asyncio.Event()
-        self._waiting: dict[str, tuple[tuple[str, int], asyncio.Future[StepRecord]]] = {}
-        self._dispatches: Batcher[StepDispatch, DispatchedStep | None] = Batcher(
-            store.dispatch_steps
+        self._waiting: dict[str, tuple[tuple[str, int], asyncio.Future[_Answer]]] = {}
+        self._writes: Batcher[tuple[_Write, list[_Unrecorded]], Any] = Batcher(
+            self._write_group, yields=3
         )
-        self._finishes: Batcher[TaskOutcome, bool] = Batcher(store.finish_tasks)
+        """The group commit of the workflows' writes with the outcomes they go on from."""
+        self.local_agents: dict[str, LocalAgent] = {}
+        """This process's agent instances by agent name (set by the worker): a new step of
+        an operation one of them has room for is handed to it at once."""
+        self._unrecorded: dict[str, list[_Unrecorded]] = {}
+        """By task: outcomes of steps called here that its workflow went on from, not yet
+        known to be recorded."""
+        self._recording: set[asyncio.Task[None]] = set()
+        """Writes of outcomes alone under way (kept from the garbage collector)."""
+        self._refused: set[str] = set()
+        """Tasks an outcome of which the store refused after their workflow went on from it:
+        nothing more is written for them (their hold is over, or about to be)."""
 
     def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[(held.workflow, held.version)]
@@ -136,7 +201,7 @@ class Scheduler:
                 task.cancel()
             if self._running:
                 await asyncio.wait(set(self._running))
-            await self._finishes.drain()
+            await self._writes.drain()
         finally:
             results.cancel()
             beats.cancel()
@@ -256,6 +321,7 @@ class Scheduler:
                     older = self._driving.get(c.task.task_id)
                     if older is not None:
                         older.cancel()
+                    self._refused.discard(c.task.task_id)
                     task = asyncio.create_task(self._drive(c))
                     self._driving[c.task.task_id] = task
                     self._running.add(task)
@@ -279,6 +345,7 @@ class Scheduler:
         self._running.discard(task)
         if self._driving.get(task_id) is task:
             del self._driving[task_id]
+            self._refused.discard(task_id)
         self._room.set()
         if not task.cancelled() and task.exception() is not None:
             logger.error("scheduler: driving a task failed", exc_info=task.exception())
@@ -314,7 +381,7 @@ class Scheduler:
                 for record in found:
                     entry = self._waiting.get(step_key(record.task_id, record.seq))
                     if entry is not None and not entry[1].done():
-                        entry[1].set_result(record)
+                        entry[1].set_result(_Answer.of(record))
         finally:
             self.store.unsubscribe(CHANNEL_RESULTS, sub)
 
@@ -372,7 +439,7 @@ class Scheduler:
         try:
             applied = await self._answered(
                 f"task {task_id}: cannot record its outcome",
-                lambda: self._finishes.submit(outcome),
+                lambda: self._submit_write(outcome),
             )
         except StoreError as exc:  # permanent: said by _answered; the supervisor recovers it
             logger.error("task %s: its outcome is not recorded: %s", task_id, exc)
@@ -478,13 +545,26 @@ class Scheduler:
         its result until its complete_by."""
         where = (held.task_id, dispatch.seq)
         key = step_key(*where)
-        future: asyncio.Future[StepRecord] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._waiting[key] = (where, future)
+        local = self._local_for(dispatch)
+        if local is not None:
+            assert isinstance(dispatch, NewStep)
+            handed = dispatch = replace(dispatch, claimed_by=local.instance)
         try:
             try:
-                got = await self._write_step(held, dispatch)
+                got, written = await self._write_step(held, dispatch)
+                if local is not None:
+                    if got is not None and written is handed:
+                        local.serve_local(
+                            self._request(handed, got),
+                            partial(self._local_outcome, future),
+                        )
+                    else:
+                        local.release_local()
+                    local = None
                 if got is None and fallback is not None:
-                    got = await self._write_step(held, fallback)
+                    got, _ = await self._write_step(held, fallback)
                     if got is not None:
                         await self._alert_if_retried_too_often(held, fallback, got, step_name)
                 if got is None:
@@ -501,15 +581,152 @@ class Scheduler:
                 )
                 raise Abandon from exc
         finally:
+            if local is not None:  # stopped before its write said whether to hand it over
+                local.release_local()
             if self._waiting.get(key, (where, None))[1] is future:
                 del self._waiting[key]
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)
 
+    # -- steps called in this process -------------------------------------------------------
+    def _local_for(self, dispatch: StepDispatch) -> LocalAgent | None:
+        """The agent instance of this process a new step goes to at once, its room reserved:
+        one of the step's agent with room now for its operation (`LocalAgent.take_local`)."""
+        if not isinstance(dispatch, NewStep) or dispatch.claimed_by is not None:
+            return None
+        local = self.local_agents.get(dispatch.agent)
+        if local is None or not local.take_local(dispatch.operation):
+            return None
+        return local
+
+    @staticmethod
+    def _request(dispatch: NewStep, got: DispatchedStep) -> Request:
+        """The request of a step recorded as held by an agent instance of this process, as
+        that instance would have claimed it."""
+        return Request(
+            task_id=dispatch.task_id,
+            seq=dispatch.seq,
+            attempt=got.attempt,
+            agent=dispatch.agent,
+            operation=dispatch.operation,
+            input=_json.loads(dispatch.input),
+            idempotency_key=idempotency_key(dispatch.task_id, dispatch.seq),
+            complete_by=datetime.now(UTC) + timedelta(seconds=got.remaining),
+            remaining=got.remaining,
+            compensates=dispatch.compensates,
+        )
+
+    async def _local_outcome(self, future: asyncio.Future[_Answer], outcome: StepOutcome) -> bool:
+        """The outcome of a step called in this process: its workflow goes on from it at once,
+        and it is recorded with the workflow's next write (or alone, RECORD_WITHIN later).
+        True once recorded; False when the store refused it (the step no longer held)."""
+        recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        pending = self._unrecorded.setdefault(outcome.task_id, [])
+        pending.append(_Unrecorded(outcome, recorded))
+        if not future.done():
+            result = None if outcome.result is None else _json.loads(outcome.result)
+            future.set_result(_Answer(outcome.state, result, outcome.error))
+        asyncio.get_running_loop().call_later(
+            RECORD_WITHIN, self._record_alone, outcome.task_id
+        )
+        return await recorded
+
+    def _record_alone(self, task_id: str) -> None:
+        """Write the outcomes of a task that no write of its workflow took along."""
+        if self._unrecorded.get(task_id):
+            writing = asyncio.create_task(self._outcomes_alone(task_id))
+            self._recording.add(writing)
+            writing.add_done_callback(self._recording.discard)
+
+    async def _outcomes_alone(self, task_id: str) -> None:
+        try:
+            await self._answered(
+                f"task {task_id}: cannot record the outcome of a step",
+                lambda: self._submit_write(None, task_id),
+            )
+        except StoreError as exc:  # permanent: each waiting call has been told
+            logger.error("task %s: the outcome of a step is not recorded: %s", task_id, exc)
+
+    def _submit_write(self, write: _Write, task_id: str | None = None) -> Awaitable[Any]:
+        """Hand a write to the group commit with the outcomes its task's workflow went on
+        from: all in one transaction. A write of a task whose outcome was refused is not
+        made (a dispatch: None; an outcome: False)."""
+        tid = task_id if write is None else write.task_id
+        assert tid is not None
+        carried = self._unrecorded.pop(tid, [])
+        return self._writes.submit((write, carried))
+
+    async def _write_group(self, items: Sequence[tuple[_Write, list[_Unrecorded]]]) -> list[Any]:
+        """One transaction for the writes handed in together (`Store.advance`). A write whose
+        try fails gets the exception, and its outcomes go back to their task, to go with
+        its write tried again."""
+        out: list[Any] = [None] * len(items)
+        outcomes: list[_Unrecorded] = []
+        dispatches: list[tuple[int, StepDispatch]] = []
+        finishes: list[tuple[int, TaskOutcome]] = []
+        for i, (write, carried) in enumerate(items):
+            task_id = write.task_id if write is not None else (
+                carried[0].outcome.task_id if carried else None
+            )
+            if task_id in self._refused:
+                for u in carried:
+                    if not u.recorded.done():
+                        u.recorded.set_result(False)
+                out[i] = False if isinstance(write, TaskOutcome) else None
+                continue
+            outcomes.extend(carried)
+            if isinstance(write, TaskOutcome):
+                finishes.append((i, write))
+                out[i] = False
+            elif write is not None:
+                dispatches.append((i, write))
+        try:
+            done, dispatched, finished = await self.store.advance(
+                [u.outcome for u in outcomes],
+                [d for _, d in dispatches],
+                [f for _, f in finishes],
+            )
+        except TransientStoreError:
+            # Tried again with their task's next write, or alone: whichever comes first.
+            loop = asyncio.get_running_loop()
+            for tid in {u.outcome.task_id for u in outcomes}:
+                again = [u for u in outcomes if u.outcome.task_id == tid]
+                self._unrecorded[tid] = again + self._unrecorded.get(tid, [])
+                loop.call_later(RECORD_WITHIN, self._record_alone, tid)
+            raise
+        except BaseException as exc:
+            for u in outcomes:
+                if not u.recorded.done():
+                    if isinstance(exc, Exception):
+                        u.recorded.set_exception(exc)
+                    else:
+                        u.recorded.cancel()
+            raise
+        for u, ok in zip(outcomes, done, strict=True):
+            if not ok:
+                self._refused.add(u.outcome.task_id)
+                logger.info(
+                    "task %s: the outcome of step %d was refused (the step is no longer held "
+                    "by its call); the task's workflow stops here",
+                    u.outcome.task_id,
+                    u.outcome.seq,
+                )
+            if not u.recorded.done():
+                u.recorded.set_result(ok)
+        for (i, _), got in zip(dispatches, dispatched, strict=True):
+            out[i] = got
+        for (i, _), ok in zip(finishes, finished, strict=True):
+            out[i] = ok
+        return out
+
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read a wait (tried again while the store is unreachable: a try whose
         answer was lost is found as it left the wait, or the task parked, hence fenced)."""
+        if self._unrecorded.get(request.task_id):  # the outcomes it goes on from, first
+            await self._outcomes_alone(request.task_id)
+        if request.task_id in self._refused:
+            raise Abandon
         try:
             return await self._answered(
                 f"task {request.task_id}: cannot record its wait {request.seq}",
@@ -524,16 +741,20 @@ class Scheduler:
             )
             raise Abandon from exc
 
-    async def _write_step(self, held: Held, write: StepDispatch) -> DispatchedStep | None:
-        """Write a step, trying again while the store is unreachable. A try whose answer was
-        lost may have been applied: then the step is found as that try left it (open, under
-        this attempt of the task) and taken as written, or queued again if its complete_by
-        passed meanwhile."""
+    async def _write_step(
+        self, held: Held, write: StepDispatch
+    ) -> tuple[DispatchedStep | None, StepDispatch]:
+        """Write a step, trying again while the store is unreachable; with it, the write that
+        made it. A try whose answer was lost may have been applied: then the step is found as
+        that try left it (open, under this attempt of the task) and taken as written, or
+        queued again if its complete_by passed meanwhile."""
         uncertain = False
         failures = 0
         while True:
+            if held.task_id in self._refused:
+                raise Abandon
             try:
-                got = await self._dispatches.submit(write)
+                got = await self._submit_write(write)
             except TransientStoreError as exc:
                 failures += 1
                 uncertain = True
@@ -541,20 +762,21 @@ class Scheduler:
                 await asyncio.sleep(after_store_failure(logger, what, exc, failures))
                 continue
             if got is not None or not uncertain:
-                return got
+                return got, write
             found = await self._answered(
                 f"task {write.task_id}: cannot read step {write.seq}",
                 partial(self.store.read_step, write.task_id, write.seq),
             )
             if found is None:
-                return None
+                return None, write
             step, remaining = found
             if step.state not in OPEN_STEP_STATES or step.task_attempt != held.attempt:
-                return None  # finished meanwhile, or not this attempt's: the caller sees which
+                return None, write  # finished meanwhile, or not this attempt's
             if remaining > 0:
-                return DispatchedStep(
+                got = DispatchedStep(
                     task_id=step.task_id, seq=step.seq, attempt=step.attempt, remaining=remaining
                 )
+                return got, write
             write = Redispatch(
                 task_id=held.task_id,
                 task_attempt=held.attempt,
@@ -595,9 +817,9 @@ class Scheduler:
         self,
         held: Held,
         where: tuple[str, int],
-        future: asyncio.Future[StepRecord],
+        future: asyncio.Future[_Answer],
         remaining: float,
-    ) -> StepRecord:
+    ) -> _Answer:
         """Wait for a step's result until its complete_by; while the step is still open for
         this attempt of the task with its complete_by moved on (a heartbeat, or its agent
         instance gone and the step reassigned), wait on."""
@@ -615,16 +837,16 @@ class Scheduler:
                 raise Abandon
             step, remaining = found
             if step.state in (StepState.COMPLETED, StepState.FAILED):
-                return step
+                return _Answer.of(step)
             if remaining <= 0 or step.task_attempt != held.attempt:
                 raise Abandon
 
-    async def _finished(self, where: tuple[str, int]) -> StepRecord:
+    async def _finished(self, where: tuple[str, int]) -> _Answer:
         found = await self._answered(
             f"task {where[0]}: cannot read step {where[1]}",
             lambda: self.store.finished_steps([where]),
         )
         if not found:
             raise Abandon
-        return found[0]
+        return _Answer.of(found[0])
 

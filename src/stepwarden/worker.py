@@ -154,6 +154,10 @@ class Worker:
                 )
                 runners.append(runner)
                 other_roles.append(asyncio.create_task(runner.run(later)))
+        if first_roles and runners:
+            # Steps of this process's agents are handed to them at once (no queue, no wake-up),
+            # while they have room.
+            scheduler.local_agents = {r.agent.name: r for r in runners}
         if "supervisor" in opts.roles:
             sinks = [*self.app.alert_sinks, *(WebhookSink.parse(s) for s in opts.alert_webhooks)]
             supervisor = Supervisor(

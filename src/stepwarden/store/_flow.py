@@ -69,6 +69,31 @@ def fetch(query: str, /, **params: Any) -> Flow[Rows]:
     return rows
 
 
+def together(*flows: Flow[Any]) -> Flow[list[Any]]:
+    """Flows that do not depend on each other, run side by side: each round sends the
+    queries every one of them has next (in the order given), so that a driver sends them in
+    one round trip. Their results, in order."""
+    results: list[Any] = [None] * len(flows)
+    batches: dict[int, list[Query]] = {}
+    for i, flow in enumerate(flows):
+        try:
+            batches[i] = next(flow)
+        except StopIteration as stop:
+            results[i] = stop.value
+    while batches:
+        rows = yield [q for batch in batches.values() for q in batch]
+        at = 0
+        sent: dict[int, list[Query]] = {}
+        for i, batch in batches.items():
+            mine, at = rows[at : at + len(batch)], at + len(batch)
+            try:
+                sent[i] = flows[i].send(mine)
+            except StopIteration as stop:
+                results[i] = stop.value
+        batches = sent
+    return results
+
+
 def first_of_each(items: Sequence[T], key: Callable[[T], Hashable]) -> list[int]:
     """Positions of the first item of each key. A batch writes only those: a later duplicate
     could only fail its fence once the first one has applied, as it does one at a time."""
@@ -113,6 +138,10 @@ class Wakeups:
         """These tasks stopped holding their steps: agents calling one stop the call."""
         if task_ids:
             self.due.append((CHANNEL_CALLS, list(task_ids)))
+
+    def add(self, other: Wakeups) -> None:
+        """Owe the wake-ups `other` noted too."""
+        self.due.extend(other.due)
 
     def done(self, task_ids: Sequence[str]) -> None:
         """These tasks finished: whoever waits for their result may read it."""

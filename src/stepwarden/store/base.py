@@ -373,6 +373,20 @@ class Store(abc.ABC):
         was fenced out."""
         return await self._write(partial(policy.dispatch_steps, batch))
 
+    async def advance(
+        self,
+        outcomes: Sequence[StepOutcome],
+        dispatches: Sequence[StepDispatch],
+        finishes: Sequence[TaskOutcome],
+    ) -> tuple[list[bool], list[DispatchedStep | None], list[bool]]:
+        """A scheduler's group commit: the outcomes of steps its own agent instances called
+        (`complete_steps`), then its step dispatches (`dispatch_steps`) and task outcomes
+        (`finish_tasks`), in one transaction; those of a task whose outcome here is refused
+        are not applied."""
+        if not (outcomes or dispatches or finishes):
+            return [], [], []
+        return await self._write(partial(policy.advance, outcomes, dispatches, finishes))
+
     async def finished_steps(self, keys: Sequence[tuple[str, int]]) -> list[StepRecord]:
         """Of the given (task_id, seq), the steps that are completed or failed."""
         if not keys:

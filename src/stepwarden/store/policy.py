@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _json
 from .._json import loads
@@ -79,9 +79,10 @@ from ..rules import (
 )
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
 from . import _rows
-from ._flow import Flow, Query, Row, Rows, Wakeups, fetch, first_of_each
+from ._flow import Flow, Query, Row, Rows, Wakeups, fetch, first_of_each, together
 
 logger = logging.getLogger("stepwarden.store")
+T = TypeVar("T")
 
 
 def _json_text(value: Any) -> str:
@@ -269,11 +270,16 @@ def claim_tasks(
     rows = yield from fetch("claim_tasks", **params)
     if not rows:
         return []
-    ids = [r["task_id"] for r in rows]
-    step_rows, wait_rows = yield [
-        Query("steps_of_tasks", {"task_ids": ids}, after_commit=True),
-        Query("waits_of_tasks", {"task_ids": ids}, after_commit=True),
-    ]
+    # A task claimed for the first time (attempt 1) has recorded nothing: only the others'
+    # steps and waits are read.
+    ids = [r["task_id"] for r in rows if r["attempt"] > 1]
+    step_rows: Rows = []
+    wait_rows: Rows = []
+    if ids:
+        step_rows, wait_rows = yield [
+            Query("steps_of_tasks", {"task_ids": ids}, after_commit=True),
+            Query("waits_of_tasks", {"task_ids": ids}, after_commit=True),
+        ]
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
         steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
@@ -300,6 +306,8 @@ def dispatch_steps(
     """New steps are recorded, recorded ones re-dispatched or adopted, each only while its
     task is held under the given attempt and scheduler (and the step under the attempt
     seen). Of identical dispatches in one batch, the first."""
+    if not batch:
+        return []
     out: list[DispatchedStep | None] = [None] * len(batch)
     keep = first_of_each(batch, lambda d: (type(d), d.task_id, d.seq, d.task_attempt, d.scheduler))
     groups: dict[str, list[int]] = {"dispatch_new": [], "dispatch_again": [], "dispatch_adopt": []}
@@ -328,7 +336,11 @@ def dispatch_steps(
                 remaining=float(r["remaining"]),
             )
     wake.requests(
-        [d.agent for d, o in zip(batch, out, strict=True) if o and not isinstance(d, Adopt)]
+        [
+            d.agent
+            for d, o in zip(batch, out, strict=True)
+            if o and not isinstance(d, Adopt) and not (isinstance(d, NewStep) and d.claimed_by)
+        ]
     )
     return out
 
@@ -357,6 +369,7 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "total_within": d.total_within,
             "limit_key": d.limit_key,
             "position": d.position,
+            "claimed_by": d.claimed_by,
         }
     if isinstance(d, Redispatch):
         return {
@@ -370,6 +383,8 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
 def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]]:
     """End the hold of each task still held (`TaskOutcome.held_as`) under the given attempt
     and scheduler, as `rules.plan_finish` says; its open steps are closed (abandoned)."""
+    if not batch:
+        return []
     keep = first_of_each(batch, lambda o: (o.task_id, o.attempt, o.scheduler))
     errors = sorted({batch[i].task_id for i in keep if batch[i].state == TaskState.ERROR})
     policies: dict[str, str] = {}
@@ -525,9 +540,12 @@ def leave(instance: str, agents: Sequence[str]) -> Query:
     return Query("agent_leave", {"instance": instance, "agents": list(agents)})
 
 
-def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[bool]]:
+def complete_steps(
+    batch: Sequence[StepOutcome], wake: Wakeups, *, notify: bool = True
+) -> Flow[list[bool]]:
     """Record results, each only while the step is running under the given attempt, held by
-    the given instance, before its complete_by."""
+    the given instance, before its complete_by. `notify`: wake the schedulers waiting for
+    them (not when the scheduler writing them is the one that waits)."""
     if not batch:
         return []
     keep = first_of_each(batch, lambda o: (o.task_id, o.seq, o.attempt, o.agent_instance))
@@ -546,9 +564,83 @@ def complete_steps(batch: Sequence[StepOutcome], wake: Wakeups) -> Flow[list[boo
     ]
     [rows] = yield [Query("complete_steps", each=each)]
     applied = _by_ord(rows, keep)
-    wake.results([step_key(batch[i].task_id, batch[i].seq) for i in sorted(applied)])
+    if notify:
+        wake.results([step_key(batch[i].task_id, batch[i].seq) for i in sorted(applied)])
     return [i in applied for i in range(len(batch))]
 
+
+def advance(
+    outcomes: Sequence[StepOutcome],
+    dispatches: Sequence[StepDispatch],
+    finishes: Sequence[TaskOutcome],
+    wake: Wakeups,
+) -> Flow[tuple[list[bool], list[DispatchedStep | None], list[bool]]]:
+    """A scheduler's writes of one group commit, in one transaction: the outcomes of the
+    steps its own agent instances called (its workflows went on with their results), then
+    the steps and task outcomes those workflows wrote next. A dispatch or a task outcome of a
+    task one of whose outcomes here is refused is not applied: it was decided on a result
+    that is not recorded.
+
+    The outcomes and what depends on them are sent together, what depends on them behind a
+    savepoint: an outcome is seldom refused, and then the savepoint is rolled back and the
+    others' writes made again without the refused task's."""
+    if not outcomes:
+        done: list[bool] = []
+        both = yield from together(
+            dispatch_steps(dispatches, wake), finish_tasks(finishes, wake)
+        )
+        return done, *both
+    inner = Wakeups()
+    recording = complete_steps(outcomes, wake, notify=False)
+    depending = together(dispatch_steps(dispatches, inner), finish_tasks(finishes, inner))
+    first = next(recording)
+    try:
+        then = next(depending)
+    except StopIteration:  # nothing depends on them
+        alone = yield first
+        return _returned(recording, alone), [], []
+    rows = yield [*first, Query("savepoint_dependents"), *then]
+    done = _returned(recording, rows[: len(first)])
+    refused = {o.task_id for o, ok in zip(outcomes, done, strict=True) if not ok}
+    if not refused & {w.task_id for w in (*dispatches, *finishes)}:
+        later = rows[len(first) + 1 :]
+        dispatched, finished = yield from _resumed(depending, later)
+        wake.add(inner)
+        return done, dispatched, finished
+    depending.close()
+    yield [Query("rollback_dependents")]
+    go = [i for i, d in enumerate(dispatches) if d.task_id not in refused]
+    end = [i for i, f in enumerate(finishes) if f.task_id not in refused]
+    got, ok = yield from together(
+        dispatch_steps([dispatches[i] for i in go], wake),
+        finish_tasks([finishes[i] for i in end], wake),
+    )
+    dispatched_: list[DispatchedStep | None] = [None] * len(dispatches)
+    finished_ = [False] * len(finishes)
+    for i, g in zip(go, got, strict=True):
+        dispatched_[i] = g
+    for i, f in zip(end, ok, strict=True):
+        finished_[i] = f
+    return done, dispatched_, finished_
+
+
+def _returned(flow: Flow[T], rows: list[Rows]) -> T:
+    """The result of a flow of one round, sent its rows."""
+    try:
+        flow.send(rows)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    raise RuntimeError("a flow of one round asked for more")
+
+
+def _resumed(flow: Flow[T], rows: list[Rows]) -> Flow[T]:
+    """Go on with a flow whose first round was sent, from its rows."""
+    try:
+        batch = flow.send(rows)
+        while True:
+            batch = flow.send((yield batch))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 def call_facts(calls: Sequence[tuple[str, int, int]]) -> Query:
     """The facts of the steps of these calls (task_id, seq, attempt), for `lost`: a batch

@@ -72,9 +72,11 @@ libpq's `options` in the store URL to choose other values."""
 NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
 UNPREPARED = frozenset(
-    {"list_tasks", "events", "history", "outbox_read", "find_tasks", "version_backlog"}
-)
-"""Queries with optional filters: planned for the filters each call has, not prepared."""
+    {"list_tasks", "events", "history", "outbox_read", "find_tasks", "version_backlog",
+     "savepoint_dependents", "rollback_dependents"}
+)  # fmt: skip
+"""Queries with optional filters: planned for the filters each call has, not prepared; and
+statements PostgreSQL cannot prepare (savepoints)."""
 TRANSIENT_CLASSES = ("08", "40", "53", "57P")
 """SQLSTATE classes of an error that may pass when the call is tried again: connection
 exceptions, transaction rollbacks (serialization failure, deadlock), insufficient resources,

@@ -102,7 +102,8 @@ WHERE task_id = ANY(%(task_ids)s::text[])
 ORDER BY task_id, seq
 
 -- name: dispatch_new
--- Record steps while their tasks are held under these attempts (task rows share-locked).
+-- Record steps while their tasks are held under these attempts (task rows share-locked):
+-- queued (not_started), or taken at once by the agent instance named in claimed_by (running).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
                          %(scheduler)s::text[], %(name)s::text[], %(agent)s::text[],
@@ -111,10 +112,11 @@ WITH d AS (
                          %(input)s::text[], %(ord)s::int[], %(compensation)s::text[],
                          %(compensation_input)s::text[], %(compensates)s::int[],
                          %(pickup_within)s::float8[], %(total_within)s::float8[],
-                         %(limit_key)s::text[], %(position)s::text[])
+                         %(limit_key)s::text[], %(position)s::text[],
+                         %(claimed_by)s::text[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
              complete_within, idempotency_key, input, ord, compensation, compensation_input,
-             compensates, pickup_within, total_within, limit_key, position)
+             compensates, pickup_within, total_within, limit_key, position, claimed_by)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -131,13 +133,16 @@ WITH d AS (
                                   task_attempt, priority, complete_by, idempotency_key, input,
                                   created_at, dispatched_at, compensation, compensation_input,
                                   compensates, complete_within, pickup_within, give_up_by,
-                                  limit_key, position)
-    SELECT task_id, seq, name, agent, operation, 'not_started', 1, task_attempt, priority,
+                                  limit_key, position, locked_by, claimed_at)
+    SELECT task_id, seq, name, agent, operation,
+           CASE WHEN claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, task_attempt,
+           priority,
            LEAST(now() + make_interval(secs => complete_within), task_complete_by,
                  now() + make_interval(secs => total_within)),
            idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
            compensates, complete_within, pickup_within,
-           now() + make_interval(secs => total_within), limit_key, position
+           now() + make_interval(secs => total_within), limit_key, position, claimed_by,
+           CASE WHEN claimed_by IS NOT NULL THEN now() END
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -145,6 +150,14 @@ WITH d AS (
 )
 SELECT c.ord, ins.attempt, extract(epoch FROM ins.complete_by - now())::float8 AS remaining
 FROM ins JOIN c ON c.task_id = ins.task_id AND c.seq = ins.seq
+
+-- name: savepoint_dependents
+-- A scheduler's group commit: the writes that depend on the outcomes written before this.
+SAVEPOINT stepwarden_dependents
+
+-- name: rollback_dependents
+-- An outcome was refused: undo what depends on the outcomes, to write it again without it.
+ROLLBACK TO SAVEPOINT stepwarden_dependents
 
 -- name: dispatch_again
 -- Re-dispatch expired steps: a new attempt, the same idempotency key, back in the queue.

@@ -83,21 +83,34 @@ WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 ORDER BY task_id, seq
 
 -- name: dispatch_new
--- Record a step and queue its request, only while the task is held under this attempt.
--- The step's complete_by never passes the task's.
+-- Record a step and queue its request (not_started), or hand it at once to the agent instance
+-- named in claimed_by (running), only while the task is held under this attempt. The step's
+-- complete_by never passes the task's.
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
                               dispatched_at, compensation, compensation_input, compensates,
-                              complete_within, pickup_within, give_up_by, limit_key, position)
-SELECT :task_id, :seq, :name, :agent, :operation, 'not_started', 1, :task_attempt, :priority,
+                              complete_within, pickup_within, give_up_by, limit_key, position,
+                              locked_by, claimed_at)
+SELECT :task_id, :seq, :name, :agent, :operation,
+       CASE WHEN :claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, :task_attempt,
+       :priority,
        MIN(:now + :complete_within, t.complete_by, coalesce(:now + :total_within, 1e300)),
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
-       :complete_within, :pickup_within, :now + :total_within, :limit_key, :position
+       :complete_within, :pickup_within, :now + :total_within, :limit_key, :position,
+       :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
 ON CONFLICT (task_id, seq) DO NOTHING
 RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
+
+-- name: savepoint_dependents
+-- A scheduler's group commit: the writes that depend on the outcomes written before this.
+SAVEPOINT stepwarden_dependents
+
+-- name: rollback_dependents
+-- An outcome was refused: undo what depends on the outcomes, to write it again without it.
+ROLLBACK TO stepwarden_dependents
 
 -- name: dispatch_again
 -- Re-dispatch an expired step: a new attempt, the same idempotency key.
