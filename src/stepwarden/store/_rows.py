@@ -69,6 +69,8 @@ def task_record(row: Row) -> TaskRecord:
         compensation_failures=row["compensation_failures"],
         wake_at=when(row["wake_at"]),
         waiting_for=row["waiting_for"],
+        parent_id=row["parent_id"],
+        parent_position=row["parent_position"],
     )
 
 
@@ -221,7 +223,7 @@ def wait_record(row: Row) -> WaitRecord:
         seq=row["seq"],
         kind=row["kind"],
         name=row["name"],
-        wake_at=at(row["wake_at"]),
+        wake_at=when(row["wake_at"]),
         state=row["state"],
         event_id=row["event_id"],
         payload=loads(row["payload"]),
