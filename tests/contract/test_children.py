@@ -84,7 +84,7 @@ class Family:
             return {"told": told}
 
         @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def meeting(ctx: sw.Context, who: str) -> str:
+        async def meeting(ctx: sw.Context, who: str) -> Any:
             return await ctx.step(meet, who)
 
         @self.app.workflow(complete_within=timedelta(seconds=20), max_failures=1)
