@@ -204,13 +204,14 @@ def _cascade(
     descendants: Rows,
     by: OperatorAction | None = None,
 ) -> Flow[list[ActionOutcome]]:
-    """Apply to the children of `parent_id` (among `descendants`, read and locked before)
-    what `rules.plan_cascade` says for `cause`, and so on to theirs: the outcomes applied.
-    `by`: the operator's action on the ancestor (its actor and identity are recorded), or
-    None for the engine's own (a parent's failure)."""
-    children = [r for r in descendants if r["parent_id"] == parent_id]
-    if not children:
+    """Apply to the children of `parent_id` what `rules.plan_cascade` says for `cause`, and
+    so on to theirs: the outcomes applied. `descendants` were read (and locked) at the start
+    of the transaction; the children's states are read again here, as this transaction may
+    have moved them since. `by`: the operator's action on the ancestor (its actor and
+    identity are recorded), or None for the engine's own (a parent's failure)."""
+    if not any(r["parent_id"] == parent_id for r in descendants):
         return []
+    children = yield from fetch("children_states", task_id=parent_id)
     actor = ENGINE if by is None else by.actor
     identity = None if by is None else by.identity
     applied: list[ActionOutcome] = []

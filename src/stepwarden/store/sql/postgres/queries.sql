@@ -866,6 +866,12 @@ FROM stepwarden_tasks t JOIN x ON x.task_id = t.task_id
 ORDER BY x.depth DESC, t.task_id
 FOR UPDATE OF t
 
+-- name: children_states
+-- A task's children as a cascade reads them (rules.plan_cascade): their states, newest last.
+SELECT task_id, parent_id, process_state, created_at FROM stepwarden_tasks
+WHERE parent_id = %(task_id)s
+ORDER BY created_at, task_id
+
 -- name: children_of
 -- A task's children, oldest first.
 SELECT * FROM stepwarden_tasks WHERE parent_id = %(task_id)s
