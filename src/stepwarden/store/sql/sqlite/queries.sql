@@ -573,8 +573,7 @@ SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id =
 -- the parent, waiting, is pending again at once, with a `woke` event (one, naming the first
 -- child, when several of its children end together).
 SELECT c.parent_id, c.task_id AS child_id, c.process_state AS child_state,
-       p.process_state = 'waiting' AS woke, w.seq AS wait_seq, c.result AS child_result,
-       c.error AS child_error
+       p.process_state = 'waiting' AS woke
 FROM stepwarden_tasks c
 JOIN stepwarden_waits w ON w.task_id = c.parent_id AND w.kind = 'child' AND w.name = c.task_id
                        AND w.state = 'open'
@@ -585,10 +584,11 @@ WHERE c.task_id IN (SELECT value FROM json_each(:task_ids))
 ORDER BY c.parent_id, c.task_id;
 UPDATE stepwarden_waits
 SET state = CASE WHEN :child_state = 'processed' THEN 'done' ELSE 'failed' END,
-    payload = CASE WHEN :child_state = 'processed' THEN :child_result
-                   ELSE json_object('state', :child_state, 'error', :child_error) END,
+    payload = (SELECT CASE WHEN c.process_state = 'processed' THEN c.result
+                           ELSE json_object('state', c.process_state, 'error', c.error) END
+               FROM stepwarden_tasks c WHERE c.task_id = :child_id),
     finished_at = :now
-WHERE task_id = :parent_id AND seq = :wait_seq AND state = 'open';
+WHERE task_id = :parent_id AND kind = 'child' AND name = :child_id AND state = 'open';
 UPDATE stepwarden_tasks
 SET process_state = 'pending', eligible_at = :now, wake_at = NULL, waiting_for = NULL,
     updated_at = :now
