@@ -25,6 +25,7 @@ from ._text import cut
 from .records import (
     ActionOutcome,
     OperatorAction,
+    OperatorVerb,
     OpLimit,
     ScheduleSpec,
     StepRecord,
@@ -449,12 +450,15 @@ def plan_cascade(
     name the parent; a child the action does not apply to (a compensating one) is left as
     it is. The store applies each action like the operator's, and so on to the children's
     own children."""
-    verb: Any = {"cancel": "cancel", "compensate": "compensate", "failed": "compensate"}[cause]
-    why = {
+    reasons = {
         "cancel": f"its parent {parent_id!r} was cancelled",
         "compensate": f"its parent {parent_id!r} is compensated",
         "failed": f"its parent {parent_id!r} failed and is compensated",
-    }[cause]
+    }
+    if cause not in reasons:
+        raise ValueError(f"no cascade for {cause!r}")
+    why = reasons[cause]
+    verb: OperatorVerb = "cancel" if cause == "cancel" else "compensate"
     moves = OPERATOR_ACTIONS[verb]
     live = [
         c

@@ -809,12 +809,17 @@ SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id =
 -- the parent, waiting, is pending again at once, with a `woke` event (one, naming the first
 -- child, when several of its children end together). The parent's row is
 -- updated while it is processing too (and left as it is): a park of it under way, which
--- holds its row, is waited for, and the update then sees it waiting.
+-- holds its row, is waited for, and the update then sees it waiting. The parents are locked
+-- in the order of their ids, whatever the order of the children.
 WITH c AS (
     SELECT task_id, parent_id, process_state, result, error FROM stepwarden_tasks
     WHERE task_id = ANY(%(task_ids)s::text[]) AND parent_id IS NOT NULL
       AND process_state IN ('processed', 'error', 'compensated', 'compensation_failed',
                             'cancelled')
+), lp AS MATERIALIZED (
+    SELECT task_id FROM stepwarden_tasks WHERE task_id IN (SELECT parent_id FROM c)
+    ORDER BY task_id
+    FOR UPDATE
 ), w AS (
     UPDATE stepwarden_waits w
     SET state = CASE WHEN c.process_state = 'processed' THEN 'done' ELSE 'failed' END,
@@ -822,7 +827,7 @@ WITH c AS (
                        ELSE json_build_object('state', c.process_state, 'error', c.error)
                   END,
         finished_at = now()
-    FROM c
+    FROM c JOIN lp ON lp.task_id = c.parent_id
     WHERE w.task_id = c.parent_id AND w.kind = 'child' AND w.name = c.task_id
       AND w.state = 'open'
     RETURNING w.task_id AS parent_id, w.name AS child_id, c.process_state AS child_state
