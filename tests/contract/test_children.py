@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -119,6 +119,10 @@ class Family:
             told = ctx.wait_for_event("go", timeout=timedelta(seconds=60))
             spec = {"first": "k-first", "event": "kid-go"}
             return await ctx.gather(told, ctx.child(patient_kid, spec))
+
+        @self.app.workflow(complete_within=timedelta(seconds=20))
+        async def nap_beside_a_step(ctx: sw.Context, _: Any) -> Any:
+            return await ctx.gather(ctx.sleep(timedelta(seconds=0.3)), ctx.step(work, "long"))
 
         @self.app.workflow(complete_within=timedelta(seconds=20))
         async def timer_and_event(ctx: sw.Context, _: Any) -> Any:
@@ -398,3 +402,29 @@ async def test_several_waits_park_until_the_earliest(family: Family) -> None:
         waits = {w.kind: w for w in await (await app.store()).waits("t")}
         assert parked.wake_at == waits["timer"].wake_at  # the earlier of the two
         assert await app.cancel_async("t") == sw.TaskState.CANCELLED
+
+
+async def test_a_timer_that_fires_while_another_branch_runs_does_not_park_the_task(
+    family: Family,
+) -> None:
+    """The timer's branch waits while the other branch's step runs (the task is not parked:
+    a branch waits for its step); once the step is done the timer has fired, and the one
+    transaction that would park the task finds it ready instead."""
+    app = family.app
+    long = family.gate("long")
+    async with running(app):
+        await app.submit_async("nap_beside_a_step", None, task_id="t")
+        await family.started_call("long")
+
+        async def fired() -> bool:
+            [wait] = await (await app.store()).waits("t")
+            due = wait.wake_at is not None and wait.wake_at <= datetime.now(UTC)
+            return due and (await app.status_async("t")).process_state == sw.TaskState.PROCESSING
+
+        await until(fired)
+        long.set()
+        assert await app.result_async("t", timeout=30) == [None, "done long"]
+    view = await app.show_async("t")
+    assert [e.kind for e in view.events if e.kind in ("waiting", "woke")] == []
+    [wait] = await (await app.store()).waits("t")
+    assert wait.state == "done"
