@@ -428,3 +428,18 @@ async def test_a_timer_that_fires_while_another_branch_runs_does_not_park_the_ta
     assert [e.kind for e in view.events if e.kind in ("waiting", "woke")] == []
     [wait] = await (await app.store()).waits("t")
     assert wait.state == "done"
+
+
+async def test_a_child_cancelled_by_an_operator_fails_its_parent(family: Family) -> None:
+    app = family.app
+    family.gate("k")
+    async with running(app):
+        await app.submit_async("careful", ["k"], task_id="c")
+        await family.started_call("k")
+        await in_state(app, "c", sw.TaskState.WAITING)
+        assert await app.cancel_async("c:1", reason="not needed") == sw.TaskState.CANCELLED
+        caught = await app.result_async("c", timeout=30)
+        family.gates["k"].set()  # the cancelled child's call answers: nothing changes
+    assert caught == {"task_id": "c:1", "state": "cancelled", "error": None}
+    [woke] = [e for e in (await app.show_async("c")).events if e.kind == "woke"]
+    assert woke.detail == {"waited_for": "child:c:1", "child": "c:1", "state": "cancelled"}
