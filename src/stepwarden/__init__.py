@@ -9,6 +9,7 @@ from .app import App, TaskTransaction, TaskView
 from .breaker import Breaker
 from .errors import (
     ActionRefused,
+    ChildFailed,
     CircuitOpen,
     ConfigurationError,
     EventRefused,
@@ -58,6 +59,7 @@ __all__ = [
     "Breaker",
     "Call",
     "CallableSink",
+    "ChildFailed",
     "CircuitOpen",
     "ConfigurationError",
     "Context",

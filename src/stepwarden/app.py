@@ -13,7 +13,7 @@ import getpass
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from . import _check, _json
+from ._batch import Batcher
 from .agent import Agent
 from .alerts import AlertSink, LogSink
 from .breaker import Breaker
@@ -52,7 +53,7 @@ from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
-from .workflow import MAX_WAIT, Workflow, WorkflowFn
+from .workflow import MAX_WAIT, Workflow, WorkflowFn, workflow_name
 
 T = TypeVar("T")
 W = TypeVar("W", bound=WorkflowFn)
@@ -65,12 +66,15 @@ FOLLOW_SETTLE = 5.0
 @dataclass(frozen=True, slots=True)
 class TaskView:
     """A task with its steps and its history, as `show` prints it: the newest events first;
-    `more_events` when older ones exist (`show_async(..., events_before=...)` pages on)."""
+    `more_events` when older ones exist (`show_async(..., events_before=...)` pages on);
+    `children`: the tasks its workflow started (`ctx.child`), oldest first (the task's
+    parent, if it is a child, is `task.parent_id`)."""
 
     task: TaskRecord
     steps: list[StepRecord]
     events: list[EventRecord]
     more_events: bool = False
+    children: list[TaskRecord] = field(default_factory=list)
 
 
 class App:
@@ -85,6 +89,9 @@ class App:
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._submits: dict[asyncio.AbstractEventLoop, Batcher[NewTask, bool]] = {}
+        """Per event loop, the group commit of `submit_async`: the submits of concurrent
+        callers share a transaction."""
         self._portal: _Portal | None = None
         self.schedule_specs: dict[str, ScheduleSpec] = {}
         """The schedules declared with `schedule`, by name."""
@@ -327,13 +334,7 @@ class App:
     def find_workflow(self, workflow: str | WorkflowFn, version: int | None = None) -> Workflow:
         """The workflow named (by its name, or by the function of any of its versions) at
         `version`, or at its newest version when None (`rules.submit_version`)."""
-        wf_name = (
-            workflow
-            if isinstance(workflow, str)
-            else getattr(
-                workflow, "__stepwarden_workflow__", getattr(workflow, "__name__", repr(workflow))
-            )
-        )
+        wf_name = workflow_name(workflow)
         versions = {v: wf for (n, v), wf in self._workflows.items() if n == wf_name}
         if not versions:
             known = ", ".join(sorted(self.workflows)) or "none"
@@ -353,6 +354,9 @@ class App:
         return store
 
     async def aclose(self) -> None:
+        submits = self._submits.pop(asyncio.get_running_loop(), None)
+        if submits is not None:
+            await submits.drain()
         store = self._stores.pop(asyncio.get_running_loop(), None)
         if store is not None:
             await store.close()
@@ -446,7 +450,11 @@ class App:
             start_after=start_after,
             version=version,
         )
-        await (await self.store()).submit([task])
+        loop = asyncio.get_running_loop()
+        submits = self._submits.get(loop)
+        if submits is None:
+            submits = self._submits[loop] = Batcher((await self.store()).submit)
+        await submits.submit(task)
         return task.task_id
 
     def submit(
@@ -576,7 +584,9 @@ class App:
         if task is None:
             raise TaskNotFound(f"no task {task_id!r}")
         page = await store.history(task_id, limit=events, before=events_before)
-        return TaskView(task, await store.get_steps(task_id), page.events, page.more)
+        steps = await store.get_steps(task_id)
+        children = await store.children(task_id)
+        return TaskView(task, steps, page.events, page.more, children)
 
     def show(
         self, task_id: str, *, events: int = 100, events_before: int | None = None

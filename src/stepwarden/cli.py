@@ -634,7 +634,9 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
             if task is None:
                 return None
             page = await store.history(task_id, limit=events, before=before)
-            return TaskView(task, await store.get_steps(task_id), page.events, page.more)
+            steps = await store.get_steps(task_id)
+            children = await store.children(task_id)
+            return TaskView(task, steps, page.events, page.more, children)
         finally:
             await store.close()
 
@@ -651,10 +653,21 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
             for e in view.events
         ]
         data["more_events"] = view.more_events
+        data["children"] = [
+            {
+                "task_id": c.task_id,
+                "workflow": c.workflow,
+                "process_state": c.process_state.value,
+                "position": c.parent_position,
+            }
+            for c in view.children
+        ]
         _echo_json(_json.display(data, indent=True))
         return
     t = view.task
     _echo(f"task {t.task_id}  workflow {t.workflow}  version {t.version}  priority {t.priority}")
+    if t.parent_id is not None:
+        _echo(f"  parent         {t.parent_id}  (started at its position {t.parent_position})")
     _echo(f"  process_state  {t.process_state.value}")
     _echo(f"  failure_count  {t.failure_count} of max {t.max_failures}")
     if t.compensation_failures or t.process_state in COMPENSATION_STATES:
@@ -689,6 +702,13 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
             _echo(f"      call stopped {_time(s.call_stopped_at)}  (by {s.locked_by})")
         if s.error:
             _echo(f"      error: {s.error}")
+    if view.children:
+        _echo("children:")
+        for c in view.children:
+            _echo(
+                f"  {c.task_id:<28} {c.process_state.value:<19} workflow {c.workflow}  "
+                f"position {c.parent_position}"
+            )
     if view.events:
         _echo("history (newest first):")
         for e in view.events:

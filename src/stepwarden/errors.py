@@ -17,6 +17,7 @@ StepwardenError
 ├── NonDeterminismError       a resumed workflow asked for a different step
 ├── StepFailed                a step failed permanently; raised inside the workflow
 ├── EventTimeout              ctx.wait_for_event: no event came in time; raised inside it
+├── ChildFailed               ctx.child: the child task ended otherwise than processed
 ├── EventRefused              App.send_event: the task is finished, it takes no event
 ├── StepLost                  Call.heartbeat: this call no longer holds the step
 ├── CircuitOpen               a call refused by the agent's open circuit breaker (transient)
@@ -105,6 +106,18 @@ class EventTimeout(StepwardenError):
     def __init__(self, name: str, timeout: float) -> None:
         super().__init__(f"no event {name!r} came within {timeout:g} s")
         self.name = name
+
+
+class ChildFailed(StepwardenError):
+    """A child task (`ctx.child`) ended in another state than processed (error,
+    compensated, compensation_failed, cancelled): raised by `ctx.child` inside the parent's
+    workflow, which decides (the task fails by its on_failure when it does not catch it)."""
+
+    def __init__(self, task_id: str, state: str, error: str | None) -> None:
+        super().__init__(f"child task {task_id!r} ended {state}: {error}")
+        self.task_id = task_id
+        self.state = state
+        self.error = error
 
 
 class EventRefused(StepwardenError):

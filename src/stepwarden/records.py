@@ -43,6 +43,10 @@ class NewTask:
     """Start no sooner than this many seconds after the submit, by the store's clock."""
     version: int = 1
     """The version of the workflow the task runs, from its first claim to its end."""
+    parent_id: str | None = None
+    """A child task's parent: the task whose workflow started it (`Context.child`)."""
+    parent_position: str | None = None
+    """A child task's place in its parent's workflow (where the parent waits for it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,10 +74,15 @@ class TaskRecord:
     wake_at: datetime | None = None
     """A waiting task's: when its timer fires, its wait times out or its delayed start comes."""
     waiting_for: str | None = None
-    """A waiting task's: what it waits for ("timer", "event:NAME", "start")."""
+    """A waiting task's: what it waits for ("timer", "event:NAME", "child:ID", "start"; the
+    first of several waits with how many more, `rules.waiting_for_all`)."""
     version: int = 1
     """The version of its workflow the task runs (recorded at submit; 1 for tasks stored
     before versions existed): only a scheduler that has that version claims it."""
+    parent_id: str | None = None
+    """A child task's parent: the task whose workflow started it (`Context.child`)."""
+    parent_position: str | None = None
+    """A child task's place in its parent's workflow."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -467,6 +476,9 @@ class OperatorAction:
     identity: str | None = None
     """How the caller proved who it is (the dashboard: "api-token" or "session"), recorded
     beside `actor`, which is only what the caller says."""
+    parent: str | None = None
+    """An action reaching a child from an action on (or the failure of) its parent: the
+    parent's task id (`rules.plan_cascade`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -535,7 +547,8 @@ class StepStats:
 class WaitRequest:
     """A workflow's wait at its position (`seq`, numbered with its steps), by the scheduler
     holding the task: a timer (`kind` "timer", firing at `until` or `delay` seconds from
-    now by the store's clock) or a wait for the event `name` (timing out then)."""
+    now by the store's clock), a wait for the event `name` (timing out then), or a wait for
+    the child task `name` (`kind` "child": `child` is the task, created with the wait)."""
 
     task_id: str
     task_attempt: int
@@ -547,18 +560,38 @@ class WaitRequest:
     until: datetime | None = None
     position: str | None = None
     """Its place in the workflow, which a replay matches it by (`StepRecord.position`)."""
+    park: bool = True
+    """Park the task when the wait cannot end at once; otherwise answer "blocked" and leave
+    the park to `ParkRequest`, once every branch of the workflow waits."""
+    child: NewTask | None = None
+    """A child wait's task, created (once) with the wait."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParkRequest:
+    """Park a task whose workflow waits in every branch: the waits at `seqs`, recorded and
+    open. Fenced by the hold and the attempt like a wait."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
+    seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WaitOutcome:
-    """How a wait stands: "done" (the timer fired; the event taken, in `payload`),
-    "timed_out", "parked" (the task now waits, released), "fenced" (the task is no longer
-    held under that attempt), or "mismatch" (another kind or name is recorded at that
-    position: `recorded`)."""
+    """How a wait stands: "done" (the timer fired; the event taken, or the child's result,
+    in `payload`), "timed_out", "child_failed" (the child ended otherwise than processed:
+    `payload` has its state and error), "blocked" (recorded, open, the task not parked: the
+    request said not to), "parked" (the task now waits, released), "ready" (a park found a
+    wait that can end: not parked), "fenced" (the task is no longer held under that
+    attempt), "mismatch" (another kind or name is recorded at that position: `recorded`),
+    or "refused" (a child's task id is taken by another task: `reason`; nothing written)."""
 
     state: str
     payload: Any = None
     recorded: tuple[str, str] | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -577,13 +610,15 @@ class WaitRecord:
     seq: int
     kind: str
     name: str
-    wake_at: datetime
+    wake_at: datetime | None
     state: str
     event_id: str | None
     payload: Any
     created_at: datetime
     finished_at: datetime | None
     position: str | None = None
+    """States: open, done, timed_out, or failed (a child that ended otherwise than
+    processed; `payload` has its state and error). A child wait has no `wake_at`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ which waiting tasks no scheduler runs. Nothing here touches the database or the 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,11 +22,13 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from . import _check
+from ._check import MAX_NAME
 from ._text import cut
 from .errors import UnknownNameError
 from .records import (
     ActionOutcome,
     OperatorAction,
+    OperatorVerb,
     OpLimit,
     ScheduleSpec,
     StepRecord,
@@ -84,19 +87,30 @@ def step_needs_compensation(step: StepRecord) -> bool:
     )
 
 
-def compensable_tasks(steps: Sequence[Mapping[str, Any]]) -> set[str]:
-    """Of steps read as rows (task_id, state, abandoned, compensation, compensates), the
-    tasks with at least one step to undo."""
-    return {
+def compensable_tasks(
+    steps: Sequence[Mapping[str, Any]], children: Sequence[Mapping[str, Any]] = ()
+) -> set[str]:
+    """Of steps read as rows (task_id, state, abandoned, compensation, compensates; a row
+    whose state is null stands for no step), the tasks with at least one step to undo; and,
+    of child tasks read as rows (parent_id, process_state), the parents with a child that
+    has not ended: compensating the parent compensates that child (`plan_cascade`)."""
+    found = {
         s["task_id"]
         for s in steps
-        if needs_compensation(
+        if s["state"] is not None
+        and needs_compensation(
             state=StepState(s["state"]),
             abandoned=bool(s["abandoned"]),
             compensation=s["compensation"],
             compensates=s["compensates"],
         )
     }
+    found.update(
+        c["parent_id"]
+        for c in children
+        if TaskState(c["process_state"]) not in FINISHED_TASK_STATES
+    )
+    return found
 
 
 MAX_ERROR = 8192
@@ -115,8 +129,38 @@ def describe(exc: BaseException) -> str:
 
 
 def waiting_for(kind: str, name: str) -> str:
-    """What a task waits for, as it is stored and shown: "timer", or "event:NAME"."""
-    return "timer" if kind == "timer" else f"event:{name}"
+    """What a task waits for, as it is stored and shown: "timer", "event:NAME", or
+    "child:ID" (a child task)."""
+    return "timer" if kind == "timer" else f"{kind}:{name}"
+
+
+def _place_key(position: str | None) -> tuple[int, ...]:
+    """A place ("3.2.1") in the workflow's order: 3.2.1 before 3.10.1."""
+    try:
+        return tuple(int(p) for p in (position or "").split("."))
+    except ValueError:
+        return ()
+
+
+def waiting_for_all(waits: Sequence[tuple[str | None, str, str]]) -> str:
+    """What a task parked on several waits (position, kind, name) waits for, as it is stored
+    and shown: the first of them in the workflow's order, and how many more ("child:ID +2");
+    a single wait as `waiting_for` says."""
+    first = min(waits, key=lambda w: _place_key(w[0]))
+    what = waiting_for(first[1], first[2])
+    return what if len(waits) == 1 else f"{what} +{len(waits) - 1}"
+
+
+def child_task_id(parent_id: str, position: str) -> str:
+    """The id of a child task started at `position` of its parent's workflow without a
+    task_id of its own: "PARENT:POSITION", the same on every replay. When that is longer
+    than a task id may be, the parent's id is cut and a digest of it added."""
+    plain = f"{parent_id}:{position}"
+    if len(plain) <= MAX_NAME:
+        return plain
+    digest = hashlib.sha256(parent_id.encode()).hexdigest()[:16]
+    keep = max(1, MAX_NAME - len(position) - len(digest) - 2)
+    return f"{parent_id[:keep]}~{digest}:{position}"
 
 
 def abandoned_error(state: TaskState) -> str:
@@ -470,7 +514,63 @@ def action_detail(action: OperatorAction, plan: ActionPlan) -> dict[str, Any]:
         detail["seq"] = action.seq
     if action.identity is not None:
         detail["authenticated"] = action.identity
+    if action.parent is not None:
+        detail["parent"] = action.parent
     return detail
+
+
+ENGINE = "stepwarden"
+"""The actor named in the history of an action the engine takes itself (a child compensated
+because its parent failed)."""
+
+
+def plan_cascade(
+    parent_id: str,
+    cause: str,
+    children: Sequence[Mapping[str, Any]],
+    *,
+    actor: str = ENGINE,
+    identity: str | None = None,
+) -> list[OperatorAction]:
+    """Which children an action on a parent reaches, and what it does to them.
+
+    `cause` is what happened to the parent: "cancel" (an operator cancelled it),
+    "compensate" (an operator compensates it: `compensate`, `cancel --compensate`) or
+    "failed" (its own failure sent it to compensating). Of its children, read as rows
+    (task_id, process_state, created_at), those that have not ended (not in
+    FINISHED_TASK_STATES) are reached, newest first: each is cancelled ("cancel") or
+    compensated (the other two), as an operator action by `actor` whose reason and `parent`
+    name the parent; a child the action does not apply to (a compensating one) is left as
+    it is. The store applies each action like the operator's, and so on to the children's
+    own children."""
+    reasons = {
+        "cancel": f"its parent {parent_id!r} was cancelled",
+        "compensate": f"its parent {parent_id!r} is compensated",
+        "failed": f"its parent {parent_id!r} failed and is compensated",
+    }
+    if cause not in reasons:
+        raise ValueError(f"no cascade for {cause!r}")
+    why = reasons[cause]
+    verb: OperatorVerb = "cancel" if cause == "cancel" else "compensate"
+    moves = OPERATOR_ACTIONS[verb]
+    live = [
+        c
+        for c in children
+        if TaskState(c["process_state"]) not in FINISHED_TASK_STATES
+        and TaskState(c["process_state"]) in moves
+    ]
+    live.sort(key=lambda c: (c["created_at"], c["task_id"]), reverse=True)
+    return [
+        OperatorAction(
+            action=verb,
+            task_id=c["task_id"],
+            actor=actor,
+            reason=why,
+            identity=identity,
+            parent=parent_id,
+        )
+        for c in live
+    ]
 
 
 # -- schedules ------------------------------------------------------------------------------

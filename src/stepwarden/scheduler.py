@@ -23,6 +23,7 @@ from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .agent import Operation
 from .errors import (
+    ChildFailed,
     PayloadError,
     StepFailed,
     StoreError,
@@ -35,6 +36,7 @@ from .records import (
     DispatchedStep,
     Held,
     NewStep,
+    ParkRequest,
     Redispatch,
     Request,
     SchedulerBeat,
@@ -416,13 +418,15 @@ class Scheduler:
                 )
                 return
             state, error = TaskState.ERROR, describe(exc)
-        except (StepFailed, PayloadError, UnknownNameError) as exc:
+        except (StepFailed, ChildFailed, PayloadError, UnknownNameError) as exc:
             state, error = TaskState.ERROR, error_text(str(exc))
         except Exception as exc:
             logger.warning(
                 "task %s: workflow %s raised", task.task_id, task.workflow, exc_info=True
             )
             state, error = TaskState.ERROR, describe(exc)
+        finally:
+            ctx.close()
         await self._finish(task.task_id, task.attempt, state, result, error)
 
     async def _finish(
@@ -737,6 +741,25 @@ class Scheduler:
                 "task %s: the store refused wait %d (%s), leaving it to the supervisor",
                 request.task_id,
                 request.seq,
+                exc,
+            )
+            raise Abandon from exc
+
+    async def park(self, request: ParkRequest) -> WaitOutcome:
+        """Park a task whose workflow waits in every branch (tried again while the store is
+        unreachable: a try whose answer was lost is found parked, hence fenced)."""
+        if self._unrecorded.get(request.task_id):  # the outcomes it goes on from, first
+            await self._outcomes_alone(request.task_id)
+        if request.task_id in self._refused:
+            raise Abandon
+        try:
+            return await self._answered(
+                f"task {request.task_id}: cannot park it", partial(self.store.park, request)
+            )
+        except StoreError as exc:  # permanent: the supervisor recovers the task
+            logger.error(
+                "task %s: the store refused its park (%s), leaving it to the supervisor",
+                request.task_id,
                 exc,
             )
             raise Abandon from exc

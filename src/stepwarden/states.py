@@ -10,9 +10,10 @@ Task (the pattern's ProcessState)::
        └──supervisor reset─┘ └──permanent error / max_failures──▶ compensating ──▶ compensated
                                   (on_failure="stop": error)            └──▶ compensation_failed
 
-A task whose workflow waits (a durable timer, an event from outside) or whose start is delayed
-is `waiting`: no scheduler holds it and no deadline runs; it becomes pending when its timer
-fires, its wait times out or its event arrives (processing ──wait──▶ waiting ──wake──▶ pending).
+A task whose workflow waits (a durable timer, an event from outside, a child task) or whose
+start is delayed is `waiting`: no scheduler holds it and no deadline runs; it becomes pending
+when its timer fires, its wait times out, its event arrives or its child ends
+(processing ──wait──▶ waiting ──wake──▶ pending).
 
 A compensating task is held like a processing one (claimed by a scheduler, which runs the
 compensations of its steps in reverse order; reset by the supervisor when it expires). With

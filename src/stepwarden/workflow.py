@@ -5,9 +5,12 @@ A workflow is an async function `(ctx, input) -> result` whose remote work goes 
 the workflow runs again from the top: steps already completed return their recorded result at
 once, so its code must take the same steps in the same order.
 
-A workflow may wait (`ctx.sleep`, `ctx.sleep_until`, `ctx.wait_for_event`): the wait is
-recorded at its position among the steps, and the task is released while it waits (no
-scheduler, coroutine or deadline), then resumed by replay, where the wait returns at once.
+A workflow may wait (`ctx.sleep`, `ctx.sleep_until`, `ctx.wait_for_event`, `ctx.child`):
+the wait is recorded at its position among the steps, and the task is released while it
+waits (no scheduler, coroutine or deadline), then resumed by replay, where the wait returns at
+once. A wait that cannot end at once parks the task only when every branch of the workflow
+(`ctx.gather`) waits too: branches still running steps, or starting their own waits (a
+child each), go on until then.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import asyncio
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from . import _check, _json
 from .agent import Operation
 from .errors import (
+    ChildFailed,
     ConfigurationError,
     EventTimeout,
     NonDeterminismError,
@@ -33,14 +37,18 @@ from .records import (
     Adopt,
     Held,
     NewStep,
+    NewTask,
+    ParkRequest,
     Redispatch,
     StepDispatch,
     StepRecord,
     WaitOutcome,
     WaitRequest,
 )
+from .rules import child_task_id, submit_version
 from .states import OnFailure, StepState
 
+T = TypeVar("T")
 WorkflowFn = Callable[..., Awaitable[Any]]
 MAX_COMPLETE_WITHIN = timedelta(days=365)
 """The longest claim of a task or a step: complete_by must stay a date both stores hold."""
@@ -93,8 +101,17 @@ class Abandon(BaseException):
 
 
 class Parked(Abandon):
-    """The task waits (a timer, an event): released, its workflow stops here and is resumed
-    by replay when the wait ends."""
+    """The task waits (a timer, an event, a child): released, its workflow stops here and
+    is resumed by replay when a wait ends."""
+
+
+def workflow_name(workflow: str | WorkflowFn) -> str:
+    """The name of a workflow given by name or by its declared function."""
+    if isinstance(workflow, str):
+        return workflow
+    return str(
+        getattr(workflow, "__stepwarden_workflow__", getattr(workflow, "__name__", repr(workflow)))
+    )
 
 
 class StepRunner(Protocol):
@@ -103,6 +120,9 @@ class StepRunner(Protocol):
     instance: str
     operations: Mapping[str, Operation] | None
     """The operations of the App's agents by "agent.operation"; None accepts any."""
+    @property
+    def workflows(self) -> Mapping[tuple[str, int], Workflow]:
+        """The App's workflows by (name, version): the children a workflow may start."""
 
     def workflow_of(self, held: Held) -> Workflow: ...
 
@@ -118,7 +138,48 @@ class StepRunner(Protocol):
         step's result: its value, or StepFailed."""
 
     async def wait(self, request: WaitRequest) -> WaitOutcome:
-        """Record or read the wait at its position; park the task when it must wait."""
+        """Record or read the wait at its position; park the task when it must wait (and
+        the request says to)."""
+
+    async def park(self, request: ParkRequest) -> WaitOutcome:
+        """Park the task on its open waits, unless one of them can end now."""
+
+
+@dataclass(eq=False)
+class _Branch:
+    """What one branch of a workflow (its body, or a branch of a `gather`) is doing, for the
+    park: a branch is quiet while it only waits (a wait that must park, or a gather of quiet
+    branches); a branch running steps or code is not."""
+
+    ops: int = 0
+    """Steps and wait records under way (and waits being taken up again)."""
+    blocked: int = 0
+    """Waits that must park, registered with the Context."""
+    gathers: int = 0
+    """Gathers it awaits (their branches count instead of it)."""
+    done: bool = False
+
+    def quiet(self) -> bool:
+        return self.done or (self.ops == 0 and (self.blocked > 0 or self.gathers > 0))
+
+
+@dataclass(eq=False)
+class _Blocked:
+    seq: int
+    branch: _Branch
+    future: asyncio.Future[None]
+    resolved: bool = False
+
+
+@dataclass(eq=False)
+class _Gathered:
+    """A gather's branches: the gather's own branch counts as busy from the moment the
+    gather will return (its last branch finished, or one raised) until it does."""
+
+    parent: _Branch
+    left: int
+    woke: bool = False
+    branches: list[_Branch] = field(default_factory=list)
 
 
 class Context:
@@ -151,6 +212,12 @@ class Context:
         self._markers: list[asyncio.Future[WaitOutcome]] = []
         """Patch markers being recorded: written before anything the workflow records after
         them (a marker matters only to a replay that finds records after it)."""
+        self._branches: dict[str, _Branch] = {"": _Branch()}
+        """What each branch does, by its prefix: the park waits until every one is quiet."""
+        self._blocked: dict[int, _Blocked] = {}
+        """The waits that must park, by seq, until the park's word."""
+        self._quiet_changed: asyncio.Event | None = None
+        self._parker: asyncio.Task[None] | None = None
 
     @property
     def task_id(self) -> str:
@@ -169,6 +236,10 @@ class Context:
         """The next place in the branch the caller runs in, not taken."""
         prefix = self._prefix()
         return f"{prefix}{self._taken.get(prefix, 0) + 1}"
+
+    def _branch(self) -> _Branch:
+        """The branch the caller runs in."""
+        return self._branches.setdefault(self._prefix(), _Branch())
 
     def _place(self) -> str:
         """Take the next place in the branch the caller runs in (before any await, so that
@@ -251,6 +322,68 @@ class Context:
         under = place + "."
         return any(p.startswith(under) for p in (*self._recorded, *self._waits))
 
+    def close(self) -> None:
+        """The workflow's run is over (returned, raised, parked or dropped): stop waiting
+        for it to be quiet."""
+        if self._parker is not None:
+            self._parker.cancel()
+            self._parker = None
+
+    def _changed(self) -> None:
+        if self._quiet_changed is not None:
+            self._quiet_changed.set()
+
+    def _alone(self, branch: _Branch) -> bool:
+        """Whether a wait of `branch` that cannot end at once may park the task in the same
+        transaction: nothing else of the workflow is under way or waiting (its other branches
+        have finished, or await this one in a gather)."""
+        if self._blocked or branch.ops or branch.blocked:
+            return False
+        return all(b is branch or b.quiet() for b in self._branches.values())
+
+    def _quiescent(self) -> bool:
+        """Every live branch waits on a wait that must park (or on a gather of such)."""
+        return bool(self._blocked) and all(b.quiet() for b in self._branches.values())
+
+    async def _park_when_quiet(self) -> None:
+        """Once every branch waits, park the task on all their waits in one transaction: or,
+        when one of them can end now, let them all take their waits up again."""
+        assert self._quiet_changed is not None
+        while True:
+            await self._quiet_changed.wait()
+            self._quiet_changed.clear()
+            if not self._quiescent():
+                continue
+            held = self._held
+            request = ParkRequest(
+                task_id=held.task_id,
+                task_attempt=held.attempt,
+                scheduler=self._runner.instance,
+                seqs=tuple(sorted(self._blocked)),
+            )
+            error: BaseException | None = None
+            try:
+                outcome = await self._runner.park(request)
+            except (Exception, Abandon) as exc:  # the workflow's branches raise it
+                error = exc
+            else:
+                if outcome.state == "parked":
+                    error = Parked()
+                elif outcome.state != "ready":
+                    error = Abandon()
+            for entry in list(self._blocked.values()):
+                if entry.seq not in request.seqs:
+                    continue
+                del self._blocked[entry.seq]
+                entry.resolved = True
+                entry.branch.blocked -= 1
+                entry.branch.ops += 1  # busy again until it has taken its wait up
+                if not entry.future.done():
+                    if error is None:
+                        entry.future.set_result(None)
+                    else:
+                        entry.future.set_exception(error)
+
     def _new_seq(self) -> int:
         self._last_seq += 1
         return self._last_seq
@@ -276,31 +409,59 @@ class Context:
                     f"function), not {_check.shown(branch)}"
                 )
         position = self._place()
+        if not branches:
+            return []
         await self._recorded_markers()
         loop = asyncio.get_running_loop()
+        gathered = _Gathered(parent=self._branch(), left=len(branches))
         tasks: list[asyncio.Task[Any]] = []
         for i, branch in enumerate(branches, 1):
+            prefix = f"{position}.{i}."
+            sub = self._branches[prefix] = _Branch()
+            gathered.branches.append(sub)
             context = contextvars.copy_context()
-            context.run(_BRANCH.set, (self, f"{position}.{i}."))
-            tasks.append(loop.create_task(branch, context=context))
-        if not tasks:
-            return []
+            context.run(_BRANCH.set, (self, prefix))
+            tasks.append(loop.create_task(self._run_branch(branch, sub, gathered), context=context))
+        gathered.parent.gathers += 1
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks)
-            raise
-        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
-        if failed:
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks)
-            error = failed[0].exception()
-            assert error is not None
-            raise error
-        return [t.result() for t in tasks]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.wait(tasks)
+                raise
+            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            if failed:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.wait(tasks)
+                error = failed[0].exception()
+                assert error is not None
+                raise error
+            return [t.result() for t in tasks]
+        finally:
+            gathered.parent.gathers -= 1
+            if gathered.woke:
+                gathered.parent.ops -= 1
+
+    async def _run_branch(
+        self, branch: Coroutine[Any, Any, Any], sub: _Branch, gathered: _Gathered
+    ) -> Any:
+        """Run one branch of a gather, noting for the park when it finishes and when the
+        gather will return because of it."""
+        finished = False
+        try:
+            value = await branch
+            finished = True
+            return value
+        finally:
+            sub.done = True
+            gathered.left -= 1
+            if not gathered.woke and (not finished or gathered.left == 0):
+                gathered.woke = True
+                gathered.parent.ops += 1
+            self._changed()
 
     async def step(
         self,
@@ -377,7 +538,7 @@ class Context:
                 position=position,
             )
             await self._recorded_markers()
-            return await self._runner.run_step(held, new, step_name)
+            return await self._busy(self._runner.run_step(held, new, step_name))
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:
@@ -409,14 +570,24 @@ class Context:
             expected_attempt=recorded.attempt,
             complete_within=within.total_seconds(),
         )
-        return await self._runner.run_step(held, adopt, step_name, fallback=again)
+        return await self._busy(self._runner.run_step(held, adopt, step_name, fallback=again))
+
+    async def _busy(self, work: Awaitable[T]) -> T:
+        """`work`, during which the caller's branch counts as busy (not quiet)."""
+        branch = self._branch()
+        branch.ops += 1
+        try:
+            return await work
+        finally:
+            branch.ops -= 1
+            self._changed()
 
     # -- waits ----------------------------------------------------------------------------
     async def sleep(self, delay: timedelta) -> None:
         """A durable timer: the task is released and resumed `delay` later (by the store's
         clock), wherever a scheduler runs; on replay, once fired, it returns at once."""
         _check_wait("sleep", delay)
-        await self._wait("timer", "", delay=delay.total_seconds())
+        await self._wait(self._place(), "timer", "", delay=delay.total_seconds())
 
     async def sleep_until(self, when: datetime) -> None:
         """A durable timer to `when` (a datetime with its time zone)."""
@@ -424,7 +595,7 @@ class Context:
             raise ConfigurationError(
                 f"sleep_until needs a datetime with its time zone, not {_check.shown(when)}"
             )
-        await self._wait("timer", "", until=when)
+        await self._wait(self._place(), "timer", "", until=when)
 
     async def wait_for_event(self, name: str, *, timeout: timedelta) -> Any:
         """The JSON payload of the next event `name` sent to this task (`App.send_event`),
@@ -433,15 +604,64 @@ class Context:
         comes within `timeout`."""
         _check.name("the event's name", name)
         _check_wait("wait_for_event: timeout", timeout)
-        outcome = await self._wait("event", name, delay=timeout.total_seconds())
+        outcome = await self._wait(self._place(), "event", name, delay=timeout.total_seconds())
         if outcome.state == "timed_out":
             raise EventTimeout(name, timeout.total_seconds())
         return outcome.payload
 
-    async def _wait(
-        self, kind: str, name: str, *, delay: float = 0.0, until: datetime | None = None
-    ) -> WaitOutcome:
+    async def child(
+        self, workflow: str | WorkflowFn, input: Any = None, *, task_id: str | None = None
+    ) -> Any:
+        """Start the workflow `workflow` (declared in this App) as a task of its own, a child
+        of this one, and return its result once it is processed.
+
+        The child has its own id, history, retries and operator actions; its id is
+        `task_id`, or this task's id and the child's place ("order-42:3"), the same on every
+        replay. It is recorded at its place like a step or a wait, and created with it in
+        one transaction; the task is released while it waits for the child (like a timer),
+        and woken when the child ends. On replay, a child that ended returns at once.
+        Raises ChildFailed when the child ended otherwise than processed (error,
+        compensated, compensation_failed, cancelled). A `task_id` that another task already
+        has fails this task with a ConfigurationError. Children started in the branches of
+        a `gather` run at the same time."""
+        name = workflow_name(workflow)
+        versions = {v: wf for (n, v), wf in self._runner.workflows.items() if n == name}
+        if not versions:
+            known = ", ".join(sorted({n for n, _ in self._runner.workflows})) or "none"
+            raise UnknownNameError(f"ctx.child: unknown workflow {name!r} (declared: {known})")
+        wf = versions[submit_version(name, versions)]  # the newest, as a submit
         position = self._place()
+        held = self._held
+        child_id = child_task_id(held.task_id, position) if task_id is None else task_id
+        _check.new_task_id(child_id)
+        new = NewTask(
+            task_id=child_id,
+            workflow=wf.name,
+            input=_json.dumps(input, what=f"the input of child {child_id!r}"),
+            priority=held.priority,
+            complete_within=wf.complete_within.total_seconds(),
+            max_failures=wf.max_failures,
+            on_failure=str(wf.on_failure),
+            parent_id=held.task_id,
+            parent_position=position,
+            version=wf.version,
+        )
+        outcome = await self._wait(position, "child", child_id, child=new)
+        if outcome.state == "child_failed":
+            ended = outcome.payload if isinstance(outcome.payload, dict) else {}
+            raise ChildFailed(child_id, str(ended.get("state")), ended.get("error"))
+        return outcome.payload
+
+    async def _wait(
+        self,
+        position: str,
+        kind: str,
+        name: str,
+        *,
+        delay: float = 0.0,
+        until: datetime | None = None,
+        child: NewTask | None = None,
+    ) -> WaitOutcome:
         held = self._held
         step = self._recorded.get(position)
         if step is not None:
@@ -451,37 +671,71 @@ class Context:
                 "must take the same steps and waits in the same order when it is resumed"
             )
         recorded = self._waits.get(position)
-        request = WaitRequest(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=self._runner.instance,
-            seq=self._new_seq() if recorded is None else recorded[0],
-            kind=kind,
-            name=name,
-            delay=delay,
-            until=until,
-            position=position,
-        )
         await self._recorded_markers()
-        outcome = await self._runner.wait(request)
-        if outcome.state == "mismatch" and outcome.recorded is not None:
-            raise NonDeterminismError(
-                f"task {held.task_id!r} position {position}: the workflow asked for a "
-                f"{_wait_name(kind, name)} but a {_wait_name(*outcome.recorded)} is recorded "
-                "there; a workflow must take the same steps and waits in the same order when "
-                "it is resumed"
+        seq = self._new_seq() if recorded is None else recorded[0]
+        branch = self._branch()
+        while True:
+            request = WaitRequest(
+                task_id=held.task_id,
+                task_attempt=held.attempt,
+                scheduler=self._runner.instance,
+                seq=seq,
+                kind=kind,
+                name=name,
+                delay=delay,
+                until=until,
+                position=position,
+                park=self._alone(branch),
+                child=child,
             )
-        if outcome.state == "parked":
-            raise Parked
-        if outcome.state == "fenced":
-            raise Abandon
-        return outcome
+            outcome = await self._busy(self._runner.wait(request))
+            if outcome.state == "mismatch" and outcome.recorded is not None:
+                raise NonDeterminismError(
+                    f"task {held.task_id!r} position {position}: the workflow asked for a "
+                    f"{_wait_name(kind, name)} but a {_wait_name(*outcome.recorded)} is "
+                    "recorded there; a workflow must take the same steps and waits in the "
+                    "same order when it is resumed"
+                )
+            if outcome.state == "refused":
+                raise ConfigurationError(outcome.reason or f"ctx.child: {name!r} is refused")
+            if outcome.state == "parked":
+                raise Parked
+            if outcome.state == "fenced":
+                raise Abandon
+            if outcome.state != "blocked":
+                return outcome
+            await self._until_parked_or_ready(seq, branch)
+
+    async def _until_parked_or_ready(self, seq: int, branch: _Branch) -> None:
+        """A wait that must park: registered until every branch waits too. Returns when one
+        of the waits can end now (the caller takes its wait up again); raises Parked when
+        the task is parked."""
+        loop = asyncio.get_running_loop()
+        entry = _Blocked(seq=seq, branch=branch, future=loop.create_future())
+        self._blocked[seq] = entry
+        branch.blocked += 1
+        if self._quiet_changed is None:
+            self._quiet_changed = asyncio.Event()
+        if self._parker is None:
+            self._parker = loop.create_task(self._park_when_quiet())
+        self._changed()
+        try:
+            await entry.future
+        finally:
+            if entry.resolved:
+                branch.ops -= 1
+            else:  # cancelled while it waited (a branch of a failed gather)
+                branch.blocked -= 1
+                self._blocked.pop(seq, None)
+            self._changed()
 
 
 def _wait_name(kind: str, name: str) -> str:
     if kind == "patch":
         return f"patch marker {name!r}"
-    return "timer" if kind == "timer" else f"wait for event {name!r}"
+    if kind == "timer":
+        return "timer"
+    return f"child task {name!r}" if kind == "child" else f"wait for event {name!r}"
 
 
 def _check_wait(what: str, value: object) -> None:

@@ -201,3 +201,38 @@ async def test_a_compensation_waiting_before_the_upgrade_still_waits_for_complet
         assert float(left) > 30
     finally:
         await store.close()
+
+
+async def test_waits_recorded_before_children_existed_are_kept(empty_store_url: str) -> None:
+    """Migration 0012 lets a wait have no wake_at (a child's); on SQLite it moves the waits to
+    a new table: those recorded before keep every column."""
+    url = empty_store_url
+    build_at(url, 9)
+    now = "0" if is_sqlite(url) else "now()"
+    later = "100" if is_sqlite(url) else "now() + interval '100 seconds'"
+    sql(
+        url,
+        "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+        f" complete_within, eligible_at, created_at, updated_at, wake_at, waiting_for) VALUES"
+        f" ('t1', 'wf', '{{}}', 'waiting', 3, 30, {now}, {now}, {now}, {later}, 'event:go')",
+    )
+    sql(
+        url,
+        "INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at, state,"
+        f" created_at) VALUES ('t1', 2, '2', 'event', 'go', {later}, 'open', {now})",
+    )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        assert await store.schema_version() == _sql.latest_version(store.dialect)
+        [wait] = await store.waits("t1")
+        assert (wait.seq, wait.position, wait.kind, wait.name, wait.state) == (
+            2, "2", "event", "go", "open",
+        )  # fmt: skip
+        assert wait.wake_at is not None
+        task = await store.get_task("t1")
+        assert task is not None and (task.parent_id, task.parent_position) == (None, None)
+        sent = await store.send_event("t1", "go", '"yes"', "e1")  # its open wait wakes it
+        assert not isinstance(sent, sw.TaskState) and sent is not None and sent.woke
+    finally:
+        await store.close()

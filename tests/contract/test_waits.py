@@ -105,6 +105,7 @@ async def test_a_sleeping_task_is_released_and_wakes_once(store_url: str) -> Non
         [wait] = await (await app.store()).waits("n1")
         assert (wait.seq, wait.kind, wait.state) == (2, "timer", "done")
         done = await app.status_async("n1")
+        assert wait.wake_at is not None
         assert done.finished_at is not None and done.finished_at >= wait.wake_at
     finally:
         await app.aclose()

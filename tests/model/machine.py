@@ -3,12 +3,15 @@ real store with random interleavings of every actor's writes and checks it again
 
 The actors: schedulers s1 and s2, agent instances a1 and a2 (of one agent, "pay", with the
 operations "charge" and "refund"), supervisors sup1 and sup2 (under one lease) and an
-operator. Each rule is one store call, with current or stale fencing tokens; the model says
-whether the write must apply, must be refused, or (when it depends on a deadline too close
-to call) may do either, and then follows what the store did. Every example starts with a few
-tasks, and the `advance` rule makes some of the writes a healthy system would make next
-(through the same rules), so that examples reach steps, results and compensations whichever
-rules hypothesis leaves out of them.
+operator. A scheduler may start a child task from its task's workflow (a child wait); a
+child's end is recorded in its parent's wait and wakes its parent; cancelling or
+compensating a parent reaches its children that have not ended, newest first. Each rule is
+one store call, with current or stale fencing tokens; the model says whether the write must
+apply, must be refused, or (when it depends on a deadline too close to call) may do either,
+and then follows what the store did. Every example starts with a few tasks, and the
+`advance` rule makes some of the writes a healthy system would make next (through the same
+rules), so that examples reach steps, results and compensations whichever rules hypothesis
+leaves out of them.
 
 Time: the store reads its own clock (the process clock for SQLite, now() for PostgreSQL on
 the same machine). Every time the store computes from "now" is modelled as an interval
@@ -42,14 +45,17 @@ from stepwarden.records import (
     NewStep,
     NewTask,
     OperatorAction,
+    ParkRequest,
     RequestHandback,
     StepOutcome,
     StepRecord,
     TaskOutcome,
     TaskRecord,
+    WaitRecord,
     WaitRequest,
 )
 from stepwarden.retry import Backoff
+from stepwarden.rules import waiting_for_all
 from stepwarden.states import (
     FINISHED_TASK_STATES,
     HELD_TASK_STATES,
@@ -80,6 +86,8 @@ SCHEDULERS = ("s1", "s2")
 INSTANCES = ("a1", "a2")
 HOLDERS = ("sup1", "sup2")
 MAX_TASKS = 4
+MAX_CHILDREN = 3
+"""Children started beyond the MAX_TASKS submitted."""
 MAX_SEQ = 5
 INPUT = '{"n": 1}'
 RESULT = '{"ok": true}'
@@ -185,11 +193,17 @@ class MStep:
 
 @dataclass
 class MWait:
-    """A workflow's wait at its position: a timer, or a wait for the event "go"."""
+    """A workflow's wait at its position: a timer, a wait for the event "go", or a wait for
+    a child task (`name`, no wake_at)."""
 
     kind: str
-    wake_at: When
+    wake_at: When | None
     state: str = "open"
+    name: str = ""
+    payload: Any = None
+    errors: set[str] | None = None
+    """A failed child's error, when the sweep's could name one of several (see
+    `error_choices`): pinned once read."""
 
 
 @dataclass
@@ -220,6 +234,8 @@ class MTask:
     waiting_for: str | None = None
     waits: dict[int, MWait] = field(default_factory=dict)
     inbox: list[MEvent] = field(default_factory=list)
+    parent_id: str | None = None
+    parent_position: str | None = None
 
     @property
     def held(self) -> bool:
@@ -267,10 +283,11 @@ class MTask:
         self.waiting_for = None
 
 
-def after_expiry(task: MTask) -> tuple[TaskState, int, int, int, bool]:
+def after_expiry(task: MTask, compensable: bool) -> tuple[TaskState, int, int, int, bool]:
     """Where an expired held task goes (ARCHITECTURE.md, the supervisor): the state, its
     failure_count and compensation_failures, the count this expiry is (of the forward path,
-    or of the compensation), and whether an alert is raised."""
+    or of the compensation), and whether an alert is raised. `compensable`: a step or a
+    child to undo."""
     forward, undoing = task.failure_count, task.compensation_failures
     if task.state == TaskState.COMPENSATING:
         undoing += 1
@@ -284,7 +301,7 @@ def after_expiry(task: MTask) -> tuple[TaskState, int, int, int, bool]:
         return TaskState.ERROR, forward, undoing, forward, True
     if task.on_failure == OnFailure.RETRY:
         return TaskState.PENDING, forward, undoing, forward, forward == task.max_failures
-    if not task.compensable():
+    if not compensable:
         return TaskState.ERROR, forward, undoing, forward, True
     return TaskState.COMPENSATING, forward, 0, forward, True
 
@@ -303,13 +320,15 @@ class Snapshot:
     events: list[EventRecord]
     counts: dict[TaskState, int]
     listed: list[TaskRecord]
+    waits: dict[str, list[WaitRecord]]
 
     def same_as(self, other: Snapshot) -> bool:
-        return (self.tasks, self.steps, self.events, self.counts) == (
+        return (self.tasks, self.steps, self.events, self.counts, self.waits) == (
             other.tasks,
             other.steps,
             other.events,
             other.counts,
+            other.waits,
         )
 
 
@@ -397,7 +416,8 @@ class StoreModel(RuleBasedStateMachine):
             events = await self.s.events(limit=100_000)
             counts = await self.s.count_tasks()
             listed = await self.s.list_tasks(limit=1000)
-            return Snapshot(tasks, steps, events, counts, listed)
+            waits = {tid: await self.s.waits(tid) for tid in self.order}
+            return Snapshot(tasks, steps, events, counts, listed, waits)
 
         return self.loop.run_until_complete(read())
 
@@ -419,6 +439,86 @@ class StoreModel(RuleBasedStateMachine):
 
     def has_tasks(self) -> bool:
         return bool(self.order)
+
+    # -- children -------------------------------------------------------------------------
+    def compensable(self, t: MTask) -> bool:
+        """A step to undo, or a child that has not ended (compensating the task compensates
+        it)."""
+        return t.compensable() or any(
+            c.parent_id == t.task_id and c.state not in FINISHED_TASK_STATES
+            for c in self.tasks.values()
+        )
+
+    def ended(self, tasks: Iterable[MTask], span: Span) -> None:
+        """Tasks that ended in one transaction: the end of each child is recorded in its
+        parent's open wait for it, and a waiting parent is pending again (one `woke` event,
+        naming its first child by id)."""
+        for c in sorted(tasks, key=lambda c: c.task_id):
+            parent = self.tasks.get(c.parent_id or "")
+            if parent is None:
+                continue
+            for w in parent.waits.values():
+                if w.kind == "child" and w.name == c.task_id and w.state == "open":
+                    processed = c.state == TaskState.PROCESSED
+                    w.state = "done" if processed else "failed"
+                    w.payload = c.result if processed else {"state": c.state, "error": c.error}
+                    w.errors = None if processed else self.error_choices.get(c.task_id)
+                    if parent.state == TaskState.WAITING:
+                        parent.release(TaskState.PENDING)
+                        parent.eligible_at = When.now(span)
+                        self.expect_event(parent.task_id, "woke", child=c.task_id, state=c.state)
+
+    def apply_action(
+        self, t: MTask, action: str, span: Span, **detail: Any
+    ) -> None:
+        """What an applied operator action (other than skip) does to a task, and its event."""
+        before = t.state
+        after = OPERATOR_ACTIONS[action][before]
+        if action == "retry" and after == TaskState.PENDING:
+            t.failure_count = 0
+        if after == TaskState.COMPENSATING:
+            t.compensation_failures = 0
+        now = When.now(span)
+        t.eligible_at = now.latest(t.open_until()) if after == TaskState.COMPENSATING else now
+        t.release(after)
+        if action in ("cancel", "compensate"):
+            t.close_open_steps()
+        if action == "retry":
+            undo = after == TaskState.COMPENSATING
+            for s in t.steps.values():
+                if s.state == StepState.FAILED and (s.compensates is not None) == undo:
+                    s.state = StepState.NOT_STARTED
+                    s.complete_by = now
+                    s.locked_by = None
+                    s.error = None
+                    s.abandoned = False
+        self.expect_event(
+            t.task_id, "operator", action=action, **{"from": before, "to": after}, **detail
+        )
+
+    def cascade(self, parent: MTask, cause: str, actor: str, span: Span) -> list[MTask]:
+        """The children of `parent` that have not ended, newest first, get the parent's
+        action (a failure: compensate), where it applies; and so on to theirs. The tasks
+        reached."""
+        verb = "cancel" if cause == "cancel" else "compensate"
+        why = {
+            "cancel": f"its parent {parent.task_id!r} was cancelled",
+            "compensate": f"its parent {parent.task_id!r} is compensated",
+            "failed": f"its parent {parent.task_id!r} failed and is compensated",
+        }[cause]
+        kids = [
+            c
+            for c in self.tasks.values()
+            if c.parent_id == parent.task_id
+            and c.state not in FINISHED_TASK_STATES
+            and c.state in OPERATOR_ACTIONS[verb]
+        ]
+        reached: list[MTask] = []
+        for c in sorted(kids, key=lambda c: c.order, reverse=True):
+            self.apply_action(c, verb, span, by=actor, reason=why, parent=parent.task_id)
+            reached.append(c)
+            reached.extend(self.cascade(c, verb, actor, span))
+        return reached
 
     # -- the application ----------------------------------------------------------------
     @initialize(
@@ -704,7 +804,9 @@ class StoreModel(RuleBasedStateMachine):
     )
     def finish(self, i: int, who: str, token: int, outcome: TaskState) -> None:
         """A scheduler ends its hold of a task (or a stale one tries to)."""
-        t = self.task_at(i, lambda t: t.held)
+        self.finish_task(self.task_at(i, lambda t: t.held), who, token, outcome)
+
+    def finish_task(self, t: MTask, who: str, token: int, outcome: TaskState) -> None:
         holder = t.locked_by or SCHEDULERS[0]
         scheduler = holder if who == "holder" else self.other(SCHEDULERS, t.locked_by)
         attempt = t.attempt + token
@@ -725,7 +827,7 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         state = outcome
-        if outcome == TaskState.ERROR and t.on_failure != OnFailure.STOP and t.compensable():
+        if outcome == TaskState.ERROR and t.on_failure != OnFailure.STOP and self.compensable(t):
             state = TaskState.COMPENSATING
             t.compensation_failures = 0
         t.eligible_at = When.now(span).latest(t.open_until())
@@ -736,6 +838,10 @@ class StoreModel(RuleBasedStateMachine):
         if outcome in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
             reason = "task_error" if outcome == TaskState.ERROR else "compensation_failed"
             self.expect_event(t.task_id, "alert", reason=reason, then=str(state))
+        if state in FINISHED_TASK_STATES:
+            self.ended([t], span)
+        elif state == TaskState.COMPENSATING:  # its failure compensates its children
+            self.cascade(t, "failed", "stepwarden", span)
 
     # -- the agents ---------------------------------------------------------------------
     def agents_step(
@@ -823,6 +929,109 @@ class StoreModel(RuleBasedStateMachine):
         s.tries = 2
         if not ok_:
             self.expect_event(t.task_id, "step_failed", seq=s.seq, attempt=attempt)
+
+    @precondition(has_tasks)
+    @rule(
+        i=st.integers(0, 9),
+        j=st.integers(0, 9),
+        who=whose,
+        token=tokens,
+        then=st.sampled_from(["step", "step", "finish"]),
+        claim=st.booleans(),
+        within=st.sampled_from([SHORT, LONG]),
+    )
+    def group_commit(
+        self, i: int, j: int, who: str, token: int, then: str, claim: bool, within: float
+    ) -> None:
+        """A scheduler's group commit with a step called in its own process: the step's
+        outcome (by the holding instance or not, current attempt or stale) and what the
+        workflow wrote next on it, by the task's holder: a new step (handed at once to an
+        agent instance, or queued), or the task's end. What comes next applies only if the
+        outcome does, and its own fence holds."""
+        t, step, s, instance, attempt = self.agents_step(i, j, who, token)
+        o = StepOutcome(
+            task_id=t.task_id,
+            seq=step or 1,
+            attempt=attempt,
+            agent_instance=instance,
+            state=StepState.COMPLETED,
+            result=RESULT,
+            error=None,
+            tries=1,
+        )
+        holder = t.locked_by or SCHEDULERS[0]
+        fresh = max([*t.steps, 0]) + 1
+        dispatches: list[NewStep] = []
+        finishes: list[TaskOutcome] = []
+        if then == "step":
+            dispatches.append(
+                NewStep(
+                    task_id=t.task_id,
+                    task_attempt=t.attempt,
+                    scheduler=holder,
+                    seq=fresh,
+                    name=f"{AGENT}.{FORWARD}",
+                    agent=AGENT,
+                    operation=FORWARD,
+                    input=INPUT,
+                    priority=t.priority,
+                    complete_within=within,
+                    position=str(fresh),
+                    claimed_by=INSTANCES[j % 2] if claim else None,
+                )
+            )
+        else:
+            finishes.append(
+                TaskOutcome(
+                    task_id=t.task_id,
+                    attempt=t.attempt,
+                    scheduler=holder,
+                    state=TaskState.PROCESSED,
+                    result='{"r": 1}',
+                    error=None,
+                )
+            )
+        held_as = t.state
+        (done, dispatched, finished), span = self.call(
+            self.s.advance([o], dispatches, finishes)
+        )
+        may = agent_may_write(s, attempt, instance, span)
+        agree(may, done[0], f"{instance} completes {t.task_id}/{o.seq}@{attempt} with more")
+        if done[0]:
+            assert s is not None
+            s.state = StepState.COMPLETED
+            s.result = {"ok": True}
+            s.error = None
+            s.tries = 1
+        held = t.held and t.locked_by == holder
+        if dispatches:
+            ok = done[0] and held and fresh not in t.steps
+            agree(ok, dispatched[0] is not None, f"{t.task_id}/{fresh} after the outcome")
+            if dispatched[0] is not None:
+                d = dispatches[0]
+                t.steps[fresh] = MStep(
+                    task_id=t.task_id,
+                    seq=fresh,
+                    operation=FORWARD,
+                    attempt=1,
+                    task_attempt=t.attempt,
+                    complete_by=When.now(span).plus(within).earliest(t.complete_by),
+                    state=StepState.RUNNING if d.claimed_by else StepState.NOT_STARTED,
+                    locked_by=d.claimed_by,
+                    position=str(fresh),
+                )
+        if finishes:
+            ok = done[0] and held and held_as == TaskState.PROCESSING
+            agree(ok, finished[0], f"finish {t.task_id} after the outcome")
+            if finished[0]:
+                t.eligible_at = When.now(span).latest(t.open_until())
+                t.release(TaskState.PROCESSED)
+                t.result = {"r": 1}
+                t.error = None
+                t.close_open_steps()
+                self.ended([t], span)
+        if not (done[0] and (dispatches or finishes)):
+            self.refused = True
 
     @precondition(has_tasks)
     @rule(i=st.integers(0, 9), j=st.integers(0, 9), who=whose, token=tokens)
@@ -941,7 +1150,10 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         leased = True
-        for t in self.tasks.values():
+        compensable = {tid: self.compensable(t) for tid, t in self.tasks.items()}
+        ended: list[MTask] = []
+        given_up: list[MTask] = []
+        for t in list(self.tasks.values()):
             due, seqs = self.expired(t, span)
             e = swept.get(t.task_id)
             agree(
@@ -954,7 +1166,9 @@ class StoreModel(RuleBasedStateMachine):
                 continue
             assert e.seq in seqs, f"sweep of {t.task_id} names seq {e.seq}, not one of {seqs}"
             held_as = t.state
-            state, failure_count, compensation_failures, count, alert = after_expiry(t)
+            state, failure_count, compensation_failures, count, alert = after_expiry(
+                t, compensable[t.task_id]
+            )
             assert (e.process_state, e.failure_count) == (state, count), (
                 f"sweep of {t.task_id}: {e.process_state} at {e.failure_count}, "
                 f"expected {state} at {count}"
@@ -972,6 +1186,10 @@ class StoreModel(RuleBasedStateMachine):
             t.release(state)
             if state not in (TaskState.PENDING, held_as):
                 t.close_open_steps()
+            if state in FINISHED_TASK_STATES:
+                ended.append(t)
+            elif state == TaskState.COMPENSATING and held_as == TaskState.PROCESSING:
+                given_up.append(t)
             if alert:
                 reason = "max_failures" if held_as == TaskState.PROCESSING else state
                 self.expect_event(t.task_id, "alert", reason=str(reason), then=str(state))
@@ -981,6 +1199,9 @@ class StoreModel(RuleBasedStateMachine):
                     f"{'the task' if q is None else f'step {q}'}; max_failures reached"
                     for q in seqs
                 }
+        self.ended(ended, span)
+        for t in given_up:  # given up and compensated: its children are compensated too
+            self.cascade(t, "failed", "stepwarden", span)
 
     # -- waits: timers and events -------------------------------------------------------
     @precondition(has_tasks)
@@ -991,26 +1212,31 @@ class StoreModel(RuleBasedStateMachine):
         kind=st.sampled_from(["timer", "timer", "event"]),
         delay=st.sampled_from([SHORT, LONG]),
         again=st.booleans(),
+        park=st.sampled_from([True, False]),
     )
-    def wait(self, i: int, who: str, token: int, kind: str, delay: float, again: bool) -> None:
+    def wait(
+        self, i: int, who: str, token: int, kind: str, delay: float, again: bool, park: bool
+    ) -> None:
         """A scheduler's wait at a new position of its task's workflow, or again at the last
         one (as on replay): fenced by the hold and the attempt; recorded once; done when its
-        timer has fired or an event "go" is there to take; otherwise the task is parked.
+        timer has fired or an event "go" is there to take; otherwise the task is parked, or,
+        asked not to park (other branches of the workflow still run), the wait is blocked.
         Event waits are long (they never time out here)."""
         t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING)
         scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
             SCHEDULERS, t.locked_by
         )
         attempt = t.attempt + token
-        if again and t.waits:
-            seq = max(t.waits)
+        mine = [q for q, w in t.waits.items() if w.kind != "child"]
+        if again and mine:
+            seq = max(mine)
             kind = t.waits[seq].kind
         else:
             seq = max([*t.steps, *t.waits], default=0) + 1
         name = "go" if kind == "event" else ""
         request = WaitRequest(
             task_id=t.task_id, task_attempt=attempt, scheduler=scheduler, seq=seq, kind=kind,
-            name=name, delay=LONG if kind == "event" else delay,
+            name=name, delay=LONG if kind == "event" else delay, position=str(seq), park=park,
         )  # fmt: skip
         out, span = self.call(self.s.wait(request))
         held = (t.state, t.locked_by, t.attempt) == (TaskState.PROCESSING, scheduler, attempt)
@@ -1019,13 +1245,15 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         w = t.waits.get(seq)
+        fresh = w is None
         if w is None:
-            w = t.waits[seq] = MWait(kind, When.now(span).plus(request.delay))
+            w = t.waits[seq] = MWait(kind, When.now(span).plus(request.delay), name=name)
         if w.state == "done":
             assert out.state == "done", f"{t.task_id}/{seq}: a done wait said {out}"
             self.refused = True
             return
         if kind == "timer":
+            assert w.wake_at is not None
             due = w.wake_at.passed(span)
             agree(due, out.state == "done", f"timer {t.task_id}/{seq}")
             if out.state == "done":
@@ -1039,11 +1267,191 @@ class StoreModel(RuleBasedStateMachine):
                 event.taken_by = seq
                 w.state = "done"
                 return
+        if not park:
+            assert out.state == "blocked", f"{t.task_id}/{seq}: {out}"
+            self.refused = not fresh
+            return
         assert out.state == "parked", f"{t.task_id}/{seq}: {out}"
         t.release(TaskState.WAITING)
         t.wake_at = w.wake_at
         t.waiting_for = "timer" if kind == "timer" else "event:go"
         self.expect_event(t.task_id, "waiting", seq=seq, **{"for": t.waiting_for})
+
+    @precondition(has_tasks)
+    @rule(
+        i=st.integers(0, 9),
+        who=whose,
+        token=tokens,
+        again=st.booleans(),
+        park=st.sampled_from([True, False, False]),
+        taken=st.sampled_from([False, False, False, True]),
+        within=st.sampled_from([SHORT, LONG, LONG]),
+    )
+    def start_child(
+        self, i: int, who: str, token: int, again: bool, park: bool, taken: bool, within: float
+    ) -> None:
+        """A scheduler's child wait at a new position of its task's workflow (creating the
+        child, pending, in the same transaction), or again at its last child wait (as on
+        replay): fenced by the hold and the attempt; done with the child's result once it
+        ended processed, child_failed once it ended otherwise; otherwise the task is parked
+        (no wake_at), or the wait blocked. A child task id another task has is refused, and
+        nothing is written."""
+        t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING)
+        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
+            SCHEDULERS, t.locked_by
+        )
+        attempt = t.attempt + token
+        kids = [q for q, w in t.waits.items() if w.kind == "child"]
+        if again and kids:
+            seq = max(kids)
+            child_id = t.waits[seq].name
+        else:
+            seq = max([*t.steps, *t.waits], default=0) + 1
+            child_id = self.order[i % len(self.order)] if taken else f"{t.task_id}:{seq}"
+        if child_id not in self.tasks and len(self.order) >= MAX_TASKS + MAX_CHILDREN:
+            self.refused = True  # no room for another child in this example
+            return
+        new = NewTask(
+            task_id=child_id, workflow=WORKFLOW, input=INPUT, priority=t.priority,
+            complete_within=within, max_failures=2, on_failure=OnFailure.COMPENSATE,
+            parent_id=t.task_id, parent_position=str(seq),
+        )  # fmt: skip
+        request = WaitRequest(
+            task_id=t.task_id, task_attempt=attempt, scheduler=scheduler, seq=seq,
+            kind="child", name=child_id, position=str(seq), park=park, child=new,
+        )  # fmt: skip
+        out, span = self.call(self.s.wait(request))
+        what = f"child wait {t.task_id}/{seq} for {child_id} by {scheduler}@{attempt}"
+        held = (t.state, t.locked_by, t.attempt) == (TaskState.PROCESSING, scheduler, attempt)
+        if not held:
+            assert out.state == "fenced", f"{what}: {out}"
+            self.refused = True
+            return
+        w = t.waits.get(seq)
+        fresh = w is None
+        if w is None:
+            if child_id in self.tasks:  # another task's id (or the task's own)
+                assert out.state == "refused" and out.reason, f"{what}: {out}"
+                self.refused = True
+                return
+            self.tasks[child_id] = MTask(
+                task_id=child_id,
+                order=len(self.order),
+                priority=t.priority,
+                within=within,
+                max_failures=2,
+                on_failure=OnFailure.COMPENSATE,
+                eligible_at=When.now(span),
+                parent_id=t.task_id,
+                parent_position=str(seq),
+            )
+            self.order.append(child_id)
+            w = t.waits[seq] = MWait("child", None, name=child_id)
+            self.expect_event(t.task_id, "child_started", child=child_id, seq=seq)
+        if w.state == "done":
+            assert (out.state, out.payload) == ("done", w.payload), f"{what}: {out}"
+            self.refused = True
+            return
+        if w.state == "failed":
+            assert (out.state, out.payload) == ("child_failed", w.payload), f"{what}: {out}"
+            self.refused = True
+            return
+        if not park:
+            assert out.state == "blocked", f"{what}: {out}"
+            self.refused = not fresh
+            return
+        assert out.state == "parked", f"{what}: {out}"
+        t.release(TaskState.WAITING)
+        t.waiting_for = f"child:{child_id}"
+        self.expect_event(t.task_id, "waiting", seq=seq, until=None, **{"for": t.waiting_for})
+
+    @precondition(has_tasks)
+    @rule(i=st.integers(0, 9), who=whose, token=tokens, some=st.booleans())
+    def park(self, i: int, who: str, token: int, some: bool) -> None:
+        """A scheduler parks its task on its open waits (all, or the first) once every
+        branch of its workflow waits: not when one of them can end now (a timer due, an
+        event kept, a child ended: "ready"); else the task waits until the earliest
+        wake_at. Fenced by the hold and the attempt."""
+        t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING and any(
+            w.state == "open" for w in t.waits.values()
+        ))  # fmt: skip
+        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
+            SCHEDULERS, t.locked_by
+        )
+        attempt = t.attempt + token
+        open_ = sorted(q for q, w in t.waits.items() if w.state == "open")
+        if not open_:
+            self.refused = True  # a park names the waits it parks on
+            return
+        seqs = tuple(open_[:1] if some else open_)
+        request = ParkRequest(
+            task_id=t.task_id, task_attempt=attempt, scheduler=scheduler, seqs=seqs
+        )
+        out, span = self.call(self.s.park(request))
+        held = (t.state, t.locked_by, t.attempt) == (TaskState.PROCESSING, scheduler, attempt)
+        if not held:
+            assert out.state == "fenced", f"park of {t.task_id} by {scheduler}@{attempt}: {out}"
+            self.refused = True
+            return
+        kept = any(e.taken_by is None for e in t.inbox)
+        ready = any3(
+            (w.kind == "event" and kept)
+            or (False if w.wake_at is None else w.wake_at.passed(span))
+            for w in (t.waits[q] for q in seqs)
+        )
+        agree(ready, out.state == "ready", f"park of {t.task_id} on {seqs}")
+        if out.state == "ready":
+            self.refused = True
+            return
+        assert out.state == "parked", f"park of {t.task_id} on {seqs}: {out}"
+        waits = [t.waits[q] for q in seqs]
+        t.release(TaskState.WAITING)
+        wakes = [w.wake_at for w in waits if w.wake_at is not None]
+        t.wake_at = None
+        for wake_at in wakes:
+            t.wake_at = wake_at.earliest(t.wake_at)
+        t.waiting_for = waiting_for_all([(str(q), t.waits[q].kind, t.waits[q].name) for q in seqs])
+        detail: dict[str, Any] = {"seq": seqs[0], "for": t.waiting_for}
+        if len(seqs) > 1:
+            detail["seqs"] = list(seqs)
+        self.expect_event(t.task_id, "waiting", **detail)
+
+    @precondition(has_tasks)
+    @rule(i=st.integers(0, 9), action=st.sampled_from(["cancel", "compensate"]))
+    def operate_parent(self, i: int, action: str) -> None:
+        """An operator cancels or compensates a task, mostly one with children that have not
+        ended: the action reaches them, newest first, and theirs."""
+        self.operate_on(
+            self.task_at(i, lambda t: any(
+                c.parent_id == t.task_id and c.state not in FINISHED_TASK_STATES
+                for c in self.tasks.values()
+            )),
+            action,
+            None,
+        )  # fmt: skip
+
+    @precondition(has_tasks)
+    @rule(i=st.integers(0, 9), how=st.sampled_from(["processed", "error", "cancel"]))
+    def end_child(self, i: int, how: str) -> None:
+        """A child ends, by its scheduler (processed, or error) or by an operator's cancel:
+        its end is recorded in its parent's wait and its parent, waiting, is woken. (Whether
+        there is a child depends on what the store did: not a precondition, which hypothesis
+        needs to depend on its choices only.)"""
+        kids = [t for t in self.tasks.values() if t.parent_id is not None]
+        if not kids:
+            self.refused = True
+            return
+        live = [t for t in kids if t.state not in FINISHED_TASK_STATES]
+        waited = [
+            t for t in live if self.tasks[t.parent_id or ""].state == TaskState.WAITING
+        ]
+        c = pick(waited or live or kids, i)
+        assert c is not None
+        if how != "cancel" and c.held and c.state == TaskState.PROCESSING:
+            outcome = TaskState.PROCESSED if how == "processed" else TaskState.ERROR
+            self.finish_task(c, "holder", 0, outcome)
+        else:
+            self.operate_on(c, "cancel", None)
 
     @precondition(has_tasks)
     @rule(i=st.integers(0, 9), event=st.sampled_from(["e1", "e2", "e3"]))
@@ -1065,7 +1473,8 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         t.inbox.append(MEvent(event))
-        woke = t.state == TaskState.WAITING and t.waiting_for == "event:go"
+        waits_for_it = any(w.kind == "event" and w.state == "open" for w in t.waits.values())
+        woke = t.state == TaskState.WAITING and waits_for_it
         assert out.woke == woke, f"send {event} to {t.task_id} ({t.state}): woke={out.woke}"
         self.expect_event(t.task_id, "event_received", event_id=event, woke=woke)
         if woke:
@@ -1117,10 +1526,13 @@ class StoreModel(RuleBasedStateMachine):
     def operate(self, i: int, action: str, j: int) -> None:
         """An operator action, on a task in any state (most are refused), or on no task."""
         t = self.task_at(i) if j else None
-        task_id = t.task_id if t else "nobody"
         seq = None
         if action == "skip":
             seq = (pick(sorted(t.steps), j) if t else None) or MAX_SEQ + 1
+        self.operate_on(t, action, seq)
+
+    def operate_on(self, t: MTask | None, action: str, seq: int | None) -> None:
+        task_id = t.task_id if t else "nobody"
         a = OperatorAction(
             action=action,  # type: ignore[arg-type]
             task_id=task_id,
@@ -1149,7 +1561,6 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         assert after is not None and out.after == after
-        detail: dict[str, Any] = {"action": action, "by": "ops", "from": before, "to": after}
         if action == "skip":
             s = t.steps[seq or 0]
             s.state = StepState.COMPLETED
@@ -1157,27 +1568,12 @@ class StoreModel(RuleBasedStateMachine):
             s.error = None
             s.abandoned = False
             s.locked_by = None
-            detail["seq"] = seq
-        else:
-            if action == "retry" and after == TaskState.PENDING:
-                t.failure_count = 0
-            if after == TaskState.COMPENSATING:
-                t.compensation_failures = 0
-            now = When.now(span)
-            t.eligible_at = now.latest(t.open_until()) if after == TaskState.COMPENSATING else now
-            t.release(after)
-            if action in ("cancel", "compensate"):
-                t.close_open_steps()
-            if action == "retry":
-                undo = after == TaskState.COMPENSATING
-                for s in t.steps.values():
-                    if s.state == StepState.FAILED and (s.compensates is not None) == undo:
-                        s.state = StepState.NOT_STARTED
-                        s.complete_by = now
-                        s.locked_by = None
-                        s.error = None
-                        s.abandoned = False
-        self.expect_event(t.task_id, "operator", **detail)
+            detail = {"action": action, "by": "ops", "from": before, "to": after, "seq": seq}
+            self.expect_event(t.task_id, "operator", **detail)
+            return
+        self.apply_action(t, action, span, by="ops", reason="model")
+        reached = self.cascade(t, action, "ops", span) if action in ("cancel", "compensate") else []
+        self.ended([x for x in [t, *reached] if x.state in FINISHED_TASK_STATES], span)
 
     # -- progress -----------------------------------------------------------------------
     @precondition(has_tasks)
@@ -1247,6 +1643,11 @@ class StoreModel(RuleBasedStateMachine):
                     outcome = TaskState.COMPENSATION_FAILED if fail == 0 else TaskState.COMPENSATED
                 actions.append(lambda: self.finish(i, "holder", 0, outcome))
             actions.append(lambda: self.sweep("leader", 0, 0.0))
+            if t.state == TaskState.PROCESSING:  # a child, and the park of the task's waits
+                park = fail % 2 == 0
+                actions.append(lambda: self.start_child(i, "holder", 0, False, park, False, within))
+                actions.append(lambda: self.wait(i, "holder", 0, "timer", within, False, False))
+                actions.append(lambda: self.park(i, "holder", 0, False))
         if any(t.state in (TaskState.PENDING, TaskState.COMPENSATING) for t in tasks):
             actions.append(lambda: self.claim(SCHEDULERS[i % 2], 10))
         if not actions:
@@ -1260,7 +1661,9 @@ class StoreModel(RuleBasedStateMachine):
         found = [t.eligible_at for t in self.tasks.values()]
         found += [t.complete_by for t in self.tasks.values() if t.complete_by is not None]
         found += [s.complete_by for t in self.tasks.values() for s in t.steps.values()]
-        found += [w.wake_at for t in self.tasks.values() for w in t.waits.values()]
+        found += [
+            w.wake_at for t in self.tasks.values() for w in t.waits.values() if w.wake_at
+        ]
         if self.lease is not None:
             found.append(self.lease.expires)
         return found
@@ -1333,6 +1736,24 @@ class StoreModel(RuleBasedStateMachine):
             rec = snap.tasks[tid]
             assert rec is not None
             self.check_task(t, rec, snap.steps[tid])
+            self.check_waits(t, snap.waits[tid])
+
+    def check_waits(self, t: MTask, waits: list[WaitRecord]) -> None:
+        got = {w.seq: (w.kind, w.name, w.state) for w in waits}
+        want = {q: (w.kind, w.name, w.state) for q, w in t.waits.items()}
+        assert got == want, f"{t.task_id}: waits (kind, name, state) {got}, the model says {want}"
+        for w in waits:
+            m = t.waits[w.seq]
+            if m.wake_at is None:
+                assert w.wake_at is None, f"{t.task_id}/{w.seq}: wake_at {w.wake_at}"
+            else:
+                assert w.wake_at is not None and m.wake_at.holds(w.wake_at.timestamp())
+            if m.kind == "child" and m.state != "open":
+                if m.errors is not None:  # one of the sweep's errors: pinned now
+                    assert w.payload["state"] == m.payload["state"], f"{t.task_id}/{w.seq}"
+                    assert w.payload["error"] in m.errors, f"{t.task_id}/{w.seq}: {w.payload}"
+                    m.payload, m.errors = w.payload, None
+                assert w.payload == m.payload, f"{t.task_id}/{w.seq}: payload {w.payload}"
 
     def check_task(self, t: MTask, rec: TaskRecord, steps: list[StepRecord]) -> None:
         tid = t.task_id
@@ -1379,6 +1800,9 @@ class StoreModel(RuleBasedStateMachine):
             assert rec.complete_by is not None
             assert t.complete_by.holds(rec.complete_by.timestamp()), f"{tid}: complete_by"
         assert rec.waiting_for == t.waiting_for, f"{tid}: waiting_for {rec.waiting_for}"
+        assert (rec.parent_id, rec.parent_position) == (t.parent_id, t.parent_position), (
+            f"{tid}: parent {rec.parent_id} at {rec.parent_position}"
+        )
         if t.wake_at is None:
             assert rec.wake_at is None, f"{tid}: wake_at {rec.wake_at}, the model has none"
         else:

@@ -53,7 +53,9 @@ A task's input is `{"steps": [spec, ...]}`; each spec is the input of one step, 
 A spec `{"sleep": s}` is a durable timer of `s` seconds instead of a step,
 `{"wait_event": NAME, "timeout": s}` a wait for the event NAME (its payload is the result), and
 `{"parallel": [[spec, ...], ...]}` runs each list of specs as a branch of `ctx.gather` (its
-result: the branches' lists of results).
+result: the branches' lists of results), and `{"children": [[spec, ...], ...]}` starts each
+list of specs as a child task of workflow `steps` (`ctx.child`), all in one `ctx.gather`
+(its result: the children's results).
 
 The workflow `versioned` has two versions, of which a process declares those listed in
 SCENARIO_VERSIONS (default "1"; e.g. "1,2"): its input is `{"first": spec, "second": spec}`;
@@ -341,6 +343,10 @@ def build_app(store: str, versions: tuple[int, ...] = (1,)) -> sw.App:
             if "parallel" in step:  # branches side by side, each a list of specs
                 branches = [run_list(ctx, branch) for branch in step["parallel"]]
                 results.append(await ctx.gather(*branches))
+                continue
+            if "children" in step:  # child tasks side by side, each a list of specs
+                kids = [ctx.child("steps", {"steps": specs}) for specs in step["children"]]
+                results.append(await ctx.gather(*kids))
                 continue
             if "sleep" in step:  # a durable timer, not a step
                 await ctx.sleep(timedelta(seconds=step["sleep"]))

@@ -58,6 +58,20 @@ def task_detail(t: TaskRecord) -> dict[str, Any]:
         "complete_within": t.complete_within,
         "on_failure": t.on_failure,
         "reply_to": t.reply_to,
+        "parent_id": t.parent_id,
+        "parent_position": t.parent_position,
+    }
+
+
+def child_dict(t: TaskRecord) -> dict[str, Any]:
+    return {
+        "task_id": t.task_id,
+        "workflow": t.workflow,
+        "process_state": str(t.process_state),
+        "position": t.parent_position,
+        "created_at": t.created_at,
+        "finished_at": t.finished_at,
+        "error": t.error,
     }
 
 
@@ -220,7 +234,7 @@ class Reader:
     async def task(
         self, task_id: str, *, limit: int = 100, before: int | None = None
     ) -> dict[str, Any] | None:
-        """The task, its steps and a page of its history: newest first, `limit` events
+        """The task, its children, its steps and a page of its history: newest first, `limit` events
         older than the event id `before` (the newest when None); `events_before` asks for the
         next page, None when there is none."""
         store = await self.app.store()
@@ -229,8 +243,10 @@ class Reader:
             return None
         steps = await store.get_steps(task_id)
         page = await store.history(task_id, limit=limit, before=before)
+        children = await store.children(task_id)
         return {
             "task": task_detail(task),
+            "children": [child_dict(c) for c in children],
             "steps": [step_dict(s) for s in steps],
             "events": [event_dict(e) for e in page.events],
             "more_events": page.more,

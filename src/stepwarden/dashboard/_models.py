@@ -174,7 +174,8 @@ class TaskSummary(_Closed):
         description="A waiting task's: when its timer fires, its wait times out or it starts."
     )
     waiting_for: str | None = Field(
-        description='A waiting task\'s: "timer", "event:NAME" or "start".'
+        description='A waiting task\'s: "timer", "event:NAME", "child:ID" or "start" (the '
+        'first of several waits, and how many more: "child:ID +2").'
     )
 
 
@@ -184,6 +185,24 @@ class Task(TaskSummary):
     complete_within: float
     on_failure: str
     reply_to: str | None
+    parent_id: str | None = Field(
+        description="A child task's parent: the task whose workflow started it (ctx.child)."
+    )
+    parent_position: str | None = Field(
+        description="A child task's place in its parent's workflow."
+    )
+
+
+class Child(_Closed):
+    """A task the workflow started (ctx.child)."""
+
+    task_id: str
+    workflow: str
+    process_state: TaskState
+    position: str | None = Field(description="Its place in its parent's workflow.")
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None
 
 
 class Step(_Closed):
@@ -229,6 +248,9 @@ class TaskAnswer(_Closed):
     for them."""
 
     task: Task
+    children: list[Child] = Field(
+        description="The tasks its workflow started (ctx.child), oldest first."
+    )
     steps: list[Step]
     events: list[Event] = Field(description="A page of the history, newest first.")
     more_events: bool

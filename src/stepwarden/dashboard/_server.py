@@ -4,6 +4,7 @@ OpenAPI document at /openapi.json), /metrics, and the guards in front of them al
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -427,9 +428,10 @@ class _SecurityHeaders:
 
 
 def _event_waited_for(waiting_for: str | None) -> str:
-    """The name of the event a task waits for ("event:NAME"), or "" when it waits for none."""
+    """The name of the event a task waits for ("event:NAME", first of several: "event:NAME
+    +2"), or "" when it waits for none."""
     kind, _, name = (waiting_for or "").partition(":")
-    return name if kind == "event" else ""
+    return re.sub(r" \+\d+$", "", name) if kind == "event" else ""
 
 
 def _host_name(header: str) -> str:

@@ -71,6 +71,8 @@ def task_record(row: Row) -> TaskRecord:
         wake_at=when(row["wake_at"]),
         waiting_for=row["waiting_for"],
         version=row["version"],
+        parent_id=row["parent_id"],
+        parent_position=row["parent_position"],
     )
 
 
@@ -225,7 +227,7 @@ def wait_record(row: Row) -> WaitRecord:
         seq=row["seq"],
         kind=row["kind"],
         name=row["name"],
-        wake_at=at(row["wake_at"]),
+        wake_at=when(row["wake_at"]),
         state=row["state"],
         event_id=row["event_id"],
         payload=loads(row["payload"]),

@@ -38,6 +38,7 @@ from ..records import (
     OperatorAction,
     OpLimit,
     OutboxMessage,
+    ParkRequest,
     Released,
     Request,
     RequestHandback,
@@ -436,17 +437,31 @@ class Store(abc.ABC):
         return [_rows.version_backlog(r) for r in rows]
 
     async def wait(self, request: WaitRequest) -> WaitOutcome:
-        """A workflow's timer or event wait at its position: recorded the first time; done
-        (its timer fired, an event taken), timed out, or the task parked until then (waiting,
-        released, its complete_by gone); fenced by the hold and the attempt."""
+        """A workflow's timer, event or child wait at its position: recorded the first time
+        (a child wait creates its child task); done (its timer fired, an event taken, its
+        child processed), child_failed, timed out, or the task parked until then (waiting,
+        released, its complete_by gone), or "blocked" when the request says not to park;
+        fenced by the hold and the attempt."""
         return await self._write(partial(policy.wait, request))
+
+    async def park(self, request: ParkRequest) -> WaitOutcome:
+        """Park a task whose workflow waits in every branch, on its open waits at
+        `request.seqs`: "parked" (waiting, released, until the earliest of their wake_at),
+        "ready" when one of them can end now (not parked), or "fenced"; one transaction with
+        the task's row locked, fenced by the hold and the attempt."""
+        return await self._write(partial(policy.park, request))
+
+    async def children(self, task_id: str, *, limit: int = 1000) -> list[TaskRecord]:
+        """The tasks `task_id`'s workflow started (`ctx.child`), oldest first."""
+        rows = await self._read_one("children_of", task_id=task_id, limit=limit)
+        return [_rows.task_record(r) for r in rows]
 
     async def send_event(
         self, task_id: str, name: str, payload: str, event_id: str
     ) -> SendOutcome | TaskState | None:
-        """Keep an event for the task (once per event_id) and wake it if it waits for that
-        name, in one transaction; the state of a finished task (nothing sent), or None when
-        there is no such task."""
+        """Keep an event for the task (once per event_id) and wake it if it waits with an
+        open wait for that name, in one transaction; the state of a finished task (nothing
+        sent), or None when there is no such task."""
         return await self._write(partial(policy.send_event, task_id, name, payload, event_id))
 
     async def waits(self, task_id: str) -> list[WaitRecord]:

@@ -30,6 +30,7 @@ from ..records import (
     NewTask,
     OperatorAction,
     OpLimit,
+    ParkRequest,
     Redispatch,
     Released,
     Request,
@@ -50,6 +51,7 @@ from ..records import (
 )
 from ..retry import Backoff
 from ..rules import (
+    ENGINE,
     SCAN,
     ActionPlan,
     AlertReason,
@@ -68,6 +70,7 @@ from ..rules import (
     pickup_failure,
     plan_action,
     plan_call_stopped,
+    plan_cascade,
     plan_expiry,
     plan_finish,
     plan_set_aside,
@@ -75,7 +78,7 @@ from ..rules import (
     release_state,
     schedule_task_id,
     total_failure,
-    waiting_for,
+    waiting_for_all,
 )
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
 from . import _rows
@@ -125,6 +128,8 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
             "start_at": None if t.start_at is None else t.start_at.timestamp(),
             "start_after": float(t.start_after),
             "version": t.version,
+            "parent_id": t.parent_id,
+            "parent_position": t.parent_position,
         }
         for t in tasks
     ]
@@ -170,22 +175,38 @@ def purge(older_than: float, limit: int) -> Query:
 def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[ActionOutcome]]:
     """Each action reads its task (locking it until commit) and applies its plan
     (`rules.plan_action`), recorded as an `operator` event; in order, so that a second action
-    on one task sees the first."""
+    on one task sees the first. A cancel or a compensation reaches the task's children that
+    have not ended, and theirs (`rules.plan_cascade`); a task that ends wakes its parent
+    (`children_ended`)."""
+    reaching = sorted({a.task_id for a in actions if a.action in CASCADING})
+    descendants: Rows = []
+    if reaching:  # locked first, deepest first: the order in which a child's end locks
+        descendants = yield from fetch("descendants", task_ids=reaching)
     outcomes: list[ActionOutcome] = []
+    applied: list[ActionOutcome] = []
     for action in actions:
-        outcomes.append((yield from _operate(action)))
-    moved = {o.after for o in outcomes if o.applied}
+        outcome = yield from _operate(action)
+        outcomes.append(outcome)
+        if not outcome.applied:
+            continue
+        applied.append(outcome)
+        if action.action in CASCADING and descendants:
+            applied.extend(
+                (yield from _cascade(action.task_id, action.action, descendants, action))
+            )
+    moved = {o.after for o in applied}
     if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
         wake.tasks()
     wake.calls(
         [
-            a.task_id
-            for a, o in zip(actions, outcomes, strict=True)
-            if o.applied and a.action in ("cancel", "compensate", "pause")
+            o.task_id
+            for o in applied
+            if o.after in (TaskState.CANCELLED, TaskState.COMPENSATING, TaskState.PAUSED)
         ]
     )
-    if moved & FINISHED_TASK_STATES:
-        wake.done([o.task_id for o in outcomes if o.applied])
+    ended = [o.task_id for o in applied if o.after in FINISHED_TASK_STATES]
+    wake.done(ended)
+    yield from children_ended(ended, wake)
     wake.results(
         [
             step_key(a.task_id, a.seq)
@@ -194,6 +215,57 @@ def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[Actio
         ]
     )
     return outcomes
+
+
+CASCADING = ("cancel", "compensate")
+"""The operator actions that reach a task's children (`rules.plan_cascade`)."""
+
+
+def _cascade(
+    parent_id: str,
+    cause: str,
+    descendants: Rows,
+    by: OperatorAction | None = None,
+) -> Flow[list[ActionOutcome]]:
+    """Apply to the children of `parent_id` what `rules.plan_cascade` says for `cause`, and
+    so on to theirs: the outcomes applied. `descendants` were read (and locked) at the start
+    of the transaction; the children's states are read again here, as this transaction may
+    have moved them since. `by`: the operator's action on the ancestor (its actor and
+    identity are recorded), or None for the engine's own (a parent's failure)."""
+    if not any(r["parent_id"] == parent_id for r in descendants):
+        return []
+    children = yield from fetch("children_states", task_id=parent_id)
+    actor = ENGINE if by is None else by.actor
+    identity = None if by is None else by.identity
+    applied: list[ActionOutcome] = []
+    for child in plan_cascade(parent_id, cause, children, actor=actor, identity=identity):
+        outcome = yield from _operate(child)
+        if outcome.applied:
+            applied.append(outcome)
+            applied.extend((yield from _cascade(child.task_id, child.action, descendants, by)))
+    return applied
+
+
+def _cascaded(wake: Wakeups, outcomes: Sequence[ActionOutcome]) -> None:
+    """The wake-ups owed for children a parent's failure reached: schedulers (their
+    compensations), and the agents calling their steps (to stop)."""
+    if outcomes:
+        wake.tasks()
+        wake.calls([o.task_id for o in outcomes])
+
+
+def children_ended(task_ids: Sequence[str], wake: Wakeups) -> Flow[list[str]]:
+    """Every flow that ends tasks calls this, in its transaction, with the tasks it ended:
+    the end of each one that is a child is recorded in its parent's wait for it (done with
+    its result, or failed with its state and error), and the parent, if it is waiting, is
+    pending again at once (a `woke` event). Returns the parents woken."""
+    if not task_ids:
+        return []
+    rows = yield from fetch("wake_parents", task_ids=sorted(set(task_ids)))
+    woken = sorted({r["parent_id"] for r in rows if r["woke"]})
+    if woken:
+        wake.tasks()
+    return woken
 
 
 def _operate(action: OperatorAction) -> Flow[ActionOutcome]:
@@ -390,13 +462,15 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
     policies: dict[str, str] = {}
     compensable: set[str] = set()
     holds: dict[str, float] = {}
-    if errors:
-        facts, held = yield [
+    descendants: Rows = []
+    if errors:  # their children are locked first: the order in which a child's end locks
+        descendants, facts, held = yield [
+            Query("descendants", {"task_ids": errors}),
             Query("compensation_facts", {"task_ids": errors}),
             Query("hold_facts", {"task_ids": errors}),
         ]
         policies = {f["task_id"]: f["on_failure"] for f in facts}
-        compensable = compensable_tasks(facts)
+        compensable = compensable_tasks(facts, descendants)
         holds = _holds(held)
     each = []
     for i in keep:
@@ -439,6 +513,15 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
     )
     if any(r["process_state"] == TaskState.COMPENSATING for r in applied.values()):
         wake.tasks()
+    ended = [
+        r["task_id"]
+        for r in applied.values()
+        if r["process_state"] in FINISHED_TASK_STATES and r["parent_id"] is not None
+    ]  # only a child's end has a parent to wake
+    yield from children_ended(ended, wake)
+    for r in applied.values():  # a failure that compensates the task compensates its children
+        if r["process_state"] == TaskState.COMPENSATING and descendants:
+            _cascaded(wake, (yield from _cascade(r["task_id"], "failed", descendants)))
     return [i in applied for i in range(len(batch))]
 
 
@@ -763,8 +846,13 @@ def sweep(
     rows = list(found.values())[:limit]
     if not rows:
         return []
-    facts = yield from fetch("compensation_facts", task_ids=[r["task_id"] for r in rows])
-    compensable = compensable_tasks(facts)
+    ids = [r["task_id"] for r in rows]
+    # Their children are locked first: the order in which a child's end locks its parent.
+    descendants, facts = yield [
+        Query("descendants", {"task_ids": ids}),
+        Query("compensation_facts", {"task_ids": ids}),
+    ]
+    compensable = compensable_tasks(facts, descendants)
     plans: list[tuple[Row, ExpiryPlan]] = []
     aside: list[tuple[Row, BaseException]] = []
     for r in rows:
@@ -792,8 +880,18 @@ def sweep(
         expired.extend((yield from _set_aside(aside, by)))
     if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
         wake.tasks()
-    wake.done([e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES])
+    ended = [e.task_id for e in expired if e.process_state in FINISHED_TASK_STATES]
+    wake.done(ended)
     wake.calls([e.task_id for e in expired if e.task_id in abandoning or e.set_aside])
+    yield from children_ended(ended, wake)
+    held_as = {r["task_id"]: r["process_state"] for r in rows}
+    for e in expired:  # given up and compensated: its children are compensated too
+        if (
+            e.process_state == TaskState.COMPENSATING
+            and held_as.get(e.task_id) == TaskState.PROCESSING
+            and descendants
+        ):
+            _cascaded(wake, (yield from _cascade(e.task_id, "failed", descendants)))
     return expired
 
 
@@ -1035,11 +1133,14 @@ def _release(rows: Rows, by: Mapping[str, Any], wake: Wakeups) -> Flow[list[Rele
 
 
 def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
-    """The wait at `req.seq`: recorded the first time (its wake_at by the database clock);
-    done when its timer has fired or an event of its name is there to take (the oldest; once
-    timed out, only one sent before the timeout); timed_out past its wake_at; otherwise the
-    task is parked (waiting, released, no deadline running) until its wake_at or an event.
-    All in one transaction with the task's row locked, fenced by the hold and the attempt."""
+    """The wait at `req.seq`: recorded the first time (its wake_at by the database clock; a
+    child wait creates its child task with it); done when its timer has fired, an event of
+    its name is there to take (the oldest; once timed out, only one sent before the
+    timeout) or its child ended processed; child_failed when the child ended otherwise;
+    timed_out past its wake_at; otherwise the task is parked (waiting, released, no deadline
+    running) until its wake_at, an event or its child's end, or, when the request says not
+    to park, the wait is "blocked" (`park` parks it later). All in one transaction with the
+    task's row locked, fenced by the hold and the attempt."""
     task = yield from fetch("wait_read_task", task_id=req.task_id)
     if not task or (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) != (
         str(TaskState.PROCESSING),
@@ -1050,8 +1151,13 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     key = {"task_id": req.task_id, "seq": req.seq}
     found = yield from fetch("read_wait", **key)
     if not found:
+        if req.kind == "child":
+            refused = yield from _start_child(req, wake)
+            if refused is not None:
+                return WaitOutcome(state="refused", reason=refused)
         until = None if req.until is None else req.until.timestamp()
-        new = {"kind": req.kind, "name": req.name, "until": until, "delay": float(req.delay),
+        delay = None if req.kind == "child" else float(req.delay)  # a child's has no wake_at
+        new = {"kind": req.kind, "name": req.name, "until": until, "delay": delay,
                "position": req.position}  # fmt: skip
         found = yield from fetch("insert_wait", **key, **new)
     [w] = found
@@ -1059,6 +1165,8 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
         return WaitOutcome(state="mismatch", recorded=(w["kind"], w["name"]))
     if w["state"] == "done":
         return WaitOutcome(state="done", payload=loads(w["payload"]))
+    if w["state"] == "failed":
+        return WaitOutcome(state="child_failed", payload=loads(w["payload"]))
     if w["state"] == "timed_out":
         return WaitOutcome(state="timed_out")
     if req.kind == "patch":  # a marker: recorded, nothing to wait for
@@ -1079,18 +1187,94 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
             ended = {**key, "state": "timed_out", "event_id": None, "payload": None}
             yield [Query("end_wait", ended)]
             return WaitOutcome(state="timed_out")
-    what = waiting_for(req.kind, req.name)
+    if not req.park:
+        return WaitOutcome(state="blocked")
+    seqs = (req.seq,)
+    return (yield from _park(req.task_id, req.task_attempt, req.scheduler, seqs,
+                             [(req.position, req.kind, req.name)]))  # fmt: skip
+
+
+def _start_child(req: WaitRequest, wake: Wakeups) -> Flow[str | None]:
+    """Create the child task of a child wait recorded now; why not, when its task id is
+    taken by another task (nothing is written then)."""
+    child = req.child
+    if child is None or child.task_id != req.name:
+        raise ValueError("a child wait names the child task it creates")
+    found = yield from fetch("child_read", task_id=child.task_id)
+    if not found:
+        [created] = yield from submit([child], wake)
+        if created:
+            detail = {"child": child.task_id, "workflow": child.workflow, "seq": req.seq,
+                      "position": req.position}  # fmt: skip
+            yield [record_events([(req.task_id, "child_started", detail)])]
+            return None
+        found = yield from fetch("child_read", task_id=child.task_id)
+    r = found[0]
+    if (r["parent_id"], r["parent_position"]) == (req.task_id, req.position):
+        return None  # this wait's own child (its wait was not recorded: never the case)
+    if r["parent_id"] == req.task_id:
+        whose = f"the child this task started at position {r['parent_position']}"
+    else:
+        whose = "not a child of this task" if r["parent_id"] is None else (
+            f"the child of task {r['parent_id']!r}"
+        )
+    return (
+        f"ctx.child at position {req.position}: task {child.task_id!r} exists and is "
+        f"{whose}; give the child another task_id"
+    )
+
+
+def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:
+    """A task whose workflow waits in every branch, on the waits at `req.seqs` (recorded
+    and open): with its row locked, fenced by the hold and the attempt, each wait is checked
+    (its timer due or its wait timed out, an event kept for its name, its child ended); if
+    one can end now the task is not parked ("ready": the workflow takes its waits up
+    again), else it is parked until the earliest of their wake_at, an event or a child's
+    end."""
+    task = yield from fetch("wait_read_task", task_id=req.task_id)
+    if not task or (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) != (
+        str(TaskState.PROCESSING),
+        req.task_attempt,
+        req.scheduler,
+    ):
+        return WaitOutcome(state="fenced")
+    if not req.seqs:
+        raise ValueError("a park names the waits it parks on")
+    waits = yield from fetch("park_waits", task_id=req.task_id, seqs=list(req.seqs))
+    if len(waits) != len(set(req.seqs)):
+        raise ValueError(f"task {req.task_id!r}: a park names waits that are not recorded")
+    if any(w["state"] != "open" or w["due"] or w["kept"] for w in waits):
+        return WaitOutcome(state="ready")
+    places = [(w["position"], w["kind"], w["name"]) for w in waits]
+    return (yield from _park(req.task_id, req.task_attempt, req.scheduler, req.seqs, places))
+
+
+def _park(
+    task_id: str,
+    attempt: int,
+    scheduler: str,
+    seqs: Sequence[int],
+    waits: Sequence[tuple[str | None, str, str]],
+) -> Flow[WaitOutcome]:
+    """Park the held task on its open waits at `seqs` (none of which can end now): waiting,
+    released, until the earliest of their wake_at; a `waiting` event."""
+    what = waiting_for_all(waits)
     parked = yield from fetch(
         "park_task",
-        **key,
-        attempt=req.task_attempt,
-        scheduler=req.scheduler,
+        task_id=task_id,
+        attempt=attempt,
+        scheduler=scheduler,
+        seqs=list(seqs),
         waiting_for=what,
     )
     if not parked:
         return WaitOutcome(state="fenced")
-    detail = {"seq": req.seq, "for": what, "until": str(parked[0]["wake_at"])}
-    yield [record_events([(req.task_id, "waiting", detail)])]
+    until = parked[0]["wake_at"]
+    detail: dict[str, Any] = {"seq": min(seqs), "for": what,
+                              "until": None if until is None else str(until)}  # fmt: skip
+    if len(seqs) > 1:
+        detail["seqs"] = sorted(seqs)
+    yield [record_events([(task_id, "waiting", detail)])]
     return WaitOutcome(state="parked")
 
 
@@ -1098,8 +1282,9 @@ def send_event(
     task_id: str, name: str, payload: str, event_id: str, wake: Wakeups
 ) -> Flow[SendOutcome | TaskState | None]:
     """An event for a task, kept in its inbox until a wait of its workflow takes it; a task
-    waiting for it becomes pending at once, in the same transaction. Returns the outcome, or
-    the state of a task that takes no event (finished), or None when there is no task."""
+    waiting with an open wait for it becomes pending at once, in the same transaction.
+    Returns the outcome, or the state of a task that takes no event (finished), or None when
+    there is no task."""
     task = yield from fetch("send_read_task", task_id=task_id)
     if not task:
         return None
@@ -1110,9 +1295,7 @@ def send_event(
     sent = yield from fetch("insert_inbox", **new)
     woke = False
     if sent and state == TaskState.WAITING:
-        woken = yield from fetch(
-            "wake_task", task_id=task_id, waiting_for=waiting_for("event", name)
-        )
+        woken = yield from fetch("wake_task", task_id=task_id, name=name)
         woke = bool(woken)
     if sent:
         detail = {"name": name, "event_id": event_id, "woke": woke}

@@ -25,23 +25,26 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 -- name: insert_tasks
 -- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
 -- or start_after seconds from now), each with the version of its workflow it runs; an
--- existing task_id is left untouched.
+-- existing task_id is left untouched. A child task names its parent and its place in the
+-- parent's workflow.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
-                              process_state, wake_at, waiting_for, version)
+                              process_state, wake_at, waiting_for, version, parent_id,
+                              parent_position)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
-       CASE WHEN d.delayed THEN 'start' END, d.version
+       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
-                  %(start_after)s::float8[], %(version)s::int[])
+                  %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
+                  %(parent_position)s::text[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-                reply_to, start_at, start_after, version)) AS d
+                reply_to, start_at, start_after, version, parent_id, parent_position)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -211,12 +214,13 @@ WHERE (task_id, seq) IN (SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[
   AND state IN ('completed', 'failed')
 
 -- name: compensation_facts
--- The facts rules.needs_compensation decides on: the steps of the given tasks that have a
--- compensation, with their task's on_failure.
-SELECT s.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
-FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.task_id = ANY(%(task_ids)s::text[]) AND s.compensation IS NOT NULL
-ORDER BY s.task_id, s.seq
+-- The facts rules.compensable_tasks decides on: each given task's on_failure, with its steps
+-- that have a compensation (one row with no step for a task that has none).
+SELECT t.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
+FROM stepwarden_tasks t
+LEFT JOIN stepwarden_steps s ON s.task_id = t.task_id AND s.compensation IS NOT NULL
+WHERE t.task_id = ANY(%(task_ids)s::text[])
+ORDER BY t.task_id, s.seq
 
 -- name: finish_tasks
 -- End the hold of tasks under the holding attempt and scheduler (in the state held_as), into
@@ -245,7 +249,8 @@ WITH d AS (
     FROM d
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
       AND t.process_state = d.held_as
-    RETURNING d.ord, d.task_id, t.process_state, d.error, d.alert, d.abandoned_error
+    RETURNING d.ord, d.task_id, t.process_state, d.error, d.alert, d.abandoned_error,
+              t.parent_id
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT task_id, now(), 'alert',
@@ -259,7 +264,7 @@ WITH d AS (
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
-SELECT ord, task_id, process_state FROM u
+SELECT ord, task_id, process_state, parent_id FROM u
 
 -- name: claim_requests
 -- Claim queued requests in time: not_started -> running, skipping rows others hold. The pick
@@ -847,15 +852,28 @@ RETURNING event_id, payload
 
 -- name: park_task
 -- The task waits: released by its scheduler (fenced by attempt and hold), no deadline
--- running, until its wait's wake_at or an event.
+-- running, until the earliest wake_at of the waits it parks on (none when it waits only for
+-- children), or an event, or a child's end.
 UPDATE stepwarden_tasks t
 SET process_state = 'waiting', locked_by = NULL, complete_by = NULL,
-    wake_at = w.wake_at, waiting_for = %(waiting_for)s, updated_at = now()
-FROM stepwarden_waits w
+    wake_at = (SELECT min(w.wake_at) FROM stepwarden_waits w
+               WHERE w.task_id = t.task_id AND w.seq = ANY(%(seqs)s::int[])),
+    waiting_for = %(waiting_for)s, updated_at = now()
 WHERE t.task_id = %(task_id)s AND t.process_state = 'processing'
   AND t.attempt = %(attempt)s AND t.locked_by = %(scheduler)s
-  AND w.task_id = t.task_id AND w.seq = %(seq)s
-RETURNING t.task_id, w.wake_at
+RETURNING t.task_id, t.wake_at
+
+-- name: park_waits
+-- The waits a park is asked for, and whether each can end now: ended already (a child's end
+-- is recorded in its wait), its time come (a timer fired, a wait timed out), or an event
+-- kept for its name.
+SELECT w.seq, w.position, w.kind, w.name, w.state, coalesce(w.wake_at <= now(), false) AS due,
+       EXISTS (SELECT 1 FROM stepwarden_inbox i
+               WHERE i.task_id = w.task_id AND i.name = w.name AND i.taken_by IS NULL
+                 AND w.kind = 'event') AS kept
+FROM stepwarden_waits w
+WHERE w.task_id = %(task_id)s AND w.seq = ANY(%(seqs)s::int[])
+ORDER BY w.seq
 
 -- name: send_read_task
 -- A send reads the task it is for, and locks it until commit (a wait waits for it).
@@ -869,12 +887,99 @@ ON CONFLICT (task_id, event_id) DO NOTHING
 RETURNING id
 
 -- name: wake_task
--- A task waiting for this event is pending again, at once.
-UPDATE stepwarden_tasks
+-- A waiting task with an open wait for this event is pending again, at once.
+UPDATE stepwarden_tasks t
 SET process_state = 'pending', eligible_at = now(), wake_at = NULL, waiting_for = NULL,
     updated_at = now()
-WHERE task_id = %(task_id)s AND process_state = 'waiting' AND waiting_for = %(waiting_for)s
-RETURNING task_id
+WHERE t.task_id = %(task_id)s AND t.process_state = 'waiting'
+  AND EXISTS (SELECT 1 FROM stepwarden_waits w
+              WHERE w.task_id = t.task_id AND w.kind = 'event' AND w.name = %(name)s
+                AND w.state = 'open')
+RETURNING t.task_id
+
+-- name: child_read
+-- A task a child wait would create: whose child it is, if anyone's.
+SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id = %(task_id)s
+
+-- name: wake_parents
+-- Of the given tasks, those that ended and have a parent: each one's end is recorded in its
+-- parent's open wait for it (done with its result, or failed with its state and error), and
+-- the parent, waiting, is pending again at once, with a `woke` event (one, naming the first
+-- child, when several of its children end together). The parent's row is
+-- updated while it is processing too (and left as it is): a park of it under way, which
+-- holds its row, is waited for, and the update then sees it waiting. The parents are locked
+-- in the order of their ids, whatever the order of the children.
+WITH c AS (
+    SELECT task_id, parent_id, process_state, result, error FROM stepwarden_tasks
+    WHERE task_id = ANY(%(task_ids)s::text[]) AND parent_id IS NOT NULL
+      AND process_state IN ('processed', 'error', 'compensated', 'compensation_failed',
+                            'cancelled')
+), lp AS MATERIALIZED (
+    SELECT task_id FROM stepwarden_tasks WHERE task_id IN (SELECT parent_id FROM c)
+    ORDER BY task_id
+    FOR UPDATE
+), w AS (
+    UPDATE stepwarden_waits w
+    SET state = CASE WHEN c.process_state = 'processed' THEN 'done' ELSE 'failed' END,
+        payload = CASE WHEN c.process_state = 'processed' THEN c.result
+                       ELSE json_build_object('state', c.process_state, 'error', c.error)
+                  END,
+        finished_at = now()
+    FROM c JOIN lp ON lp.task_id = c.parent_id
+    WHERE w.task_id = c.parent_id AND w.kind = 'child' AND w.name = c.task_id
+      AND w.state = 'open'
+    RETURNING w.task_id AS parent_id, w.name AS child_id, c.process_state AS child_state
+), p AS (
+    UPDATE stepwarden_tasks t
+    SET process_state = CASE WHEN t.process_state = 'waiting' THEN 'pending'
+                             ELSE t.process_state END,
+        eligible_at = CASE WHEN t.process_state = 'waiting' THEN now() ELSE t.eligible_at END,
+        wake_at = CASE WHEN t.process_state = 'waiting' THEN NULL ELSE t.wake_at END,
+        waiting_for = CASE WHEN t.process_state = 'waiting' THEN NULL ELSE t.waiting_for END,
+        updated_at = CASE WHEN t.process_state = 'waiting' THEN now() ELSE t.updated_at END
+    WHERE t.task_id IN (SELECT parent_id FROM w)
+      AND t.process_state IN ('waiting', 'processing')
+    RETURNING t.task_id, t.process_state = 'pending' AS woke
+), e AS (
+    INSERT INTO stepwarden_events (task_id, at, kind, detail)
+    SELECT DISTINCT ON (w.parent_id) w.parent_id, now(), 'woke',
+           json_build_object('waited_for', 'child:' || w.child_id, 'child', w.child_id,
+                             'state', w.child_state)
+    FROM w JOIN p ON p.task_id = w.parent_id AND p.woke
+    ORDER BY w.parent_id, w.child_id
+)
+SELECT w.parent_id, w.child_id, w.child_state, coalesce(p.woke, false) AS woke
+FROM w LEFT JOIN p ON p.task_id = w.parent_id
+ORDER BY w.parent_id, w.child_id
+
+-- name: descendants
+-- The children of the given tasks, theirs, and so on, locked until commit deepest first: the
+-- order in which a child's end locks its parent (`wake_parents`), so that a cascade and a
+-- child's end never wait for each other.
+WITH RECURSIVE d(task_id, depth) AS (
+    SELECT task_id, 1 FROM stepwarden_tasks WHERE parent_id = ANY(%(task_ids)s::text[])
+    UNION ALL
+    SELECT t.task_id, d.depth + 1 FROM stepwarden_tasks t JOIN d ON t.parent_id = d.task_id
+    WHERE d.depth < 1000
+), x AS (
+    SELECT task_id, max(depth) AS depth FROM d GROUP BY task_id
+)
+SELECT t.task_id, t.parent_id, t.process_state, t.created_at, x.depth
+FROM stepwarden_tasks t JOIN x ON x.task_id = t.task_id
+ORDER BY x.depth DESC, t.task_id
+FOR UPDATE OF t
+
+-- name: children_states
+-- A task's children as a cascade reads them (rules.plan_cascade): their states, newest last.
+SELECT task_id, parent_id, process_state, created_at FROM stepwarden_tasks
+WHERE parent_id = %(task_id)s
+ORDER BY created_at, task_id
+
+-- name: children_of
+-- A task's children, oldest first.
+SELECT * FROM stepwarden_tasks WHERE parent_id = %(task_id)s
+ORDER BY created_at, task_id
+LIMIT %(limit)s
 
 -- name: due_waiting
 -- Waiting tasks whose wake_at has come (read through the index of waiting tasks by wake_at:

@@ -7,16 +7,18 @@
 -- name: insert_tasks
 -- Record a task, pending, or waiting for a delayed start (start_at, an epoch, or start_after
 -- seconds from now), with the version of its workflow it runs; an existing task_id is left
--- untouched.
+-- untouched. A child task names its parent and its place in the parent's workflow.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
-                              process_state, wake_at, waiting_for, version)
+                              process_state, wake_at, waiting_for, version, parent_id,
+                              parent_position)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0
              THEN coalesce(:start_at, :now + :start_after) END,
-        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version)
+        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version,
+        :parent_id, :parent_position)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -145,12 +147,13 @@ SELECT * FROM stepwarden_steps
 WHERE task_id = :task_id AND seq = :seq AND state IN ('completed', 'failed')
 
 -- name: compensation_facts
--- The facts rules.needs_compensation decides on: the steps of the given tasks that have a
--- compensation, with their task's on_failure.
-SELECT s.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
-FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.task_id IN (SELECT value FROM json_each(:task_ids)) AND s.compensation IS NOT NULL
-ORDER BY s.task_id, s.seq
+-- The facts rules.compensable_tasks decides on: each given task's on_failure, with its steps
+-- that have a compensation (one row with no step for a task that has none).
+SELECT t.task_id, s.state, s.abandoned, s.compensation, s.compensates, t.on_failure
+FROM stepwarden_tasks t
+LEFT JOIN stepwarden_steps s ON s.task_id = t.task_id AND s.compensation IS NOT NULL
+WHERE t.task_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY t.task_id, s.seq
 
 -- name: finish_tasks
 -- End the hold of a task, only under the attempt and scheduler that hold it in :held_as, into
@@ -167,7 +170,7 @@ SET process_state = :state, result = :result, error = :error, locked_by = NULL,
     finished_at = CASE WHEN :finished THEN :now END
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
   AND process_state = :held_as
-RETURNING :ord AS ord, task_id, process_state;
+RETURNING :ord AS ord, task_id, process_state, parent_id;
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 SELECT :task_id, :now, 'alert',
        json_object('reason', :alert, 'error', :error, 'then', :process_state)
@@ -599,14 +602,28 @@ RETURNING event_id, payload
 
 -- name: park_task
 -- The task waits: released by its scheduler (fenced by attempt and hold), no deadline
--- running, until its wait's wake_at or an event.
+-- running, until the earliest wake_at of the waits it parks on (none when it waits only for
+-- children), or an event, or a child's end.
 UPDATE stepwarden_tasks
 SET process_state = 'waiting', locked_by = NULL, complete_by = NULL,
-    wake_at = (SELECT wake_at FROM stepwarden_waits WHERE task_id = :task_id AND seq = :seq),
+    wake_at = (SELECT min(wake_at) FROM stepwarden_waits
+               WHERE task_id = :task_id AND seq IN (SELECT value FROM json_each(:seqs))),
     waiting_for = :waiting_for, updated_at = :now
 WHERE task_id = :task_id AND process_state = 'processing' AND attempt = :attempt
   AND locked_by = :scheduler
 RETURNING task_id, wake_at
+
+-- name: park_waits
+-- The waits a park is asked for, and whether each can end now: ended already (a child's end
+-- is recorded in its wait), its time come (a timer fired, a wait timed out), or an event
+-- kept for its name.
+SELECT w.seq, w.position, w.kind, w.name, w.state, coalesce(w.wake_at <= :now, 0) AS due,
+       EXISTS (SELECT 1 FROM stepwarden_inbox i
+               WHERE i.task_id = w.task_id AND i.name = w.name AND i.taken_by IS NULL
+                 AND w.kind = 'event') AS kept
+FROM stepwarden_waits w
+WHERE w.task_id = :task_id AND w.seq IN (SELECT value FROM json_each(:seqs))
+ORDER BY w.seq
 
 -- name: send_read_task
 -- A send reads the task it is for (the write lock is held: a wait waits for it).
@@ -620,12 +637,79 @@ ON CONFLICT (task_id, event_id) DO NOTHING
 RETURNING id
 
 -- name: wake_task
--- A task waiting for this event is pending again, at once.
+-- A waiting task with an open wait for this event is pending again, at once.
 UPDATE stepwarden_tasks
 SET process_state = 'pending', eligible_at = :now, wake_at = NULL, waiting_for = NULL,
     updated_at = :now
-WHERE task_id = :task_id AND process_state = 'waiting' AND waiting_for = :waiting_for
+WHERE task_id = :task_id AND process_state = 'waiting'
+  AND EXISTS (SELECT 1 FROM stepwarden_waits w
+              WHERE w.task_id = :task_id AND w.kind = 'event' AND w.name = :name
+                AND w.state = 'open')
 RETURNING task_id
+
+-- name: child_read
+-- A task a child wait would create: whose child it is, if anyone's.
+SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id = :task_id
+
+-- name: wake_parents
+-- Of the given tasks, those that ended and have a parent: each one's end is recorded in its
+-- parent's open wait for it (done with its result, or failed with its state and error), and
+-- the parent, waiting, is pending again at once, with a `woke` event (one, naming the first
+-- child, when several of its children end together).
+SELECT c.parent_id, c.task_id AS child_id, c.process_state AS child_state,
+       p.process_state = 'waiting' AS woke
+FROM stepwarden_tasks c
+JOIN stepwarden_waits w ON w.task_id = c.parent_id AND w.kind = 'child' AND w.name = c.task_id
+                       AND w.state = 'open'
+JOIN stepwarden_tasks p ON p.task_id = c.parent_id
+WHERE c.task_id IN (SELECT value FROM json_each(:task_ids))
+  AND c.process_state IN ('processed', 'error', 'compensated', 'compensation_failed',
+                          'cancelled')
+ORDER BY c.parent_id, c.task_id;
+UPDATE stepwarden_waits
+SET state = CASE WHEN :child_state = 'processed' THEN 'done' ELSE 'failed' END,
+    payload = (SELECT CASE WHEN c.process_state = 'processed' THEN c.result
+                           ELSE json_object('state', c.process_state, 'error', c.error) END
+               FROM stepwarden_tasks c WHERE c.task_id = :child_id),
+    finished_at = :now
+WHERE task_id = :parent_id AND kind = 'child' AND name = :child_id AND state = 'open';
+UPDATE stepwarden_tasks
+SET process_state = 'pending', eligible_at = :now, wake_at = NULL, waiting_for = NULL,
+    updated_at = :now
+WHERE task_id = :parent_id AND process_state = 'waiting';
+INSERT INTO stepwarden_events (task_id, at, kind, detail)
+SELECT :parent_id, :now, 'woke',
+       json_object('waited_for', 'child:' || :child_id, 'child', :child_id,
+                   'state', :child_state)
+WHERE changes() > 0;
+
+-- name: descendants
+-- The children of the given tasks, theirs, and so on, deepest first (the write lock is
+-- held: nothing changes them meanwhile).
+WITH RECURSIVE d(task_id, depth) AS (
+    SELECT task_id, 1 FROM stepwarden_tasks
+    WHERE parent_id IN (SELECT value FROM json_each(:task_ids))
+    UNION ALL
+    SELECT t.task_id, d.depth + 1 FROM stepwarden_tasks t JOIN d ON t.parent_id = d.task_id
+    WHERE d.depth < 1000
+), x AS (
+    SELECT task_id, max(depth) AS depth FROM d GROUP BY task_id
+)
+SELECT t.task_id, t.parent_id, t.process_state, t.created_at, x.depth
+FROM stepwarden_tasks t JOIN x ON x.task_id = t.task_id
+ORDER BY x.depth DESC, t.task_id
+
+-- name: children_states
+-- A task's children as a cascade reads them (rules.plan_cascade): their states, newest last.
+SELECT task_id, parent_id, process_state, created_at FROM stepwarden_tasks
+WHERE parent_id = :task_id
+ORDER BY created_at, task_id
+
+-- name: children_of
+-- A task's children, oldest first.
+SELECT * FROM stepwarden_tasks WHERE parent_id = :task_id
+ORDER BY created_at, task_id
+LIMIT :limit
 
 -- name: due_waiting
 -- Waiting tasks whose wake_at has come (read through the index of waiting tasks by

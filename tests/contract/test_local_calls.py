@@ -1,0 +1,179 @@
+"""Steps called in the scheduler's own process, on each store: a worker that runs the
+scheduler and the agents hands a new step to its own agent instance at once (recorded running,
+held by that instance), and the step's outcome is recorded with the workflow's next write.
+The fences are those of any step: an outcome the store refuses records nothing after it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import stepwarden as sw
+from stepwarden.records import DispatchedStep, NewStep, NewTask, StepOutcome, TaskOutcome
+
+from .test_engine import running
+from .test_outbox import until
+
+
+class Shop:
+    def __init__(self, store_url: str) -> None:
+        self.app = sw.App("local", store=store_url)
+        self.calls: Counter[str] = Counter()
+        self.release = threading.Event()
+        self.started = threading.Event()
+        svc = self.app.agent("svc")
+
+        @svc.operation
+        async def quick(call: sw.Call, what: str) -> str:
+            self.calls[what] += 1
+            return f"done {what}"
+
+        @svc.operation
+        def slow(call: sw.Call, what: str) -> str:  # a sync call: nothing interrupts it
+            self.started.set()
+            self.release.wait(20)
+            self.calls[what] += 1
+            return f"done {what}"
+
+        @self.app.workflow(complete_within=timedelta(seconds=30))
+        async def three(ctx: sw.Context, _: Any) -> list[str]:
+            return [await ctx.step(quick, w) for w in ("a", "b", "c")]
+
+        @self.app.workflow(complete_within=timedelta(seconds=30))
+        async def stalled(ctx: sw.Context, _: Any) -> list[str]:
+            first = await ctx.step(slow, "first")
+            return [first, await ctx.step(quick, "second")]
+
+        self.three, self.stalled = three, stalled
+
+
+@pytest.fixture
+async def shop(store_url: str) -> Any:
+    s = Shop(store_url)
+    yield s
+    s.release.set()
+    await s.app.aclose()
+
+
+async def test_a_worker_with_the_agents_hands_steps_to_them_at_once(shop: Shop) -> None:
+    async with running(shop.app) as worker:
+        await shop.app.submit_async(shop.three, None, task_id="t")
+        assert await shop.app.result_async("t", timeout=30) == ["done a", "done b", "done c"]
+    view = await shop.app.show_async("t")
+    instance = f"agent-{worker.instance}"
+    assert [(s.state, s.locked_by, s.attempt) for s in view.steps] == [
+        (sw.StepState.COMPLETED, instance, 1)
+    ] * 3
+    # Claimed as it was recorded: no queue, no other instance's claim in between.
+    assert all(s.claimed_at == s.created_at for s in view.steps)
+    assert shop.calls == Counter(a=1, b=1, c=1)
+
+
+async def test_an_answer_after_a_cancel_records_nothing_after_it(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first step's sync call runs on after its task is cancelled, and answers: its
+    agent either sees the cancel first and discards the answer, or reports it and the store
+    refuses it. Either way the step the workflow would go on to is never recorded."""
+    caplog.set_level(logging.INFO, logger="stepwarden.agent")
+    async with running(shop.app):
+        await shop.app.submit_async(shop.stalled, None, task_id="t")
+        await asyncio.to_thread(shop.started.wait, 20)
+        await shop.app.cancel_async("t", reason="changed my mind")
+        shop.release.set()
+
+        async def call_ended() -> bool:
+            return any(
+                "late outcome of t/1 attempt 1 discarded" in m or "for t/1: cancelled" in m
+                for m in caplog.messages
+            )
+
+        await until(call_ended)
+    view = await shop.app.show_async("t")
+    assert view.task.process_state == sw.TaskState.CANCELLED
+    assert [s.input for s in view.steps] == [["first"]]
+    assert view.steps[0].state == sw.StepState.FAILED and view.steps[0].abandoned
+    assert shop.calls["second"] == 0
+
+
+async def test_a_group_commit_applies_nothing_that_depends_on_a_refused_outcome(
+    store_url: str,
+) -> None:
+    """`Store.advance` on its own: of two tasks, each with a step held by an agent
+    instance, one outcome is refused (the wrong attempt): that task's next step and its
+    outcome are not applied; the other task's are."""
+    app = sw.App("local", store=store_url)
+    store = await app.store()
+    try:
+        ids = ["ok", "refused"]
+        await store.submit([app_task(tid) for tid in ids])
+        claimed = await store.claim_tasks("s1", ["wf"], 2)
+        attempt = {c.task.task_id: c.task.attempt for c in claimed}
+        firsts = [new_step(tid, attempt[tid], 1, claimed_by="a1") for tid in ids]
+        got = await store.dispatch_steps(firsts)
+        assert all(isinstance(g, DispatchedStep) for g in got)
+        outcomes = [
+            StepOutcome(task_id=tid, seq=1, attempt=1 if tid == "ok" else 2,
+                        agent_instance="a1", state=sw.StepState.COMPLETED, result='"r"',
+                        error=None, tries=1)
+            for tid in ids
+        ]  # fmt: skip
+        finishes = [
+            TaskOutcome(task_id=tid, attempt=attempt[tid], scheduler="s1",
+                        state=sw.TaskState.PROCESSED, result='"r"', error=None)
+            for tid in ids
+        ]  # fmt: skip
+        # "ok" goes on to its second step; "refused" would finish, on a refused outcome.
+        done, dispatched, finished = await store.advance(
+            outcomes, [new_step("ok", attempt["ok"], 2)], [finishes[1]]
+        )
+        assert (done, finished) == ([True, False], [False])
+        assert isinstance(dispatched[0], DispatchedStep)
+        task = await store.get_task("refused")
+        assert task is not None and task.process_state == sw.TaskState.PROCESSING
+        _, _, finished = await store.advance([], [], finishes)
+        assert finished == [True, True]  # nothing in this batch depends on a refused one
+        steps = {tid: await store.get_steps(tid) for tid in ids}
+        assert [(s.seq, s.state) for s in steps["ok"]] == [
+            (1, sw.StepState.COMPLETED),
+            (2, sw.StepState.FAILED),  # closed as abandoned when the task finished
+        ]
+        assert [(s.seq, s.state, s.locked_by) for s in steps["refused"]] == [
+            (1, sw.StepState.FAILED, "a1")
+        ]
+    finally:
+        await app.aclose()
+
+
+def app_task(task_id: str) -> NewTask:
+    return NewTask(
+        task_id=task_id,
+        workflow="wf",
+        input="null",
+        priority=0,
+        complete_within=30,
+        max_failures=3,
+    )
+
+
+def new_step(task_id: str, attempt: int, seq: int, claimed_by: str | None = None) -> NewStep:
+    return NewStep(
+        task_id=task_id,
+        task_attempt=attempt,
+        scheduler="s1",
+        seq=seq,
+        name="svc.quick",
+        agent="svc",
+        operation="quick",
+        input='["x"]',
+        priority=0,
+        complete_within=30,
+        position=str(seq),
+        claimed_by=claimed_by,
+    )
