@@ -46,7 +46,7 @@ from .records import (
 from .retry import after_store_failure, answered
 from .rules import describe
 from .states import StepState
-from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
+from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store, Subscription
 
 logger = logging.getLogger("stepwarden.agent")
 T = TypeVar("T")
@@ -367,7 +367,6 @@ class AgentRunner:
                         waits.append(asyncio.sleep(reopens))
                     await first(*waits)
                     continue
-                self._queue_empty = False
                 try:
                     requests = await self.store.claim_requests(
                         self.instance, self.agent.name, operations, free, limits
@@ -384,7 +383,7 @@ class AgentRunner:
                     self._inflight[task] = request.operation
                     task.add_done_callback(self._done)
                 if len(requests) < free:
-                    waits = [stop.wait(), sub.wait(self.poll_interval)]
+                    waits = [stop.wait(), self._requests_queued(sub)]
                     if full:  # an operation at its per-instance limit: a call ending frees it
                         waits.append(self._room.wait())
                     await first(*waits)
@@ -395,6 +394,12 @@ class AgentRunner:
             await asyncio.gather(beats, return_exceptions=True)
             if not self._inflight:  # else it watches the calls still in flight, to the drain
                 await self._stop_watching()
+
+    async def _requests_queued(self, sub: Subscription) -> None:
+        """Wait for word of requests queued (a poll interval at most): from then on, until a
+        claim has taken what waits, no step is handed over past them."""
+        if await sub.wait(self.poll_interval) is not None:
+            self._queue_empty = False
 
     async def drain(self, timeout: float) -> None:
         """Let the calls under way finish (up to `timeout` seconds), write their outcomes,

@@ -63,6 +63,10 @@ async def shop(store_url: str) -> Any:
 
 async def test_a_worker_with_the_agents_hands_steps_to_them_at_once(shop: Shop) -> None:
     async with running(shop.app) as worker:
+        # The first task may find the agents not yet sure that nothing is queued: they hand
+        # steps over once a claim of theirs has found the queue empty.
+        await shop.app.submit_async(shop.three, None, task_id="warm-up")
+        await shop.app.result_async("warm-up", timeout=30)
         await shop.app.submit_async(shop.three, None, task_id="t")
         assert await shop.app.result_async("t", timeout=30) == ["done a", "done b", "done c"]
     view = await shop.app.show_async("t")
@@ -72,7 +76,7 @@ async def test_a_worker_with_the_agents_hands_steps_to_them_at_once(shop: Shop) 
     ] * 3
     # Claimed as it was recorded: no queue, no other instance's claim in between.
     assert all(s.claimed_at == s.created_at for s in view.steps)
-    assert shop.calls == Counter(a=1, b=1, c=1)
+    assert shop.calls == Counter(a=2, b=2, c=2)
 
 
 async def test_an_answer_after_a_cancel_records_nothing_after_it(

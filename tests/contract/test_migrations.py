@@ -71,11 +71,11 @@ async def test_steps_and_waits_recorded_before_positions_are_found_at_their_seq(
     url = empty_store_url
     build_at(url, 8)
     now = "0" if is_sqlite(url) else "now()"
-    sql(
+    sql(  # claimed once before the upgrade (attempt 1), pending again since
         url,
         "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
-        f" complete_within, eligible_at, created_at, updated_at) VALUES ('t1', 'wf', '{{}}',"
-        f" 'pending', 3, 30, {now}, {now}, {now})",
+        f" complete_within, eligible_at, created_at, updated_at, attempt) VALUES ('t1', 'wf',"
+        f" '{{}}', 'pending', 3, 30, {now}, {now}, {now}, 1)",
     )
     for seq, compensates in [(1, "NULL"), (3, "NULL"), (4, "1")]:
         sql(

@@ -365,7 +365,13 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
-        return await self._write(partial(policy.claim_tasks, scheduler, workflows, limit))
+        rows = await self._write_one(policy.claim_tasks(scheduler, workflows, limit))
+        again = policy.replayed(rows)
+        step_rows: Rows = []
+        wait_rows: Rows = []
+        if again:  # read once the claim committed: only the claiming scheduler writes them
+            step_rows, wait_rows = [await self._read(q) for q in policy.recorded(again)]
+        return policy.claimed(rows, step_rows, wait_rows)
 
     async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
         """Record and queue steps (`NewStep`), queue recorded ones again (`Redispatch`) or

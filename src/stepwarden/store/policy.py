@@ -332,26 +332,28 @@ def claim_pairs(workflows: Sequence[str | tuple[str, int]]) -> dict[str, list[An
     return {"workflows": [w for w, _ in pairs], "versions": [v for _, v in pairs]}
 
 
-def claim_tasks(
-    scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int, wake: Wakeups
-) -> Flow[list[ClaimedTask]]:
-    """Claim up to `limit` eligible tasks of these (workflow, version) pairs only."""
-    if limit <= 0 or not workflows:
-        return []
-    params = {"scheduler": scheduler, **claim_pairs(workflows), "limit": limit}
-    rows = yield from fetch("claim_tasks", **params)
-    if not rows:
-        return []
-    # A task claimed for the first time (attempt 1) has recorded nothing: only the others'
-    # steps and waits are read.
-    ids = [r["task_id"] for r in rows if r["attempt"] > 1]
-    step_rows: Rows = []
-    wait_rows: Rows = []
-    if ids:
-        step_rows, wait_rows = yield [
-            Query("steps_of_tasks", {"task_ids": ids}, after_commit=True),
-            Query("waits_of_tasks", {"task_ids": ids}, after_commit=True),
-        ]
+def claim_tasks(scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int) -> Query:
+    """Claim up to `limit` eligible tasks of these (workflow, version) pairs only: one
+    statement (`claimed` makes the claimed tasks of its rows)."""
+    return Query("claim_tasks", {"scheduler": scheduler, **claim_pairs(workflows), "limit": limit})
+
+
+def replayed(rows: Rows) -> list[str]:
+    """Of the tasks a claim took, those whose workflow may have recorded steps and waits
+    (read next): not a task claimed for the first time (attempt 1), which has recorded
+    nothing."""
+    return [r["task_id"] for r in rows if r["attempt"] > 1]
+
+
+def recorded(task_ids: Sequence[str]) -> list[Query]:
+    return [
+        Query("steps_of_tasks", {"task_ids": list(task_ids)}),
+        Query("waits_of_tasks", {"task_ids": list(task_ids)}),
+    ]
+
+
+def claimed(rows: Rows, step_rows: Rows, wait_rows: Rows) -> list[ClaimedTask]:
+    """The claimed tasks, with what their workflows recorded, by priority then age."""
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
         steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
@@ -359,7 +361,7 @@ def claim_tasks(
     for w in wait_rows:
         place = w["position"] or str(w["seq"])
         waits.setdefault(w["task_id"], {})[place] = (w["seq"], w["kind"], w["name"])
-    claimed = [
+    found = [
         ClaimedTask(
             task=_rows.task_record(r),
             steps=steps.get(r["task_id"], []),
@@ -368,8 +370,8 @@ def claim_tasks(
         )
         for r in rows
     ]
-    claimed.sort(key=lambda c: (-c.task.priority, c.task.created_at))
-    return claimed
+    found.sort(key=lambda c: (-c.task.priority, c.task.created_at))
+    return found
 
 
 def dispatch_steps(
