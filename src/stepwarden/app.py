@@ -30,6 +30,7 @@ from .errors import (
     ConfigurationError,
     EventRefused,
     ResultTimeout,
+    StoreError,
     TaskFailed,
     TaskNotFound,
     TransientStoreError,
@@ -349,8 +350,16 @@ class App:
         if store is None:
             store = open_store(self.store_url)
             await store.open(migrate=self.auto_migrate)
-            await store.listen()
             self._stores[loop] = store
+        return store
+
+    async def _listening(self) -> Store:
+        """The store, listening for other processes' wake-ups (from the first caller that
+        follows something on: a process that only submits does not listen, and so costs the
+        database no work at each wake-up)."""
+        store = await self.store()
+        with contextlib.suppress(StoreError):  # unreachable: it polls, and listens next time
+            await store.listen()
         return store
 
     async def aclose(self) -> None:
@@ -545,7 +554,7 @@ class App:
         unreachable it goes on waiting, within `timeout`."""
         _check.name("task_id", task_id)
         _check.timeout(timeout)
-        store = await self.store()
+        store = await self._listening()
         sub = store.subscribe(CHANNEL_TASK_DONE)
         try:
             async with asyncio.timeout(timeout):
@@ -669,7 +678,7 @@ class App:
         # Ids are given at insert and commits may land out of id order (PostgreSQL), so the
         # read starts again from the newest id seen more than FOLLOW_SETTLE seconds earlier
         # (by the database clock), and ids already yielded are skipped.
-        store = await self.store()
+        store = await self._listening()
         sub = store.subscribe(CHANNEL_OUTBOX)
         low = after
         seen: dict[int, datetime] = {}
@@ -815,7 +824,8 @@ class App:
     async def cancel_async(
         self, task_id: str, *, compensate: bool = False, reason: str | None = None
     ) -> TaskState:
-        """Cancel a task; with `compensate`, undo its steps first (it then ends compensated)."""
+        """Cancel a task; with `compensate`, undo its steps first (it then ends compensated,
+        or compensation_failed). It reaches the task's children that have not ended."""
         _check.flag("compensate", compensate)
         return await self._one("compensate" if compensate else "cancel", task_id, reason=reason)
 

@@ -621,8 +621,9 @@ def _echo_record(record: Any, as_json: bool, line: str) -> None:
 )
 @click.pass_obj
 def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None) -> None:
-    """Show a task: its state, each step with its attempts, errors and times, and its
-    history, newest first (a page of --events; the last line says how to see older ones)."""
+    """Show a task: its state, its workflow's version, its parent and children, each step
+    with its place, attempts, errors, times and when its call stopped, and its history,
+    newest first (a page of --events; the last line says how to see older ones)."""
     url = obj.store_url()
 
     async def go() -> TaskView | None:
@@ -919,7 +920,8 @@ def retry(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
 @_operator_options
 @click.pass_obj
 def pause(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
-    """Pause pending or processing tasks: no scheduler takes them up until resumed."""
+    """Pause pending, processing or waiting tasks: no scheduler takes them up until resumed;
+    the calls of their running steps are cancelled and the steps queued again for then."""
     _operate(obj, "pause", task_ids, **options)
 
 
@@ -937,12 +939,13 @@ def resume(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
     "--compensate",
     envvar="STEPWARDEN_COMPENSATE",
     is_flag=True,
-    help="Undo the steps done first (the tasks end compensated).",
+    help="Undo the steps done first (the tasks end compensated, or compensation_failed).",
 )
 @click.pass_obj
 def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options: Any) -> None:
     """Cancel tasks: they stop for good, their open steps are closed, and the calls of their
-    running steps are cancelled."""
+    running steps are cancelled. It reaches their children that have not ended (and
+    theirs), newest first."""
     _operate(obj, "compensate" if compensate else "cancel", task_ids, **options)
 
 

@@ -317,8 +317,10 @@ class Context:
 
     def _recorded_at_or_under(self, place: str) -> bool:
         """Whether a step, a wait or a gather's branch is recorded at `place`."""
-        if place in self._recorded or place in self._waits:
-            return True
+        return place in self._recorded or place in self._waits or self._recorded_under(place)
+
+    def _recorded_under(self, place: str) -> bool:
+        """Whether the branches of a gather at `place` recorded something."""
         under = place + "."
         return any(p.startswith(under) for p in (*self._recorded, *self._waits))
 
@@ -409,6 +411,19 @@ class Context:
                     f"function), not {_check.shown(branch)}"
                 )
         position = self._place()
+        found = self._recorded.get(position)
+        if found is not None or position in self._waits:
+            what = (
+                f"step {found.name!r}" if found is not None
+                else f"a {_wait_name(*self._waits[position][1:])}"
+            )
+            for b in branches:
+                b.close()
+            raise NonDeterminismError(
+                f"task {self._held.task_id!r} position {position}: the workflow asked for a "
+                f"gather but {what} is recorded there; a workflow must take the same steps "
+                "and waits in the same order when it is resumed"
+            )
         if not branches:
             return []
         await self._recorded_markers()
@@ -499,6 +514,13 @@ class Context:
         recorded = self._recorded.get(position)
         seq = recorded.seq if recorded is not None else self._new_seq()
         step_name = name or operation.qualname
+        if recorded is None and self._recorded_under(position):
+            raise NonDeterminismError(
+                f"task {self._held.task_id!r} position {position}: the workflow asked for "
+                f"step {step_name!r} but the branches of a gather are recorded there; a "
+                "workflow must take the same steps and waits in the same order when it is "
+                "resumed"
+            )
         if position in self._waits:
             _, kind, wait_name = self._waits[position]
             raise NonDeterminismError(
@@ -664,6 +686,13 @@ class Context:
     ) -> WaitOutcome:
         held = self._held
         step = self._recorded.get(position)
+        if step is None and position not in self._waits and self._recorded_under(position):
+            raise NonDeterminismError(
+                f"task {held.task_id!r} position {position}: the workflow asked for a "
+                f"{_wait_name(kind, name)} but the branches of a gather are recorded there; a "
+                "workflow must take the same steps and waits in the same order when it is "
+                "resumed"
+            )
         if step is not None:
             raise NonDeterminismError(
                 f"task {held.task_id!r} position {position}: the workflow asked for a "
@@ -689,6 +718,11 @@ class Context:
                 child=child,
             )
             outcome = await self._busy(self._runner.wait(request))
+            if outcome.state == "mismatch" and outcome.reason:
+                raise NonDeterminismError(
+                    f"task {held.task_id!r} position {position}: {outcome.reason}; a workflow "
+                    "must take the same steps and waits in the same order when it is resumed"
+                )
             if outcome.state == "mismatch" and outcome.recorded is not None:
                 raise NonDeterminismError(
                     f"task {held.task_id!r} position {position}: the workflow asked for a "

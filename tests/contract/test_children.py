@@ -443,3 +443,48 @@ async def test_a_child_cancelled_by_an_operator_fails_its_parent(family: Family)
     assert caught == {"task_id": "c:1", "state": "cancelled", "error": None}
     [woke] = [e for e in (await app.show_async("c")).events if e.kind == "woke"]
     assert woke.detail == {"waited_for": "child:c:1", "child": "c:1", "state": "cancelled"}
+
+
+async def test_a_replay_asking_for_a_child_of_another_workflow_at_its_place_fails(
+    store_url: str,
+) -> None:
+    """The code changed between two runs of a parent: at the place where it started a child
+    of one workflow it now asks for a child of another (the default id is the same): the
+    replay says so (NonDeterminismError) rather than take the recorded child for it."""
+    app = sw.App("family", store=store_url)
+    svc = app.agent("svc")
+    gate = asyncio.Event()
+    code = {"child": "first"}
+
+    @svc.operation
+    async def work(call: sw.Call, what: str) -> str:
+        await gate.wait()
+        return what
+
+    @app.workflow(complete_within=timedelta(seconds=20))
+    async def first(ctx: sw.Context, _: Any) -> Any:
+        return await ctx.step(work, "first")
+
+    @app.workflow(complete_within=timedelta(seconds=20))
+    async def second(ctx: sw.Context, _: Any) -> Any:
+        return await ctx.step(work, "second")
+
+    @app.workflow(complete_within=timedelta(seconds=20), on_failure="stop")
+    async def parent(ctx: sw.Context, _: Any) -> Any:
+        return await ctx.child(code["child"], None)
+
+    try:
+        async with running(app, dataclasses.replace(FAST, drain_timeout=0.2)):
+            await app.submit_async(parent, None, task_id="p")
+            await in_state(app, "p", sw.TaskState.WAITING)
+        code["child"] = "second"
+        gate.set()
+        async with running(app):
+            with pytest.raises(sw.TaskFailed) as failed:
+                await app.result_async("p", timeout=30)
+        assert failed.value.state == sw.TaskState.ERROR
+        assert "runs workflow 'first', the workflow asked for 'second'" in (
+            failed.value.error or ""
+        )
+    finally:
+        await app.aclose()

@@ -268,3 +268,49 @@ async def test_gather_refuses_what_is_not_a_coroutine(store_url: str) -> None:
         assert (await app.show_async("t")).steps == []
     finally:
         await app.aclose()
+
+
+@pytest.mark.parametrize("change", ["gather_to_step", "step_to_gather"])
+async def test_a_replay_that_finds_a_gather_where_a_step_was_or_the_reverse_fails(
+    store_url: str, change: str
+) -> None:
+    """Code changed between two runs of a task: a gather where a step was recorded, or a
+    step where a gather's branches were: the replay says so (NonDeterminismError) rather
+    than go on past records it does not match."""
+    app = sw.App("changed", store=store_url)
+    svc = app.agent("svc")
+    gate = asyncio.Event()
+    code = {"gather": change == "gather_to_step"}
+
+    @svc.operation
+    async def work(call: sw.Call, what: str) -> str:
+        await gate.wait()
+        return what
+
+    @app.workflow(complete_within=timedelta(seconds=20), on_failure="stop")
+    async def flow(ctx: sw.Context, _: Any) -> Any:
+        if code["gather"]:
+            return await ctx.gather(ctx.step(work, "b"), ctx.step(work, "c"))
+        return await ctx.step(work, "d")
+
+    try:
+        async with running(app, dataclasses.replace(FAST, drain_timeout=0.2)):
+            await app.submit_async(flow, None, task_id="t")
+
+            async def recorded() -> bool:
+                return bool((await app.show_async("t")).steps)
+
+            await until(recorded)
+        code["gather"] = not code["gather"]
+        gate.set()
+        async with running(app):
+            with pytest.raises(sw.TaskFailed) as failed:
+                await app.result_async("t", timeout=30)
+        assert failed.value.state == sw.TaskState.ERROR
+        assert "NonDeterminismError" in (failed.value.error or "")
+        wanted = "branches of a gather are recorded there" if change == "gather_to_step" else (
+            "asked for a gather but step"
+        )
+        assert wanted in (failed.value.error or "")
+    finally:
+        await app.aclose()

@@ -1152,6 +1152,7 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
         return WaitOutcome(state="fenced")
     key = {"task_id": req.task_id, "seq": req.seq}
     found = yield from fetch("read_wait", **key)
+    replayed = bool(found)
     if not found:
         if req.kind == "child":
             refused = yield from _start_child(req, wake)
@@ -1165,6 +1166,16 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     [w] = found
     if (w["kind"], w["name"]) != (req.kind, req.name):
         return WaitOutcome(state="mismatch", recorded=(w["kind"], w["name"]))
+    if replayed and req.kind == "child" and req.child is not None:
+        child = yield from fetch("child_read", task_id=req.name)
+        if child and child[0]["workflow"] != req.child.workflow:
+            return WaitOutcome(
+                state="mismatch",
+                recorded=(w["kind"], w["name"]),
+                reason=f"the child task {req.name!r} recorded at position {req.position} runs "
+                f"workflow {child[0]['workflow']!r}, the workflow asked for "
+                f"{req.child.workflow!r}",
+            )
     if w["state"] == "done":
         return WaitOutcome(state="done", payload=loads(w["payload"]))
     if w["state"] == "failed":

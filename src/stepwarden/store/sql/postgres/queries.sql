@@ -898,8 +898,9 @@ WHERE t.task_id = %(task_id)s AND t.process_state = 'waiting'
 RETURNING t.task_id
 
 -- name: child_read
--- A task a child wait would create: whose child it is, if anyone's.
-SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id = %(task_id)s
+-- A task a child wait would create (or did): whose child it is, if anyone's, and its workflow.
+SELECT task_id, parent_id, parent_position, workflow FROM stepwarden_tasks
+WHERE task_id = %(task_id)s
 
 -- name: wake_parents
 -- Of the given tasks, those that ended and have a parent: each one's end is recorded in its

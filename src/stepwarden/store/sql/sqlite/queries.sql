@@ -648,8 +648,9 @@ WHERE task_id = :task_id AND process_state = 'waiting'
 RETURNING task_id
 
 -- name: child_read
--- A task a child wait would create: whose child it is, if anyone's.
-SELECT task_id, parent_id, parent_position FROM stepwarden_tasks WHERE task_id = :task_id
+-- A task a child wait would create (or did): whose child it is, if anyone's, and its workflow.
+SELECT task_id, parent_id, parent_position, workflow FROM stepwarden_tasks
+WHERE task_id = :task_id
 
 -- name: wake_parents
 -- Of the given tasks, those that ended and have a parent: each one's end is recorded in its
