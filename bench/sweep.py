@@ -156,9 +156,9 @@ def _load_postgres(url: str, finished: int, expired: int) -> None:
     with psycopg.connect(url, autocommit=True) as db:
         constraints = db.execute(
             "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), contype"
-            " FROM pg_constraint WHERE conrelid = ANY(%s::regclass[])"
-            " AND contype IN ('p', 'u', 'f')",
-            (list(TABLES),),
+            " FROM pg_constraint WHERE (conrelid = ANY(%s::regclass[])"
+            " OR confrelid = ANY(%s::regclass[])) AND contype IN ('p', 'u', 'f')",
+            (list(TABLES), list(TABLES)),
         ).fetchall()
         indexes = db.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = ANY(%s)"
