@@ -643,6 +643,14 @@ class Scheduler:
             self._recording.add(writing)
             writing.add_done_callback(self._recording.discard)
 
+    async def _outcomes_first(self, task_id: str) -> None:
+        """Before a write that cannot carry them (a wait, a park): record the outcomes the
+        task's workflow went on from; Abandon when one was refused."""
+        if self._unrecorded.get(task_id):
+            await self._outcomes_alone(task_id)
+        if task_id in self._refused:
+            raise Abandon
+
     async def _outcomes_alone(self, task_id: str) -> None:
         try:
             await self._answered(
@@ -727,10 +735,7 @@ class Scheduler:
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read a wait (tried again while the store is unreachable: a try whose
         answer was lost is found as it left the wait, or the task parked, hence fenced)."""
-        if self._unrecorded.get(request.task_id):  # the outcomes it goes on from, first
-            await self._outcomes_alone(request.task_id)
-        if request.task_id in self._refused:
-            raise Abandon
+        await self._outcomes_first(request.task_id)
         try:
             return await self._answered(
                 f"task {request.task_id}: cannot record its wait {request.seq}",
@@ -748,10 +753,7 @@ class Scheduler:
     async def park(self, request: ParkRequest) -> WaitOutcome:
         """Park a task whose workflow waits in every branch (tried again while the store is
         unreachable: a try whose answer was lost is found parked, hence fenced)."""
-        if self._unrecorded.get(request.task_id):  # the outcomes it goes on from, first
-            await self._outcomes_alone(request.task_id)
-        if request.task_id in self._refused:
-            raise Abandon
+        await self._outcomes_first(request.task_id)
         try:
             return await self._answered(
                 f"task {request.task_id}: cannot park it", partial(self.store.park, request)

@@ -1143,12 +1143,7 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     running) until its wake_at, an event or its child's end, or, when the request says not
     to park, the wait is "blocked" (`park` parks it later). All in one transaction with the
     task's row locked, fenced by the hold and the attempt."""
-    task = yield from fetch("wait_read_task", task_id=req.task_id)
-    if not task or (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) != (
-        str(TaskState.PROCESSING),
-        req.task_attempt,
-        req.scheduler,
-    ):
+    if not (yield from _held_by(req.task_id, req.task_attempt, req.scheduler)):
         return WaitOutcome(state="fenced")
     key = {"task_id": req.task_id, "seq": req.seq}
     found = yield from fetch("read_wait", **key)
@@ -1237,6 +1232,15 @@ def _start_child(req: WaitRequest, wake: Wakeups) -> Flow[str | None]:
     )
 
 
+def _held_by(task_id: str, attempt: int, scheduler: str) -> Flow[bool]:
+    """Whether the scheduler holds the task, processing, under this attempt (its row locked
+    until commit): the fence of a wait and of a park."""
+    task = yield from fetch("wait_read_task", task_id=task_id)
+    return bool(task) and (
+        task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]
+    ) == (str(TaskState.PROCESSING), attempt, scheduler)
+
+
 def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     """A task whose workflow waits in every branch, on the waits at `req.seqs` (recorded
     and open): with its row locked, fenced by the hold and the attempt, each wait is checked
@@ -1244,12 +1248,7 @@ def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     one can end now the task is not parked ("ready": the workflow takes its waits up
     again), else it is parked until the earliest of their wake_at, an event or a child's
     end."""
-    task = yield from fetch("wait_read_task", task_id=req.task_id)
-    if not task or (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) != (
-        str(TaskState.PROCESSING),
-        req.task_attempt,
-        req.scheduler,
-    ):
+    if not (yield from _held_by(req.task_id, req.task_attempt, req.scheduler)):
         return WaitOutcome(state="fenced")
     if not req.seqs:
         raise ValueError("a park names the waits it parks on")
