@@ -15,7 +15,7 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import FAST, running
+from .test_engine import FAST, RESUME, running
 from .test_outbox import until
 
 
@@ -254,7 +254,7 @@ async def test_a_replay_after_the_parents_scheduler_stopped_starts_no_second_chi
     assert (await app.status_async("p")).process_state == sw.TaskState.PENDING  # handed back
     slow.set()
     held.set()
-    async with running(app):
+    async with running(app, RESUME):
         result = await app.result_async("p", timeout=30)
     assert result == [["done slow"], "done p-held"]
     view = await app.show_async("p")
@@ -479,7 +479,7 @@ async def test_a_replay_asking_for_a_child_of_another_workflow_at_its_place_fail
             await in_state(app, "p", sw.TaskState.WAITING)
         code["child"] = "second"
         gate.set()
-        async with running(app):
+        async with running(app, RESUME):
             with pytest.raises(sw.TaskFailed) as failed:
                 await app.result_async("p", timeout=30)
         assert failed.value.state == sw.TaskState.ERROR

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -21,6 +22,15 @@ FAST = sw.WorkerOptions(
     backoff=sw.Backoff(initial=0.01, maximum=0.05),
     drain_timeout=5,
 )
+RESUME = dataclasses.replace(
+    FAST,
+    agent_heartbeat=0.2,
+    agent_gone_after=1.0,
+    scheduler_heartbeat=0.2,
+    scheduler_gone_after=1.0,
+)
+"""For a worker that takes up tasks another worker of the test left: what that one's agents
+and scheduler held is given back once they have been silent for a second, not five."""
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import FAST, running
+from .test_engine import FAST, RESUME, running
 from .test_outbox import until
 
 
@@ -159,7 +159,7 @@ async def test_a_replay_after_the_scheduler_stopped_finds_each_branch_by_its_pla
     before = {s.input[0]: (s.seq, s.position) for s in (await fanout.app.show_async("t")).steps}
     assert set(before) == {"first", "a1", "b1", "b2"}
     hold.set()
-    async with running(fanout.app):
+    async with running(fanout.app, RESUME):
         result = await fanout.app.result_async("t", timeout=30)
     assert result[1] == [["done a1", "done a2"], ["done b1", "done b2"]]
     view = await fanout.app.show_async("t")
@@ -303,7 +303,7 @@ async def test_a_replay_that_finds_a_gather_where_a_step_was_or_the_reverse_fail
             await until(recorded)
         code["gather"] = not code["gather"]
         gate.set()
-        async with running(app):
+        async with running(app, RESUME):
             with pytest.raises(sw.TaskFailed) as failed:
                 await app.result_async("t", timeout=30)
         assert failed.value.state == sw.TaskState.ERROR

@@ -16,10 +16,10 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import FAST, running
+from .test_engine import RESUME, running
 from .test_outbox import until
 
-STOP_NOW = dataclasses.replace(FAST, drain_timeout=0.2)
+STOP_NOW = dataclasses.replace(RESUME, drain_timeout=0.2)
 
 
 class Shop:
@@ -117,7 +117,7 @@ async def test_tasks_recorded_by_the_old_code_replay_it_and_new_ones_take_the_pa
 
     new = Shop(store_url, 2, calls)
     try:
-        async with running(new.app):
+        async with running(new.app, RESUME):
             await new.app.submit_async(new.order, "after", task_id="after")
             results = {t: await new.app.result_async(t, timeout=30) for t in
                        ("past", "before", "after")}  # fmt: skip
@@ -160,7 +160,7 @@ async def test_a_patched_task_replays_the_new_path_and_deprecating_the_patch_kee
 
     three = Shop(store_url, 3, calls)
     try:
-        async with running(three.app):
+        async with running(three.app, RESUME):
             await three.app.submit_async(three.order, "y", task_id="y")
             assert await three.app.result_async("x", timeout=30) == [
                 "reserve x", "fraud x", "charge x"
@@ -207,7 +207,7 @@ async def test_a_patch_whose_place_holds_another_patch_fails_the_task(
             await _started(app, "t", "work")
         patch["name"] = "b"
         gate.set()
-        async with running(app):
+        async with running(app, RESUME):
             with pytest.raises(sw.TaskFailed) as failed:
                 await app.result_async("t", timeout=30)
         assert failed.value.state == sw.TaskState.ERROR
