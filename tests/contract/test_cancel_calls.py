@@ -194,7 +194,8 @@ async def test_a_compensation_waits_for_its_abandoned_calls_until_they_stop(
     assert await store.claim_tasks("s2", ["wf"], 1) == []
     # The other stops: the compensation may start at once.
     assert await store.stop_calls([stop("t1", seq=2, instance="a2")]) == [True]
-    assert eligible_in(url, "t1") <= 0
+    # Eligible now, by the store's own clock (a raw read of another clock may differ by the
+    # rounding of the last digit): a scheduler claims it at once.
     [claimed] = await store.claim_tasks("s2", ["wf"], 1)
     assert (claimed.task.task_id, claimed.task.process_state) == ("t1", TaskState.COMPENSATING)
 
@@ -221,8 +222,7 @@ async def test_a_compensation_after_an_error_waits_for_a_call_until_it_stops(
         True,
         True,
     ]
-    assert eligible_in(url, "t1") <= 0
-    assert len(await store.claim_tasks("s2", ["wf"], 1)) == 1
+    assert len(await store.claim_tasks("s2", ["wf"], 1)) == 1  # at once, by the store's clock
 
 
 async def test_a_compensation_after_expiry_starts_when_its_calls_stop_not_before_its_backoff(
