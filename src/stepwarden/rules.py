@@ -205,6 +205,23 @@ def call_lost(*, attempt: int, instance: str, found: Mapping[str, Any] | None) -
     return f"the step is no longer held by this call (it is {state})"
 
 
+def outcome_recorded(
+    *, state: str, attempt: int, instance: str, found: Mapping[str, Any] | None
+) -> bool:
+    """Whether the outcome a call reports (`state`, under `attempt`, by `instance`), though
+    refused, is the one the step holds: a try of the same write whose answer was lost. The
+    step (`found`, as for `call_lost`) finished in that state under that attempt, held by
+    that instance, and was not abandoned. One instance makes one call of a step's attempt,
+    so the outcome recorded is that call's."""
+    return (
+        found is not None
+        and int(found["attempt"]) == attempt
+        and found["locked_by"] == instance
+        and found["state"] == state
+        and not found["abandoned"]
+    )
+
+
 StopPlan = Literal["stopped", "requeue", "hand_back"]
 """What an agent's word that its call stopped writes on the step: `stopped` (an abandoned
 step: its call_stopped_at, so that it no longer holds up the compensation); `requeue` (a

@@ -17,6 +17,10 @@ paused or sent to compensating, the step abandoned, dispatched again or reassign
 (`rules.call_lost`). Such a call is cancelled: an async operation gets CancelledError, a sync
 one sees `call.cancelled`; nothing is reported for it, no failure counted, and once it has
 ended the store is told (`Store.stop_calls`), so that a compensation waiting for it may start.
+
+At each heartbeat it asks the store which steps it holds (`Store.held_steps`) and calls those
+it is not calling (`AgentRunner.take_up`): a claim, or a hand-over by this process's
+scheduler, whose commit was made but whose answer was lost leaves a step held and uncalled.
 """
 
 from __future__ import annotations
@@ -180,8 +184,13 @@ class AgentRunner:
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self._inflight: dict[asyncio.Task[None], str] = {}
-        self._reserved = 0
-        """Room promised to steps this process's scheduler is handing over (`take_local`)."""
+        self._handing: set[tuple[str, int]] = set()
+        """The steps (task_id, seq) this process's scheduler is handing over, each with room
+        promised (`take_local`): never taken up (`take_up`) while it hands them over."""
+        self._ended: set[tuple[str, int, int]] = set()
+        """Calls of this instance that ended, by (task_id, seq, attempt), while the store may
+        still show their step held by it (out of tries or time: it waits for its complete_by
+        as any): never taken up. Forgotten once a look finds the step no longer held."""
         self._queue_empty = False
         """The last claim found fewer queued requests than it had room for: a step handed
         over passes none that waits (until a wake-up says some may, and a claim looks)."""
@@ -246,25 +255,33 @@ class AgentRunner:
             except StoreError as exc:
                 self._transitions[:0] = transitions
                 logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
+                continue
+            try:
+                await self.take_up()
+            except StoreError as exc:
+                logger.warning("agent %s: cannot read the steps it holds: %s", self.agent.name, exc)
 
     # -- steps handed over by this process's scheduler ------------------------------------
-    def take_local(self, operation: str) -> bool:
-        """Reserve room for a step of `operation` that this process's scheduler would hand
-        over at once (recorded running, held by this instance): only while this instance
-        runs, has room, its breaker is closed, the operation has no limit (limits are
-        counted by claims) and no queued request of this agent waits (it would be passed)."""
+    def take_local(self, operation: str, where: tuple[str, int]) -> bool:
+        """Reserve room for the step `where` (task_id, seq) of `operation` that this
+        process's scheduler would hand over at once (recorded running, held by this
+        instance): only while this instance runs, has room, its breaker is closed, the
+        operation has no limit (limits are counted by claims) and no queued request of this
+        agent waits (it would be passed)."""
         op = self.agent.operations.get(operation)
         if not self._accepting or op is None or op.limit is not None:
             return False
         if self.breaker is not None and self.breaker.state != CLOSED:
             return False
-        if not self._queue_empty or len(self._inflight) + self._reserved >= self.concurrency:
+        if not self._queue_empty or len(self._inflight) + len(self._handing) >= self.concurrency:
             return False
-        self._reserved += 1
+        self._handing.add(where)
         return True
 
-    def release_local(self) -> None:
-        self._reserved -= 1
+    def release_local(self, where: tuple[str, int]) -> None:
+        """The step `where` is not handed over after all: its room is free. Should a write
+        whose answer was lost have recorded it held by this instance, `take_up` calls it."""
+        self._handing.discard(where)
         self._room.set()
 
     def serve_local(
@@ -272,10 +289,41 @@ class AgentRunner:
     ) -> None:
         """Call a step recorded as held by this instance, its room reserved; its outcome
         goes to `report`."""
-        self._reserved -= 1
-        task = asyncio.create_task(self._serve(request, report))
-        self._inflight[task] = request.operation
-        task.add_done_callback(self._done)
+        self._handing.discard((request.task_id, request.seq))
+        self._start(request, report)
+
+    # -- steps held but not called --------------------------------------------------------
+    async def take_up(self) -> int:
+        """Call the steps the store shows held by this instance (`Store.held_steps`) that it
+        is not calling: a claim or a hand-over whose commit was made but whose answer was
+        lost leaves them so, and they would wait for their complete_by. Not those being
+        handed over, nor those whose call here ended (out of tries or time, they wait for
+        their complete_by as any step). How many it took up."""
+        if not self._accepting:
+            return 0
+        ended = set(self._ended)
+        held = await self.store.held_steps(self.instance)
+        self._ended -= ended - {(r.task_id, r.seq, r.attempt) for r in held}
+        taken = 0
+        for request in held:
+            key = (request.task_id, request.seq, request.attempt)
+            if (
+                key in self._holds
+                or key in self._ended
+                or (request.task_id, request.seq) in self._handing
+                or request.operation not in self.agent.operations
+                or not self._accepting
+            ):
+                continue
+            logger.warning(
+                "%s attempt %d: held by this instance but not called (word of its claim was "
+                "lost); calling it now",
+                request.idempotency_key,
+                request.attempt,
+            )
+            self._start(request)
+            taken += 1
+        return taken
 
     # -- claiming -------------------------------------------------------------------------
     def _limits(self) -> dict[str, OpLimit]:
@@ -353,7 +401,7 @@ class AgentRunner:
         try:
             while not stop.is_set():
                 self._room.clear()
-                free = self.concurrency - len(self._inflight) - self._reserved
+                free = self.concurrency - len(self._inflight) - len(self._handing)
                 trial = None if self.breaker is None else self.breaker.room()
                 if trial is not None:
                     free = min(free, trial)
@@ -379,9 +427,7 @@ class AgentRunner:
                     await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
                     continue
                 for request in requests:
-                    task = asyncio.create_task(self._serve(request))
-                    self._inflight[task] = request.operation
-                    task.add_done_callback(self._done)
+                    self._start(request)
                 if len(requests) < free:
                     waits = [stop.wait(), self._requests_queued(sub)]
                     if full:  # an operation at its per-instance limit: a call ending frees it
@@ -425,16 +471,25 @@ class AgentRunner:
             )
 
     # -- serving --------------------------------------------------------------------------
-    async def _serve(
+    def _start(
         self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]] | None = None
     ) -> None:
+        """Serve a step this instance holds: its hold is known at once (`take_up` passes
+        it by), its call made in a task of its own."""
         hold = _Hold(self, request, report)
         self._holds[hold.key] = hold
+        self._ended.discard(hold.key)
+        task = asyncio.create_task(self._serve(hold))
+        self._inflight[task] = request.operation
+        task.add_done_callback(self._done)
+
+    async def _serve(self, hold: _Hold) -> None:
         try:
             await self._calls(hold)
         finally:
             if self._holds.get(hold.key) is hold:
                 del self._holds[hold.key]
+                self._ended.add(hold.key)
 
     async def _calls(self, hold: _Hold) -> None:
         """Call the operation of a claimed request until it answers, fails for good, runs

@@ -85,11 +85,14 @@ class LocalAgent(Protocol):
 
     instance: str
 
-    def take_local(self, operation: str) -> bool:
-        """Reserve room for one call of `operation` now, if it may be handed over."""
+    def take_local(self, operation: str, where: tuple[str, int]) -> bool:
+        """Reserve room for one call of `operation` now, if it may be handed over, for the
+        step `where` (task_id, seq) about to be written as held by this instance."""
 
-    def release_local(self) -> None:
-        """Give back a reservation whose step was not handed over after all."""
+    def release_local(self, where: tuple[str, int]) -> None:
+        """Give back a reservation whose step was not handed over after all (a write whose
+        answer was lost may have recorded it held by this instance all the same: the
+        instance takes it up, `AgentRunner.take_up`)."""
 
     def serve_local(
         self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]]
@@ -565,7 +568,7 @@ class Scheduler:
                             partial(self._local_outcome, future),
                         )
                     else:
-                        local.release_local()
+                        local.release_local(where)
                     local = None
                 if got is None and fallback is not None:
                     got, _ = await self._write_step(held, fallback)
@@ -586,7 +589,7 @@ class Scheduler:
                 raise Abandon from exc
         finally:
             if local is not None:  # stopped before its write said whether to hand it over
-                local.release_local()
+                local.release_local(where)
             if self._waiting.get(key, (where, None))[1] is future:
                 del self._waiting[key]
         if record.state == StepState.COMPLETED:
@@ -600,7 +603,9 @@ class Scheduler:
         if not isinstance(dispatch, NewStep) or dispatch.claimed_by is not None:
             return None
         local = self.local_agents.get(dispatch.agent)
-        if local is None or not local.take_local(dispatch.operation):
+        if local is None or not local.take_local(
+            dispatch.operation, (dispatch.task_id, dispatch.seq)
+        ):
             return None
         return local
 
@@ -801,6 +806,12 @@ class Scheduler:
                 got = DispatchedStep(
                     task_id=step.task_id, seq=step.seq, attempt=step.attempt, remaining=remaining
                 )
+                if (
+                    isinstance(write, NewStep)
+                    and write.claimed_by is not None
+                    and (step.state != StepState.RUNNING or step.locked_by != write.claimed_by)
+                ):
+                    return got, replace(write, claimed_by=None)  # open, but not as written
                 return got, write
             write = Redispatch(
                 task_id=held.task_id,

@@ -266,3 +266,25 @@ async def test_a_task_compensating_from_before_the_upgrade_keeps_waiting_for_com
     assert await store.stop_calls([stop("t1")]) == [True]
     assert eligible_in(url, "t1") > 20
     assert await store.claim_tasks("s2", ["wf"], 1) == []
+
+
+async def test_the_store_tells_an_instance_which_steps_it_holds_that_a_call_may_make(
+    store: Store,
+) -> None:
+    """`held_steps`: the steps an agent instance holds, as the requests it claimed (for the
+    steps whose claim's answer was lost): running, locked by it, in time, for a
+    task whose calls go on (a paused task's step runs until its call stops)."""
+    for t in ("kept", "done", "cancelled", "paused"):
+        await running_step(store, t)
+    await running_step(store, "other", instance="a2")
+    assert await store.complete_steps([outcome("done", 1)]) == [True]
+    await act(store, "cancel", "cancelled")
+    await act(store, "pause", "paused")
+    [paused] = await store.get_steps("paused")
+    assert (paused.state, paused.locked_by) == (StepState.RUNNING, "a1")
+    [held] = await store.held_steps("a1")
+    assert (held.task_id, held.seq, held.attempt, held.idempotency_key) == ("kept", 1, 1, "kept/1")
+    assert (held.agent, held.operation, held.input) == ("pay", "charge", [{"amount": 5}])
+    assert 0 < held.remaining <= 10
+    assert [r.task_id for r in await store.held_steps("a2")] == ["other"]
+    assert await store.held_steps("a3") == []

@@ -202,11 +202,14 @@ async def test_agents_claim_only_their_requests_and_results_are_fenced(store: St
     assert req.input == [{"amount": 5}]
     assert await store.claim_requests("a2", "pay", ["charge"], 10) == []
     results = store.subscribe(CHANNEL_RESULTS)
-    # Another instance, or another attempt, cannot complete it; its holder can, once.
+    # Another instance, or another attempt, cannot complete it; its holder can, once: the
+    # same outcome again (a try whose answer was lost) is taken as recorded, another is not.
     assert await store.complete_steps([outcome("t1", 1, instance="a2")]) == [False]
     assert await store.complete_steps([outcome("t1", 2)]) == [False]
     assert await store.complete_steps([outcome("t1", 1)]) == [True]
-    assert await store.complete_steps([outcome("t1", 1)]) == [False]
+    assert await store.complete_steps([outcome("t1", 1)]) == [True]
+    assert await store.complete_steps([outcome("t1", 1, state=StepState.FAILED)]) == [False]
+    assert await store.complete_steps([outcome("t1", 1, instance="a2")]) == [False]
     assert await results.wait(1) == ["t1\x1f1"]
     [done] = await store.finished_steps([("t1", 1), ("t1", 2)])
     assert done.state == StepState.COMPLETED and done.result == {"ok": True}

@@ -917,10 +917,18 @@ class StoreModel(RuleBasedStateMachine):
             tries=2,
         )
         [done], span = self.call(self.s.complete_steps([o]))
-        may = agent_may_write(s, attempt, instance, span)
+        # The same outcome again (a try whose answer was lost) is taken as recorded.
+        again = (
+            s is not None
+            and (s.state, s.attempt, s.locked_by) == (state, attempt, instance)
+            and not s.abandoned
+        )
+        may = True if again else agent_may_write(s, attempt, instance, span)
         agree(may, done, f"{instance} completes {t.task_id}/{o.seq}@{attempt} {state}")
         if not done:
             self.refused = True
+            return
+        if again:
             return
         assert s is not None
         s.state = state

@@ -532,6 +532,12 @@ class Store(abc.ABC):
             return {}
         return policy.lost(await self._read(policy.call_facts(calls)), calls, instance)
 
+    async def held_steps(self, instance: str) -> list[Request]:
+        """The steps `instance` holds, as the requests it claimed: running, locked by it,
+        before their complete_by, for a task whose calls go on (`rules.call_lost`); by
+        priority then age."""
+        return policy.held(await self._read_one("held_steps", instance=instance), instance)
+
     async def stop_calls(self, batch: Sequence[CallStop]) -> list[bool]:
         """Record that these calls of steps their instances no longer hold have ended
         (`rules.plan_call_stopped`), each fenced by the attempt and instance that held the

@@ -66,6 +66,7 @@ from ..rules import (
     first_tick,
     holds_up_compensation,
     lease_term,
+    outcome_recorded,
     pick_within_limits,
     pickup_failure,
     plan_action,
@@ -629,8 +630,39 @@ def complete_steps(
     batch: Sequence[StepOutcome], wake: Wakeups, *, notify: bool = True
 ) -> Flow[list[bool]]:
     """Record results, each only while the step is running under the given attempt, held by
-    the given instance, before its complete_by. `notify`: wake the schedulers waiting for
-    them (not when the scheduler writing them is the one that waits)."""
+    the given instance, before its complete_by; True also for one the step holds already
+    (`recorded_already`). `notify`: wake the schedulers waiting for them (not when the
+    scheduler writing them is the one that waits)."""
+    done = yield from _complete_steps(batch, wake, notify=notify)
+    return (yield from recorded_already(batch, done))
+
+
+def recorded_already(batch: Sequence[StepOutcome], done: list[bool]) -> Flow[list[bool]]:
+    """`done`, with True for each outcome refused that its step holds already: a try of the
+    same write whose answer was lost (`rules.outcome_recorded`). One more read, only when
+    one was refused."""
+    missed = [i for i, ok in enumerate(done) if not ok]
+    if not missed:
+        return done
+    calls = [(batch[i].task_id, batch[i].seq, batch[i].attempt) for i in missed]
+    [rows] = yield [call_facts(calls)]
+    found = {(r["task_id"], r["seq"]): r for r in rows}
+    out = list(done)
+    for i in missed:
+        o = batch[i]
+        out[i] = outcome_recorded(
+            state=str(o.state),
+            attempt=o.attempt,
+            instance=o.agent_instance,
+            found=found.get((o.task_id, o.seq)),
+        )
+    return out
+
+
+def _complete_steps(
+    batch: Sequence[StepOutcome], wake: Wakeups, *, notify: bool = True
+) -> Flow[list[bool]]:
+    """`complete_steps` in one round: what the write applied."""
     if not batch:
         return []
     keep = first_of_each(batch, lambda o: (o.task_id, o.seq, o.attempt, o.agent_instance))
@@ -676,16 +708,16 @@ def advance(
         )
         return done, *both
     inner = Wakeups()
-    recording = complete_steps(outcomes, wake, notify=False)
+    recording = _complete_steps(outcomes, wake, notify=False)
     depending = together(dispatch_steps(dispatches, inner), finish_tasks(finishes, inner))
     first = next(recording)
     try:
         then = next(depending)
     except StopIteration:  # nothing depends on them
         alone = yield first
-        return _returned(recording, alone), [], []
+        return (yield from recorded_already(outcomes, _returned(recording, alone))), [], []
     rows = yield [*first, Query("savepoint_dependents"), *then]
-    done = _returned(recording, rows[: len(first)])
+    done = yield from recorded_already(outcomes, _returned(recording, rows[: len(first)]))
     refused = {o.task_id for o, ok in zip(outcomes, done, strict=True) if not ok}
     if not refused & {w.task_id for w in (*dispatches, *finishes)}:
         later = rows[len(first) + 1 :]
@@ -745,6 +777,14 @@ def lost(
         if why is not None:
             out[(task_id, seq, attempt)] = why
     return out
+
+
+def held(rows: Rows, instance: str) -> list[Request]:
+    """Of the steps `held_steps` found running and locked by `instance`, those its call
+    holds (`rules.call_lost`), as requests by priority then age."""
+    return requests(
+        [r for r in rows if call_lost(attempt=r["attempt"], instance=instance, found=r) is None]
+    )
 
 
 def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:

@@ -394,6 +394,16 @@ FROM unnest(%(task_id)s::text[], %(seq)s::int[]) AS c(task_id, seq)
 JOIN stepwarden_steps s ON s.task_id = c.task_id AND s.seq = c.seq
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 
+-- name: held_steps
+-- The steps an agent instance holds: running, locked by it, before their complete_by; as
+-- claim_requests returns them, with the facts rules.call_lost decides on.
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
+       s.complete_by, s.priority, s.dispatched_at, s.compensates,
+       extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+       s.state, s.locked_by, s.abandoned, t.process_state
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state = 'running' AND s.locked_by = %(instance)s AND s.complete_by > now()
+
 -- name: lock_tasks
 -- Tasks a flow decides on, locked until commit (in the order of their ids).
 SELECT task_id FROM stepwarden_tasks WHERE task_id = ANY(%(task_ids)s::text[])

@@ -280,6 +280,16 @@ SELECT s.task_id, s.seq, s.agent, s.state, s.attempt, s.locked_by, s.abandoned,
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.task_id = :task_id AND s.seq = :seq
 
+-- name: held_steps
+-- The steps an agent instance holds: running, locked by it, before their complete_by; as
+-- claim_requests returns them, with the facts rules.call_lost decides on.
+SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
+       s.complete_by, s.priority, s.dispatched_at, s.compensates,
+       s.complete_by - :now AS remaining,
+       s.state, s.locked_by, s.abandoned, t.process_state
+FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
+WHERE s.state = 'running' AND s.locked_by = :instance AND s.complete_by > :now
+
 -- name: lock_tasks
 -- Tasks a flow decides on, locked until commit (BEGIN IMMEDIATE already holds every write).
 SELECT task_id FROM stepwarden_tasks WHERE task_id IN (SELECT value FROM json_each(:task_ids))
