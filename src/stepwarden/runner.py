@@ -302,7 +302,7 @@ class AgentRunner:
         if not self._accepting:
             return 0
         ended = set(self._ended)
-        held = await self.store.held_steps(self.instance)
+        held = await self.store.held_steps(self.instance, self.agent.name)
         self._ended -= ended - {(r.task_id, r.seq, r.attempt) for r in held}
         taken = 0
         for request in held:

@@ -38,6 +38,7 @@ from .records import (
     NewStep,
     ParkRequest,
     Redispatch,
+    Released,
     Request,
     SchedulerBeat,
     StepDispatch,
@@ -181,6 +182,11 @@ class Scheduler:
         known to be recorded."""
         self._recording: set[asyncio.Task[None]] = set()
         """Writes of outcomes alone under way (kept from the garbage collector)."""
+        self._drove: set[tuple[str, int]] = set()
+        """The tasks (task_id, attempt) this instance has driven and may still hold:
+        `give_back_undriven` leaves them be. Forgotten once a look finds them no longer held."""
+        self._undriven: set[tuple[str, int]] = set()
+        """Tasks the last look found held by this instance and not driven by it."""
         self._refused: set[str] = set()
         """Tasks an outcome of which the store refused after their workflow went on from it:
         nothing more is written for them (their hold is over, or about to be)."""
@@ -245,6 +251,38 @@ class Scheduler:
                 await self.store.beat_schedulers([self._beat()], self.gone_after)
             except StoreError as exc:
                 logger.warning("scheduler %s: heartbeat failed: %s", self.instance, exc)
+                continue
+            try:
+                await self.give_back_undriven()
+            except StoreError as exc:
+                logger.warning("scheduler %s: cannot read its tasks: %s", self.instance, exc)
+
+    async def give_back_undriven(self) -> list[Released]:
+        """Give back the tasks this instance holds, in time, that it has not driven under
+        their attempt, seen so at two looks in a row (a claim answered meanwhile is driven by
+        the second): a claim whose commit was made but whose answer was lost leaves them so,
+        and they would wait for their complete_by. A task whose drive here stopped, leaving
+        it to the supervisor, is not given back (its failure is counted at its deadline)."""
+        drove = set(self._drove)
+        held = await self.store.held_tasks(self.instance)
+        self._drove -= drove - set(held)
+        undriven = {
+            (task_id, attempt)
+            for task_id, attempt in held
+            if task_id not in self._driving and (task_id, attempt) not in self._drove
+        }
+        twice, self._undriven = undriven & self._undriven, undriven - self._undriven
+        if not twice:
+            return []
+        released = await self.store.release_held(self.instance, only=twice)
+        for r in released:
+            logger.warning(
+                "task %s: held by this scheduler but not driven (word of its claim was lost); "
+                "given back (now %s)",
+                r.task_id,
+                r.process_state,
+            )
+        return released
 
     async def _watch_versions(self) -> None:
         """Say, as a warning every `versions_every` seconds (the first at start), which tasks
@@ -327,6 +365,7 @@ class Scheduler:
                     if older is not None:
                         older.cancel()
                     self._refused.discard(c.task.task_id)
+                    self._drove.add((c.task.task_id, c.task.attempt))
                     task = asyncio.create_task(self._drive(c))
                     self._driving[c.task.task_id] = task
                     self._running.add(task)

@@ -282,9 +282,11 @@ async def test_the_store_tells_an_instance_which_steps_it_holds_that_a_call_may_
     await act(store, "pause", "paused")
     [paused] = await store.get_steps("paused")
     assert (paused.state, paused.locked_by) == (StepState.RUNNING, "a1")
-    [held] = await store.held_steps("a1")
+    [held] = await store.held_steps("a1", "pay")
     assert (held.task_id, held.seq, held.attempt, held.idempotency_key) == ("kept", 1, 1, "kept/1")
     assert (held.agent, held.operation, held.input) == ("pay", "charge", [{"amount": 5}])
     assert 0 < held.remaining <= 10
-    assert [r.task_id for r in await store.held_steps("a2")] == ["other"]
-    assert await store.held_steps("a3") == []
+    assert [r.task_id for r in await store.held_steps("a2", "pay")] == ["other"]
+    assert await store.held_steps("a3", "pay") == []
+    # The agent instances of one process share a name: each asks for its agent's steps.
+    assert await store.held_steps("a1", "ship") == []

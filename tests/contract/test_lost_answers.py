@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+import stepwarden as sw
 from stepwarden.agent import Agent, Call
 from stepwarden.records import DispatchedStep, StepOutcome
 from stepwarden.retry import Retry
@@ -22,7 +23,8 @@ from stepwarden.runner import AgentRunner
 from stepwarden.states import StepState
 from stepwarden.store import Store
 
-from .test_local_calls import app_task, new_step
+from .test_engine import RESUME
+from .test_local_calls import Shop, app_task, new_step
 from .test_outbox import until
 
 
@@ -64,17 +66,27 @@ async def test_a_group_commit_tried_again_after_its_answer_was_lost_goes_on(
         (1, StepState.COMPLETED, "a1"),
         (2, StepState.RUNNING, "a1"),
     ]
-    assert [(r.task_id, r.seq) for r in await store.held_steps("a1")] == [("t", 2)]
+    assert [(r.task_id, r.seq) for r in await store.held_steps("a1", "svc")] == [("t", 2)]
 
 
 class Service:
+    """The agent "svc", and beside it in the same process (its instance of the same name)
+    the agent "twin", whose operation has the same name."""
+
     def __init__(self) -> None:
         self.agent = Agent("svc")
+        self.twin = Agent("twin")
         self.calls: Counter[str] = Counter()
+
+        @self.twin.operation(name="quick")
+        async def twin_quick(call: Call, what: str) -> str:
+            self.calls[call.idempotency_key] += 1
+            return f"twin {what}"
 
         @self.agent.operation
         async def quick(call: Call, what: str) -> str:
             self.calls[call.idempotency_key] += 1
+            await asyncio.sleep(0.5)  # running through several heartbeats of both agents
             return f"done {what}"
 
         @self.agent.operation(retry=Retry(max_attempts=1))
@@ -85,15 +97,18 @@ class Service:
 
 @asynccontextmanager
 async def serving(store: Store, service: Service) -> AsyncIterator[AgentRunner]:
-    runner = AgentRunner(store, service.agent, instance="a1", heartbeat=0.05, poll_interval=0.05)
+    runner, twin = (
+        AgentRunner(store, agent, instance="a1", heartbeat=0.05, poll_interval=0.05)
+        for agent in (service.agent, service.twin)
+    )
     stop = asyncio.Event()
-    running = asyncio.create_task(runner.run(stop))
+    running = [asyncio.create_task(r.run(stop)) for r in (runner, twin)]
     try:
         yield runner
     finally:
         stop.set()
-        await running
-        await runner.drain(5)
+        await asyncio.gather(*running)
+        await asyncio.gather(runner.drain(5), twin.drain(5))
 
 
 async def test_a_step_whose_claim_answer_was_lost_is_called_by_its_instance_once(
@@ -136,6 +151,38 @@ async def test_a_call_that_ended_without_an_outcome_is_not_made_again(
         await until(gave_up)
         [step] = await store.get_steps("t")
         assert (step.state, step.locked_by) == (StepState.RUNNING, "a1")
-        assert [r.task_id for r in await store.held_steps("a1")] == ["t"]
+        assert [r.task_id for r in await store.held_steps("a1", "svc")] == ["t"]
         assert await runner.take_up() == 0
     assert service.calls == Counter({"t/1": 1})
+
+
+async def test_a_task_whose_claim_answer_was_lost_is_given_back_by_its_scheduler(
+    store_url: str,
+) -> None:
+    """A scheduler's claim of a task is made and its answer lost: the scheduler holds the
+    task and does not drive it. At its heartbeats it finds the task held and not driven,
+    gives it back, and claims it again: the task finishes long before its complete_by
+    (30 s), with no failure counted."""
+    shop = Shop(store_url)
+    try:
+        await given_back(shop)
+    finally:
+        await shop.app.aclose()
+
+
+async def given_back(shop: Shop) -> None:
+    await shop.app.submit_async(shop.three, None, task_id="t")
+    worker = sw.Worker(shop.app, RESUME)
+    store = await shop.app.store()
+    [lost] = await store.claim_tasks(f"scheduler-{worker.instance}", ["three"], 1)
+    assert lost.task.task_id == "t"
+    running = asyncio.create_task(worker.run())
+    try:
+        assert await shop.app.result_async("t", timeout=15) == ["done a", "done b", "done c"]
+    finally:
+        worker.stop.set()
+        await asyncio.wait_for(running, 30)
+    view = await shop.app.show_async("t")
+    [released] = [e for e in view.events if e.kind == "released"]
+    assert released.detail["reason"] == "held but not driven"
+    assert view.task.failure_count == 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -473,11 +473,18 @@ class Store(abc.ABC):
     async def waits(self, task_id: str) -> list[WaitRecord]:
         return [_rows.wait_record(r) for r in await self._read_one("list_waits", task_id=task_id)]
 
-    async def release_held(self, scheduler: str) -> list[Released]:
-        """Give back every task `scheduler` holds (processing: pending; compensating: stays,
-        unheld), fenced by its hold and the attempt read, with a `released` event each; no
-        failure is counted."""
-        return await self._write(partial(policy.release_held, scheduler))
+    async def release_held(
+        self, scheduler: str, only: Collection[tuple[str, int]] | None = None
+    ) -> list[Released]:
+        """Give back every task `scheduler` holds, or those of `only` (task_id, attempt)
+        (processing: pending; compensating: stays, unheld), fenced by its hold and the
+        attempt read, with a `released` event each; no failure is counted."""
+        return await self._write(partial(policy.release_held, scheduler, only))
+
+    async def held_tasks(self, scheduler: str) -> list[tuple[str, int]]:
+        """The tasks `scheduler` holds whose complete_by is still to come, as (task_id,
+        attempt)."""
+        return policy.held_in_time(await self._read_one("held_by", scheduler=scheduler))
 
     # -- the agents -----------------------------------------------------------------------
     async def claim_requests(
@@ -532,11 +539,13 @@ class Store(abc.ABC):
             return {}
         return policy.lost(await self._read(policy.call_facts(calls)), calls, instance)
 
-    async def held_steps(self, instance: str) -> list[Request]:
-        """The steps `instance` holds, as the requests it claimed: running, locked by it,
+    async def held_steps(self, instance: str, agent: str) -> list[Request]:
+        """The steps of `agent` that `instance` holds (the agent instances of one process
+        share a name), as the requests it claimed: running, locked by it,
         before their complete_by, for a task whose calls go on (`rules.call_lost`); by
         priority then age."""
-        return policy.held(await self._read_one("held_steps", instance=instance), instance)
+        rows = await self._read_one("held_steps", instance=instance, agent=agent)
+        return policy.held(rows, instance)
 
     async def stop_calls(self, batch: Sequence[CallStop]) -> list[bool]:
         """Record that these calls of steps their instances no longer hold have ended

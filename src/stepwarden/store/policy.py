@@ -12,7 +12,7 @@ aside for an operator (`rules.plan_set_aside`) and goes on with the others.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import _json
@@ -1119,12 +1119,24 @@ def scheduler_leave(instance: str) -> Query:
     return Query("scheduler_leave", {"instance": instance})
 
 
-def release_held(scheduler: str, wake: Wakeups) -> Flow[list[Released]]:
-    """A scheduler that drains gives back the tasks it still holds, at once: each where
+def release_held(
+    scheduler: str, only: Collection[tuple[str, int]] | None, wake: Wakeups
+) -> Flow[list[Released]]:
+    """A scheduler gives back the tasks it holds (those of `only`, by task_id and attempt,
+    when given: tasks it holds but does not drive), at once: each where
     `rules.release_state` says, fenced by the attempt read and its own hold."""
     held = yield from fetch("held_by", scheduler=scheduler)
-    by = {"by": scheduler, "term": None, "reason": "drained"}
+    if only is not None:
+        held = [r for r in held if (r["task_id"], r["attempt"]) in only]
+    reason = "drained" if only is None else "held but not driven"
+    by = {"by": scheduler, "term": None, "reason": reason}
     return (yield from _release(held, by, wake))
+
+
+def held_in_time(rows: Rows) -> list[tuple[str, int]]:
+    """Of a scheduler's tasks (`held_by`), those whose complete_by is still to come: past it,
+    the supervisor expires the task and counts a failure."""
+    return [(r["task_id"], int(r["attempt"])) for r in rows if r["in_time"]]
 
 
 def release_gone_schedulers(

@@ -395,14 +395,14 @@ JOIN stepwarden_steps s ON s.task_id = c.task_id AND s.seq = c.seq
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 
 -- name: held_steps
--- The steps an agent instance holds: running, locked by it, before their complete_by; as
--- claim_requests returns them, with the facts rules.call_lost decides on.
+-- The steps of an agent that an instance of it holds: running, locked by it, before their
+-- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
        s.complete_by, s.priority, s.dispatched_at, s.compensates,
        extract(epoch FROM s.complete_by - now())::float8 AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.state = 'running' AND s.locked_by = %(instance)s AND s.complete_by > now()
+WHERE s.state = 'running' AND s.agent = %(agent)s AND s.locked_by = %(instance)s AND s.complete_by > now()
 
 -- name: lock_tasks
 -- Tasks a flow decides on, locked until commit (in the order of their ids).
@@ -1289,8 +1289,9 @@ WHERE instance = %(instance)s
 SELECT *, expires_at > now() AS alive FROM stepwarden_schedulers ORDER BY started_at, instance
 
 -- name: held_by
--- The tasks one scheduler instance holds.
-SELECT task_id, attempt, locked_by, process_state FROM stepwarden_tasks
+-- The tasks one scheduler instance holds, and whether their complete_by is still to come.
+SELECT task_id, attempt, locked_by, process_state, complete_by > now() AS in_time
+FROM stepwarden_tasks
 WHERE locked_by = %(scheduler)s AND process_state IN ('processing', 'compensating')
 
 -- name: gone_scheduler_tasks

@@ -281,14 +281,14 @@ FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.task_id = :task_id AND s.seq = :seq
 
 -- name: held_steps
--- The steps an agent instance holds: running, locked by it, before their complete_by; as
--- claim_requests returns them, with the facts rules.call_lost decides on.
+-- The steps of an agent that an instance of it holds: running, locked by it, before their
+-- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
        s.complete_by, s.priority, s.dispatched_at, s.compensates,
        s.complete_by - :now AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.state = 'running' AND s.locked_by = :instance AND s.complete_by > :now
+WHERE s.state = 'running' AND s.agent = :agent AND s.locked_by = :instance AND s.complete_by > :now
 
 -- name: lock_tasks
 -- Tasks a flow decides on, locked until commit (BEGIN IMMEDIATE already holds every write).
@@ -974,8 +974,8 @@ UPDATE stepwarden_schedulers SET expires_at = MIN(expires_at, :now) WHERE instan
 SELECT *, expires_at > :now AS alive FROM stepwarden_schedulers ORDER BY started_at, instance
 
 -- name: held_by
--- The tasks one scheduler instance holds.
-SELECT task_id, attempt, locked_by, process_state
+-- The tasks one scheduler instance holds, and whether their complete_by is still to come.
+SELECT task_id, attempt, locked_by, process_state, complete_by > :now AS in_time
 FROM stepwarden_tasks INDEXED BY stepwarden_tasks_holder
 WHERE locked_by = :scheduler AND process_state IN ('processing', 'compensating')
 
