@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -136,8 +137,13 @@ async def test_listen_wakes_another_store(pg_url: str) -> None:
         await a.listen()  # idempotent
         tasks, requests = a.subscribe(CHANNEL_TASKS), a.subscribe(CHANNEL_REQUESTS)
         results, done = a.subscribe(CHANNEL_RESULTS), a.subscribe(CHANNEL_TASK_DONE)
+        # A submit is one statement (autocommit) that wakes the schedulers itself: only when
+        # a task became pending (not one already there, nor one whose start is delayed).
         assert await b.submit([task("t1"), task("t2")]) == [True, True]
         assert await tasks.wait(5) == [""]
+        later = replace(task("later"), start_after=60)
+        assert await b.submit([task("t1"), later]) == [False, True]
+        assert await tasks.wait(0.5) is None
         claimed = await b.claim_tasks("s1", ["wf"], 2)
         await b.dispatch_steps([dispatch(c.task.task_id, c.task.attempt) for c in claimed])
         assert await requests.wait(5) == ["pay"]

@@ -194,6 +194,12 @@ class Store(abc.ABC):
         transaction of its own; it wakes no one."""
         return await self._write(lambda wake: _one(query))
 
+    async def _write_alone(self, flow: FlowFn[T]) -> T:
+        """Drive a flow of one query in one round, whose SQL sends the wake-ups it owes to
+        other processes itself (PostgreSQL: `pg_notify` in the statement): as `_write`, where
+        the dialect cannot run it as a statement of its own."""
+        return await self._write(flow)
+
     async def _read_one(self, query: str, /, **params: Any) -> Rows:
         return await self._read(Query(query, params))
 
@@ -255,7 +261,9 @@ class Store(abc.ABC):
         """Record pending tasks; a task_id already present is left as it is (False). Tried
         again after a transient failure (a submission is idempotent by task_id; a task whose
         first try committed without its answer arriving is then reported as not created)."""
-        return await self._again_if_transient(lambda: self._write(partial(policy.submit, tasks)))
+        return await self._again_if_transient(
+            lambda: self._write_alone(partial(policy.submit, tasks))
+        )
 
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:

@@ -285,6 +285,20 @@ class PostgresStore(Store):
         self.notifier.publish_all(wake)
         return result
 
+    async def _write_alone(self, flow: FlowFn[T]) -> T:
+        # One statement in autocommit: one round trip, no BEGIN, no COMMIT, no pipeline; its
+        # SQL notifies (delivered on its commit), and this process hears of it after.
+        wake = Wakeups()
+        steps = flow(wake)
+        [query] = next(steps)
+        rows = await self._fetch(query)
+        try:
+            steps.send([rows])
+        except StopIteration as stop:
+            self.notifier.publish_all(wake)
+            return stop.value  # type: ignore[no-any-return]
+        raise RuntimeError("a flow written alone went on after its one query")
+
     # -- lifecycle ------------------------------------------------------------------------
     async def open(self, *, migrate: bool = True) -> None:
         if self._pool is not None:

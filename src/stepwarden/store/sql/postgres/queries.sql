@@ -26,7 +26,9 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 -- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
 -- or start_after seconds from now), each with the version of its workflow it runs; an
 -- existing task_id is left untouched. A child task names its parent and its place in the
--- parent's workflow.
+-- parent's workflow. The schedulers are woken (delivered on commit) when a task became
+-- pending: the statement runs alone, in autocommit (PostgresStore._write_alone).
+WITH ins AS (
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
@@ -46,7 +48,11 @@ FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
                 reply_to, start_at, start_after, version, parent_id, parent_position)) AS d
 ON CONFLICT (task_id) DO NOTHING
-RETURNING task_id
+RETURNING task_id, process_state
+), woken AS (
+    SELECT pg_notify('stepwarden_tasks', '') FROM ins WHERE process_state = 'pending' LIMIT 1
+)
+SELECT task_id, (SELECT count(*) FROM woken) AS woken FROM ins
 
 -- name: notify
 -- Wake other processes: one notification per (channel, payload), delivered on commit.
