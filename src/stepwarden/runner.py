@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -184,7 +185,7 @@ class AgentRunner:
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self._inflight: dict[asyncio.Task[None], str] = {}
-        self._handing: set[tuple[str, int]] = set()
+        self._handing: Counter[tuple[str, int]] = Counter()
         """The steps (task_id, seq) this process's scheduler is handing over, each with room
         promised (`take_local`): never taken up (`take_up`) while it hands them over."""
         self._ended: set[tuple[str, int, int]] = set()
@@ -273,24 +274,34 @@ class AgentRunner:
             return False
         if self.breaker is not None and self.breaker.state != CLOSED:
             return False
-        if not self._queue_empty or len(self._inflight) + len(self._handing) >= self.concurrency:
+        if not self._queue_empty or len(self._inflight) + self._handing.total() >= self.concurrency:
             return False
-        self._handing.add(where)
+        self._handing[where] += 1
         return True
 
     def release_local(self, where: tuple[str, int]) -> None:
         """The step `where` is not handed over after all: its room is free. Should a write
         whose answer was lost have recorded it held by this instance, `take_up` calls it."""
-        self._handing.discard(where)
+        self._handed(where)
         self._room.set()
 
     def serve_local(
         self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]]
     ) -> None:
         """Call a step recorded as held by this instance, its room reserved; its outcome
-        goes to `report`."""
-        self._handing.discard((request.task_id, request.seq))
+        goes to `report`. Not when this instance calls it already, or did (`take_up` found it
+        first): that call's outcome is recorded as any claimed step's."""
+        self._handed((request.task_id, request.seq))
+        key = (request.task_id, request.seq, request.attempt)
+        if key in self._holds or key in self._ended:
+            self._room.set()
+            return
         self._start(request, report)
+
+    def _handed(self, where: tuple[str, int]) -> None:
+        self._handing[where] -= 1
+        if self._handing[where] <= 0:
+            del self._handing[where]
 
     # -- steps held but not called --------------------------------------------------------
     async def take_up(self) -> int:
@@ -401,7 +412,7 @@ class AgentRunner:
         try:
             while not stop.is_set():
                 self._room.clear()
-                free = self.concurrency - len(self._inflight) - len(self._handing)
+                free = self.concurrency - len(self._inflight) - self._handing.total()
                 trial = None if self.breaker is None else self.breaker.room()
                 if trial is not None:
                     free = min(free, trial)

@@ -186,3 +186,35 @@ async def given_back(shop: Shop) -> None:
     [released] = [e for e in view.events if e.kind == "released"]
     assert released.detail["reason"] == "held but not driven"
     assert view.task.failure_count == 0
+
+
+async def test_a_step_taken_up_is_not_called_again_by_a_late_hand_over(store: Store) -> None:
+    """This process's scheduler writes a step held by its agent instance and hears of the
+    write late (its answer lost, then read back): the instance has taken the step up
+    meanwhile, and the hand-over calls nothing more. The outcome is recorded as any
+    claimed step's, not through the hand-over."""
+    service = Service()
+    attempt = await held_task(store, "t")
+    [got] = await store.dispatch_steps([new_step("t", attempt, 1, claimed_by="a1")])
+    assert isinstance(got, DispatchedStep)
+    reported: list[StepOutcome] = []
+
+    async def report(outcome: StepOutcome) -> bool:
+        reported.append(outcome)
+        return True
+
+    async with serving(store, service) as runner:
+
+        async def taken_up() -> bool:
+            return service.calls["t/1"] == 1
+
+        await until(taken_up)
+        [request] = await store.held_steps("a1", "svc")
+        runner.serve_local(request, report)
+
+        async def recorded() -> bool:
+            [step] = await store.get_steps("t")
+            return step.state == StepState.COMPLETED
+
+        await until(recorded)
+    assert service.calls == Counter({"t/1": 1}) and reported == []
