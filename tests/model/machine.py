@@ -353,6 +353,16 @@ def agent_may_write(s: MStep | None, attempt: int, instance: str, span: Span) ->
     )
 
 
+def recorded_already(s: MStep | None, state: StepState, attempt: int, instance: str) -> bool:
+    """Whether an agent's outcome is the one its step holds already (a try whose answer was
+    lost): the store takes it as recorded and changes nothing."""
+    return (
+        s is not None
+        and (s.state, s.attempt, s.locked_by) == (state, attempt, instance)
+        and not s.abandoned
+    )
+
+
 def pick(items: list[T], index: int) -> T | None:
     return items[index % len(items)] if items else None
 
@@ -917,12 +927,7 @@ class StoreModel(RuleBasedStateMachine):
             tries=2,
         )
         [done], span = self.call(self.s.complete_steps([o]))
-        # The same outcome again (a try whose answer was lost) is taken as recorded.
-        again = (
-            s is not None
-            and (s.state, s.attempt, s.locked_by) == (state, attempt, instance)
-            and not s.abandoned
-        )
+        again = recorded_already(s, state, attempt, instance)
         may = True if again else agent_may_write(s, attempt, instance, span)
         agree(may, done, f"{instance} completes {t.task_id}/{o.seq}@{attempt} {state}")
         if not done:
@@ -1003,9 +1008,10 @@ class StoreModel(RuleBasedStateMachine):
         (done, dispatched, finished), span = self.call(
             self.s.advance([o], dispatches, finishes)
         )
-        may = agent_may_write(s, attempt, instance, span)
+        again = recorded_already(s, StepState.COMPLETED, attempt, instance)
+        may = True if again else agent_may_write(s, attempt, instance, span)
         agree(may, done[0], f"{instance} completes {t.task_id}/{o.seq}@{attempt} with more")
-        if done[0]:
+        if done[0] and not again:
             assert s is not None
             s.state = StepState.COMPLETED
             s.result = {"ok": True}
