@@ -219,8 +219,9 @@ def profile_w1(
                 res.stop(spy, sig=signal.SIGINT, timeout=60)
 
     system.around_throughput = around  # type: ignore[method-assign]
-    log(f"profile: W1 of stepwarden-postgres under py-spy, {args.n} workflows")
-    w1 = w1_phase(res, system, args.n, 99)
+    variant = args.profile_variant
+    log(f"profile: W1 ({variant}) of stepwarden-postgres under py-spy, {args.n} workflows")
+    w1 = w1_phase(res, system, args.n, 99, variant, args.submitters)
     stacks = summarise_stacks(raw)
     kept = []
     for path in raw:  # next to the summary: the temporary directory goes at exit

@@ -855,6 +855,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "summary is written to PATH",
     )
     p.add_argument(
+        "--profile-variant",
+        choices=["batch", "single", "concurrent"],
+        default="batch",
+        help="the way of submitting of the profiled W1 [batch]",
+    )
+    p.add_argument(
         "--admin-url",
         default=os.environ.get(
             "BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

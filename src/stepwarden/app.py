@@ -556,11 +556,16 @@ class App:
         _check.timeout(timeout)
         store = await self._listening()
         sub = store.subscribe(CHANNEL_TASK_DONE)
+        awaited = False  # once the store knows of this wait, the task's end wakes `sub`
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     try:
-                        task = await store.get_task(task_id)
+                        if awaited:
+                            task = await store.get_task(task_id)
+                        else:
+                            task = await store.await_task(task_id)
+                            awaited = True
                     except TransientStoreError:  # wait for the store as for the task
                         await sub.wait(store.default_poll_interval)
                         continue

@@ -231,6 +231,30 @@ agent claims it and the scheduler resuming the task dispatches it again at once)
 back to the queue, in time, for an agent to claim)."""
 
 
+AwaitStep = Literal["wait", "note", "mark"]
+
+
+def await_next(*, state: TaskState | None, held: bool, awaited: bool, noted: bool) -> AwaitStep:
+    """What a waiter for a task's result does next, having read the task (`state`: None when
+    there is no such task; `held`: a scheduler holds it; `awaited`: its row is marked), so
+    that the task's end wakes it: an end notifies only when its row is marked awaited or a
+    wait is noted beside it (an operator's or the supervisor's end notifies always).
+
+    "mark" (held): mark the row, under its lock, where it is still held (an end after the
+    mark reads it; one before it leaves the row unheld and unmarked), then read again if the
+    mark was not made; "note" (not held, not ended): note the wait beside the row, whose lock
+    a waiter does not take (schedulers claim unheld rows skipping locked ones), then read
+    again; "wait": the end will wake the waiter (the row is marked, or it was not held when
+    read after the note: its scheduler ends it only after a claim committed after that read,
+    and that end reads the note), or it ended or does not exist and the waiter has what it
+    read."""
+    if state is None or state in FINISHED_TASK_STATES or awaited:
+        return "wait"
+    if held:
+        return "mark"
+    return "wait" if noted else "note"
+
+
 def plan_call_stopped(
     *, attempt: int, instance: str, found: Mapping[str, Any] | None
 ) -> StopPlan | None:

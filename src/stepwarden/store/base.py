@@ -61,6 +61,7 @@ from ..records import (
     Woke,
 )
 from ..retry import Backoff, backoff
+from ..rules import await_next
 from ..states import TaskState
 from . import _rows, _sql, policy
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
@@ -273,6 +274,31 @@ class Store(abc.ABC):
     async def get_task(self, task_id: str) -> TaskRecord | None:
         rows = await self._read_one("get_task", task_id=task_id)
         return _rows.task_record(rows[0]) if rows else None
+
+    async def await_task(self, task_id: str) -> TaskRecord | None:
+        """The task, read so that its end, when it has not ended, wakes this process's
+        subscribers of CHANNEL_TASK_DONE (a task's end notifies only those who wait for it):
+        its row marked awaited, or its wait noted beside it (rules.await_next). Each write
+        is a statement of its own, committed before the next read. Safe to repeat."""
+        noted = False
+        while True:
+            rows = await self._read_one("get_task", task_id=task_id)
+            row = rows[0] if rows else None
+            step = await_next(
+                state=None if row is None else TaskState(row["process_state"]),
+                held=bool(row and row["locked_by"] is not None),
+                awaited=bool(row and row["awaited"]),
+                noted=noted,
+            )
+            if step == "wait":
+                return None if row is None else _rows.task_record(row)
+            if step == "note":
+                await self._write_alone(partial(policy.note_awaited, task_id))
+                noted = True
+                continue
+            marked = await self._write_alone(partial(policy.mark_awaited, task_id))
+            if marked:
+                return _rows.task_record(marked[0])
 
     async def get_steps(self, task_id: str) -> list[StepRecord]:
         return [_rows.step_record(r) for r in await self._read_one("get_steps", task_id=task_id)]

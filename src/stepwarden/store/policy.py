@@ -145,6 +145,20 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     return created
 
 
+def mark_awaited(task_id: str, wake: Wakeups) -> Flow[Rows]:
+    """Mark the task's row awaited where a scheduler holds it (rules.await_next: "mark"):
+    the task as marked, or no row when it was not (not held, already marked, no such
+    task)."""
+    [rows] = yield [Query("mark_awaited", {"task_id": task_id})]
+    return rows
+
+
+def note_awaited(task_id: str, wake: Wakeups) -> Flow[None]:
+    """Note a wait for the result of a task no scheduler holds beside its row
+    (rules.await_next: "note")."""
+    yield [Query("note_awaited", {"task_id": task_id})]
+
+
 def _delayed(task: NewTask) -> bool:
     return task.start_at is not None or task.start_after > 0
 
@@ -510,7 +524,9 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
         )
     [rows] = yield [Query("finish_tasks", each=each)]
     applied = _by_ord(rows, keep)
-    wake.done([batch[i].task_id for i in sorted(applied)])
+    # Whoever waits for a result marked the task or noted its wait (rules.await_next): an end
+    # nobody waits for wakes nobody (a notification costs every listening session a read).
+    wake.done([batch[i].task_id for i, r in sorted(applied.items()) if r["awaited"]])
     wake.calls(
         [r["task_id"] for r in applied.values() if r["process_state"] != TaskState.PROCESSED]
     )
@@ -1288,9 +1304,11 @@ def _held_by(task_id: str, attempt: int, scheduler: str) -> Flow[bool]:
     """Whether the scheduler holds the task, processing, under this attempt (its row locked
     until commit): the fence of a wait and of a park."""
     task = yield from fetch("wait_read_task", task_id=task_id)
-    return bool(task) and (
-        task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]
-    ) == (str(TaskState.PROCESSING), attempt, scheduler)
+    return bool(task) and (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) == (
+        str(TaskState.PROCESSING),
+        attempt,
+        scheduler,
+    )
 
 
 def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:

@@ -256,7 +256,9 @@ WITH d AS (
     WHERE t.task_id = d.task_id AND t.attempt = d.attempt AND t.locked_by = d.scheduler
       AND t.process_state = d.held_as
     RETURNING d.ord, d.task_id, t.process_state, d.error, d.alert, d.abandoned_error,
-              t.parent_id
+              t.parent_id,
+              t.awaited OR EXISTS (SELECT 1 FROM stepwarden_awaited a
+                                   WHERE a.task_id = t.task_id) AS awaited
 ), e AS (
     INSERT INTO stepwarden_events (task_id, at, kind, detail)
     SELECT task_id, now(), 'alert',
@@ -270,7 +272,7 @@ WITH d AS (
     FROM u
     WHERE s.task_id = u.task_id AND s.state IN ('not_started', 'running')
 )
-SELECT ord, task_id, process_state, parent_id FROM u
+SELECT ord, task_id, process_state, parent_id, awaited FROM u
 
 -- name: claim_requests
 -- Claim queued requests in time: not_started -> running, skipping rows others hold. The pick
@@ -796,6 +798,22 @@ SELECT ord, task_id, failure_count, process_state FROM u ORDER BY ord
 -- One task.
 SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s
 
+-- name: mark_awaited
+-- A waiter for the task's result marks its row awaited, under the row's lock, where a
+-- scheduler holds it (rules.await_next): the end after the mark reads it. A row no
+-- scheduler holds is not locked: schedulers claim those skipping locked rows. The task as
+-- marked; nothing when not marked.
+UPDATE stepwarden_tasks SET awaited = true
+WHERE task_id = %(task_id)s AND NOT awaited AND locked_by IS NOT NULL
+RETURNING *
+
+-- name: note_awaited
+-- A waiter for the result of a task no scheduler holds notes its wait beside the row, where
+-- the task's end reads it (rules.await_next).
+INSERT INTO stepwarden_awaited (task_id)
+SELECT task_id FROM stepwarden_tasks WHERE task_id = %(task_id)s
+ON CONFLICT DO NOTHING
+
 -- name: get_steps
 -- The steps of one task, in order.
 SELECT * FROM stepwarden_steps WHERE task_id = %(task_id)s ORDER BY seq
@@ -1168,7 +1186,7 @@ WHERE id = %(id)s AND next_at IS NOT NULL
 
 -- name: purge
 -- Delete finished tasks (processed, compensated, cancelled) older than the retention, oldest
--- first, with their steps (ON DELETE CASCADE), events and delivered outbox rows.
+-- first, with their steps (ON DELETE CASCADE), events, delivered outbox rows and noted waits.
 WITH p AS (
     SELECT task_id FROM stepwarden_tasks
     WHERE finished_at < now() - make_interval(secs => %(older_than)s::float8)
@@ -1180,6 +1198,8 @@ WITH p AS (
     DELETE FROM stepwarden_events WHERE task_id IN (SELECT task_id FROM p)
 ), o AS (
     DELETE FROM stepwarden_outbox WHERE task_id IN (SELECT task_id FROM p) AND next_at IS NULL
+), a AS (
+    DELETE FROM stepwarden_awaited WHERE task_id IN (SELECT task_id FROM p)
 )
 DELETE FROM stepwarden_tasks WHERE task_id IN (SELECT task_id FROM p)
 RETURNING task_id

@@ -170,7 +170,9 @@ SET process_state = :state, result = :result, error = :error, locked_by = NULL,
     finished_at = CASE WHEN :finished THEN :now END
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
   AND process_state = :held_as
-RETURNING :ord AS ord, task_id, process_state, parent_id;
+RETURNING :ord AS ord, task_id, process_state, parent_id,
+          awaited OR EXISTS (SELECT 1 FROM stepwarden_awaited a
+                             WHERE a.task_id = stepwarden_tasks.task_id) AS awaited;
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 SELECT :task_id, :now, 'alert',
        json_object('reason', :alert, 'error', :error, 'then', :process_state)
@@ -541,6 +543,20 @@ WHERE task_id = :task_id AND state IN ('not_started', 'running');
 -- name: get_task
 SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
 
+-- name: mark_awaited
+-- A waiter for the task's result marks its row awaited where a scheduler holds it
+-- (rules.await_next). The task as marked; nothing when not marked.
+UPDATE stepwarden_tasks SET awaited = 1
+WHERE task_id = :task_id AND NOT awaited AND locked_by IS NOT NULL
+RETURNING *
+
+-- name: note_awaited
+-- A waiter for the result of a task no scheduler holds notes its wait beside the row
+-- (rules.await_next).
+INSERT INTO stepwarden_awaited (task_id)
+SELECT task_id FROM stepwarden_tasks WHERE task_id = :task_id
+ON CONFLICT DO NOTHING
+
 -- name: get_steps
 SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
@@ -866,7 +882,8 @@ WHERE id = :id AND next_at IS NOT NULL
 
 -- name: purge
 -- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,
--- deleted with their events, delivered outbox messages and steps (ON DELETE CASCADE).
+-- deleted with their events, delivered outbox messages, noted waits and steps (ON DELETE
+-- CASCADE).
 SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
 WHERE finished_at < :now - :older_than
   AND process_state IN ('processed', 'compensated', 'cancelled')
@@ -874,6 +891,7 @@ ORDER BY finished_at
 LIMIT :limit;
 DELETE FROM stepwarden_events WHERE task_id = :task_id;
 DELETE FROM stepwarden_outbox WHERE task_id = :task_id AND next_at IS NULL;
+DELETE FROM stepwarden_awaited WHERE task_id = :task_id;
 DELETE FROM stepwarden_tasks WHERE task_id = :task_id;
 
 -- name: insert_events
