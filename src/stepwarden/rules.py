@@ -247,7 +247,10 @@ def await_next(*, state: TaskState | None, held: bool, awaited: bool, noted: boo
     again; "wait": the end will wake the waiter (the row is marked, or it was not held when
     read after the note: its scheduler ends it only after a claim committed after that read,
     and that end reads the note), or it ended or does not exist and the waiter has what it
-    read."""
+    read.
+
+    This rests on a hold being taken only by a claim (`Store.claim_tasks`) committed in a
+    transaction of its own, before its scheduler's writes."""
     if state is None or state in FINISHED_TASK_STATES or awaited:
         return "wait"
     if held:

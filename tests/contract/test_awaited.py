@@ -1,19 +1,28 @@
-"""A task's end wakes whoever waits for its result, and nobody else (on PostgreSQL a
-notification costs every listening session a read). A waiter marks the row of a task that
-is held or waiting, and notes its wait beside a pending one (whose row schedulers claim
-skipping locked rows, so a waiter does not lock it); an end reads both."""
+"""A task's end by its scheduler wakes whoever waits for its result, and nobody else (on
+PostgreSQL a notification costs every listening session a read); an operator's end wakes
+always. A waiter marks the row of a task a scheduler holds, and notes its wait beside the
+row of one no scheduler holds (pending, waiting, paused: schedulers claim those rows
+skipping locked ones, so a waiter does not lock them); an end reads both."""
 
 from __future__ import annotations
+
+import asyncio
 
 import psycopg
 import pytest
 
-from stepwarden.records import TaskOutcome
+from stepwarden.records import OperatorAction, TaskOutcome
 from stepwarden.states import TaskState
 from stepwarden.store import CHANNEL_TASK_DONE, Store
 from stepwarden.store.postgres import SQL, PostgresStore
 
 from .test_local_calls import app_task
+from .test_outbox import until
+
+
+async def row_awaited(store: Store, task_id: str) -> bool:
+    [row] = await store._read_one("get_task", task_id=task_id)
+    return bool(row["awaited"])
 
 
 def processed(task_id: str, attempt: int, scheduler: str = "s1") -> TaskOutcome:
@@ -39,10 +48,12 @@ async def test_only_the_end_of_a_task_someone_waits_for_wakes(store: Store) -> N
     assert sorted(claimed) == ["alone", "marked", "noted"]
     marked = await store.await_task("marked")
     assert marked is not None and marked.process_state == TaskState.PROCESSING
+    # The held task's row is marked; the pending one's is not (its wait is noted beside it).
+    assert await row_awaited(store, "marked") and not await row_awaited(store, "noted")
     assert await store.finish_tasks([processed("alone", claimed["alone"])]) == [True]
     both = [processed(t, claimed[t]) for t in ("noted", "marked")]
     assert await store.finish_tasks(both) == [True, True]
-    # The first wake is the second write's: the end of "alone" woke nobody.
+    # Everything received so far: the end of "alone" woke nobody.
     assert sorted(await done.wait(5) or []) == ["marked", "noted"]
 
 
@@ -68,6 +79,15 @@ async def test_a_wait_survives_a_release_and_a_second_claim(store: Store) -> Non
     assert again.task.attempt > c.task.attempt
     assert await store.finish_tasks([processed("t", again.task.attempt, "s2")]) == [True]
     assert await done.wait(5) == ["t"]
+
+
+async def test_an_operators_end_wakes_whether_or_not_anyone_waits(store: Store) -> None:
+    await store.submit([app_task("t")])
+    done = store.subscribe(CHANNEL_TASK_DONE)
+    [out] = await store.operate([OperatorAction(action="cancel", task_id="t", actor="ops")])
+    assert out.applied
+    assert await done.wait(5) == ["t"]
+    assert not await row_awaited(store, "t")
 
 
 @pytest.mark.parametrize("when", ["pending", "held"])
@@ -116,5 +136,43 @@ async def test_on_postgresql_a_wait_being_noted_hides_no_task_from_a_claim(
         done = store.subscribe(CHANNEL_TASK_DONE)
         assert await store.finish_tasks([processed("t", claimed[0].task.attempt)]) == [True]
         assert await done.wait(5) == ["t"]
+    finally:
+        await store.close()
+
+
+async def test_on_postgresql_a_mark_that_waits_for_an_end_reads_the_end(pg_url: str) -> None:
+    """A waiter marks a held task while its end is being written (the row locked, not yet
+    committed): the mark waits for the row, finds it no longer held, and the waiter reads
+    the end rather than waiting for a wake-up that will not come."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        await store.submit([app_task("t")])
+        await store.claim_tasks("s1", ["wf"], 1)
+        async with await psycopg.AsyncConnection.connect(pg_url) as db:
+            await db.execute(
+                "UPDATE stepwarden_tasks SET process_state = 'processed', locked_by = NULL,"
+                " complete_by = NULL, result = '\"r\"', finished_at = now()"
+                " WHERE task_id = 't'"
+            )
+            waiter = asyncio.create_task(store.await_task("t"))
+
+            async def mark_waits() -> bool:
+                # (pg_stat_activity is read once per transaction: a connection of its own.)
+                async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as c:
+                    cur = await c.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                        " AND query LIKE '%awaited = true%'"
+                    )
+                    row = await cur.fetchone()
+                return bool(row and row[0])
+
+            await until(mark_waits)
+            await db.commit()
+        ended = await waiter
+        assert ended is not None and ended.process_state == TaskState.PROCESSED
+        assert ended.result == "r"
+        assert not await row_awaited(store, "t")
     finally:
         await store.close()

@@ -801,8 +801,9 @@ SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s
 -- name: mark_awaited
 -- A waiter for the task's result marks its row awaited, under the row's lock, where a
 -- scheduler holds it (rules.await_next): the end after the mark reads it. A row no
--- scheduler holds is not locked: schedulers claim those skipping locked rows. The task as
--- marked; nothing when not marked.
+-- scheduler holds is not marked (schedulers claim those skipping locked rows); one that
+-- stopped being held while the mark waited for its lock stays locked until this statement
+-- ends. The task as marked; nothing when not marked.
 UPDATE stepwarden_tasks SET awaited = true
 WHERE task_id = %(task_id)s AND NOT awaited AND locked_by IS NOT NULL
 RETURNING *

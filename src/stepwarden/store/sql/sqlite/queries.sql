@@ -882,8 +882,8 @@ WHERE id = :id AND next_at IS NOT NULL
 
 -- name: purge
 -- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,
--- deleted with their events, delivered outbox messages, noted waits and steps (ON DELETE
--- CASCADE).
+-- deleted with their events, delivered outbox messages and noted waits, and their steps (ON
+-- DELETE CASCADE).
 SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
 WHERE finished_at < :now - :older_than
   AND process_state IN ('processed', 'compensated', 'cancelled')
