@@ -16,6 +16,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.records import DispatchedStep, NewStep, NewTask, StepOutcome, TaskOutcome
+from stepwarden.store import Store
 
 from .test_engine import running
 from .test_outbox import until
@@ -153,6 +154,26 @@ async def test_a_group_commit_applies_nothing_that_depends_on_a_refused_outcome(
         ]
     finally:
         await app.aclose()
+
+
+async def test_a_first_step_handed_at_once_is_written_alone_and_fenced(store: Store) -> None:
+    """A group commit of new steps only, each taken at once by an agent instance of the
+    scheduler's process (a task's first step), is one statement: the step of the task held
+    under its attempt is recorded running, held by that instance, and queued for no agent;
+    one under a stale attempt is not recorded."""
+    await store.submit([app_task("held"), app_task("stale")])
+    claimed = {c.task.task_id: c.task.attempt for c in await store.claim_tasks("s1", ["wf"], 2)}
+    steps = [
+        new_step("held", claimed["held"], 1, claimed_by="a1"),
+        new_step("stale", claimed["stale"] - 1, 1, claimed_by="a1"),
+    ]
+    done, dispatched, finished = await store.advance([], steps, [])
+    assert (done, finished) == ([], [])
+    assert isinstance(dispatched[0], DispatchedStep) and dispatched[1] is None
+    [step] = await store.get_steps("held")
+    assert (step.state, step.locked_by) == (sw.StepState.RUNNING, "a1")
+    assert await store.get_steps("stale") == []
+    assert await store.claim_requests("a2", "svc", ["quick"], 10) == []
 
 
 def app_task(task_id: str) -> NewTask:

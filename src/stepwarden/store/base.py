@@ -426,6 +426,9 @@ class Store(abc.ABC):
         are not applied."""
         if not (outcomes or dispatches or finishes):
             return [], [], []
+        if policy.advance_alone(outcomes, dispatches, finishes):
+            dispatched = await self._write_alone(partial(policy.dispatch_steps, dispatches))
+            return [], dispatched, []
         return await self._write(partial(policy.advance, outcomes, dispatches, finishes))
 
     async def finished_steps(self, keys: Sequence[tuple[str, int]]) -> list[StepRecord]:

@@ -702,6 +702,23 @@ def _complete_steps(
     return [i in applied for i in range(len(batch))]
 
 
+def advance_alone(
+    outcomes: Sequence[StepOutcome],
+    dispatches: Sequence[StepDispatch],
+    finishes: Sequence[TaskOutcome],
+) -> bool:
+    """Whether a scheduler's group commit is one statement that owes no wake-up, so that it
+    may run alone (`Store._write_alone`): new steps only, each taken at once by an agent
+    instance of the scheduler's process (no request queued), as a task's first step called
+    where its workflow runs; `dispatch_steps` of them is one query."""
+    return (
+        not outcomes
+        and not finishes
+        and bool(dispatches)
+        and all(isinstance(d, NewStep) and d.claimed_by for d in dispatches)
+    )
+
+
 def advance(
     outcomes: Sequence[StepOutcome],
     dispatches: Sequence[StepDispatch],
