@@ -1321,11 +1321,9 @@ def _held_by(task_id: str, attempt: int, scheduler: str) -> Flow[bool]:
     """Whether the scheduler holds the task, processing, under this attempt (its row locked
     until commit): the fence of a wait and of a park."""
     task = yield from fetch("wait_read_task", task_id=task_id)
-    return bool(task) and (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) == (
-        str(TaskState.PROCESSING),
-        attempt,
-        scheduler,
-    )
+    return bool(task) and (
+        task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]
+    ) == (str(TaskState.PROCESSING), attempt, scheduler)
 
 
 def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:
