@@ -197,8 +197,8 @@ class Store(abc.ABC):
 
     async def _write_alone(self, flow: FlowFn[T]) -> T:
         """Drive a flow of one query in one round, whose SQL sends the wake-ups it owes to
-        other processes itself (PostgreSQL: `pg_notify` in the statement): as `_write`, where
-        the dialect cannot run it as a statement of its own."""
+        other processes itself (PostgreSQL: `pg_notify` in the statement), or that owes none
+        to them: as `_write`, where the dialect cannot run it as a statement of its own."""
         return await self._write(flow)
 
     async def _read_one(self, query: str, /, **params: Any) -> Rows:
@@ -293,10 +293,11 @@ class Store(abc.ABC):
             if step == "wait":
                 return None if row is None else _rows.task_record(row)
             if step == "note":
-                await self._write_alone(partial(policy.note_awaited, task_id))
+                await self._write_one(Query("note_awaited", {"task_id": task_id}))
                 noted = True
                 continue
-            marked = await self._write_alone(partial(policy.mark_awaited, task_id))
+            # The task as marked; no row when it was not (no longer held, or marked already).
+            marked = await self._write_one(Query("mark_awaited", {"task_id": task_id}))
             if marked:
                 return _rows.task_record(marked[0])
 

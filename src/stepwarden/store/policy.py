@@ -145,20 +145,6 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     return created
 
 
-def mark_awaited(task_id: str, wake: Wakeups) -> Flow[Rows]:
-    """Mark the task's row awaited where a scheduler holds it (rules.await_next: "mark"):
-    the task as marked, or no row when it was not (not held, already marked, no such
-    task)."""
-    [rows] = yield [Query("mark_awaited", {"task_id": task_id})]
-    return rows
-
-
-def note_awaited(task_id: str, wake: Wakeups) -> Flow[None]:
-    """Note a wait for the result of a task no scheduler holds beside its row
-    (rules.await_next: "note")."""
-    yield [Query("note_awaited", {"task_id": task_id})]
-
-
 def _delayed(task: NewTask) -> bool:
     return task.start_at is not None or task.start_after > 0
 
