@@ -387,6 +387,55 @@ async def test_sweep_reads_only_the_expiry_indexes(pg_url: str) -> None:
             assert "Seq Scan" not in plan, plan
 
 
+async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> None:
+    """Workflows submitted one at a time run each statement of their path with one row:
+    PostgreSQL keeps one plan for it (a prepared statement's generic plan) instead of
+    planning every call, which cost more of the server's time than running the statement."""
+    with psycopg.connect(pg_url, autocommit=True) as db:  # statistics of a used store
+        db.execute(
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            " complete_within, finished_at) SELECT 'old' || i, 'wf', '{}', 'processed', 3, 30,"
+            " now() FROM generate_series(1, 5000) i"
+        )
+        db.execute(
+            "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+            " task_attempt, priority, complete_by, idempotency_key, input) SELECT 'old' || i,"
+            " s, 'n', 'a', 'o', 'completed', 1, 1, 0, now(), 'k', '{}'"
+            " FROM generate_series(1, 5000) i, generate_series(1, 3) s"
+        )
+        db.execute("ANALYZE")
+    store = PostgresStore(pg_url + "?pool_size=1")  # every statement on one session
+    await store.open()
+    try:
+        for i in range(25):
+            [new] = await store.submit([task(f"t{i}")])
+            assert new
+            [claimed] = await store.claim_tasks("s1", ["wf"], 25)
+            attempt = claimed.task.attempt
+            assert await store.dispatch_steps([dispatch(f"t{i}", attempt)]) != [None]
+            [request] = await store.claim_requests("a1", "pay", ["charge"], 10)
+            assert await store.complete_steps([outcome(f"t{i}", request.attempt)]) == [True]
+            end = TaskOutcome(
+                task_id=f"t{i}", attempt=attempt, scheduler="s1", state=TaskState.PROCESSED,
+                result="1", error=None,
+            )  # fmt: skip
+            assert await store.finish_tasks([end]) == [True]
+        assert store._pool is not None
+        async with store._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            )
+            prepared = await cur.fetchall()
+    finally:
+        await store.close()
+    queries = _sql.queries("postgres")
+    for name in ("insert_tasks", "claim_tasks", "dispatch_new", "complete_steps", "finish_tasks"):
+        head = queries[name].splitlines()[0]  # each query opens with its own comment
+        [(generic, custom)] = [(g, c) for text, g, c in prepared if text.startswith(head)]
+        # Five plans for the call's parameters, then the generic plan, kept.
+        assert custom <= 5 and generic >= 10, (name, generic, custom)
+
+
 async def test_batch_parameters_keep_every_character(pg_url: str) -> None:
     """Batches travel as array literals: quotes, backslashes, braces, commas, the word NULL,
     empty strings and non-ASCII text come back as they went in, and None as NULL."""

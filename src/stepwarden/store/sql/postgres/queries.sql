@@ -64,10 +64,14 @@ FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
 -- versions, side by side) by priority then age, skipping rows other claimers hold: pending
 -- ones (-> processing) and compensating ones no scheduler holds; a new attempt each. Each
 -- pair is read through the claim indexes by (workflow, version, priority, age), up to the
--- limit: the tasks of other versions are never read.
+-- limit: the tasks of other versions are never read. The LIMIT of w keeps every pair; it
+-- tells the plan kept for all calls (generic) that the pairs are few, so that PostgreSQL
+-- keeps that plan instead of planning each call anew (it took the generic plan for ten
+-- pairs to be dearer than one planned for the call, and planned every claim).
 WITH w AS MATERIALIZED (
     SELECT DISTINCT workflow, version
     FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+    LIMIT cardinality(%(workflows)s::text[])
 ), p AS MATERIALIZED (
     SELECT x.* FROM w CROSS JOIN LATERAL (
         SELECT task_id, priority, created_at FROM stepwarden_tasks t
@@ -243,6 +247,7 @@ WITH d AS (
                          %(ord)s::int[])
         AS d(task_id, attempt, scheduler, held_as, state, compensation_starts, finished, result,
              error, alert, abandoned_error, hold, ord)
+    LIMIT cardinality(%(ord)s::int[])  -- every row: a kept plan for a few (claim_tasks)
 ), u AS (
     UPDATE stepwarden_tasks t
     SET process_state = d.state,
@@ -622,6 +627,7 @@ WITH d AS (
                          %(instance)s::text[], %(state)s::text[], %(result)s::text[],
                          %(error)s::text[], %(tries)s::int[], %(ord)s::int[])
         AS d(task_id, seq, attempt, instance, state, result, error, tries, ord)
+    LIMIT cardinality(%(ord)s::int[])  -- every row: a kept plan for a few (claim_tasks)
 ), u AS (
     UPDATE stepwarden_steps s
     SET state = d.state, result = d.result::json, error = d.error, tries = d.tries,
