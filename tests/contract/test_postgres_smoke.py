@@ -429,7 +429,10 @@ async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> Non
     finally:
         await store.close()
     queries = _sql.queries("postgres")
-    for name in ("insert_tasks", "claim_tasks", "dispatch_new", "complete_steps", "finish_tasks"):
+    for name in (
+        "insert_tasks", "claim_tasks", "dispatch_new", "claim_requests", "complete_steps",
+        "finish_tasks",
+    ):  # fmt: skip
         head = queries[name].splitlines()[0]  # each query opens with its own comment
         [(generic, custom)] = [(g, c) for text, g, c in prepared if text.startswith(head)]
         # Five plans for the call's parameters, then the generic plan, kept.
