@@ -404,7 +404,8 @@ async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> Non
             " FROM generate_series(1, 5000) i, generate_series(1, 3) s"
         )
         db.execute("ANALYZE")
-    store = PostgresStore(pg_url + "?pool_size=1")  # every statement on one session
+    # Every statement on one session, whose prepared statements the test then reads.
+    store = PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
     await store.open()
     try:
         for i in range(25):
