@@ -28,6 +28,7 @@ from stepwarden.store import (
     _sql,
     open_store,
 )
+from stepwarden.store._flow import Flow, Query, Wakeups
 from stepwarden.store.postgres import STALLED, PostgresStore, _chunks
 
 from ..dispatching import step_dispatch
@@ -438,6 +439,41 @@ async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> Non
         [(generic, custom)] = [(g, c) for text, g, c in prepared if text.startswith(head)]
         # Five plans for the call's parameters, then the generic plan, kept.
         assert custom <= 5 and generic >= 10, (name, generic, custom)
+
+
+async def test_a_write_that_fails_part_way_records_nothing(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write transaction that fails part way, the database refusing a statement or the
+    flow raising, records nothing of what it wrote before, and its session goes back to the
+    pool idle (rolled back by the store, not by the pool): the next write on it commits."""
+
+    def event(detail: str) -> Query:
+        return Query("insert_events", each=[{"task_id": None, "kind": "k", "detail": detail}])
+
+    def refused(wake: Wakeups) -> Flow[None]:
+        yield [event('"written first"')]
+        yield [event("{not json")]  # refused by the database
+
+    def raising(wake: Wakeups) -> Flow[None]:
+        yield [event('"written first"')]
+        raise RuntimeError("the flow fails")
+
+    def kept(wake: Wakeups) -> Flow[None]:
+        yield [event('"kept"')]
+
+    store = PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
+    await store.open()
+    try:
+        with pytest.raises(StoreError, match="json"):
+            await store._write(refused)
+        with pytest.raises(RuntimeError, match="the flow fails"):
+            await store._write(raising)
+        await store._write(kept)
+        assert [e.detail for e in await store.events(kind="k")] == ["kept"]
+    finally:
+        await store.close()
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")]
 
 
 async def test_batch_parameters_keep_every_character(pg_url: str) -> None:

@@ -56,6 +56,7 @@ T = TypeVar("T")
 SQL = _sql.queries("postgres")
 Conn = psycopg.AsyncConnection[Any]
 Cursor = psycopg.AsyncCursor[DictRow]
+Pipe = psycopg.AsyncPipeline
 
 CONNECT_TIMEOUT = 10.0
 """Seconds allowed to reach the server when opening the store."""
@@ -280,8 +281,8 @@ class PostgresStore(Store):
 
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
-        async with self._connection() as conn, conn.pipeline():
-            result = await _drive(conn, flow(wake), wake)
+        async with self._connection() as conn, conn.pipeline() as pipe:
+            result = await _drive(conn, pipe, flow(wake), wake)
         self.notifier.publish_all(wake)
         return result
 
@@ -497,7 +498,7 @@ async def _rows(cur: Cursor | None) -> Rows:
         raise
 
 
-async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
+async def _run(conn: Conn, pipe: Pipe | None, batch: list[Query]) -> list[Rows] | StoreError:
     """The rows of each query of a batch, sent together and read in one round trip. A
     query in a savepoint runs on its own; when the database refuses it, the savepoint is
     rolled back and the error returned, the transaction still usable."""
@@ -509,15 +510,30 @@ async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
         if not query.savepoint:
             results.append(await _rows(await _send(conn, query)))
             continue
+        await _command(conn, b"SAVEPOINT stepwarden_query")
         try:
-            async with conn.transaction():
-                results.append(await _rows(await _send(conn, query)))
+            rows = await _rows(await _send(conn, query))
         except psycopg.Error as exc:
+            if pipe is not None:  # the commands after the error were skipped: end them
+                with contextlib.suppress(psycopg.Error):
+                    await pipe.sync()
+            await _command(conn, b"ROLLBACK TO SAVEPOINT stepwarden_query")
+            await _command(conn, b"RELEASE SAVEPOINT stepwarden_query")
             return _translate(exc)
+        await _command(conn, b"RELEASE SAVEPOINT stepwarden_query")
+        results.append(rows)
     return results
 
 
-async def _steps(conn: Conn, flow: Flow[T]) -> tuple[T | None, list[Cursor | None] | None]:
+async def _command(conn: Conn, command: bytes) -> None:
+    """A statement of transaction control (sent as it is: PostgreSQL does not prepare
+    them); in pipeline mode it is queued with the rest."""
+    await conn.execute(command, prepare=False)
+
+
+async def _steps(
+    conn: Conn, pipe: Pipe | None, flow: Flow[T]
+) -> tuple[T | None, list[Cursor | None] | None]:
     """Run a flow's queries in the transaction open on `conn`: its result, or the cursors of
     the queries it left to be read after the commit (`Query.after_commit`)."""
     try:
@@ -525,18 +541,28 @@ async def _steps(conn: Conn, flow: Flow[T]) -> tuple[T | None, list[Cursor | Non
         while True:
             if batch and all(q.after_commit for q in batch):
                 return None, [await _send(conn, q) for q in batch]
-            results = await _run(conn, batch)
+            results = await _run(conn, pipe, batch)
             batch = flow.throw(results) if isinstance(results, StoreError) else flow.send(results)
     except StopIteration as stop:
         return stop.value, None
 
 
-async def _drive(conn: Conn, flow: Flow[T], wake: Wakeups) -> T:
-    """Run a flow as one transaction on `conn` (in pipeline mode), notifying its wake-ups
-    before the commit; queries left to be read after the commit go with the COMMIT."""
-    async with conn.transaction():
-        result, deferred = await _steps(conn, flow)
+async def _drive(conn: Conn, pipe: Pipe, flow: Flow[T], wake: Wakeups) -> T:
+    """Run a flow as one transaction on `conn` in pipeline mode, notifying its wake-ups
+    before the commit; queries left to be read after the commit go with the COMMIT.
+
+    BEGIN and COMMIT are queued with the flow's queries, and the COMMIT's outcome is read
+    with one sync: psycopg's `transaction()` in pipeline mode syncs on entering and leaving
+    its block besides, two more round trips (and their wake-ups) per transaction."""
+    await _command(conn, b"BEGIN")
+    try:
+        result, deferred = await _steps(conn, pipe, flow)
         await _notify(conn, wake)
+        await _command(conn, b"COMMIT")
+        await pipe.sync()
+    except BaseException:
+        await _abandon(conn, pipe)
+        raise
     if deferred is None:
         return result  # type: ignore[return-value]
     try:
@@ -544,6 +570,18 @@ async def _drive(conn: Conn, flow: Flow[T], wake: Wakeups) -> T:
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     raise RuntimeError("a flow went on after the queries it read after the commit")
+
+
+async def _abandon(conn: Conn, pipe: Pipe) -> None:
+    """Roll back the transaction of a flow that failed or was cancelled, so that its
+    connection goes back to the pool idle (one that cannot is discarded by the pool)."""
+    if conn.broken or conn.closed:
+        return
+    with contextlib.suppress(psycopg.Error):
+        with contextlib.suppress(psycopg.Error):
+            await pipe.sync()  # the commands after an error were skipped: end them
+        await _command(conn, b"ROLLBACK")
+        await pipe.sync()
 
 
 class _PostgresTransaction(Transaction):
@@ -560,7 +598,7 @@ class _PostgresTransaction(Transaction):
 
     async def _run(self, flow: FlowFn[T]) -> T:
         try:
-            result, deferred = await _steps(self._conn, flow(self.wake))
+            result, deferred = await _steps(self._conn, None, flow(self.wake))
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         assert deferred is None, "a flow of the application's transaction reads after commit"
