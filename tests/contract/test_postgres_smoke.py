@@ -28,7 +28,7 @@ from stepwarden.store import (
     _sql,
     open_store,
 )
-from stepwarden.store._flow import Flow, Query, Wakeups
+from stepwarden.store._flow import Flow, Query, Rows, Wakeups
 from stepwarden.store.postgres import STALLED, PostgresStore, _chunks
 
 from ..dispatching import step_dispatch
@@ -445,8 +445,9 @@ async def test_a_write_that_fails_part_way_records_nothing(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A write transaction that fails part way, the database refusing a statement or the
-    flow raising, records nothing of what it wrote before, and its session goes back to the
-    pool idle (rolled back by the store, not by the pool): the next write on it commits."""
+    flow raising, records nothing of what it wrote before, and its session is usable again:
+    the next write on it commits. A statement the failure made the server skip as psycopg
+    prepared it (its sixth run) is not taken for prepared afterwards: it runs again."""
 
     def event(detail: str) -> Query:
         return Query("insert_events", each=[{"task_id": None, "kind": "k", "detail": detail}])
@@ -462,6 +463,13 @@ async def test_a_write_that_fails_part_way_records_nothing(
     def kept(wake: Wakeups) -> Flow[None]:
         yield [event('"kept"')]
 
+    def read(wake: Wakeups) -> Flow[Rows]:
+        [rows] = yield [Query("get_task", {"task_id": "none"})]
+        return rows
+
+    def refused_before_a_read(wake: Wakeups) -> Flow[None]:
+        yield [event("{not json"), Query("get_task", {"task_id": "none"})]
+
     store = PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
     await store.open()
     try:
@@ -471,6 +479,12 @@ async def test_a_write_that_fails_part_way_records_nothing(
             await store._write(raising)
         await store._write(kept)
         assert [e.detail for e in await store.events(kind="k")] == ["kept"]
+        for _ in range(5):  # psycopg prepares a statement on its sixth run
+            assert await store._write(read) == []
+        with pytest.raises(StoreError, match="json"):
+            await store._write(refused_before_a_read)
+        for _ in range(3):
+            assert await store._write(read) == []
     finally:
         await store.close()
     assert not [r for r in caplog.records if r.name.startswith("psycopg")]

@@ -492,16 +492,21 @@ async def _rows(cur: Cursor | None) -> Rows:
         return []
     try:
         return await cur.fetchall()
-    except psycopg.ProgrammingError:
-        if cur.description is None:  # a statement that returns no rows (its result is here)
+    except psycopg.ProgrammingError as exc:
+        # A statement that returns no rows (its result is here): psycopg's own complaint,
+        # with no SQLSTATE; an error of the server's is the statement's failure.
+        if cur.description is None and exc.sqlstate is None:
             return []
         raise
 
 
-async def _run(conn: Conn, pipe: Pipe | None, batch: list[Query]) -> list[Rows] | StoreError:
+async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
     """The rows of each query of a batch, sent together and read in one round trip. A
     query in a savepoint runs on its own; when the database refuses it, the savepoint is
-    rolled back and the error returned, the transaction still usable."""
+    rolled back and the error returned, the transaction still usable. The savepoint is
+    psycopg's (`transaction()` nested in the open transaction): its rollback also forgets
+    the statements psycopg took for prepared in the commands the error made the server
+    skip."""
     if not any(q.savepoint for q in batch):
         cursors = [await _send(conn, q) for q in batch]
         return [await _rows(cur) for cur in cursors]
@@ -510,18 +515,11 @@ async def _run(conn: Conn, pipe: Pipe | None, batch: list[Query]) -> list[Rows] 
         if not query.savepoint:
             results.append(await _rows(await _send(conn, query)))
             continue
-        await _command(conn, b"SAVEPOINT stepwarden_query")
         try:
-            rows = await _rows(await _send(conn, query))
+            async with conn.transaction():
+                results.append(await _rows(await _send(conn, query)))
         except psycopg.Error as exc:
-            if pipe is not None:  # the commands after the error were skipped: end them
-                with contextlib.suppress(psycopg.Error):
-                    await pipe.sync()
-            await _command(conn, b"ROLLBACK TO SAVEPOINT stepwarden_query")
-            await _command(conn, b"RELEASE SAVEPOINT stepwarden_query")
             return _translate(exc)
-        await _command(conn, b"RELEASE SAVEPOINT stepwarden_query")
-        results.append(rows)
     return results
 
 
@@ -531,9 +529,7 @@ async def _command(conn: Conn, command: bytes) -> None:
     await conn.execute(command, prepare=False)
 
 
-async def _steps(
-    conn: Conn, pipe: Pipe | None, flow: Flow[T]
-) -> tuple[T | None, list[Cursor | None] | None]:
+async def _steps(conn: Conn, flow: Flow[T]) -> tuple[T | None, list[Cursor | None] | None]:
     """Run a flow's queries in the transaction open on `conn`: its result, or the cursors of
     the queries it left to be read after the commit (`Query.after_commit`)."""
     try:
@@ -541,7 +537,7 @@ async def _steps(
         while True:
             if batch and all(q.after_commit for q in batch):
                 return None, [await _send(conn, q) for q in batch]
-            results = await _run(conn, pipe, batch)
+            results = await _run(conn, batch)
             batch = flow.throw(results) if isinstance(results, StoreError) else flow.send(results)
     except StopIteration as stop:
         return stop.value, None
@@ -554,9 +550,9 @@ async def _drive(conn: Conn, pipe: Pipe, flow: Flow[T], wake: Wakeups) -> T:
     BEGIN and COMMIT are queued with the flow's queries, and the COMMIT's outcome is read
     with one sync: psycopg's `transaction()` in pipeline mode syncs on entering and leaving
     its block besides, two more round trips (and their wake-ups) per transaction."""
-    await _command(conn, b"BEGIN")
     try:
-        result, deferred = await _steps(conn, pipe, flow)
+        await _command(conn, b"BEGIN")
+        result, deferred = await _steps(conn, flow)
         await _notify(conn, wake)
         await _command(conn, b"COMMIT")
         await pipe.sync()
@@ -573,15 +569,17 @@ async def _drive(conn: Conn, pipe: Pipe, flow: Flow[T], wake: Wakeups) -> T:
 
 
 async def _abandon(conn: Conn, pipe: Pipe) -> None:
-    """Roll back the transaction of a flow that failed or was cancelled, so that its
-    connection goes back to the pool idle (one that cannot is discarded by the pool)."""
+    """Roll back the transaction of a flow that failed, or was cancelled before its COMMIT
+    was read (a COMMIT the server ran stays: the caller is told of the cancellation, not of
+    the outcome, as of a connection lost then). psycopg's `rollback()`, not a ROLLBACK
+    statement: it also forgets the statements psycopg took for prepared in the commands the
+    error made the server skip, which would otherwise fail on that connection from then on."""
     if conn.broken or conn.closed:
         return
     with contextlib.suppress(psycopg.Error):
         with contextlib.suppress(psycopg.Error):
             await pipe.sync()  # the commands after an error were skipped: end them
-        await _command(conn, b"ROLLBACK")
-        await pipe.sync()
+        await conn.rollback()
 
 
 class _PostgresTransaction(Transaction):
@@ -598,7 +596,7 @@ class _PostgresTransaction(Transaction):
 
     async def _run(self, flow: FlowFn[T]) -> T:
         try:
-            result, deferred = await _steps(self._conn, None, flow(self.wake))
+            result, deferred = await _steps(self._conn, flow(self.wake))
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         assert deferred is None, "a flow of the application's transaction reads after commit"
