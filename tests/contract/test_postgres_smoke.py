@@ -79,6 +79,11 @@ def outcome(task_id: str, attempt: int, seq: int = 1, **kw: object) -> StepOutco
     return StepOutcome(**args)  # type: ignore[arg-type]
 
 
+def one_session(pg_url: str) -> PostgresStore:
+    """A store whose every statement runs on one session (a pool of one connection)."""
+    return PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
+
+
 def test_url_options() -> None:
     s = PostgresStore("postgres://u@h:5433/db?pool_size=3&sslmode=disable")
     assert s.pool_size == 3
@@ -405,8 +410,7 @@ async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> Non
             " FROM generate_series(1, 5000) i, generate_series(1, 3) s"
         )
         db.execute("ANALYZE")
-    # Every statement on one session, whose prepared statements the test then reads.
-    store = PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
+    store = one_session(pg_url)  # whose prepared statements the test then reads
     await store.open()
     try:
         for i in range(25):
@@ -470,7 +474,7 @@ async def test_a_write_that_fails_part_way_records_nothing(
     def refused_before_a_read(wake: Wakeups) -> Flow[None]:
         yield [event("{not json"), Query("get_task", {"task_id": "none"})]
 
-    store = PostgresStore(pg_url + ("&" if "?" in pg_url else "?") + "pool_size=1")
+    store = one_session(pg_url)
     await store.open()
     try:
         with pytest.raises(StoreError, match="json"):
