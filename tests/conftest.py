@@ -3,10 +3,16 @@
 PostgreSQL is not optional: when STEPWARDEN_TEST_POSTGRES_URL (default: the local server)
 cannot be reached, the run stops with an error instead of skipping half of the suite. Each
 test gets its own database, cloned from a template migrated once per run.
+
+A WARNING the server sends to a stepwarden connection fails the test that caused it
+(`server_warnings.py`): received by a store of the test's process, or written to the server's
+log for the test's database by any process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +22,10 @@ import psycopg
 import pytest
 
 from stepwarden.store import Store, open_store
+
+from .server_warnings import ServerLog, StoreWarnings, find_server_log
+
+pytest_plugins = ["pytester"]
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 PG_URL = os.environ.get("STEPWARDEN_TEST_POSTGRES_URL", DEFAULT_PG)
@@ -28,43 +38,77 @@ def _with_db(url: str, dbname: str) -> str:
     return f"{base}?{query}" if query else base
 
 
+def unique(prefix: str) -> str:
+    """A database name of this run's own."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+@functools.cache
+def server_log() -> ServerLog | None:
+    """The log of the server the tests use (None when its scan is turned off)."""
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=5) as admin:
+        return find_server_log(admin)
+
+
+@contextlib.contextmanager
+def pg_database(name: str, template: str | None = None) -> Iterator[str]:
+    """A new database `name` (cloned from `template`, or empty) and its URL, dropped
+    afterwards; if the server logged a WARNING to a connection of it meanwhile, the caller
+    fails."""
+    log = server_log()
+    since = log.end() if log else 0
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        like = f' TEMPLATE "{template}"' if template else ""
+        admin.execute(f'CREATE DATABASE "{name}"{like}')
+    try:
+        yield _with_db(PG_URL, name)
+        warned = log.database_warnings(since, name) if log else []
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if warned:
+        pytest.fail(f"the PostgreSQL server warned a connection to {name}:\n" + "\n".join(warned))
+
+
+@pytest.fixture(autouse=True)
+def _no_store_warnings() -> Iterator[None]:
+    """A warning the server sent to a store of this process fails the test."""
+    with StoreWarnings() as seen:
+        yield
+    if seen.found:
+        pytest.fail("the PostgreSQL server warned a store of this test:\n" + "\n".join(seen.found))
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
-    """A migrated template database for this run; fails the run if PostgreSQL is down."""
+    """A migrated template database for this run; fails the run if PostgreSQL is down, or if
+    its warnings cannot be read (`server_warnings.py`)."""
     try:
-        admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)
+        server_log()
     except psycopg.Error as exc:
         pytest.exit(f"PostgreSQL at {PG_URL} is unreachable: {exc}", returncode=3)
-    name = f"sw_tpl_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = _with_db(PG_URL, name)
+    except RuntimeError as exc:
+        pytest.exit(str(exc), returncode=3)
 
     import asyncio
 
-    async def migrate() -> None:
-        store = open_store(url)
-        await store.open(migrate=True)
-        await store.close()
+    name = unique("sw_tpl")
+    with pg_database(name) as url:
 
-    asyncio.run(migrate())
-    try:
+        async def migrate() -> None:
+            store = open_store(url)
+            await store.open(migrate=True)
+            await store.close()
+
+        asyncio.run(migrate())
         yield name
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture
 def pg_url(pg_template: str) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for one test."""
-    name = f"sw_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    try:
-        yield _with_db(PG_URL, name)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database(unique("sw_t"), pg_template) as url:
+        yield url
 
 
 @pytest.fixture
@@ -87,14 +131,8 @@ def empty_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "sqlite":
         yield str(request.getfixturevalue("sqlite_url"))
         return
-    name = f"sw_empty_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_db(PG_URL, name)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database(unique("sw_empty")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden._json import MAX_PAYLOAD_BYTES
-from tests.conftest import PG_URL, STORES, _with_db
+from tests.conftest import STORES, pg_database, unique
 from tests.contract.test_engine import running
 
 from . import cli_app
@@ -72,22 +71,20 @@ def seeded(
     status messages on the channel `shop`."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'store.db'}"
-        name = None
-    else:
-        template = request.getfixturevalue("pg_template")
-        name = f"sw_hostile_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        url = _with_db(PG_URL, name)
+        seed(url)
+        yield url
+        return
+    with pg_database(unique("sw_hostile"), request.getfixturevalue("pg_template")) as url:
+        seed(url)
+        yield url
+
+
+def seed(url: str) -> None:
     app = cli_app.build(url)
     try:
         app.submit("process", {"n": 1}, task_id="t-1", reply_to="shop")
     finally:
         app.close()
-    yield url
-    if name is not None:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

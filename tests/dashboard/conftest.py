@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,13 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import psycopg
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from stepwarden.store import open_store
 from tests.cli.helpers import REPO, STEPWARDEN, process_env
-from tests.conftest import PG_URL, STORES, _with_db
+from tests.conftest import STORES, pg_database, unique
 
 from .dash_app import FLAG_ENV, STORE_ENV, build, order
 
@@ -138,14 +136,8 @@ def store_of_kind(kind: str, tmp: Path, pg_template: str) -> Iterator[str]:
         run_async(migrate())
         yield url
         return
-    name = f"sw_dash_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    try:
-        yield _with_db(PG_URL, name)
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database(unique("sw_dash"), pg_template) as url:
+        yield url
 
 
 def submit_orders(store_url: str, ids: dict[str, int]) -> None:

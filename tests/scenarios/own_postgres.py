@@ -1,6 +1,7 @@
 """A PostgreSQL server of the test's own, on another port, that the test may stop and start
 (the shared server on 5432 is never restarted): a cluster made with pg_createcluster, trust
-authentication on 127.0.0.1, dropped afterwards."""
+authentication on 127.0.0.1, dropped afterwards. Its log names the application of each line:
+a WARNING to a stepwarden connection fails the test (`tests/server_warnings.py`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
+
+from ..server_warnings import OWN_PREFIX, ServerLog
 
 VERSION = "15"
 
@@ -44,6 +48,9 @@ class OwnPostgres:
     def start(self) -> None:
         _ctl(VERSION, self.name, "start")
 
+    def log(self) -> ServerLog:
+        return ServerLog(Path(f"/var/log/postgresql/postgresql-{VERSION}-{self.name}.log"))
+
     def accepts(self) -> bool:
         try:
             with psycopg.connect(self.url, connect_timeout=2):
@@ -58,11 +65,18 @@ def own_postgres() -> Iterator[OwnPostgres]:
     port = _free_port()
     subprocess.run(
         ["pg_createcluster", VERSION, name, "-p", str(port), "--start",
+         "-o", f"log_line_prefix={OWN_PREFIX}",
          "--", "--auth-host=trust", "--auth-local=trust"],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
+    server = OwnPostgres(name, port)
     try:
-        yield OwnPostgres(name, port)
+        yield server
+        warned = server.log().stepwarden_warnings(0)
     finally:
         subprocess.run(["pg_dropcluster", VERSION, name, "--stop"], capture_output=True,
                        timeout=120)  # fmt: skip
+    if warned:
+        raise AssertionError(
+            f"the PostgreSQL server {name} warned a stepwarden connection:\n" + "\n".join(warned)
+        )

@@ -24,6 +24,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.errors import Diagnostic
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
@@ -95,6 +97,10 @@ PG_CHANNELS = {
     CHANNEL_OUTBOX: "stepwarden_outbox",  # sent by the outbox triggers
 }
 _FROM_PG = {pg: local for local, pg in PG_CHANNELS.items()}
+SERVER_WARNINGS = frozenset({"WARNING"})
+"""Severities of a server message that the store logs as a warning: the server saw something
+wrong in what this client sent (a BEGIN inside a transaction, a COMMIT outside one) and went
+on. NOTICE, INFO, DEBUG and LOG are logged at debug level."""
 _OPTIONS = {"pool_size"}
 """Query parameters of the store URL that are stepwarden's, not libpq's."""
 
@@ -223,6 +229,21 @@ class PostgresStore(Store):
             kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}"
         return conninfo, pool_size, kwargs
 
+    def _notice(self, diag: Diagnostic) -> None:
+        """A message the server sent to one of the store's connections (not an error: those
+        are raised). A warning is logged as one, with its severity and SQLSTATE as data
+        (`server_severity`, `sqlstate`) for whoever watches the logs."""
+        severity = diag.severity_nonlocalized or diag.severity or ""
+        level = logging.WARNING if severity in SERVER_WARNINGS else logging.DEBUG
+        logger.log(
+            level,
+            "PostgreSQL %s (%s): %s",
+            severity,
+            diag.sqlstate,
+            diag.message_primary,
+            extra={"server_severity": severity, "sqlstate": diag.sqlstate},
+        )
+
     def _where(self) -> str:
         """Where the server is, for messages (never the password)."""
         try:
@@ -238,6 +259,7 @@ class PostgresStore(Store):
         # json comes back as its text, decoded by stepwarden's own (orjson) loads.
         conn.adapters.register_loader("json", TextLoader)
         conn.adapters.register_dumper(list, _ArrayLiteral)
+        conn.add_notice_handler(self._notice)
         self._own_pids.add(conn.info.backend_pid)
 
     @contextlib.asynccontextmanager
@@ -432,6 +454,7 @@ class PostgresStore(Store):
         conn = await psycopg.AsyncConnection.connect(
             self.conninfo, autocommit=True, **self.connect_kwargs
         )
+        conn.add_notice_handler(self._notice)
         try:
             await conn.execute("; ".join(f"LISTEN {c}" for c in PG_CHANNELS.values()).encode())
         except BaseException:
@@ -500,7 +523,7 @@ async def _rows(cur: Cursor | None) -> Rows:
         raise
 
 
-async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
+async def _run(conn: Conn, pipe: Pipe | None, batch: list[Query]) -> list[Rows] | StoreError:
     """The rows of each query of a batch, sent together and read in one round trip. A
     query in a savepoint runs on its own; when the database refuses it, the savepoint is
     rolled back and the error returned, the transaction still usable. The savepoint is
@@ -515,6 +538,7 @@ async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
         if not query.savepoint:
             results.append(await _rows(await _send(conn, query)))
             continue
+        await _in_transaction(conn, pipe)
         try:
             async with conn.transaction():
                 results.append(await _rows(await _send(conn, query)))
@@ -523,21 +547,38 @@ async def _run(conn: Conn, batch: list[Query]) -> list[Rows] | StoreError:
     return results
 
 
+async def _in_transaction(conn: Conn, pipe: Pipe | None) -> None:
+    """Make sure psycopg knows the flow's transaction is open before it nests a savepoint in
+    it. The flow's BEGIN was queued in the pipeline, and psycopg reads a transaction's state
+    only from the server's answer to a sync: until then it takes the connection for idle, and
+    its `transaction()` would send a BEGIN of its own (a warning, ignored) and, on leaving,
+    a COMMIT that ends the flow's transaction half-way."""
+    if pipe is not None and conn.info.transaction_status != TransactionStatus.INTRANS:
+        await pipe.sync()
+    if conn.info.transaction_status != TransactionStatus.INTRANS:
+        raise RuntimeError(
+            f"a savepoint outside the flow's transaction ({conn.info.transaction_status.name})"
+        )
+
+
 async def _command(conn: Conn, command: bytes) -> None:
     """A statement of transaction control (sent as it is: PostgreSQL does not prepare
     them); in pipeline mode it is queued with the rest."""
     await conn.execute(command, prepare=False)
 
 
-async def _steps(conn: Conn, flow: Flow[T]) -> tuple[T | None, list[Cursor | None] | None]:
-    """Run a flow's queries in the transaction open on `conn`: its result, or the cursors of
-    the queries it left to be read after the commit (`Query.after_commit`)."""
+async def _steps(
+    conn: Conn, pipe: Pipe | None, flow: Flow[T]
+) -> tuple[T | None, list[Cursor | None] | None]:
+    """Run a flow's queries in the transaction open on `conn` (in pipeline mode when `pipe`
+    is given): its result, or the cursors of the queries it left to be read after the commit
+    (`Query.after_commit`)."""
     try:
         batch = next(flow)
         while True:
             if batch and all(q.after_commit for q in batch):
                 return None, [await _send(conn, q) for q in batch]
-            results = await _run(conn, batch)
+            results = await _run(conn, pipe, batch)
             batch = flow.throw(results) if isinstance(results, StoreError) else flow.send(results)
     except StopIteration as stop:
         return stop.value, None
@@ -552,7 +593,7 @@ async def _drive(conn: Conn, pipe: Pipe, flow: Flow[T], wake: Wakeups) -> T:
     its block besides, two more round trips (and their wake-ups) per transaction."""
     try:
         await _command(conn, b"BEGIN")
-        result, deferred = await _steps(conn, flow)
+        result, deferred = await _steps(conn, pipe, flow)
         await _notify(conn, wake)
         await _command(conn, b"COMMIT")
         await pipe.sync()
@@ -596,7 +637,7 @@ class _PostgresTransaction(Transaction):
 
     async def _run(self, flow: FlowFn[T]) -> T:
         try:
-            result, deferred = await _steps(self._conn, flow(self.wake))
+            result, deferred = await _steps(self._conn, None, flow(self.wake))
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         assert deferred is None, "a flow of the application's transaction reads after commit"
