@@ -12,6 +12,8 @@ from .secret import MASK, SECRET_KEY, Secret
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest encoded payload accepted, so that one task cannot bloat the store."""
+MAX_DEPTH = 254
+"""The deepest nesting of arrays and objects accepted: as deep as orjson encodes."""
 
 
 _STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -88,20 +90,31 @@ def display(value: Any, *, indent: bool = False) -> str:
 _MARK = f'"{SECRET_KEY}"'
 
 
-def loads(text: str | bytes | None) -> Any:
+def loads(text: str | bytes | None, *, what: str = "payload") -> Any:
+    """The value of JSON text, each `{"$secret": VALUE}` in it a Secret; PayloadError naming
+    `what` when it holds a secret nested deeper than MAX_DEPTH (orjson.JSONDecodeError when
+    it is not JSON)."""
     if text is None:
         return None
     value = orjson.loads(text)
     marked = _MARK.encode() in text if isinstance(text, bytes) else _MARK in text
-    return revive(value) if marked else value
+    return revive(value, what=what) if marked else value
 
 
-def revive(value: Any) -> Any:
-    """A JSON value parsed elsewhere, with each `{"$secret": VALUE}` made a Secret again."""
-    if isinstance(value, dict):
-        if len(value) == 1 and SECRET_KEY in value:
-            return Secret(value[SECRET_KEY])
-        return {k: revive(v) for k, v in value.items()}
+def revive(value: Any, *, what: str = "payload") -> Any:
+    """A JSON value parsed elsewhere, with each `{"$secret": VALUE}` made a Secret again; a
+    value nested deeper than MAX_DEPTH is refused (PayloadError naming `what`) rather than
+    exhausting the interpreter's stack."""
+    return _revive(value, what, 1)
+
+
+def _revive(value: Any, what: str, depth: int) -> Any:
+    if not isinstance(value, dict | list):
+        return value
+    if depth > MAX_DEPTH:
+        raise PayloadError(f"{what} is nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, list):
-        return [revive(v) for v in value]
-    return value
+        return [_revive(v, what, depth + 1) for v in value]
+    if len(value) == 1 and SECRET_KEY in value:
+        return Secret(value[SECRET_KEY])
+    return {k: _revive(v, what, depth + 1) for k, v in value.items()}

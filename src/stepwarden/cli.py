@@ -99,6 +99,17 @@ def _one_line(exc: BaseException) -> str:
     return escape(" ".join(str(exc).split()))
 
 
+def _json_argument(text: str, hint: str, what: str) -> Any:
+    """The value of a JSON argument: text that is not JSON is a usage error naming `hint`;
+    a value past a payload limit is refused like the App refuses it."""
+    try:
+        return _json.loads(text, what=what)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+
+
 def _echo(text: str, *, err: bool = False) -> None:
     """Print one line with its control characters escaped: a task id, an error or a reason
     cannot move the cursor, reorder the line or forge another."""
@@ -419,10 +430,7 @@ def submit(
             input_json = input_file.read()
         except UnicodeDecodeError as exc:
             raise click.BadParameter(f"not UTF-8 text: {exc}", param_hint=hint) from exc
-    try:
-        value = _json.loads("null" if input_json is None else input_json)
-    except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
+    value = _json_argument("null" if input_json is None else input_json, hint, "the task input")
     when = None if start_at is None else _datetime(start_at, "--start-at")
     after = None if start_after is None else timedelta(seconds=start_after)
     app = obj.app()
@@ -735,10 +743,7 @@ def send(
 ) -> None:
     """Send the event NAME with PAYLOAD_JSON to TASK_ID: kept until its workflow waits for
     NAME (ctx.wait_for_event), and waking the task if it waits for it now."""
-    try:
-        payload = _json.loads(payload_json)
-    except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD_JSON") from exc
+    payload = _json_argument(payload_json, "PAYLOAD_JSON", "the event's payload")
     app = App("stepwarden-send", store=obj.store_url(), auto_migrate=False)
 
     async def go() -> SendOutcome:
@@ -974,10 +979,7 @@ def skip(
     obj: _Ctx, task_id: str, seq: int, result_json: str, reason: str | None, by: str | None
 ) -> None:
     """Mark a stuck step completed with a given result, as if its operation returned it."""
-    try:
-        value = _json.loads(result_json)
-    except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from exc
+    value = _json_argument(result_json, "--result", "the step result")
     _operate(
         obj,
         "skip",

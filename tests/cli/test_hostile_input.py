@@ -56,8 +56,13 @@ def nested(depth: int) -> list[Any]:
     return value
 
 
-def nested_json(depth: int) -> str:
-    return "[" * depth + "]" * depth
+def nested_json(depth: int, inner: str = "") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+DEEP_SECRET = nested_json(500, '{"$secret": 1}')
+"""A secret 500 levels deep: within what JSON parsers read, beyond what a payload may be."""
+DEEPER = "is nested deeper than 254 levels"
 
 
 # -- a store holding one pending task, shared by the tests of a module on each store -------
@@ -329,6 +334,7 @@ CLI_CASES: list[tuple[tuple[str, ...], int, list[str]]] = [
     ((*ON, "submit", "process", "{}", "--priority", str(2**31)), 2, ["2147483648 is not in"]),
     ((*ON, "submit", "process", nested_json(10_000)), 2, ["INPUT_JSON", "depth limit exceeded"]),
     ((*ON, "submit", "process", nested_json(300)), 1, [f"the task input {NOT_JSON}: Recursion"]),
+    ((*ON, "submit", "process", DEEP_SECRET), 1, [f"the task input {DEEPER}"]),
     ((*ON, "submit", "process", '{"note": "\\ud800"}'), 2, ["INPUT_JSON", "not JSON"]),
     ((*ON, "submit", "process", "[1e999]"), 2, ["INPUT_JSON", "not JSON"]),
     ((*ON, "submit", "process", '{"card": {"$secret": NaN}}'), 2, ["INPUT_JSON", "not JSON"]),
@@ -353,8 +359,11 @@ CLI_CASES: list[tuple[tuple[str, ...], int, list[str]]] = [
     ((*SKIP, "1", "--result", "NaN"), 2, ["--result", "not JSON"]),
     ((*SKIP, "1", "--result", nested_json(10_000)), 2, ["--result", "depth limit exceeded"]),
     ((*SKIP, "1", "--result", nested_json(300)), 1, [f"the step result {NOT_JSON}: Recursion"]),
+    ((*SKIP, "1", "--result", DEEP_SECRET), 1, [f"the step result {DEEPER}"]),
     ((*SKIP, "1", "--result", f'"{BIG}"'), 1, [f"the step result is {len(BIG) + 2} bytes"]),
     ((*SKIP, "1", "--reason", "\x00" * 1001), 1, [REASON_LIMIT]),
+    # send
+    (("--store", STORE, "send", "t-1", "go", DEEP_SECRET), 1, [f"the event's payload {DEEPER}"]),
     # the group's options
     (("--store", "postgresql://ana:s3cret@[::1/db", "tasks"), 1, ["'postgresql://ana:***@[::1"]),
     (("--app", ".cli_app:app", "--store", STORE, "submit", "x"), 2, ["invalid application"]),

@@ -229,3 +229,18 @@ def sqlite_migrated(tmp_path: Path) -> str:
 
 
 
+
+
+def test_a_payload_nested_too_deep_is_refused_with_400(sqlite_migrated: str) -> None:
+    """A secret 500 levels deep is read by any JSON parser but no payload may be so deep: a
+    send or a skip carrying one is refused (400) with the limit, not failed (500)."""
+    deep: Any = {"$secret": 1}
+    for _ in range(500):
+        deep = [deep]
+    for path, body in (
+        ("/api/tasks/t-1/send", {"name": "go", "payload": deep}),
+        ("/api/tasks/t-1/skip", {"seq": 1, "result": deep}),
+    ):
+        answer = run_async(_asgi(sqlite_migrated, path, "POST", json=body, headers=BEARER))
+        assert answer.status_code == 400, (path, answer.text)
+        assert "nested deeper than 254 levels" in answer.json()["error"], path

@@ -212,7 +212,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             body.by,
             identity,
             seq=body.seq,
-            result=_json.revive(body.result),
+            result=_json.revive(body.result, what="the step result"),
         )
 
     @api.post(

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__, _check
 from ..app import App
-from ..errors import StepwardenError, StoreError
+from ..errors import PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
 from ._api import EVENT_PAGE, BadRequest, error, json_response, router
 from ._auth import CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Guard
@@ -361,6 +361,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={
             BadRequest: on_bad_request,
+            PayloadError: on_bad_request,  # a value too deep to read, wherever it is met
             HTTPException: on_http_error,
             RequestValidationError: on_invalid,
             StoreError: on_store_error,
