@@ -244,3 +244,27 @@ def test_a_payload_nested_too_deep_is_refused_with_400(sqlite_migrated: str) -> 
         answer = run_async(_asgi(sqlite_migrated, path, "POST", json=body, headers=BEARER))
         assert answer.status_code == 400, (path, answer.text)
         assert "nested deeper than 254 levels" in answer.json()["error"], path
+
+
+def test_an_action_is_refused_before_its_body_is_parsed(sqlite_migrated: str) -> None:
+    """Without the token (or with a session but no CSRF token) an action is refused 401 (403)
+    whatever its body holds: a caller learns nothing of what the API would make of it."""
+    broken = {"content": b'{"name": ', "headers": {"Content-Type": "application/json"}}
+    for path in ("/api/tasks/t-1/send", "/api/tasks/t-1/skip", "/api/actions"):
+        answer = run_async(_asgi(sqlite_migrated, path, "POST", **broken))
+        assert answer.status_code == 401, (path, answer.text)
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert "API token" in answer.json()["error"]
+
+    async def signed_in_without_csrf() -> httpx.Response:
+        app = sw.App("asgi", store=sqlite_migrated)
+        try:
+            transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                await c.post("/login", data={"token": TOKEN})
+                return await c.post("/api/tasks/t-1/send", **broken)  # type: ignore[arg-type]
+        finally:
+            await app.aclose()
+
+    answer = run_async(signed_in_without_csrf())
+    assert answer.status_code == 403, answer.text

@@ -100,11 +100,11 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
     api = APIRouter()
 
     def acting(request: Request) -> str | None:
-        """The actor's proof (how it was authenticated), or 401/403 before the body is read."""
+        """The actor's proof (how it was authenticated); the guard in front of the routes
+        (`_server._Access`) has refused a request without one before its body was read."""
         verdict = guard.check(request)
         if not verdict.allowed:
-            headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
-            raise HTTPException(verdict.status, verdict.reason, headers=headers)
+            raise HTTPException(verdict.status, verdict.reason, headers=verdict.headers)
         return verdict.identity
 
     Identity = Annotated[str | None, Depends(acting)]

@@ -48,6 +48,11 @@ class Verdict:
     identity: str | None = None
     """How the request was authenticated (API_TOKEN or SESSION), when it was."""
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers of the answer that refuses the request."""
+        return {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+
 
 def check_token(token: str) -> str:
     if len(token) < MIN_TOKEN:

@@ -60,8 +60,8 @@ DESCRIPTION = (
     "Read the tasks, steps, history and alerts of a stepwarden store, and act on tasks as an "
     "operator. Reads need nothing on a loopback address, and the API token (or a signed-in "
     "session) elsewhere (401 without); actions are POSTs that need the dashboard's API token, "
-    "or a signed-in session and its CSRF token. A body over 2 MiB is refused (413) before it "
-    'is read. Values marked secret are shown as "***".'
+    "or a signed-in session and its CSRF token, checked before the body is read (401, 403). "
+    'A body over 2 MiB is refused (413) before it is read. Values marked secret are shown as "***".'
 )
 SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer"},
@@ -356,7 +356,7 @@ def create_app(
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
             Middleware(_BodyLimit),
-            *([Middleware(_ReadGuard, guard=guard)] if auth_reads else []),
+            Middleware(_Access, guard=guard, auth_reads=auth_reads),
         ],
         lifespan=lifespan,
         exception_handlers={
@@ -524,28 +524,35 @@ class _TooBig(Exception):
 _OPEN_PATHS = ("/login", "/openapi.json")
 
 
-class _ReadGuard:
-    """With `auth_reads`: every request but the sign-in page, the static files and the API's
-    document needs the API token or a signed-in session; a page asks to sign in."""
+class _Access:
+    """Who may pass, decided from the request's headers before its body is read or parsed:
+    an API action (a POST under /api/) needs the API token, or a signed-in session and its
+    CSRF token; with `auth_reads`, every other request but the sign-in page, the static files
+    and the API's document needs the token or a session, and a page asks to sign in."""
 
-    def __init__(self, inner: ASGIApp, guard: Guard) -> None:
+    def __init__(self, inner: ASGIApp, guard: Guard, auth_reads: bool) -> None:
         self.inner = inner
         self.guard = guard
+        self.auth_reads = auth_reads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path in _OPEN_PATHS or path.startswith("/static/"):
+        if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
+        path = scope.get("path", "")
         request = Request(scope)
-        verdict = self.guard.check_read(request)
+        if scope["method"] == "POST" and path.startswith("/api/"):
+            verdict = self.guard.check(request)
+        elif not self.auth_reads or path in _OPEN_PATHS or path.startswith("/static/"):
+            await self.inner(scope, receive, send)
+            return
+        else:
+            verdict = self.guard.check_read(request)
         if verdict.allowed:
             await self.inner(scope, receive, send)
             return
         if path.startswith("/api/") or path == "/metrics" or scope["method"] != "GET":
-            response = json_response(
-                {"error": verdict.reason}, verdict.status, {"WWW-Authenticate": "Bearer"}
-            )
+            response = json_response({"error": verdict.reason}, verdict.status, verdict.headers)
         else:
             wanted = quote(path) + (f"?{request.url.query}" if request.url.query else "")
             response = RedirectResponse(f"/login?{urlencode({'next': wanted})}", 303)
