@@ -29,7 +29,7 @@ from ._aio import sleep_unless
 from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
-from .secret import public_name, public_url
+from .secret import public_name, public_url, stored_name, stored_url
 from .store import Store
 
 logger = logging.getLogger("stepwarden.alerts")
@@ -78,10 +78,11 @@ class WebhookSink:
     ended within `timeout` seconds (connecting, sending and the whole answer together) fails
     and is tried again later.
 
-    The URL is a secret (it may carry a user, a password or a token): the sink is named
-    `webhook:` and the URL's scheme, host, port and path only, or `name`; that name is what
-    the outbox, the dashboard and the log show. Give a `name` when the path itself is
-    secret."""
+    The URL is a secret (it may carry a user, a password or a token, in its path too): the
+    sink is named `webhook:` and the URL's scheme, host, port and path, or `name`, and the
+    outbox records delivery by that name; the dashboard and the log show it as `webhook:` and
+    the URL's scheme, host and port only. Give a `name` to keep the path out of the store
+    too."""
 
     def __init__(
         self,
@@ -92,7 +93,8 @@ class WebhookSink:
         headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url
-        self.name = public_name(name) if name else f"webhook:{public_url(url)}"
+        self.name = stored_name(name) if name else f"webhook:{stored_url(url)}"
+        self.shown = public_name(self.name)
         self.timeout = timeout
         self.headers = headers or {}
         _HIDDEN.update((url, str(httpx.URL(url))))
@@ -123,11 +125,11 @@ class WebhookSink:
             ):
                 answer = await client.post(self.url, json=alert, headers=headers)
         except TimeoutError:
-            raise TimeoutError(f"{self.name}: no answer within {self.timeout} s") from None
+            raise TimeoutError(f"{self.shown}: no answer within {self.timeout} s") from None
         except httpx.HTTPError as exc:  # its text may hold the URL
-            raise ConnectionError(f"{self.name}: {type(exc).__name__}") from None
+            raise ConnectionError(f"{self.shown}: {type(exc).__name__}") from None
         if not answer.is_success:
-            raise RuntimeError(f"{self.name} answered {answer.status_code}")
+            raise RuntimeError(f"{self.shown} answered {answer.status_code}")
 
 
 class _HideWebhookURLs(logging.Filter):
@@ -185,7 +187,7 @@ class AlertDeliverer:
     ) -> None:
         names = [s.name for s in sinks]
         if len(set(names)) != len(names):
-            raise ValueError(f"alert sink names must be unique: {names}")
+            raise ValueError(f"alert sink names must be unique: {[public_name(n) for n in names]}")
         self.store = store
         self.sinks = list(sinks)
         self.batch = batch
@@ -254,6 +256,10 @@ class AlertDeliverer:
         except Exception as exc:
             why = exc
         logger.warning(
-            "alert %d: sink %s failed (try %d): %s", body["id"], sink.name, attempt, why
+            "alert %d: sink %s failed (try %d): %s",
+            body["id"],
+            public_name(sink.name),
+            attempt,
+            why,
         )
         return None if isinstance(why, TimeoutError) else False

@@ -52,6 +52,7 @@ from .records import (
 )
 from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
+from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
 from .workflow import MAX_WAIT, Workflow, WorkflowFn, workflow_name
@@ -214,7 +215,8 @@ class App:
                 f"an alert sink needs a name and a send(alert) method, not {_check.shown(sink)}"
             )
         if any(s.name == sink.name for s in self.alert_sinks):
-            raise ConfigurationError(f"an alert sink named {sink.name!r} is already added")
+            shown = public_name(sink.name)
+            raise ConfigurationError(f"an alert sink named {shown!r} is already added")
         self.alert_sinks.append(sink)
 
     # -- declarations ---------------------------------------------------------------------

@@ -292,7 +292,7 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     multiple=True,
     metavar="[NAME=]URL",
     help="POST alerts to this URL too (repeatable; the variable is space-separated). Shown "
-    "as NAME, or as the URL's scheme, host and path: never its user, password or query.",
+    "as NAME, or as the URL's scheme, host and port: never its path, user, password or query.",
 )
 @_opt(
     "--alert-webhook-file",

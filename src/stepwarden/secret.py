@@ -21,8 +21,38 @@ MASK = "***"
 
 
 def public_url(url: str) -> str:
-    """What may be shown of a URL that may carry credentials: its scheme, host, port and path,
-    never its user, password, query or fragment."""
+    """What may be shown of a URL that may carry credentials: its scheme, host and port,
+    never its path (a Slack webhook keeps its secret there), user, password, query or
+    fragment."""
+    return _without_credentials(url, path=False)
+
+
+def public_name(name: str) -> str:
+    """A sink's name as it may be shown (the dashboard, the log): a `webhook:URL` name as
+    `webhook:` and the URL's public form."""
+    kind, sep, rest = name.partition(":")
+    if sep and "://" in rest:
+        return f"{kind}:{public_url(rest)}"
+    return name
+
+
+def stored_url(url: str) -> str:
+    """What of a webhook's URL names its sink in the outbox, which records delivery by that
+    name: its scheme, host, port and path (as earlier versions named it, so that no alert is
+    sent again), never its user, password, query or fragment. Shown only as `public_url`."""
+    return _without_credentials(url, path=True)
+
+
+def stored_name(name: str) -> str:
+    """A sink's name as the outbox records delivery by it: a `webhook:URL` name with the
+    URL's stored form (a name stored by an earlier version held its credentials)."""
+    kind, sep, rest = name.partition(":")
+    if sep and "://" in rest:
+        return f"{kind}:{stored_url(rest)}"
+    return name
+
+
+def _without_credentials(url: str, *, path: bool) -> str:
     parts = urlsplit(url)
     if not parts.scheme or not parts.netloc:
         return MASK
@@ -34,16 +64,7 @@ def public_url(url: str) -> str:
     except ValueError:
         port = None
     netloc = host if port is None else f"{host}:{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def public_name(name: str) -> str:
-    """A sink's name as it may be shown and stored: a `webhook:URL` name without the URL's
-    credentials, query or fragment (a name stored by an earlier version held them)."""
-    kind, sep, rest = name.partition(":")
-    if sep and "://" in rest:
-        return f"{kind}:{public_url(rest)}"
-    return name
+    return urlunsplit((parts.scheme, netloc, parts.path if path else "", "", ""))
 
 
 class Secret(Generic[T]):

@@ -14,7 +14,7 @@ from tests.receivers import trickling_in_thread
 from .helpers import APP, REPO, STEPWARDEN, assert_ok, invoke, process_env
 
 DRAIN = 5.0
-SECRETS = ("pa55word", "T0KEN-SECRET", "ana:", "token=")
+SECRETS = ("pa55word", "T0KEN-SECRET", "ana:", "token=", "/hook")
 
 
 def test_sigterm_ends_a_worker_whose_alert_delivery_trickles(tmp_path: Path) -> None:

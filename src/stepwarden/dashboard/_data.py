@@ -18,6 +18,7 @@ from ..records import (
     VersionBacklog,
 )
 from ..rules import unrunnable
+from ..secret import public_name
 from ..states import TaskState
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
@@ -122,7 +123,7 @@ def alert_dict(m: OutboxMessage) -> dict[str, Any]:
         "detail": m.detail,
         "at": m.at,
         "attempts": m.attempts,
-        "delivered_to": list(m.delivered_to),
+        "delivered_to": [public_name(n) for n in m.delivered_to],
     }
 
 

@@ -29,7 +29,7 @@ from ..records import (
     VersionBacklog,
     WaitRecord,
 )
-from ..secret import public_name
+from ..secret import stored_name
 from ..states import StepState, TaskState
 
 Row = Mapping[str, Any]
@@ -144,9 +144,9 @@ def message(row: Row) -> OutboxMessage:
         detail=loads(row["detail"]),
         at=at(row["at"]),
         attempts=row["attempts"],
-        # A sink stored by an earlier version under a webhook's whole URL is shown without
-        # the URL's credentials and query, under the name the sink now has.
-        delivered_to=tuple(public_name(n) for n in loads(row["delivered_to"])),
+        # A sink stored by an earlier version under a webhook's whole URL is read under the
+        # name the sink now has, without the URL's credentials and query.
+        delivered_to=tuple(stored_name(n) for n in loads(row["delivered_to"])),
     )
 
 
