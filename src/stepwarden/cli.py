@@ -6,13 +6,17 @@ Every option also reads an environment variable, named in its help.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
 import shlex
+import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
+from types import FrameType
 from typing import IO, Any, TypeVar
 
 import click
@@ -1055,8 +1059,19 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     "--token",
     envvar="STEPWARDEN_DASHBOARD_TOKEN",
     default=None,
-    help="The API token operator actions need, at least 16 characters (default: a new one, "
-    "printed at start).",
+    help="The API token operator actions need, at least 16 characters. Given as an option it "
+    "shows in the process list: prefer the variable or --token-file. Given neither, a new one "
+    "is written to a file only you may read, under $XDG_STATE_HOME/stepwarden (by default "
+    "~/.local/state/stepwarden), its path printed; the file is removed when the dashboard "
+    "stops.",
+)
+@_opt(
+    "--token-file",
+    envvar="STEPWARDEN_DASHBOARD_TOKEN_FILE",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Read the API token from this file (its surrounding whitespace ignored). A file its "
+    "group or others may read or write is refused (chmod 600).",
 )
 @_opt(
     "--allowed-host",
@@ -1082,6 +1097,7 @@ def dashboard(
     host: str,
     port: int,
     token: str | None,
+    token_file: str | None,
     allowed_hosts: tuple[str, ...],
     auth_reads: bool | None,
 ) -> None:
@@ -1092,11 +1108,7 @@ def dashboard(
         raise click.ClickException(
             f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
         ) from exc
-    if token is not None:
-        try:
-            web.check_token(token)
-        except StepwardenError as exc:
-            raise click.BadParameter(str(exc), param_hint="--token") from exc
+    token = _dashboard_token(token, token_file)
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
     else:
@@ -1111,15 +1123,78 @@ def dashboard(
         auth_reads = not web.is_loopback(host)
     if auth_reads:
         click.echo("reads need the API token or a signed-in session (--auth-reads)")
-    if not token:
-        token = web.new_token()
-        click.echo(f"API token (for operator actions): {token}")
+    written = None
+    if token is None:
+        try:
+            token, written = web.write_new_token()
+        except StepwardenError as exc:
+            sock.close()
+            raise click.ClickException(
+                f"{_one_line(exc)}; give a token by --token-file or STEPWARDEN_DASHBOARD_TOKEN"
+            ) from exc
+        click.echo(f"API token (for operator actions) written to {escape(str(written))}")
     try:
-        web.serve(app, sock, token=token, allowed_hosts=allowed_hosts, auth_reads=auth_reads)
+        with _removed_at_exit(written):
+            web.serve(app, sock, token=token, allowed_hosts=allowed_hosts, auth_reads=auth_reads)
     except StepwardenError as exc:
         raise click.ClickException(_one_line(exc)) from exc
     finally:
         sock.close()
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the process is so that its files are removed on the way out."""
+
+
+@contextlib.contextmanager
+def _removed_at_exit(path: Path | None) -> Iterator[None]:
+    """Remove the file at `path` (the generated token's, dead with this process) when the
+    block ends, SIGTERM included: the server re-raises the SIGTERM it shut down on, which
+    would otherwise end the process at once. It still ends by SIGTERM, as it would have."""
+    if path is None:
+        yield
+        return
+
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        path.unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        path.unlink(missing_ok=True)
+
+
+def _dashboard_token(token: str | None, token_file: str | None) -> str | None:
+    """The API token given (by --token, its variable or --token-file), checked; None when
+    none is."""
+    from .dashboard import check_token, read_token_file
+
+    if token is not None and token_file is not None:
+        raise click.UsageError(
+            "give the API token once: --token (or STEPWARDEN_DASHBOARD_TOKEN) or --token-file"
+        )
+    hint = "--token-file" if token_file is not None else "--token"
+    try:
+        if token_file is not None:
+            return read_token_file(token_file)
+        if token is not None:
+            check_token(token)
+    except StepwardenError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    source = click.get_current_context().get_parameter_source("token")
+    if source is click.core.ParameterSource.COMMANDLINE:
+        _echo(
+            "warning: --token shows in the process list to every user of this machine; "
+            "give it by --token-file or STEPWARDEN_DASHBOARD_TOKEN",
+            err=True,
+        )
+    return token
 
 
 def _datetime(text: str, option: str) -> datetime:

@@ -64,11 +64,13 @@ class Served:
     def env(self) -> dict[str, str]:
         return process_env({STORE_ENV: self.store_url, FLAG_ENV: str(self.flag)})
 
-    def start(self, *args: str, read: bool = False) -> subprocess.Popen[str]:
+    def start(
+        self, *args: str, read: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [STEPWARDEN, *args],
             cwd=REPO,
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             stdout=subprocess.PIPE if read else subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             text=True,

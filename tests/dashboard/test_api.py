@@ -3,7 +3,9 @@ store holds, and the API answers as its OpenAPI document (/openapi.json) says.""
 
 from __future__ import annotations
 
+import signal
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -133,17 +135,29 @@ def test_an_operator_skips_a_failed_step_and_retries_the_task(served: Served) ->
     assert served.post("/api/tasks/no-such-task/retry", headers=auth).status_code == 404
 
 
-def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> None:
-    """`stepwarden --store URL dashboard`: no application, no --token."""
+def test_without_a_token_one_is_made_and_written_to_a_file_only_its_owner_reads(
+    served: Served, tmp_path: Path
+) -> None:
+    """`stepwarden --store URL dashboard`: no application, no token. The token made is
+    written to a new file of mode 0600 under $XDG_STATE_HOME/stepwarden, whose path is
+    printed (never the token), and removed when the dashboard stops."""
     other = Served(store_url=served.store_url, flag=served.flag)
-    proc = other.start("--store", served.store_url, "dashboard", "--port", "0", read=True)
+    state = tmp_path / "state"
+    proc = other.start(
+        "--store", served.store_url, "dashboard", "--port", "0",
+        read=True, env={"XDG_STATE_HOME": str(state)},
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().rsplit(" ", 1)[-1].strip().rstrip("/")
         line = proc.stdout.readline()
-        assert line.startswith("API token (for operator actions): "), line
-        token = line.rsplit(" ", 1)[-1].strip()
-        assert len(token) >= 24 and token != TOKEN
+        assert line.startswith("API token (for operator actions) written to "), line
+        written = Path(line.rsplit(" ", 1)[-1].strip())
+        assert written.parent == state / "stepwarden"
+        assert stat.S_IMODE(written.stat().st_mode) == 0o600
+        assert stat.S_IMODE(written.parent.stat().st_mode) == 0o700
+        token = written.read_text().strip()
+        assert len(token) >= 24 and token != TOKEN and token not in line
         other.url = url
         wait_for("the second dashboard", other.answers)
         dry_run = {"action": "cancel", "task_ids": ["order-1"], "dry_run": True}
@@ -158,6 +172,8 @@ def test_without_a_token_one_is_made_and_printed_at_start(served: Served) -> Non
         assert right.json()["outcomes"][0]["message"] == "would cancel: error -> cancelled"
     finally:
         other.stop()
+    assert proc.returncode == -signal.SIGTERM  # it ends by the signal, as a server does
+    assert not written.exists()  # the token died with the process, and so did its file
 
 
 def test_other_hosts_and_other_sites_are_not_served(served: Served) -> None:

@@ -20,7 +20,7 @@ import pytest
 import stepwarden as sw
 from stepwarden.dashboard import create_app
 from stepwarden.records import NewTask
-from tests.cli.helpers import REPO, STEPWARDEN, process_env
+from tests.cli.helpers import REPO, STEPWARDEN, assert_refused, invoke, process_env
 
 from .conftest import TOKEN, Served, run_async
 
@@ -38,10 +38,12 @@ def _ipv6() -> bool:
 
 
 @contextlib.contextmanager
-def dashboard(store_url: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def dashboard(
+    store_url: str, *args: str, token: tuple[str, ...] = ("--token", TOKEN)
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A real `stepwarden dashboard` process on a free port; it and the port it listens on."""
     proc = subprocess.Popen(
-        [STEPWARDEN, "--store", store_url, "dashboard", "--port", "0", "--token", TOKEN, *args],
+        [STEPWARDEN, "--store", store_url, "dashboard", "--port", "0", *token, *args],
         cwd=REPO,
         env=process_env(),
         stdout=subprocess.PIPE,
@@ -268,3 +270,41 @@ def test_an_action_is_refused_before_its_body_is_parsed(sqlite_migrated: str) ->
 
     answer = run_async(signed_in_without_csrf())
     assert answer.status_code == 403, answer.text
+
+
+def test_the_token_is_read_from_a_file_only_its_owner_may_read(
+    sqlite_migrated: str, tmp_path: Path
+) -> None:
+    """--token-file keeps the token out of the process list; a file that others may read is
+    refused, as is an empty one, or a token given twice."""
+    private = tmp_path / "token"
+    private.write_text(f"{TOKEN}\n")
+    private.chmod(0o600)
+    with dashboard(sqlite_migrated, "--auth-reads", token=("--token-file", str(private))) as (
+        proc,
+        port,
+    ):
+        assert _get("127.0.0.1", port, "/api/overview").status_code == 401
+        assert _get("127.0.0.1", port, "/api/overview", headers=BEARER).status_code == 200
+        assert TOKEN not in Path(f"/proc/{proc.pid}/cmdline").read_text()
+    dash = ("--store", sqlite_migrated, "dashboard", "--port", "0")
+    shared = tmp_path / "shared"
+    shared.write_text(TOKEN)
+    shared.chmod(0o640)
+    line = assert_refused(invoke(*dash, "--token-file", str(shared)), exit_code=2)
+    assert "--token-file:" in line and "mode 640" in line and "chmod 600" in line, line
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    empty.chmod(0o600)
+    line = assert_refused(invoke(*dash, "--token-file", str(empty)), exit_code=2)
+    assert "--token-file:" in line and "at least 16 characters long, not 0" in line, line
+    twice = invoke(*dash, "--token-file", str(private), env={"STEPWARDEN_DASHBOARD_TOKEN": TOKEN})
+    assert "give the API token once" in assert_refused(twice, exit_code=2)
+    # A token given as an option is taken, with a warning that the process list shows it.
+    with socket.socket() as taken:  # the command stops at its port, before serving
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        given = invoke("--store", sqlite_migrated, "dashboard", "--port", port, "--token", TOKEN)
+    assert "cannot listen on" in assert_refused(given, exit_code=1)
+    assert "warning: --token shows in the process list" in given.stderr

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Sequence
 
 from ..app import App
-from ._auth import check_token, new_token
+from ._auth import check_token, new_token, read_token_file, state_directory, write_new_token
 from ._server import create_app
 
 DEFAULT_HOST = "127.0.0.1"
@@ -30,9 +30,13 @@ def bind(host: str, port: int) -> socket.socket:
     its address can be printed."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
 
@@ -102,6 +106,9 @@ __all__ = [
     "create_app",
     "is_loopback",
     "new_token",
+    "read_token_file",
     "serve",
     "served_hosts",
+    "state_directory",
+    "write_new_token",
 ]

@@ -12,9 +12,13 @@ send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after si
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.requests import Request
 
@@ -36,6 +40,49 @@ SESSION = "session"
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def read_token_file(path: str | os.PathLike[str]) -> str:
+    """The API token held in the file at `path`, its surrounding whitespace (a trailing
+    newline) ignored. A file its group or others may read or write is refused: the token is
+    a password, and such a file shares it."""
+    try:
+        with open(path, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            if stat.S_ISREG(mode) and mode & 0o077:
+                raise ConfigurationError(
+                    f"{os.fspath(path)!r} may be read or written by others than its owner "
+                    f"(mode {stat.S_IMODE(mode):o}): make it private, chmod 600"
+                )
+            text = file.read().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(
+            f"cannot read the API token from {os.fspath(path)!r}: {exc}"
+        ) from exc
+    return check_token(text.strip())
+
+
+def state_directory() -> Path:
+    """Where stepwarden keeps its user's files: $XDG_STATE_HOME/stepwarden, else
+    ~/.local/state/stepwarden."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "stepwarden"
+
+
+def write_new_token(directory: Path | None = None) -> tuple[str, Path]:
+    """A new API token, written to a new file that only its owner may read or write (0600),
+    in `directory` (default: `state_directory()`, made private if missing); the token and the
+    file's path."""
+    token = new_token()
+    try:
+        directory = directory or state_directory()
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="dashboard-", suffix=".token", dir=directory)
+        with os.fdopen(fd, "w") as file:
+            file.write(f"{token}\n")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory
+        raise ConfigurationError(f"cannot write a new API token to a file: {exc}") from exc
+    return token, Path(name)
 
 
 @dataclass(frozen=True, slots=True)
