@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 import stepwarden as sw
 from stepwarden.dashboard import create_app
+from stepwarden.dashboard._auth import MAX_ADDRESSES, Throttle, client_address
 from stepwarden.records import NewTask
 from tests.cli.helpers import REPO, STEPWARDEN, assert_refused, invoke, process_env
 
@@ -308,3 +310,82 @@ def test_the_token_is_read_from_a_file_only_its_owner_may_read(
         given = invoke("--store", sqlite_migrated, "dashboard", "--port", port, "--token", TOKEN)
     assert "cannot listen on" in assert_refused(given, exit_code=1)
     assert "warning: --token shows in the process list" in given.stderr
+
+
+def test_ten_wrong_tokens_in_a_minute_refuse_the_address_for_a_minute(
+    sqlite_migrated: str,
+) -> None:
+    """After 10 wrong tokens from one address (bearer or sign-in), every token it sends is
+    answered 429 with Retry-After, the right one too; other addresses are not affected."""
+    dry_run = {"action": "cancel", "task_ids": ["t-1"], "dry_run": True}
+    wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+
+    async def go() -> None:
+        app = sw.App("asgi", store=sqlite_migrated)
+        web = create_app(app, token=TOKEN)
+
+        def client(address: str) -> httpx.AsyncClient:
+            transport = httpx.ASGITransport(app=web, client=(address, 40000))
+            return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
+
+        try:
+            async with client("198.51.100.7") as guesser, client("198.51.100.8") as other:
+                for _ in range(10):
+                    answer = await guesser.post("/api/actions", json=dry_run, headers=wrong)
+                    assert answer.status_code == 401, answer.text
+                refused = await guesser.post("/api/actions", json=dry_run, headers=BEARER)
+                assert refused.status_code == 429, refused.text
+                assert 0 < int(refused.headers["retry-after"]) <= 60
+                assert "too many wrong API tokens" in refused.json()["error"]
+                signing_in = await guesser.post("/login", data={"token": TOKEN})
+                assert signing_in.status_code == 429
+                assert "stepwarden_session" not in signing_in.cookies
+                allowed = await other.post("/api/actions", json=dry_run, headers=BEARER)
+                assert allowed.status_code == 200, allowed.text
+            async with client("198.51.100.9") as guesser:  # wrong sign-ins count the same
+                for _ in range(10):
+                    answer = await guesser.post("/login", data={"token": "wrong"})
+                    assert answer.status_code == 401
+                answer = await guesser.post("/login", data={"token": TOKEN})
+                assert answer.status_code == 429 and "retry-after" in answer.headers
+        finally:
+            await app.aclose()
+
+    run_async(go())
+
+
+def test_the_throttle_slides_ends_and_stays_bounded() -> None:
+    now = [1000.0]
+    throttle = Throttle(clock=lambda: now[0])
+    for _ in range(9):
+        throttle.failed("a")
+    now[0] += 61  # nine wrong tokens a minute ago, then one: ten, but not within a minute
+    throttle.failed("a")
+    assert throttle.wait("a") == 0
+    for _ in range(9):
+        throttle.failed("a")
+    assert throttle.wait("a") == 60  # ten within the last minute
+    now[0] += 59.5
+    assert throttle.wait("a") == 0.5
+    now[0] += 0.5
+    assert throttle.wait("a") == 0  # a minute later, free again, its count started anew
+    throttle.failed("a")
+    assert throttle.wait("a") == 0
+    # An attacker rotating addresses grows neither table past its bound.
+    for n in range(MAX_ADDRESSES + 5000):
+        address = f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+        for _ in range(10 if n % 2 else 1):
+            throttle.failed(address)
+    assert len(throttle.failures) <= MAX_ADDRESSES
+    assert len(throttle.refused) <= MAX_ADDRESSES
+
+
+def test_an_ipv6_client_is_counted_by_its_64_network() -> None:
+    def address(host: str) -> str:
+        return client_address(Request({"type": "http", "client": (host, 1), "headers": []}))
+
+    assert address("2001:db8:1:2:aaaa::1") == address("2001:db8:1:2:bbbb::2") == (
+        "2001:db8:1:2::/64"
+    )
+    assert address("2001:db8:1:3::1") != address("2001:db8:1:2::1")
+    assert address("::ffff:192.0.2.1") == address("192.0.2.1") == "192.0.2.1"

@@ -19,7 +19,7 @@ from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound, Un
 from ..records import ActionOutcome
 from ..states import TaskState
 from . import _metrics
-from ._auth import Guard
+from ._auth import MAX_FAILURES, Guard
 from ._data import Reader
 from ._models import (
     MAX_BULK,
@@ -82,12 +82,26 @@ def outcome_dict(o: ActionOutcome) -> dict[str, Any]:
 
 
 def _answers(**codes: tuple[type[Any], str]) -> dict[int | str, dict[str, Any]]:
-    return {int(code[1:]): {"model": m, "description": d} for code, (m, d) in codes.items()}
+    answers: dict[int | str, dict[str, Any]] = {
+        int(code[1:]): {"model": m, "description": d} for code, (m, d) in codes.items()
+    }
+    if 429 in answers:
+        answers[429]["headers"] = {"Retry-After": RETRY_AFTER}
+    return answers
 
 
 BAD = (Error, "The request is invalid.")
 UNAUTHORISED = (Error, "No API token, or a wrong one (and no signed-in session).")
 FORBIDDEN = (Error, "A signed-in session without its CSRF token.")
+THROTTLED = (
+    Error,
+    f"{MAX_FAILURES} wrong API tokens came from this address within a minute: every token it "
+    "sends is refused for a minute.",
+)
+RETRY_AFTER = {
+    "description": "Seconds before this address may send a token again.",
+    "schema": {"type": "integer"},
+}
 
 
 def one(request: Request, name: str) -> None:
@@ -200,6 +214,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
+            r429=THROTTLED,
             r404=(Error, "No such task."),
             r409=(Error, "The task's state, or the step's, does not allow a skip."),
         ),
@@ -226,6 +241,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
+            r429=THROTTLED,
             r404=(Error, "No such task."),
             r409=(Error, "The task is finished: it takes no event."),
         ),
@@ -255,6 +271,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
+            r429=THROTTLED,
             r404=(Error, "No such task."),
             r409=(Error, "The action does not apply to the task's state."),
         ),
@@ -306,6 +323,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
+            r429=THROTTLED,
         ),
     )
     async def bulk(body: BulkRequest, identity: Identity) -> Response:
@@ -375,6 +393,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
+            r429=THROTTLED,
             r404=(Error, "No such schedule."),
         ),
     )

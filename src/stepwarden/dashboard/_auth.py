@@ -6,19 +6,26 @@ need the token or a session otherwise (`auth_reads`). A state-changing request i
 that carries either the API token (`Authorization: Bearer TOKEN`), or the session cookie the
 sign-in page sets together with that session's CSRF token (`X-CSRF-Token` header, or a
 `csrf_token` form field). The cookie alone is not enough: another site can make a browser
-send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after sign-in.
+send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after sign-in. An
+address that sends MAX_FAILURES wrong tokens (signing in, or a bearer token) within a minute
+is refused (429) for a minute, whatever token it sends.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import math
 import os
 import secrets
 import stat
 import tempfile
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 
@@ -33,6 +40,14 @@ SESSION_SECONDS = 12 * 3600
 """How long a session lasts after sign-in (the cookie's Max-Age, and kept in memory)."""
 MIN_TOKEN = 16
 """The shortest API token accepted, in characters."""
+MAX_FAILURES = 10
+"""Wrong tokens one address may send within FAILURE_WINDOW seconds before it is refused."""
+FAILURE_WINDOW = 60.0
+REFUSED_FOR = 60.0
+"""Seconds an address that sent MAX_FAILURES wrong tokens is answered 429, right or wrong."""
+MAX_ADDRESSES = 10_000
+"""Addresses remembered at once (in each of the throttle's tables); the one heard from least
+recently is forgotten first."""
 API_TOKEN = "api-token"
 SESSION = "session"
 """How a request was authenticated: recorded beside the operator's `by`."""
@@ -94,10 +109,14 @@ class Verdict:
     reason: str = ""
     identity: str | None = None
     """How the request was authenticated (API_TOKEN or SESSION), when it was."""
+    retry_after: int = 0
+    """With 429: seconds before the request's address may send a token again."""
 
     @property
     def headers(self) -> dict[str, str]:
         """The headers of the answer that refuses the request."""
+        if self.status == 429:
+            return {"Retry-After": str(self.retry_after)}
         return {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
 
 
@@ -109,17 +128,85 @@ def check_token(token: str) -> str:
     return token
 
 
+def client_address(request: Request) -> str:
+    """Whom a request's wrong tokens count against: its client's address, an IPv6 address by
+    its /64 network (which one machine may have whole)."""
+    host = request.client.host if request.client else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+@dataclass
+class Throttle:
+    """Wrong tokens, counted per client address: MAX_FAILURES within a sliding
+    FAILURE_WINDOW refuse the address for REFUSED_FOR seconds. Each table holds at most
+    MAX_ADDRESSES, so that a sender that keeps changing its address cannot grow them."""
+
+    clock: Callable[[], float] = time.monotonic
+    failures: dict[str, deque[float]] = field(default_factory=dict)
+    """Address -> the times of its latest wrong tokens, the address heard from last, last."""
+    refused: dict[str, float] = field(default_factory=dict)
+    """Address -> when its refusal ends."""
+
+    def wait(self, address: str) -> float:
+        """Seconds before `address` may send a token again (0: now)."""
+        until = self.refused.get(address)
+        if until is None:
+            return 0.0
+        left = until - self.clock()
+        if left > 0:
+            return left
+        del self.refused[address]
+        return 0.0
+
+    def failed(self, address: str) -> None:
+        """`address` sent a wrong token."""
+        now = self.clock()
+        times = self.failures.pop(address, None) or deque(maxlen=MAX_FAILURES)
+        times.append(now)
+        if len(times) == MAX_FAILURES and now - times[0] <= FAILURE_WINDOW:
+            _remember(self.refused, address, now + REFUSED_FOR)
+        else:
+            _remember(self.failures, address, times)
+
+
+def _remember(table: dict[str, Any], key: str, value: Any) -> None:
+    """Put `key` last in `table`, forgetting the first entries past MAX_ADDRESSES."""
+    table.pop(key, None)
+    while len(table) >= MAX_ADDRESSES:
+        table.pop(next(iter(table)))
+    table[key] = value
+
+
 @dataclass
 class Guard:
     token: str
     sessions: dict[str, tuple[str, float]] = field(default_factory=dict)
     """Session id -> its CSRF token and when it ends (monotonic seconds)."""
+    throttle: Throttle = field(default_factory=Throttle)
 
     def __post_init__(self) -> None:
         check_token(self.token)
 
-    def token_matches(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self.token.encode())
+    def try_token(self, request: Request, given: str) -> Verdict:
+        """The API token the request gives: right, or wrong (counted against its address);
+        while its address is refused (429), not looked at."""
+        address = client_address(request)
+        wait = math.ceil(self.throttle.wait(address))
+        if wait > 0:
+            reason = f"too many wrong API tokens from this address: try again in {wait} s"
+            return Verdict(False, 429, reason, retry_after=wait)
+        if hmac.compare_digest(given.encode(), self.token.encode()):
+            return Verdict(True, identity=API_TOKEN)
+        self.throttle.failed(address)
+        return Verdict(False, 401, "the API token is wrong")
 
     def sign_in(self) -> str:
         """A new session; its id goes in the cookie."""
@@ -149,8 +236,8 @@ class Guard:
         if not header:
             return None
         scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and self.token_matches(given.strip()):
-            return Verdict(True, identity=API_TOKEN)
+        if scheme.lower() == "bearer":
+            return self.try_token(request, given.strip())
         return Verdict(False, 401, "the API token is wrong")
 
     def check_read(self, request: Request) -> Verdict:

@@ -27,7 +27,7 @@ from ..app import App
 from ..errors import PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
 from ._api import EVENT_PAGE, BadRequest, error, json_response, router
-from ._auth import CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Guard
+from ._auth import CSRF_FIELD, MAX_FAILURES, SESSION_COOKIE, SESSION_SECONDS, Guard
 from ._data import Reader
 from ._models import BULK_ACTIONS, MAX_LIST
 from ._views import activity_chart, render, step_timeline
@@ -61,7 +61,9 @@ DESCRIPTION = (
     "operator. Reads need nothing on a loopback address, and the API token (or a signed-in "
     "session) elsewhere (401 without); actions are POSTs that need the dashboard's API token, "
     "or a signed-in session and its CSRF token, checked before the body is read (401, 403). "
-    'A body over 2 MiB is refused (413) before it is read. Values marked secret are shown as "***".'
+    f"An address that sends {MAX_FAILURES} wrong API tokens within a minute is refused (429, "
+    "Retry-After) for a minute, whatever token it sends. A body over 2 MiB is refused (413) "
+    'before it is read. Values marked secret are shown as "***".'
 )
 SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer"},
@@ -274,7 +276,12 @@ def create_app(
     async def login(request: Request) -> Response:
         form = _form(await request.body())
         next_ = _safe_next(form.get("next"))
-        if not guard.token_matches(form.get("token", "")):
+        verdict = guard.try_token(request, form.get("token", ""))
+        if verdict.status == 429:
+            refused = html_error(request, 429, verdict.reason)
+            refused.headers.update(verdict.headers)
+            return refused
+        if not verdict.allowed:
             return page(
                 request, "login.html", "login.html", 401, title="Sign in", next=next_, failed=True
             )
