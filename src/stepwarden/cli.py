@@ -1088,7 +1088,8 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     envvar="STEPWARDEN_DASHBOARD_AUTH_READS",
     default=None,
     help="Reads (pages, API, metrics) need the API token or a signed-in session too "
-    "[default: on, unless --host is a loopback address].",
+    "[default: on, unless --host is a loopback address, where only a request that came "
+    "through a proxy (Forwarded, X-Forwarded-For) needs them].",
 )
 @click.pass_obj
 def dashboard(
@@ -1119,8 +1120,8 @@ def dashboard(
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"stepwarden dashboard of {app.name}: http://{shown}:{sock.getsockname()[1]}/")
-    if auth_reads is None:
-        auth_reads = not web.is_loopback(host)
+    if auth_reads is None and not web.is_loopback(host):
+        auth_reads = True
     if auth_reads:
         click.echo("reads need the API token or a signed-in session (--auth-reads)")
     written = None

@@ -115,6 +115,34 @@ def test_reads_need_the_token_off_loopback(sqlite_migrated: str) -> None:
         assert _get("127.0.0.1", port, "/api/overview").status_code == 401
 
 
+def test_on_loopback_a_request_through_a_proxy_is_read_as_a_remote_one(
+    sqlite_migrated: str,
+) -> None:
+    """A reverse proxy on this machine reaches the dashboard from loopback: the headers it
+    adds mark its requests as remote, whose reads need the token; its clients' wrong tokens
+    count against the address it names for each."""
+    proxied = [{"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}]
+    with dashboard(sqlite_migrated) as (_, port):
+        assert _get("127.0.0.1", port, "/api/overview").status_code == 200
+        for headers in proxied:
+            for path in ("/api/overview", "/api/alerts", "/metrics"):
+                answer = _get("127.0.0.1", port, path, headers=headers)
+                assert answer.status_code == 401, (headers, path, answer.text)
+                assert _get("127.0.0.1", port, path, headers={**headers, **BEARER}).is_success
+            page = _get("127.0.0.1", port, "/alerts", headers=headers)
+            assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2Falerts")
+        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+        for _ in range(10):
+            answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **wrong})
+            assert answer.status_code == 401
+        answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **BEARER})
+        assert answer.status_code == 429
+        other = {"X-Forwarded-For": "203.0.113.10", **BEARER}
+        assert _get("127.0.0.1", port, "/api/tasks", headers=other).status_code == 200
+    with dashboard(sqlite_migrated, "--no-auth-reads") as (_, port):  # open, as asked
+        assert _get("127.0.0.1", port, "/api/overview", headers=proxied[0]).status_code == 200
+
+
 def _peak_rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

@@ -4,7 +4,8 @@ Prometheus metrics (/metrics), served from one process by `stepwarden dashboard`
     stepwarden dashboard shop:app --port 8080         # http://127.0.0.1:8080/
 
 Reads are open to whoever reaches it on a loopback address (it binds 127.0.0.1 unless told
-otherwise), and need the API token or a signed-in session on any other (`auth_reads`);
+otherwise), but for a request that came through a proxy, and need the API token or a
+signed-in session on any other address (`auth_reads`);
 operator actions are POSTs that need the API token, or a signed-in session and its CSRF
 token. Requests addressed to a host it does not serve are refused, on every address. Values
 marked secret are shown as `***`.
@@ -72,13 +73,13 @@ def serve(
 ) -> None:
     """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). It answers
     only requests addressed to a host of `served_hosts` (whatever the address it is bound
-    to); reads need the token unless bound to a loopback address (or `auth_reads` says). A
-    store that cannot be opened raises its error (StoreError, SchemaVersionError) before
-    serving."""
+    to); reads need the token unless bound to a loopback address, where those of a request
+    that came through a proxy still do (or as `auth_reads` says). A store that cannot be
+    opened raises its error (StoreError, SchemaVersionError) before serving."""
     import uvicorn
 
-    if auth_reads is None:
-        auth_reads = not is_loopback(str(sock.getsockname()[0]))
+    if auth_reads is None and not is_loopback(str(sock.getsockname()[0])):
+        auth_reads = True
     config = uvicorn.Config(
         create_app(
             app, token=token, hosts=served_hosts(sock, allowed_hosts), auth_reads=auth_reads

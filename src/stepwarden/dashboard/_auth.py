@@ -1,8 +1,9 @@
 """Who may read and change things: the API token, and the UI's sessions with their CSRF
 tokens.
 
-Reads are open to whoever reaches the dashboard when it listens on a loopback address, and
-need the token or a session otherwise (`auth_reads`). A state-changing request is a POST
+Reads are open to whoever reaches the dashboard when it listens on a loopback address, but
+for a request that came through a proxy, and need the token or a session otherwise
+(`auth_reads`). A state-changing request is a POST
 that carries either the API token (`Authorization: Bearer TOKEN`), or the session cookie the
 sign-in page sets together with that session's CSRF token (`X-CSRF-Token` header, or a
 `csrf_token` form field). The cookie alone is not enough: another site can make a browser
@@ -126,6 +127,22 @@ def check_token(token: str) -> str:
             f"the API token must be at least {MIN_TOKEN} characters long, not {len(token)}"
         )
     return token
+
+
+PROXY_HEADERS = (
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+)
+"""Headers a reverse proxy adds: a request carrying one came from elsewhere, whatever address
+it reached the dashboard from."""
+
+
+def through_proxy(request: Request) -> bool:
+    """Whether the request came through a proxy (so from anywhere), by the headers it adds."""
+    return any(name in request.headers for name in PROXY_HEADERS)
 
 
 def client_address(request: Request) -> str:

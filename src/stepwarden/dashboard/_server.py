@@ -27,7 +27,14 @@ from ..app import App
 from ..errors import PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
 from ._api import EVENT_PAGE, BadRequest, error, json_response, router
-from ._auth import CSRF_FIELD, MAX_FAILURES, SESSION_COOKIE, SESSION_SECONDS, Guard
+from ._auth import (
+    CSRF_FIELD,
+    MAX_FAILURES,
+    SESSION_COOKIE,
+    SESSION_SECONDS,
+    Guard,
+    through_proxy,
+)
 from ._data import Reader
 from ._models import BULK_ACTIONS, MAX_LIST
 from ._views import activity_chart, render, step_timeline
@@ -137,11 +144,13 @@ def create_app(
     *,
     token: str,
     hosts: Sequence[str] | None = None,
-    auth_reads: bool = False,
+    auth_reads: bool | None = None,
 ) -> FastAPI:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
     need `token` (at least 16 characters), or a signed-in session and its CSRF token; with
-    `auth_reads`, so do reads (pages, API, metrics). With `hosts`, requests naming another
+    `auth_reads`, so do reads (pages, API, metrics); by default (None), so do the reads of a
+    request that came through a proxy (`Forwarded`, `X-Forwarded-For`, ...); with False,
+    reads are open to every request. With `hosts`, requests naming another
     host (`Host` header) are refused: a web page whose name was pointed at this machine's
     address (DNS rebinding) cannot read the dashboard through the browser. Every request
     body is limited before it is read (64 KiB for a form, 2 MiB for the API)."""
@@ -534,13 +543,20 @@ _OPEN_PATHS = ("/login", "/openapi.json")
 class _Access:
     """Who may pass, decided from the request's headers before its body is read or parsed:
     an API action (a POST under /api/) needs the API token, or a signed-in session and its
-    CSRF token; with `auth_reads`, every other request but the sign-in page, the static files
-    and the API's document needs the token or a session, and a page asks to sign in."""
+    CSRF token; every other request but the sign-in page, the static files and the API's
+    document needs the token or a session when reads are closed (`auth_reads`, or, with
+    `auth_reads` None, for a request that came through a proxy), and a page asks to sign
+    in."""
 
-    def __init__(self, inner: ASGIApp, guard: Guard, auth_reads: bool) -> None:
+    def __init__(self, inner: ASGIApp, guard: Guard, auth_reads: bool | None) -> None:
         self.inner = inner
         self.guard = guard
         self.auth_reads = auth_reads
+
+    def _reads_closed(self, request: Request) -> bool:
+        if self.auth_reads is None:
+            return through_proxy(request)
+        return self.auth_reads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -550,7 +566,7 @@ class _Access:
         request = Request(scope)
         if scope["method"] == "POST" and path.startswith("/api/"):
             verdict = self.guard.check(request)
-        elif not self.auth_reads or path in _OPEN_PATHS or path.startswith("/static/"):
+        elif path in _OPEN_PATHS or path.startswith("/static/") or not self._reads_closed(request):
             await self.inner(scope, receive, send)
             return
         else:
