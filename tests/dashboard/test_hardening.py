@@ -1,7 +1,9 @@
 """The dashboard under attack: a foreign Host refused on every address it may be bound to,
-reads that need the token off loopback, request bodies refused before they are read, the
-session cookie's lifetime, answers never cached, short tokens refused, a long history paged
-newest first, and task ids a browser would resolve away still reachable."""
+reads that need the token off loopback and through a proxy, request bodies refused before
+they are read, actions refused before their body is parsed, payloads too deep refused, the
+session cookie's lifetime, answers never cached, short tokens refused, the token read from a
+private file, wrong tokens throttled per address, a long history paged newest first, task
+ids a browser would resolve away still reachable, and no dependency with a known flaw."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import contextlib
 import socket
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
 from starlette.requests import Request
 
 import stepwarden as sw
@@ -417,3 +422,21 @@ def test_an_ipv6_client_is_counted_by_its_64_network() -> None:
     )
     assert address("2001:db8:1:3::1") != address("2001:db8:1:2::1")
     assert address("::ffff:192.0.2.1") == address("192.0.2.1") == "192.0.2.1"
+
+
+def test_the_dashboard_extra_excludes_the_releases_with_known_flaws() -> None:
+    """Starlette before 0.49.1 spends quadratic time on a Range header of a static file (the
+    dashboard serves them without sign-in); FastAPI before 0.120.1 requires such a Starlette;
+    Jinja2 before 3.1.6 lets a template escape its sandbox. The installed ones qualify."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {
+        (r := Requirement(spec)).name.lower(): r.specifier
+        for spec in project["optional-dependencies"]["dashboard"]
+    }
+    for name, last_flawed, first_fixed in (
+        ("starlette", "0.49.0", "0.49.1"),
+        ("fastapi", "0.120.0", "0.120.1"),
+        ("jinja2", "3.1.5", "3.1.6"),
+    ):
+        assert last_flawed not in wanted[name] and first_fixed in wanted[name], name
+        assert metadata.version(name) in wanted[name], name
