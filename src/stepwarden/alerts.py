@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -36,6 +37,9 @@ logger = logging.getLogger("stepwarden.alerts")
 
 DEFAULT_DEADLINE = 10.0
 """Seconds one delivery of one alert to one sink may take, all told."""
+ANSWER_READ = 4096
+"""Bytes of a webhook's answer after which reading stops (its status is what counts; one
+read from the network brings 64 KiB at most)."""
 
 
 def alert_body(alert: OutboxMessage) -> dict[str, Any]:
@@ -75,8 +79,13 @@ class LogSink:
 class WebhookSink:
     """POSTs each alert as JSON to `url`; any answer other than 2xx is a failed delivery.
     The alert's id is also sent as the `Idempotency-Key` header. A delivery that has not
-    ended within `timeout` seconds (connecting, sending and the whole answer together) fails
-    and is tried again later.
+    ended within `timeout` seconds (connecting, sending and the answer together) fails and
+    is tried again later.
+
+    Only the answer's status counts: it is asked for unencoded (`Accept-Encoding:
+    identity`), and its body is read, raw and never decoded, only until `ANSWER_READ` bytes
+    have come, so that no answer (a compressed body that decodes to gigabytes, an endless
+    one) costs the process more than kilobytes, or its event loop more than a moment.
 
     The URL is a secret (it may carry a user, a password or a token, in its path too): the
     sink is named `webhook:` and the URL's scheme, host, port and path, or `name`, and the
@@ -97,6 +106,7 @@ class WebhookSink:
         self.shown = public_name(self.name)
         self.timeout = timeout
         self.headers = headers or {}
+        self._tls_context: ssl.SSLContext | None = None
         _HIDDEN.update((url, str(httpx.URL(url))))
 
     @classmethod
@@ -117,19 +127,42 @@ class WebhookSink:
         return cls(url, name=name or None)
 
     async def send(self, alert: dict[str, Any]) -> None:
-        headers = {**self.headers, "Idempotency-Key": f"stepwarden-alert-{alert['id']}"}
+        headers = {
+            **self.headers,
+            "Idempotency-Key": f"stepwarden-alert-{alert['id']}",
+            "Accept-Encoding": "identity",
+        }
         try:
-            async with (
-                asyncio.timeout(self.timeout),
-                httpx.AsyncClient(timeout=self.timeout) as client,
-            ):
-                answer = await client.post(self.url, json=alert, headers=headers)
+            async with asyncio.timeout(self.timeout):
+                client = httpx.AsyncClient(timeout=self.timeout, verify=await self._tls())
+                async with (
+                    client,
+                    client.stream("POST", self.url, json=alert, headers=headers) as answer,
+                ):
+                    await _skim(answer)
         except TimeoutError:
             raise TimeoutError(f"{self.shown}: no answer within {self.timeout} s") from None
         except httpx.HTTPError as exc:  # its text may hold the URL
             raise ConnectionError(f"{self.shown}: {type(exc).__name__}") from None
         if not answer.is_success:
             raise RuntimeError(f"{self.shown} answered {answer.status_code}")
+
+    async def _tls(self) -> ssl.SSLContext:
+        # Loading the CA certificates costs tens of milliseconds of CPU: done once per sink
+        # (not once per delivery, as a new client's default would), and off the event loop.
+        if self._tls_context is None:
+            self._tls_context = await asyncio.to_thread(httpx.create_ssl_context)
+        return self._tls_context
+
+
+async def _skim(answer: httpx.Response) -> None:
+    """Read an answer's body only until `ANSWER_READ` bytes have come, raw: never decoded (a
+    small compressed body may decode to gigabytes)."""
+    read = 0
+    async for chunk in answer.aiter_raw():  # closed with the answer
+        read += len(chunk)
+        if read >= ANSWER_READ:
+            return
 
 
 class _HideWebhookURLs(logging.Filter):

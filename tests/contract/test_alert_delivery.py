@@ -2,16 +2,22 @@
 
 A receiver that trickles its answer (one byte every few seconds, never done) cannot hold up
 the supervisor: a task whose deadline passes meanwhile is recovered while the delivery is
-still under way, the delivery fails at its deadline and is tried again. A webhook's user,
-password and query are shown nowhere: not in the outbox, the dashboard, the metrics or the
-log (httpx's own request log included); nor is its path (where Slack keeps a webhook's
-secret) but in the outbox's record of delivery."""
+still under way, the delivery fails at its deadline and is tried again. A hostile answer (a
+gzip bomb, a large body, a body dripped a byte at a time) costs a delivery kilobytes and
+its deadline at most, and never holds the event loop. A webhook's user, password and query
+are shown nowhere: not in the outbox, the dashboard, the metrics or the log (httpx's own
+request log included); nor is its path (where Slack keeps a webhook's secret) but in the
+outbox's record of delivery."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,11 +27,15 @@ import pytest
 import stepwarden as sw
 from stepwarden.dashboard import create_app
 from tests.rawsql import sql
-from tests.receivers import answering, trickling
+from tests.receivers import answering, gzip_bomb, hostile, trickling
 
 from .test_engine import FAST, running
 
 SECRETS = ("pa55word", "T0KEN-SECRET", "ana:", "token=", "/hook")
+DECODED = 64 * 1024 * 1024
+"""What a hostile receiver's compressed answer decodes to."""
+HELD = 0.1
+"""Seconds of CPU the event loop's thread may spend between two turns of an idle coroutine."""
 
 
 def _app(store_url: str) -> sw.App:
@@ -167,3 +177,91 @@ def test_a_webhook_given_by_name_or_with_a_bad_url() -> None:
     with pytest.raises(sw.ConfigurationError) as refused:
         sw.WorkerOptions(alert_webhooks=("ftp://ana:pw@example.com/x?token=s",))
     assert "pw" not in str(refused.value) and "token" not in str(refused.value)
+
+
+@dataclasses.dataclass
+class _Loop:
+    held: float = 0.0
+    """The most CPU time the loop's thread spent between two turns of a coroutine that only
+    sleeps: how long the loop was held by work, whatever else the machine runs."""
+    turns: int = 0
+
+
+@contextlib.asynccontextmanager
+async def _watching_the_loop() -> AsyncIterator[_Loop]:
+    seen = _Loop()
+    stop = asyncio.Event()
+
+    async def turn() -> None:
+        last = time.thread_time()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = time.thread_time()
+            seen.held = max(seen.held, now - last)
+            seen.turns += 1
+            last = now
+
+    turning = asyncio.create_task(turn())
+    try:
+        yield seen
+    finally:
+        stop.set()
+        await turning
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "status"),
+    [
+        pytest.param(lambda: gzip_bomb(DECODED), "gzip", 200, id="gzip-bomb"),
+        pytest.param(lambda: gzip_bomb(DECODED, layers=2), "gzip, gzip", 500, id="gzip-twice"),
+        pytest.param(lambda: bytes(16 * 1024 * 1024), None, 200, id="16-MB-body"),
+    ],
+)
+async def test_a_hostile_answer_costs_kilobytes_and_never_holds_the_event_loop(
+    body: Any, encoding: str | None, status: int
+) -> None:
+    """The answer's status is what counts: its body is asked for unencoded, and whatever
+    comes (labelled gzip, once or twice, regardless) is read a few KiB at most, never
+    decoded. The memory the delivery allocates stays under 4 MiB, and the loop is never
+    held for more than HELD seconds of CPU at a time."""
+    async with answering() as ordinary, hostile(body(), status=status, encoding=encoding) as hook:
+        # The first delivery of a process imports httpx's transport: not what is measured.
+        await sw.WebhookSink(ordinary.url()).send({"id": 0})
+        sink = sw.WebhookSink(hook.url(), timeout=20)
+        async with _watching_the_loop() as loop:
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                try:
+                    await sink.send({"id": 1, "task_id": "t1"})
+                except RuntimeError as failed:  # its status says so, whatever its body
+                    assert str(failed).endswith(f"answered {status}") and status != 200
+                peak = tracemalloc.get_traced_memory()[1] - before
+            finally:
+                tracemalloc.stop()
+    assert b"accept-encoding: identity" in hook.requests[0].lower()
+    assert peak < 4 * 1024 * 1024, f"the delivery allocated {peak / 2**20:.0f} MiB"
+    assert loop.turns > 0 and loop.held < HELD, f"the loop was held {loop.held:.3f} s"
+
+
+async def test_a_failed_answer_is_a_failed_delivery_whatever_its_body() -> None:
+    async with hostile(gzip_bomb(DECODED, layers=2), status=503, encoding="gzip, gzip") as hook:
+        sink = sw.WebhookSink(hook.url(), name="ops")
+        with pytest.raises(RuntimeError, match=r"^ops answered 503$"):
+            await sink.send({"id": 1})
+
+
+async def test_the_deadline_covers_the_answer_s_body() -> None:
+    """A receiver that drips its body a byte at a time: the delivery ends at its deadline,
+    whatever the status said, and its connection is closed."""
+    async with hostile(b"x" * 100_000, drip=0.2) as hook:
+        sink = sw.WebhookSink(hook.url(), name="drip", timeout=1.0)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"drip: no answer within 1\.0 s"):
+            await sink.send({"id": 1})
+        assert time.monotonic() - began < 3.0
+
+        async def closed() -> bool:
+            return hook.open_connections == 0
+
+        await _until("the connection closed", closed, timeout=5)
