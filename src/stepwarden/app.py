@@ -37,8 +37,12 @@ from .errors import (
     UnknownNameError,
 )
 from .records import (
+    DEFAULT_MAX_EVENT_PAYLOAD,
+    DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
     AgentInstance,
+    EventBeyond,
+    EventBounds,
     EventRecord,
     NewTask,
     OperatorAction,
@@ -83,11 +87,28 @@ class App:
     """Declares workflows and agents, and talks to the state store on the application's
     behalf. `store` is `sqlite:///path.db` (the embedded default) or `postgresql://...`."""
 
-    def __init__(self, name: str, *, store: str, auto_migrate: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        store: str,
+        auto_migrate: bool = True,
+        max_events_per_task: int = DEFAULT_MAX_EVENTS_PER_TASK,
+        max_event_payload: int = DEFAULT_MAX_EVENT_PAYLOAD,
+    ) -> None:
         self.name = _check.name("the App's name", name)
         self.store_url = store
         open_store(store)  # validate the URL now, not at first use
         self.auto_migrate = auto_migrate
+        self.event_bounds = EventBounds(
+            events=_check.integer("max_events_per_task", max_events_per_task, 1),
+            payload=_check.integer(
+                "max_event_payload", max_event_payload, 1, _json.MAX_PAYLOAD_BYTES
+            ),
+        )
+        """What a task keeps of the events sent through this App: `max_events_per_task`
+        events at most (taken by a wait or not), each payload `max_event_payload` bytes at
+        most; a send beyond either raises EventRefused."""
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
@@ -501,10 +522,11 @@ class App:
         waits for that name (`ctx.wait_for_event`), and waking the task at once if it waits
         for it now, in one transaction. `event_id` makes the send idempotent: an event_id sent
         before is not sent again (`SendOutcome.sent` is False). Raises TaskNotFound, or
-        EventRefused when the task is finished."""
+        EventRefused when the task is finished or the event is beyond a bound
+        (`max_events_per_task`, `max_event_payload`)."""
         event = self._event(task_id, name, payload, event_id)
-        got = await (await self.store()).send_event(*event)
-        return _sent(task_id, got)
+        got = await (await self.store()).send_event(*event, self.event_bounds)
+        return _sent(task_id, name, got)
 
     def send_event(
         self, task_id: str, name: str, payload: Any = None, *, event_id: str | None = None
@@ -900,7 +922,7 @@ class TaskTransaction:
         """Send an event in the application's transaction: it is kept, and its task woken,
         only if the transaction commits (see `App.send_event_async`)."""
         event = self._app._event(task_id, name, payload, event_id)
-        return _sent(task_id, await self._tx.send_event(*event))
+        return _sent(task_id, name, await self._tx.send_event(*event, self._app.event_bounds))
 
 
 def _for_version(spec: ScheduleSpec, wf: Workflow) -> ScheduleSpec:
@@ -914,11 +936,15 @@ def _for_version(spec: ScheduleSpec, wf: Workflow) -> ScheduleSpec:
     )
 
 
-def _sent(task_id: str, got: SendOutcome | TaskState | None) -> SendOutcome:
+def _sent(
+    task_id: str, name: str, got: SendOutcome | TaskState | EventBeyond | None
+) -> SendOutcome:
     if got is None:
         raise TaskNotFound(f"no task {task_id!r}")
     if isinstance(got, TaskState):
         raise EventRefused(task_id, str(got))
+    if isinstance(got, EventBeyond):
+        raise EventRefused(task_id, name=name, bound=got.bound, limit=got.limit, found=got.found)
     return got
 
 

@@ -26,7 +26,14 @@ from . import _check, _json
 from ._text import EscapingFormatter, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
 from .errors import StepwardenError
-from .records import ActionOutcome, SendOutcome, TaskRecord
+from .records import (
+    DEFAULT_MAX_EVENT_PAYLOAD,
+    DEFAULT_MAX_EVENTS_PER_TASK,
+    ActionOutcome,
+    EventBounds,
+    SendOutcome,
+    TaskRecord,
+)
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
@@ -731,6 +738,41 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo(f"  ... older events: stepwarden show {shlex.quote(t.task_id)} --before {older}")
 
 
+def _event_bound_options(fn: F) -> F:
+    """The bounds of what a task keeps of the events sent to it (App(max_events_per_task=...,
+    max_event_payload=...)): those given, else the application's, else the defaults."""
+    options = [
+        _opt(
+            "--max-events-per-task",
+            envvar="STEPWARDEN_MAX_EVENTS_PER_TASK",
+            default=None,
+            type=click.IntRange(min=1, max=_check.MAX_INT),
+            help="Refuse an event to a task that keeps this many already, taken by a wait or "
+            f"not [default: the application's, else {DEFAULT_MAX_EVENTS_PER_TASK}].",
+        ),
+        _opt(
+            "--max-event-payload",
+            envvar="STEPWARDEN_MAX_EVENT_PAYLOAD",
+            default=None,
+            metavar="BYTES",
+            type=click.IntRange(min=1, max=_json.MAX_PAYLOAD_BYTES),
+            help="Refuse an event whose JSON payload has more bytes [default: the "
+            f"application's, else {DEFAULT_MAX_EVENT_PAYLOAD}].",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _bounded(app: App, events: int | None, payload: int | None, like: App | None = None) -> App:
+    """`app`, keeping the events sent through it within the bounds given, else those of the
+    application `like` (or its own)."""
+    own = (like or app).event_bounds
+    app.event_bounds = EventBounds(events=events or own.events, payload=payload or own.payload)
+    return app
+
+
 @cli.command()
 @click.argument("task_id")
 @click.argument("name")
@@ -741,14 +783,27 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
     default=None,
     help="The event's id (default: a new one): an id sent before is not sent again.",
 )
+@_event_bound_options
 @click.pass_obj
 def send(
-    obj: _Ctx, task_id: str, name: str, payload_json: str, event_id: str | None
+    obj: _Ctx,
+    task_id: str,
+    name: str,
+    payload_json: str,
+    event_id: str | None,
+    max_events_per_task: int | None,
+    max_event_payload: int | None,
 ) -> None:
     """Send the event NAME with PAYLOAD_JSON to TASK_ID: kept until its workflow waits for
-    NAME (ctx.wait_for_event), and waking the task if it waits for it now."""
+    NAME (ctx.wait_for_event), and waking the task if it waits for it now. Refused (exit 1)
+    for a finished task, or beyond --max-events-per-task or --max-event-payload."""
     payload = _json_argument(payload_json, "PAYLOAD_JSON", "the event's payload")
-    app = App("stepwarden-send", store=obj.store_url(), auto_migrate=False)
+    app = _bounded(
+        App("stepwarden-send", store=obj.store_url(), auto_migrate=False),
+        max_events_per_task,
+        max_event_payload,
+        like=load_app(obj.app_ref) if obj.app_ref else None,
+    )
 
     async def go() -> SendOutcome:
         try:
@@ -1091,6 +1146,7 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     "[default: on, unless --host is a loopback address, where only a request that came "
     "through a proxy (Forwarded, X-Forwarded-For) needs them].",
 )
+@_event_bound_options
 @click.pass_obj
 def dashboard(
     obj: _Ctx,
@@ -1101,6 +1157,8 @@ def dashboard(
     token_file: str | None,
     allowed_hosts: tuple[str, ...],
     auth_reads: bool | None,
+    max_events_per_task: int | None,
+    max_event_payload: int | None,
 ) -> None:
     """Serve the operator's dashboard: pages, a JSON API (/openapi.json) and /metrics."""
     try:
@@ -1114,6 +1172,7 @@ def dashboard(
         app = obj.app(app_ref)
     else:
         app = App("stepwarden-dashboard", store=obj.store_url(), auto_migrate=False)
+    _bounded(app, max_events_per_task, max_event_payload)
     try:
         sock = web.bind(host, port)
     except OSError as exc:

@@ -18,7 +18,8 @@ StepwardenError
 ├── StepFailed                a step failed permanently; raised inside the workflow
 ├── EventTimeout              ctx.wait_for_event: no event came in time; raised inside it
 ├── ChildFailed               ctx.child: the child task ended otherwise than processed
-├── EventRefused              App.send_event: the task is finished, it takes no event
+├── EventRefused              App.send_event: the task is finished, or the event is beyond
+│                             max_events_per_task or max_event_payload
 ├── StepLost                  Call.heartbeat: this call no longer holds the step
 ├── CircuitOpen               a call refused by the agent's open circuit breaker (transient)
 └── PermanentError            raised by an operation: do not retry, report the failure
@@ -121,12 +122,39 @@ class ChildFailed(StepwardenError):
 
 
 class EventRefused(StepwardenError):
-    """An event sent to a task that takes none: it is finished (`state`)."""
+    """An event a task does not take, and did not keep: the task is finished (`state`), or
+    the event is beyond a bound of the App that sent it (`bound`: "max_events_per_task",
+    the task keeps that many events already, or "max_event_payload", its payload has more
+    bytes; `limit`: the bound's value, `found`: the events kept, or the payload's bytes).
+    `state` is None for a bound, `bound` None for a finished task."""
 
-    def __init__(self, task_id: str, state: str) -> None:
-        super().__init__(f"task {task_id!r} is {state}: it takes no event")
+    def __init__(
+        self,
+        task_id: str,
+        state: str | None = None,
+        *,
+        name: str | None = None,
+        bound: str | None = None,
+        limit: int | None = None,
+        found: int | None = None,
+    ) -> None:
+        if bound is None:
+            message = f"task {task_id!r} is {state}: it takes no event"
+        elif bound == "max_events_per_task":
+            message = (
+                f"event {name!r} refused: task {task_id!r} keeps {found} events, its "
+                f"{bound} ({limit})"
+            )
+        else:
+            message = (
+                f"event {name!r} refused: its payload is {found} bytes, over {bound} ({limit})"
+            )
+        super().__init__(message)
         self.task_id = task_id
         self.state = state
+        self.bound = bound
+        self.limit = limit
+        self.found = found
 
 
 class PermanentError(StepwardenError):

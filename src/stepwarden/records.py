@@ -604,6 +604,31 @@ class SendOutcome:
     woke: bool
 
 
+DEFAULT_MAX_EVENTS_PER_TASK = 1000
+DEFAULT_MAX_EVENT_PAYLOAD = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventBounds:
+    """What a task keeps of the events sent to it (`App(max_events_per_task=...,
+    max_event_payload=...)`): `events` at most, taken by a wait or not, each with a payload
+    of `payload` bytes at most (its JSON text, UTF-8)."""
+
+    events: int = DEFAULT_MAX_EVENTS_PER_TASK
+    payload: int = DEFAULT_MAX_EVENT_PAYLOAD
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventBeyond:
+    """An event refused by a bound (`rules.event_beyond`): which (`max_events_per_task`,
+    `max_event_payload`), its value, and what was found (the events the task keeps, the
+    payload's bytes)."""
+
+    bound: Literal["max_events_per_task", "max_event_payload"]
+    limit: int
+    found: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WaitRecord:
     task_id: str

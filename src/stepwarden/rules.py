@@ -27,6 +27,8 @@ from ._text import cut
 from .errors import UnknownNameError
 from .records import (
     ActionOutcome,
+    EventBeyond,
+    EventBounds,
     OperatorAction,
     OperatorVerb,
     OpLimit,
@@ -149,6 +151,17 @@ def waiting_for_all(waits: Sequence[tuple[str | None, str, str]]) -> str:
     first = min(waits, key=lambda w: _place_key(w[0]))
     what = waiting_for(first[1], first[2])
     return what if len(waits) == 1 else f"{what} +{len(waits) - 1}"
+
+
+def event_beyond(bounds: EventBounds, *, kept: int, size: int) -> EventBeyond | None:
+    """Which bound refuses a new event for a task that keeps `kept` events (taken by a wait
+    or not), its payload `size` bytes; None when the task keeps it. (An event_id sent before
+    is not new: its send is answered as sent before, whatever the bounds.)"""
+    if size > bounds.payload:
+        return EventBeyond(bound="max_event_payload", limit=bounds.payload, found=size)
+    if kept >= bounds.events:
+        return EventBeyond(bound="max_events_per_task", limit=bounds.events, found=kept)
+    return None
 
 
 def child_task_id(parent_id: str, position: str) -> str:

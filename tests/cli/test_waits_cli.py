@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import httpx
 import orjson
+from click.testing import Result
 
 import stepwarden as sw
 from stepwarden.dashboard import create_app
@@ -15,7 +16,8 @@ from stepwarden.supervisor import Supervisor
 from tests.contract.test_engine import running
 from tests.contract.test_waits import Approvals, in_state
 
-from .helpers import APP, assert_ok, assert_refused, invoke
+from . import cli_app
+from .helpers import APP, assert_ok, assert_refused, invoke, sql
 
 TOKEN = "a-token-of-24-characters"
 
@@ -172,3 +174,62 @@ def test_schedules_on_the_dashboard_and_its_api(migrated_url: str) -> None:
             await app.aclose()
 
     asyncio.run(scenario())
+
+
+BOUNDED = "tests.cli.cli_app:bounded"
+
+
+def test_an_event_beyond_a_bound_is_refused_by_the_command_line_and_the_api(
+    migrated_url: str,
+) -> None:
+    """The command line keeps an event within the bounds it is given, else the application's
+    (--app), else the defaults, and refuses one beyond them with one error line naming the
+    bound (exit 1); the API answers 413 with an error naming it."""
+    app = cli_app.build(migrated_url, max_events_per_task=2, max_event_payload=64)
+    asyncio.run(app.submit_async("process", {}, task_id="t"))
+    asyncio.run(app.submit_async("process", {}, task_id="u"))
+    asyncio.run(app.aclose())
+
+    def send(*args: str, env: dict[str, str] | None = None) -> Result:
+        return invoke("--store", migrated_url, *args, env=env)
+
+    for n in (1, 2):
+        assert_ok(send("--app", BOUNDED, "send", "t", "vote", str(n)))
+    assert_refused(
+        send("--app", BOUNDED, "send", "t", "vote", "3"),
+        "Error: event 'vote' refused: task 't' keeps 2 events, its max_events_per_task (2)",
+        exit_code=1,
+    )
+    assert_ok(send("--app", BOUNDED, "send", "t", "vote", "3", "--max-events-per-task", "3"))
+    assert_ok(send("send", "t", "vote", "4"))  # without --app: the default, 1000
+    payload = orjson.dumps("x" * 20).decode()  # 22 bytes
+    assert_refused(
+        send("send", "u", "vote", payload, env={"STEPWARDEN_MAX_EVENT_PAYLOAD": "21"}),
+        "Error: event 'vote' refused: its payload is 22 bytes, over max_event_payload (21)",
+        exit_code=1,
+    )
+
+    async def through_the_api() -> None:
+        web = create_app(cli_app.build(migrated_url, max_events_per_task=4), token=TOKEN)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        transport = httpx.ASGITransport(app=web)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
+            full = await api.post("/api/tasks/t/send", json={"name": "vote"}, headers=auth)
+            assert full.status_code == 413
+            assert full.json() == {
+                "error": "event 'vote' refused: task 't' keeps 4 events, "
+                "its max_events_per_task (4)"
+            }
+            big = {"name": "vote", "payload": "x" * 300_000}
+            too_big = await api.post("/api/tasks/u/send", json=big, headers=auth)
+            assert too_big.status_code == 413
+            assert too_big.json() == {
+                "error": "event 'vote' refused: its payload is 300002 bytes, over "
+                "max_event_payload (262144)"
+            }
+            fits = await api.post("/api/tasks/u/send", json={"name": "vote"}, headers=auth)
+            assert fits.status_code == 200 and fits.json() == {"sent": True, "woke": False}
+
+    asyncio.run(through_the_api())
+    assert sql(migrated_url, "SELECT task_id, count(*) FROM stepwarden_inbox GROUP BY task_id "
+               "ORDER BY task_id") == [("t", 4), ("u", 1)]  # fmt: skip

@@ -1,9 +1,11 @@
 """What a hostile or runaway value cannot do to the store: an error text is stored cut to
-8 KiB wherever it is kept, and a long history is read newest first, a page at a time, saying
-when older events exist. On both stores."""
+8 KiB wherever it is kept, a long history is read newest first, a page at a time, saying
+when older events exist, and a task keeps so many events sent to it, each so large, and no
+more, however many senders race. On both stores."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import timedelta
 from typing import Any
@@ -22,8 +24,8 @@ def _file_size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def _app(store_url: str) -> sw.App:
-    app = sw.App("limits", store=store_url)
+def _app(store_url: str, **options: Any) -> sw.App:
+    app = sw.App("limits", store=store_url, **options)
     desk = app.agent("desk")
 
     @desk.operation
@@ -37,6 +39,12 @@ def _app(store_url: str) -> sw.App:
     @app.workflow(complete_within=timedelta(seconds=30), on_failure="stop")
     async def raising(ctx: sw.Context, size: int) -> Any:
         raise ValueError("W" * size)
+
+    @app.workflow(complete_within=timedelta(seconds=30))
+    async def voting(ctx: sw.Context, votes: int) -> Any:
+        return [
+            await ctx.wait_for_event("vote", timeout=timedelta(seconds=60)) for _ in range(votes)
+        ]
 
     return app
 
@@ -109,3 +117,113 @@ async def test_history_is_read_newest_first_a_page_at_a_time(store_url: str) -> 
         assert (await app.show_async("t", events=999, events_before=seen[-1001])).more_events
     finally:
         await app.aclose()
+
+
+def _kept(store_url: str) -> dict[str, int]:
+    """The events each task keeps, read from the database."""
+    rows = sql(store_url, "SELECT task_id, count(*) FROM stepwarden_inbox GROUP BY task_id")
+    return {task_id: int(n) for task_id, n in rows}
+
+
+async def _taken(app: sw.App, task_id: str, events: int) -> None:
+    """Until the task waits with `events` events taken by its waits."""
+    store = await app.store()
+    async with asyncio.timeout(30):
+        while True:
+            done = [w for w in await store.waits(task_id) if w.state == "done"]
+            task = await app.status_async(task_id)
+            if len(done) == events and task.process_state == sw.TaskState.WAITING:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_task_keeps_events_within_the_bounds_of_the_app(store_url: str) -> None:
+    """max_events_per_task counts the events a task keeps, taken by a wait or not;
+    max_event_payload the bytes of a payload's JSON text (UTF-8). Beyond either, the send
+    raises EventRefused naming the bound, and nothing is kept or recorded; an event_id sent
+    before is answered as sent before, not refused."""
+    app = _app(store_url, max_events_per_task=3, max_event_payload=100)
+    try:
+        await app.submit_async("voting", 4, task_id="t")
+        await app.submit_async("voting", 1, task_id="u")
+        async with running(app):
+            for n in (1, 2):
+                assert (await app.send_event_async("t", "vote", n, event_id=f"v{n}")).sent
+            await _taken(app, "t", 2)
+            assert (await app.send_event_async("t", "vote", 3, event_id="v3")).woke
+            await _taken(app, "t", 3)
+            with pytest.raises(sw.EventRefused) as refused:
+                await app.send_event_async("t", "vote", 4, event_id="v4")
+            assert (refused.value.bound, refused.value.limit, refused.value.found) == (
+                "max_events_per_task", 3, 3,
+            )  # fmt: skip
+            assert str(refused.value) == (
+                "event 'vote' refused: task 't' keeps 3 events, its max_events_per_task (3)"
+            )
+            assert refused.value.state is None
+            again = await app.send_event_async("t", "vote", 1, event_id="v1")
+            assert (again.sent, again.woke) == (False, False)
+
+            # 100 bytes of JSON are kept; 102 (50 two-byte characters, 52 in all) are not.
+            with pytest.raises(sw.EventRefused) as too_big:
+                await app.send_event_async("u", "vote", "é" * 50, event_id="big")
+            assert (too_big.value.bound, too_big.value.limit, too_big.value.found) == (
+                "max_event_payload", 100, 102,
+            )  # fmt: skip
+            assert str(too_big.value) == (
+                "event 'vote' refused: its payload is 102 bytes, over max_event_payload (100)"
+            )
+            assert (await app.send_event_async("u", "vote", "é" * 49, event_id="fits")).sent
+            assert await app.result_async("u", timeout=30) == ["é" * 49]
+        assert _kept(store_url) == {"t": 3, "u": 1}
+        received = await (await app.store()).events(task_id="t", kind="event_received")
+        assert sorted(e.detail["event_id"] for e in received) == ["v1", "v2", "v3"]
+        with pytest.raises(sw.ConfigurationError, match="max_events_per_task must be"):
+            sw.App("x", store=store_url, max_events_per_task=0)
+        with pytest.raises(sw.ConfigurationError, match="max_event_payload must be"):
+            sw.App("x", store=store_url, max_event_payload=2 * 1024 * 1024)
+    finally:
+        await app.aclose()
+
+
+async def test_the_default_bounds_are_1000_events_of_256_kib(store_url: str) -> None:
+    """A thousand events sent in one transaction are kept (each counted with those before
+    it); the next one is refused. A payload of 256 KiB is kept, one byte more is not."""
+    app = _app(store_url)
+    try:
+        await app.submit_async("voting", 1, task_id="t")
+        await app.submit_async("voting", 1, task_id="u")
+        async with app.transaction() as tx:
+            for n in range(1000):
+                assert (await tx.send_event("t", "vote", n, event_id=f"e{n}")).sent
+        with pytest.raises(sw.EventRefused, match=r"keeps 1000 events, its max_events_per_task"):
+            await app.send_event_async("t", "vote", 1000, event_id="e1000")
+        largest = "x" * (256 * 1024 - 2)  # and its two quotes
+        assert (await app.send_event_async("u", "vote", largest, event_id="fits")).sent
+        with pytest.raises(sw.EventRefused, match=r"262145 bytes, over max_event_payload"):
+            await app.send_event_async("u", "vote", largest + "x", event_id="over")
+        assert _kept(store_url) == {"t": 1000, "u": 1}
+    finally:
+        await app.aclose()
+
+
+async def test_racing_senders_never_pass_the_bound(store_url: str) -> None:
+    """Thirty sends at once from three Apps (each its own connections) to a task that keeps
+    five events: five are kept, the others refused, since each send counts the events kept
+    with the task's row locked."""
+    apps = [_app(store_url, max_events_per_task=5) for _ in range(3)]
+    try:
+        await apps[0].submit_async("voting", 1, task_id="t")
+        sends = [
+            apps[n % 3].send_event_async("t", "vote", n, event_id=f"e{n}") for n in range(30)
+        ]
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        sent = [o for o in outcomes if isinstance(o, sw.SendOutcome)]
+        refused = [o for o in outcomes if isinstance(o, sw.EventRefused)]
+        assert (len(sent), len(refused)) == (5, 25), outcomes
+        assert all(o.sent for o in sent)
+        assert {o.bound for o in refused} == {"max_events_per_task"}
+        assert _kept(store_url) == {"t": 5}
+    finally:
+        for app in apps:
+            await app.aclose()

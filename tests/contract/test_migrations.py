@@ -233,6 +233,6 @@ async def test_waits_recorded_before_children_existed_are_kept(empty_store_url: 
         task = await store.get_task("t1")
         assert task is not None and (task.parent_id, task.parent_position) == (None, None)
         sent = await store.send_event("t1", "go", '"yes"', "e1")  # its open wait wakes it
-        assert not isinstance(sent, sw.TaskState) and sent is not None and sent.woke
+        assert isinstance(sent, sw.SendOutcome) and sent.woke
     finally:
         await store.close()

@@ -47,6 +47,7 @@ from stepwarden.records import (
     OperatorAction,
     ParkRequest,
     RequestHandback,
+    SendOutcome,
     StepOutcome,
     StepRecord,
     TaskOutcome,
@@ -1479,7 +1480,7 @@ class StoreModel(RuleBasedStateMachine):
             assert out == t.state, f"a send to {t.task_id} ({t.state}): {out}"
             self.refused = True
             return
-        assert not isinstance(out, TaskState) and out is not None
+        assert isinstance(out, SendOutcome), f"a send to {t.task_id} ({t.state}): {out}"
         new = all(e.event_id != event for e in t.inbox)
         assert out.sent == new, f"send {event} to {t.task_id}: sent={out.sent}"
         if not new:

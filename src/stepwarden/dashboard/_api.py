@@ -244,6 +244,12 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
             r429=THROTTLED,
             r404=(Error, "No such task."),
             r409=(Error, "The task is finished: it takes no event."),
+            r413=(
+                Error,
+                "The event is beyond a bound, named in the error: the task keeps "
+                "max_events_per_task events already, or the payload has more bytes than "
+                "max_event_payload.",
+            ),
         ),
     )
     async def send(task_id: TaskId, body: SendRequest, identity: Identity) -> Response:
@@ -254,7 +260,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
         except TaskNotFound as exc:
             return error(404, str(exc))
         except EventRefused as exc:
-            return error(409, str(exc))
+            return error(409 if exc.bound is None else 413, str(exc))
         except StoreError:
             raise
         except StepwardenError as exc:

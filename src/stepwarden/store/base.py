@@ -30,6 +30,8 @@ from ..records import (
     CallStop,
     ClaimedTask,
     DispatchedStep,
+    EventBeyond,
+    EventBounds,
     EventPage,
     EventRecord,
     Expired,
@@ -149,10 +151,16 @@ class Transaction(abc.ABC):
         return await self._run(partial(policy.submit, tasks))
 
     async def send_event(
-        self, task_id: str, name: str, payload: str, event_id: str
-    ) -> SendOutcome | TaskState | None:
+        self,
+        task_id: str,
+        name: str,
+        payload: str,
+        event_id: str,
+        bounds: EventBounds | None = None,
+    ) -> SendOutcome | TaskState | EventBeyond | None:
         """Send an event in this transaction (see `Store.send_event`)."""
-        return await self._run(partial(policy.send_event, task_id, name, payload, event_id))
+        event = (task_id, name, payload, event_id, bounds or EventBounds())
+        return await self._run(partial(policy.send_event, *event))
 
 
 class Store(abc.ABC):
@@ -501,12 +509,19 @@ class Store(abc.ABC):
         return [_rows.task_record(r) for r in rows]
 
     async def send_event(
-        self, task_id: str, name: str, payload: str, event_id: str
-    ) -> SendOutcome | TaskState | None:
+        self,
+        task_id: str,
+        name: str,
+        payload: str,
+        event_id: str,
+        bounds: EventBounds | None = None,
+    ) -> SendOutcome | TaskState | EventBeyond | None:
         """Keep an event for the task (once per event_id) and wake it if it waits with an
         open wait for that name, in one transaction; the state of a finished task (nothing
+        sent), the bound a new event is beyond (`bounds`, the defaults when None: nothing
         sent), or None when there is no such task."""
-        return await self._write(partial(policy.send_event, task_id, name, payload, event_id))
+        event = (task_id, name, payload, event_id, bounds or EventBounds())
+        return await self._write(partial(policy.send_event, *event))
 
     async def waits(self, task_id: str) -> list[WaitRecord]:
         return [_rows.wait_record(r) for r in await self._read_one("list_waits", task_id=task_id)]

@@ -25,6 +25,8 @@ from ..records import (
     CallStop,
     ClaimedTask,
     DispatchedStep,
+    EventBeyond,
+    EventBounds,
     Expired,
     NewStep,
     NewTask,
@@ -63,6 +65,7 @@ from ..rules import (
     compensable_tasks,
     compensation_wait,
     error_text,
+    event_beyond,
     first_tick,
     holds_up_compensation,
     lease_term,
@@ -1362,18 +1365,26 @@ def _park(
 
 
 def send_event(
-    task_id: str, name: str, payload: str, event_id: str, wake: Wakeups
-) -> Flow[SendOutcome | TaskState | None]:
+    task_id: str, name: str, payload: str, event_id: str, bounds: EventBounds, wake: Wakeups
+) -> Flow[SendOutcome | TaskState | EventBeyond | None]:
     """An event for a task, kept in its inbox until a wait of its workflow takes it; a task
     waiting with an open wait for it becomes pending at once, in the same transaction.
-    Returns the outcome, or the state of a task that takes no event (finished), or None when
-    there is no task."""
+    Returns the outcome, or the state of a task that takes no event (finished), or the bound
+    a new event is beyond (`rules.event_beyond`: the events the task keeps are counted with
+    its row locked, so that concurrent sends cannot pass the bound), or None when there is
+    no task."""
     task = yield from fetch("send_read_task", task_id=task_id)
     if not task:
         return None
     state = TaskState(task[0]["process_state"])
     if state in FINISHED_TASK_STATES:
         return state
+    [kept] = yield from fetch("inbox_kept", task_id=task_id, event_id=event_id)
+    if not kept["sent_before"]:
+        size = len(payload.encode())
+        beyond = event_beyond(bounds, kept=int(kept["kept"]), size=size)
+        if beyond is not None:
+            return beyond
     new = {"task_id": task_id, "event_id": event_id, "name": name, "payload": payload}
     sent = yield from fetch("insert_inbox", **new)
     woke = False

@@ -920,6 +920,12 @@ ORDER BY w.seq
 -- A send reads the task it is for, and locks it until commit (a wait waits for it).
 SELECT process_state, waiting_for FROM stepwarden_tasks WHERE task_id = %(task_id)s FOR UPDATE
 
+-- name: inbox_kept
+-- The events a task keeps (taken by a wait or not), and whether this event_id is one of
+-- them: read once the send holds the task's row, so that no concurrent send is counted out.
+SELECT count(*) AS kept, coalesce(bool_or(event_id = %(event_id)s), false) AS sent_before
+FROM stepwarden_inbox WHERE task_id = %(task_id)s
+
 -- name: insert_inbox
 -- An event for a task; an event_id already sent is not sent again.
 INSERT INTO stepwarden_inbox (task_id, event_id, name, payload)

@@ -655,6 +655,12 @@ ORDER BY w.seq
 -- A send reads the task it is for (the write lock is held: a wait waits for it).
 SELECT process_state, waiting_for FROM stepwarden_tasks WHERE task_id = :task_id
 
+-- name: inbox_kept
+-- The events a task keeps (taken by a wait or not), and whether this event_id is one of
+-- them (the write lock is held: no concurrent send is counted out).
+SELECT count(*) AS kept, coalesce(max(event_id = :event_id), 0) AS sent_before
+FROM stepwarden_inbox WHERE task_id = :task_id
+
 -- name: insert_inbox
 -- An event for a task; an event_id already sent is not sent again.
 INSERT INTO stepwarden_inbox (task_id, event_id, name, payload, sent_at)
