@@ -125,9 +125,11 @@ async def answered(
     call: Callable[[], Awaitable[T]],
     *,
     pointless: Callable[[float], bool] = lambda delay: False,
+    wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """`call()`'s answer, tried again after each transient store failure (said as a warning,
-    a growing delay between) until the store answers, or until waiting `delay` more seconds
+    a growing delay between, which `wait` may cut short: `Store.wait_to_retry` does when the
+    store answers again) until the store answers, or until waiting `delay` more seconds
     would be `pointless` (the last failure is then raised). A permanent failure is said as an
     error and raised. Only for calls that are safe to repeat (reads, fenced writes)."""
     failures = 0
@@ -139,7 +141,7 @@ async def answered(
             delay = after_store_failure(log, what, exc, failures)
             if pointless(delay):
                 raise
-            await asyncio.sleep(delay)
+            await wait(delay)
         except StoreError as exc:
             after_store_failure(log, what, exc, 1)
             raise

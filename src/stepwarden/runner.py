@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _json
-from ._aio import first, sleep_unless
+from ._aio import first
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
@@ -237,7 +237,9 @@ class AgentRunner:
             except StoreError as exc:
                 failures += 1
                 what = f"agent {self.agent.name}: cannot register"
-                await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
+                await self.store.wait_to_retry(
+                    after_store_failure(logger, what, exc, failures), stop
+                )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -435,7 +437,9 @@ class AgentRunner:
                 except StoreError as exc:
                     failures += 1
                     what = f"agent {self.agent.name}: cannot claim requests"
-                    await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
+                    await self.store.wait_to_retry(
+                        after_store_failure(logger, what, exc, failures), stop
+                    )
                     continue
                 for request in requests:
                     self._start(request)
@@ -658,6 +662,7 @@ class AgentRunner:
                 what,
                 call,
                 pointless=lambda delay: hold.loop.time() + delay >= hold.deadline,
+                wait=self.store.wait_to_retry,
             )
         except TransientStoreError:
             logger.warning("%s before its complete_by; the supervisor will retry it", what)

@@ -241,7 +241,9 @@ class Scheduler:
             except StoreError as exc:
                 failures += 1
                 what = f"scheduler {self.instance}: cannot register"
-                await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
+                await self.store.wait_to_retry(
+                    after_store_failure(logger, what, exc, failures), stop
+                )
         return False
 
     async def _heartbeats(self) -> None:
@@ -358,7 +360,9 @@ class Scheduler:
                 except StoreError as exc:
                     failures += 1
                     what = "scheduler: cannot claim tasks"
-                    await sleep_unless(stop, after_store_failure(logger, what, exc, failures))
+                    await self.store.wait_to_retry(
+                        after_store_failure(logger, what, exc, failures), stop
+                    )
                     continue
                 for c in claimed:
                     older = self._driving.get(c.task.task_id)
@@ -828,7 +832,7 @@ class Scheduler:
                 failures += 1
                 uncertain = True
                 what = f"task {write.task_id}: cannot record step {write.seq}"
-                await asyncio.sleep(after_store_failure(logger, what, exc, failures))
+                await self.store.wait_to_retry(after_store_failure(logger, what, exc, failures))
                 continue
             if got is not None or not uncertain:
                 return got, write
@@ -867,7 +871,7 @@ class Scheduler:
 
     async def _answered(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`'s answer, tried again while the store is unreachable."""
-        return await answered(logger, what, call)
+        return await answered(logger, what, call, wait=self.store.wait_to_retry)
 
     async def _alert_if_retried_too_often(
         self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 from ._aio import sleep_unless
@@ -57,9 +58,12 @@ class Supervisor:
         self.schedules = list(schedules)
         """The application's schedules: stored when this supervisor becomes the leader."""
         self.gone_grace = gone_grace
-        """Seconds after the store was out of this supervisor's reach before it finds anyone
-        gone: the heartbeats of the others could not land meanwhile either."""
+        """Seconds the store must have answered this supervisor without a break before it
+        finds anyone gone (`_others_heard`): during a break the heartbeats of the others may
+        not have landed either."""
         self._reached_at: float | None = None
+        """When (monotonic) the store began to answer this supervisor's ticks, as leader or
+        standby: its first answered tick after a failed one."""
         self.instance = instance
         self.interval = interval
         self.lease_ttl = lease_ttl if lease_ttl is not None else max(5.0, 3 * interval)
@@ -86,6 +90,7 @@ class Supervisor:
                     self._reached_at = None
                 except Exception:  # a bug, or the store refusing a query: said in full
                     logger.exception("supervisor: the tick failed")
+                    self._reached_at = None
                 await sleep_unless(stop, self.interval)
         finally:
             if delivering is not None:  # a delivery under way is abandoned: sent again later
@@ -104,6 +109,9 @@ class Supervisor:
         # session first (after a while), or the lease could not change hands.
         await self.store.end_stalled_sessions()
         term = await self.store.acquire_lease(LEASE, self.instance, self.lease_ttl)
+        now = time.monotonic()
+        if self._reached_at is None:
+            self._reached_at = now  # a standby counts too: a new leader does not wait again
         if term != self.term:
             if term is None:
                 logger.info("supervisor %s: lease lost (term %s)", self.instance, self.term)
@@ -115,11 +123,7 @@ class Supervisor:
             return []
         if became_leader and self.schedules:
             await self.store.store_schedules(self.schedules)
-        now = asyncio.get_running_loop().time()
-        if self._reached_at is None:
-            self._reached_at = now
-        # After an outage every heartbeat is late: give the instances time to beat again.
-        others_heard = now - self._reached_at >= self.gone_grace
+        others_heard = self._others_heard(now)
         if others_heard:
             await self._release(term)
         await self._wake(term)
@@ -132,6 +136,19 @@ class Supervisor:
             if purged:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
+
+    def _others_heard(self, now: float) -> bool:
+        """Whether a scheduler or agent instance whose registry row has expired (by the
+        database clock) is gone, not merely unheard: only once the store has answered this
+        supervisor's process without a break for `gone_grace` seconds, counted from the later
+        of this supervisor's first answered tick after a failed one (leader or standby: a
+        standby that takes the lease has been counting all along) and the last time the
+        process lost the server (`Store.lost_at`: a connection lost, a probe refused). After
+        such a break every heartbeat is late, the alive instances' too: they are given the
+        grace to beat again."""
+        if self._reached_at is None:
+            return False
+        return now - max(self._reached_at, self.store.lost_at) >= self.gone_grace
 
     async def _ticks(self, term: int) -> list[str]:
         """The tasks of the schedules' due ticks (one per tick, whoever races for it)."""

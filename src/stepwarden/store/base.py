@@ -17,10 +17,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from .._aio import first
 from ..errors import SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
@@ -173,6 +176,11 @@ class Store(abc.ABC):
     def __init__(self, url: str) -> None:
         self.url = url
         self.notifier = Notifier()
+        self.lost_at = -math.inf
+        """When (monotonic) this process last lost the server: a connection lost, or a probe
+        refused while it was out of reach (a driver that can lose it says so)."""
+        self._back: asyncio.Event | None = None
+        """Set when the store answers again; the calls waiting to be tried again wait on it."""
 
     # -- the driver -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -195,8 +203,31 @@ class Store(abc.ABC):
             try:
                 return await call()
             except TransientStoreError:
-                await asyncio.sleep(backoff(tries, initial=0.1, maximum=1.0))
+                await self.wait_to_retry(backoff(tries, initial=0.1, maximum=1.0))
         return await call()
+
+    async def wait_to_retry(self, seconds: float, stop: asyncio.Event | None = None) -> None:
+        """Wait before trying a store call again after a transient failure: `seconds`, or
+        less, until the store answers again (a driver that can find the server out of reach
+        probes it meanwhile, and says so at once: `_answered`), or until `stop` is set. A
+        failure the server answers with (a lock timeout, a serialization failure) waits the
+        whole delay."""
+        if self._back is None:
+            self._back = asyncio.Event()
+        waits = [self._back.wait(), asyncio.sleep(seconds)]
+        if stop is not None:
+            waits.append(stop.wait())
+        await first(*waits)
+
+    def _answered(self) -> None:
+        """The store answers again: every call waiting to be tried again goes now."""
+        back, self._back = self._back, None
+        if back is not None:
+            back.set()
+
+    def _lost(self) -> None:
+        """The server is out of reach, or was for a moment (said by the driver)."""
+        self.lost_at = time.monotonic()
 
     async def _write_one(self, query: Query) -> Rows:
         """The rows of one write query (a batch query, or a script of the dialect's), in a

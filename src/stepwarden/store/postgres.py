@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -28,7 +29,7 @@ from psycopg.errors import Diagnostic
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from ..errors import (
     ConfigurationError,
@@ -72,6 +73,11 @@ when it sits idle (`idle_in_transaction_session_timeout`); one frozen in the mid
 pipeline looks busy to the server, and the supervisors end it (`end_stalled_sessions`).
 Waiting for a lock longer than this fails (`lock_timeout`) and the caller tries again. Set
 libpq's `options` in the store URL to choose other values."""
+PROBE_EVERY = 0.5
+"""Seconds between two tries of a new connection while the server is out of reach (a
+connection lost, until a try succeeds): the calls waiting for it go as soon as one does."""
+PROBE_WITHIN = 2.0
+"""Seconds a try of the server may take (one that does not answer at all)."""
 NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
 UNPREPARED = frozenset(
@@ -114,6 +120,16 @@ def _translate(exc: psycopg.Error) -> StoreError:
     )
     kind = TransientStoreError if transient else PermanentStoreError
     return kind(f"PostgreSQL error: {exc}")
+
+
+def _lost_connection(exc: psycopg.Error) -> bool:
+    """Whether a failure says the connection, or the server, is gone (not a query's own
+    trouble, such as a lock timeout): no SQLSTATE, a connection exception, or the server
+    shutting down or not accepting connections yet."""
+    state = exc.sqlstate or ""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and (
+        not state or state.startswith(("08", "57P"))
+    )
 
 
 def _bind(query: Query) -> dict[str, Any]:
@@ -199,6 +215,7 @@ class PostgresStore(Store):
         """The listener's first connection until its task runs and takes it over."""
         self._own_pids: set[int] = set()
         self._checking: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
 
     @staticmethod
     def _parse(url: str) -> tuple[str, int, dict[str, Any]]:
@@ -268,11 +285,13 @@ class PostgresStore(Store):
         if self._pool is None:
             raise StoreError("the store is not open")
         try:
-            async with self._pool.connection() as conn:
+            async with self._pooled() as conn:
                 yield conn
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._check_pool()
+                if _lost_connection(exc):
+                    self._probe()
             raise _translate(exc) from exc
 
     def _check_pool(self) -> None:
@@ -336,15 +355,7 @@ class PostgresStore(Store):
             await probe.close()
         except psycopg.Error as exc:
             raise TransientStoreError(f"cannot connect to PostgreSQL at {where}: {exc}") from exc
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-            self.conninfo,
-            min_size=1,
-            max_size=self.pool_size,
-            kwargs={"autocommit": True, **self.connect_kwargs},
-            configure=self._configure,
-            open=False,
-            name="stepwarden",
-        )
+        pool = self._new_pool()
         try:
             await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except psycopg.Error as exc:
@@ -356,7 +367,23 @@ class PostgresStore(Store):
         self._pool = pool
         await self._ready(migrate)
 
+    def _new_pool(self) -> AsyncConnectionPool[Conn]:
+        return AsyncConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, **self.connect_kwargs},
+            configure=self._configure,
+            open=False,
+            name="stepwarden",
+        )
+
     async def close(self) -> None:
+        probing, self._probing = self._probing, None
+        if probing is not None:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
         checking, self._checking = self._checking, None
         if checking is not None:
             checking.cancel()
@@ -435,7 +462,8 @@ class PostgresStore(Store):
     async def listen(self) -> None:
         """Forward the notifications of other processes to this store's notifier, from now
         on: the first connection is made before returning (StoreError when it fails), and
-        a lost one is made again in the background, waiting 0.1 s, doubling up to 5 s."""
+        a lost one is made again in the background, waiting 0.1 s, doubling up to 5 s, or
+        less: at once when the server, out of reach, answers a probe again."""
         if self._listener is not None:
             return
         if self._pool is None:
@@ -487,8 +515,103 @@ class PostgresStore(Store):
                     with contextlib.suppress(Exception):
                         await conn.close()
                     conn = None
-            await asyncio.sleep(delay)
+            self._probe()
+            await self.wait_to_retry(delay)
             delay = min(5.0, delay * 2)
+
+    # -- the server out of reach ----------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[Conn]:
+        """A connection of the pool; of the new pool when the pool was made anew while this
+        call waited for one (the server back after an outage: `_renew_pool`)."""
+        while True:
+            pool = self._pool
+            if pool is None:
+                raise StoreError("the store is not open")
+            try:
+                conn = await pool.getconn()
+            except PoolClosed:
+                if self._pool is pool or self._pool is None:
+                    raise
+                continue
+            break
+        try:
+            async with conn:
+                yield conn
+        finally:
+            await pool.putconn(conn)
+
+    def _probe(self) -> None:
+        """A connection was lost: try the server until it answers (one probe per store,
+        however many calls lost theirs)."""
+        self._lost()
+        if self._probing is None and self._pool is not None:
+            self._probing = asyncio.create_task(self._probe_loop(), name="stepwarden-probe")
+
+    async def _probe_loop(self) -> None:
+        """Try a new connection every PROBE_EVERY seconds until one succeeds. When the server
+        was out of reach (a try failed), the pool is made anew first: its own connections
+        are from before, and it would make new ones at its own pace (1 s, 2 s, 4 s... apart).
+        Then every call waiting to be tried again goes (`Store.wait_to_retry`)."""
+        where = self._where()
+        refused_at: float | None = None
+        try:
+            while True:
+                tried = time.monotonic()
+                try:
+                    await self._try_server()
+                    if refused_at is not None:
+                        await self._renew_pool()
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    self._lost()
+                    if refused_at is None:
+                        refused_at = tried
+                        logger.warning(
+                            "PostgreSQL at %s is out of reach (%s); trying it every %.1f s",
+                            where,
+                            exc,
+                            PROBE_EVERY,
+                        )
+                    await asyncio.sleep(max(0.0, tried + PROBE_EVERY - time.monotonic()))
+                    continue
+                if refused_at is not None:
+                    logger.warning(
+                        "PostgreSQL at %s answers again, after %.1f s out of reach",
+                        where,
+                        time.monotonic() - refused_at,
+                    )
+                self._answered()
+                return
+        finally:
+            self._probing = None
+
+    async def _try_server(self) -> None:
+        async with asyncio.timeout(PROBE_WITHIN):
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, **self.connect_kwargs
+            )
+            try:
+                await conn.execute("SELECT 1")
+            finally:
+                await conn.close()
+
+    async def _renew_pool(self) -> None:
+        """Make the pool anew; the calls waiting for a connection of the old one take one of
+        the new one's (`_pooled`)."""
+        old = self._pool
+        if old is None:
+            return
+        new = self._new_pool()
+        try:
+            await new.open(wait=True, timeout=PROBE_WITHIN)
+        except BaseException:
+            await new.close()
+            raise
+        if self._pool is not old:  # closed meanwhile
+            await new.close()
+            return
+        self._pool = new
+        await old.close()
 
 
 async def _notify(conn: Conn, wake: Wakeups) -> None:
