@@ -158,7 +158,8 @@ def test_the_supervisor_leaders_own_worker_killed_its_tasks_are_taken_over_in_ti
         return bool(rows) and _seconds(rows[0].heartbeat_at, rows[0].started_at) > GRACE + 0.5
 
     c.wait_until(standby_reached_the_store_for_its_grace, "the standby to run for its grace")
-    assert c.lease() is not None and c.lease()[0] == leader_name  # still the leader
+    lease = c.lease()
+    assert lease is not None and lease[0] == leader_name, c.why("the leader changed")
     killed = time.time()
     c.kill(leader)
     gate.touch()
@@ -205,11 +206,13 @@ def test_the_first_write_after_a_database_outage_lands_within_a_second(
     for task_id in ids:
         c.wait_finished(task_id)
     with psycopg.connect(server.url) as conn:
-        back, first, last = conn.execute(
+        row = conn.execute(
             "SELECT pg_postmaster_start_time(), min(s.finished_at), max(t.finished_at)"
             " FROM stepwarden_steps s JOIN stepwarden_tasks t USING (task_id)"
             " WHERE s.finished_at >= pg_postmaster_start_time()"
         ).fetchone()
+    assert row is not None
+    back, first, last = row
     why = c.why(
         f"back at {back}, first step finished {first} ({_seconds(first, back):.2f} s), "
         f"last task {last} ({_seconds(last, back):.2f} s)"
