@@ -565,6 +565,14 @@ def table(result: dict[str, Any]) -> str:
                     f"{len(rec['runs'])}); {rec['after_deadline_s_median']:.2f} s after its "
                     f"complete_by ({rec['step_complete_within_s']:g} s step deadline)"
                 )
+            elif kind == "leader":
+                lines.append(
+                    f"recovery ({name}): SIGKILLed supervisor leader's worker (every role): "
+                    f"{rec['tasks']} tasks all done {rec['kill_to_all_done_s_median']:.2f} s "
+                    f"after the kill (median of {len(rec['runs'])}; goal <= {rec['goal_s']:g} s: "
+                    f"max(lease {rec['lease_ttl_s']:g} s, gone-after {rec['gone_after_s']:g} s)"
+                    " + 2 s)"
+                )
             elif kind == "scheduler":
                 lines.append(
                     f"recovery ({name}): SIGKILLed scheduler's {rec['tasks']} tasks all done "
@@ -575,9 +583,10 @@ def table(result: dict[str, Any]) -> str:
             else:
                 lines.append(
                     f"recovery ({name}): PostgreSQL stopped {rec['outage_s']:g} s with "
-                    f"{rec['tasks']} tasks under way: all done "
-                    f"{rec['back_to_all_done_s_median']:.2f} s "
-                    f"after it was back (median of {len(rec['runs'])}; goal <= "
+                    f"{rec['tasks']} tasks under way: first write "
+                    f"{rec['back_to_first_write_s_median']:.2f} s, all done "
+                    f"{rec['back_to_all_done_s_median']:.2f} s after it started again (median "
+                    f"of {len(rec['runs'])}; goals <= {rec['first_write_goal_s']:g} s, <= "
                     f"{rec['goal_s']:g} s)"
                 )
     for name, sw in result.get("sweep", {}).items():
@@ -1031,8 +1040,9 @@ def run_fanout(
 
 
 def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
-    """Three recoveries: a SIGKILLed agent's step (`agent`), a SIGKILLed scheduler's tasks
-    (`scheduler`), and PostgreSQL stopped mid-run (`outage`, on PostgreSQL only)."""
+    """Four recoveries: a SIGKILLed agent's step (`agent`), a SIGKILLed scheduler's tasks
+    (`scheduler`), the tasks of the supervisor leader's own worker SIGKILLed (`leader`), and
+    PostgreSQL stopped mid-run (`outage`, on PostgreSQL only)."""
     out: dict[str, Any] = {}
     for name in ("stepwarden-postgres", "stepwarden-sqlite"):
         if name not in args.systems:
@@ -1044,6 +1054,8 @@ def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dic
              functools.partial(recovery_mod.recovery, postgres=postgres, **common)),
             ("scheduler", "a SIGKILLed scheduler's tasks",
              functools.partial(recovery_mod.scheduler_recovery, postgres=postgres, **common)),
+            ("leader", "the SIGKILLed supervisor leader's worker's tasks",
+             functools.partial(recovery_mod.leader_recovery, postgres=postgres, **common)),
         ]  # fmt: skip
         if postgres:
             kinds.append(

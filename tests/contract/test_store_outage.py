@@ -1,0 +1,64 @@
+"""PostgreSQL out of reach, then back: one probe per store tries the server while it is away,
+and when it answers again every call waiting on the store goes at once: those waiting to be
+tried again (`Store.wait_to_retry`), and those waiting for a connection of the pool, which is
+made anew rather than left to reconnect at its own pace. On a server of the test's own, which
+it stops and starts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from stepwarden.errors import TransientStoreError
+from stepwarden.store.postgres import PostgresStore
+
+from ..scenarios.own_postgres import own_postgres
+
+#: Long enough for the pool's own reconnection to fall seconds behind (1, 2, 4 s apart).
+OUTAGE = 5.0
+#: A probe's interval (0.5 s) and a new connection; with slack for a loaded machine.
+BACK_WITHIN = 1.5
+
+
+async def test_calls_waiting_on_postgres_go_as_soon_as_it_answers_again() -> None:
+    with own_postgres() as server:
+        store = PostgresStore(server.url)
+        await store.open()
+        try:
+            assert await store.schema_version() > 0
+            before = store.lost_at
+            await asyncio.to_thread(server.stop)
+            with pytest.raises(TransientStoreError):
+                await store.schema_version()  # its connection lost: the probe starts
+            waiting = asyncio.create_task(store.wait_to_retry(60.0))
+            pooled = asyncio.create_task(store.schema_version())  # waits for a connection
+            await asyncio.sleep(OUTAGE)
+            assert not waiting.done() and not pooled.done()
+            assert store.lost_at > before + OUTAGE - 1  # a refused probe notes the loss
+            await asyncio.to_thread(server.start)
+            back = time.monotonic()
+            async with asyncio.timeout(BACK_WITHIN):
+                await waiting
+                assert await pooled > 0
+            assert time.monotonic() - back <= BACK_WITHIN
+        finally:
+            await store.close()
+
+
+async def test_a_failure_the_server_answers_with_waits_the_whole_delay(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        # No connection lost, no probe: nothing cuts the wait short.
+        started = time.monotonic()
+        await store.wait_to_retry(0.3)
+        assert time.monotonic() - started >= 0.3
+        stop = asyncio.Event()
+        stop.set()
+        started = time.monotonic()
+        await store.wait_to_retry(60.0, stop)  # stopping ends the wait
+        assert time.monotonic() - started < 5
+    finally:
+        await store.close()
