@@ -90,7 +90,6 @@ class Supervisor:
                     self._reached_at = None
                 except Exception:  # a bug, or the store refusing a query: said in full
                     logger.exception("supervisor: the tick failed")
-                    self._reached_at = None
                 await sleep_unless(stop, self.interval)
         finally:
             if delivering is not None:  # a delivery under way is abandoned: sent again later

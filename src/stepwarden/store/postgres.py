@@ -558,10 +558,11 @@ class PostgresStore(Store):
         try:
             while True:
                 tried = time.monotonic()
+                old = None
                 try:
                     await self._try_server()
                     if refused_at is not None:
-                        await self._renew_pool()
+                        old = await self._renew_pool()
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     self._lost()
                     if refused_at is None:
@@ -581,6 +582,8 @@ class PostgresStore(Store):
                         time.monotonic() - refused_at,
                     )
                 self._answered()
+                if old is not None:  # its waiting calls fail, and take the new pool's
+                    await old.close()
                 return
         finally:
             self._probing = None
@@ -595,12 +598,13 @@ class PostgresStore(Store):
             finally:
                 await conn.close()
 
-    async def _renew_pool(self) -> None:
-        """Make the pool anew; the calls waiting for a connection of the old one take one of
-        the new one's (`_pooled`)."""
+    async def _renew_pool(self) -> AsyncConnectionPool[Conn] | None:
+        """Put a new pool in the place of the old one, which it returns for closing: the
+        calls waiting for one of its connections then take one of the new pool's
+        (`_pooled`)."""
         old = self._pool
         if old is None:
-            return
+            return None
         new = self._new_pool()
         try:
             await new.open(wait=True, timeout=PROBE_WITHIN)
@@ -609,9 +613,9 @@ class PostgresStore(Store):
             raise
         if self._pool is not old:  # closed meanwhile
             await new.close()
-            return
+            return None
         self._pool = new
-        await old.close()
+        return old
 
 
 async def _notify(conn: Conn, wake: Wakeups) -> None:
