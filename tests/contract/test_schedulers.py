@@ -4,9 +4,13 @@ by the attempt and the hold; a draining scheduler gives back its own."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from stepwarden.records import SchedulerBeat, TaskOutcome
 from stepwarden.states import TaskState
 from stepwarden.store import Store
+from stepwarden.supervisor import Supervisor
 
 from .test_store import dispatch, new_task, outcome
 from .test_sweep_compensation import undoable
@@ -122,3 +126,35 @@ async def test_nothing_is_given_back_without_the_lease(store: Store) -> None:
     assert stale == []
     t1 = await store.get_task("t1")
     assert t1 is not None and t1.locked_by == "s1"
+
+
+async def test_a_standby_that_takes_the_lease_finds_the_silent_at_once(store: Store) -> None:
+    # The grace (the store answering for a while before anyone is found gone) runs while a
+    # supervisor stands by: taking the lease, it does not wait for it again.
+    await store.beat_schedulers([beat("s1")], ttl=30)
+    await store.submit([new_task("t1", within=60)])
+    await claim(store, "s1", "t1")
+    await store.leave_scheduler("s1")  # s1 is silent from now on
+    assert await store.acquire_lease(LEASE, "leader", 1.0) is not None
+    standby = Supervisor(store, instance="standby", interval=0.05, lease_ttl=30, gone_grace=0.5)
+    assert await standby.tick() == [] and standby.term is None
+    deadline = time.monotonic() + 30
+    while standby.term is None:  # until the leader's lease lapses, a second from now
+        assert time.monotonic() < deadline, "the standby never took the lease"
+        await asyncio.sleep(0.05)
+        await standby.tick()
+    t1 = await store.get_task("t1")
+    assert t1 is not None and t1.locked_by is None and t1.process_state == TaskState.PENDING
+
+
+async def test_after_losing_the_store_a_supervisor_waits_its_grace(store: Store) -> None:
+    await store.beat_schedulers([beat("s1")], ttl=30)
+    await store.submit([new_task("t1", within=60)])
+    await claim(store, "s1", "t1")
+    await store.leave_scheduler("s1")
+    supervisor = Supervisor(store, instance="sup", interval=0.05, lease_ttl=30, gone_grace=30)
+    supervisor._reached_at = time.monotonic() - 60  # it has reached the store for a minute
+    store._lost()  # but its process lost the server just now: the others may not have beaten
+    await supervisor.tick()
+    t1 = await store.get_task("t1")
+    assert supervisor.term is not None and t1 is not None and t1.locked_by == "s1"
