@@ -36,6 +36,8 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0
 """Seconds a finished task is kept (processed, compensated, cancelled)."""
 FORGET_AFTER = 3600.0
 """Seconds a gone agent or scheduler instance stays in the registry."""
+DUE_AFTER = 0.01
+"""Seconds past an expiry at which the tick it is due for comes."""
 
 
 class Supervisor:
@@ -83,14 +85,16 @@ class Supervisor:
             )
         try:
             while not stop.is_set():
+                pause = self.interval
                 try:
                     await self.tick()
+                    pause = await self._pause()
                 except TransientStoreError as exc:  # the store is out of reach: next interval
                     logger.warning("supervisor: %s", exc)
                     self._reached_at = None
                 except Exception:  # a bug, or the store refusing a query: said in full
                     logger.exception("supervisor: the tick failed")
-                await sleep_unless(stop, self.interval)
+                await sleep_unless(stop, pause)
         finally:
             if delivering is not None:  # a delivery under way is abandoned: sent again later
                 delivering.cancel()
@@ -148,6 +152,22 @@ class Supervisor:
         if self._reached_at is None:
             return False
         return now - max(self._reached_at, self.store.lost_at) >= self.gone_grace
+
+    async def _pause(self) -> float:
+        """Seconds until the next tick: the interval, or less when something is due sooner,
+        so that it is acted on when due rather than up to an interval later: a registry row's
+        expiry (an instance silent since is gone then), the lapse of the lease another holds,
+        the end of this leader's grace."""
+        pause = self.interval
+        soon = await self.store.next_expiry(LEASE, self.instance)
+        if soon is not None:
+            pause = min(pause, soon + DUE_AFTER)
+        if self.term is not None and self._reached_at is not None:
+            since = max(self._reached_at, self.store.lost_at)
+            graced = since + self.gone_grace - time.monotonic()
+            if graced > 0:
+                pause = min(pause, graced + DUE_AFTER)
+        return pause
 
     async def _ticks(self, term: int) -> list[str]:
         """The tasks of the schedules' due ticks (one per tick, whoever races for it)."""

@@ -12,6 +12,7 @@ from stepwarden.states import TaskState
 from stepwarden.store import Store
 from stepwarden.supervisor import Supervisor
 
+from .test_agents_store import beat as agent_beat
 from .test_store import dispatch, new_task, outcome
 from .test_sweep_compensation import undoable
 
@@ -158,3 +159,22 @@ async def test_after_losing_the_store_a_supervisor_waits_its_grace(store: Store)
     await supervisor.tick()
     t1 = await store.get_task("t1")
     assert supervisor.term is not None and t1 is not None and t1.locked_by == "s1"
+
+
+async def test_the_next_expiry_is_the_soonest_registry_row_or_the_lease_another_holds(
+    store: Store,
+) -> None:
+    assert await store.next_expiry(LEASE, "sup") is None  # nothing to come
+    await store.beat_schedulers([beat("s1")], ttl=30)
+    await store.beat([agent_beat("a1")], ttl=20)
+    soon = await store.next_expiry(LEASE, "sup")
+    assert soon is not None and 15 < soon <= 20
+    assert await store.acquire_lease(LEASE, "other", 10) is not None
+    soon = await store.next_expiry(LEASE, "sup")
+    assert soon is not None and 5 < soon <= 10
+    held = await store.next_expiry(LEASE, "other")  # its own lease is not waited for
+    assert held is not None and 15 < held <= 20
+    await store.leave_scheduler("s1")  # expired: no longer to come
+    await store.beat_schedulers([beat("s2")], ttl=3)
+    soon = await store.next_expiry(LEASE, "other")
+    assert soon is not None and 0 < soon <= 3

@@ -672,6 +672,13 @@ class Store(abc.ABC):
         The term rises whenever the lease changes hands or lapses; it never falls."""
         return await self._write(partial(policy.acquire_lease, name, holder, ttl))
 
+    async def next_expiry(self, lease: str, holder: str) -> float | None:
+        """Seconds until the soonest expiry to come (by the database clock) of a registry row,
+        agent or scheduler, and of the lease `lease` when another than `holder` holds it;
+        None when none is coming."""
+        [row] = await self._read_one("next_expiry", name=lease, holder=holder)
+        return None if row["seconds"] is None else float(row["seconds"])
+
     async def release_lease(self, name: str, holder: str) -> None:
         await self._write_one(policy.release_lease(name, holder))
 

@@ -652,6 +652,16 @@ SELECT holder, term, expires_at > clock_timestamp() AS live FROM stepwarden_leas
 WHERE name = %(name)s
 FOR UPDATE
 
+-- name: next_expiry
+-- Seconds until the soonest expiry to come of a registry row (an instance silent from now
+-- on is gone then) and of the lease when another holds it; NULL when none is coming.
+SELECT EXTRACT(EPOCH FROM least(
+    (SELECT min(expires_at) FROM stepwarden_schedulers WHERE expires_at > now()),
+    (SELECT min(expires_at) FROM stepwarden_agents WHERE expires_at > now()),
+    (SELECT expires_at FROM stepwarden_leases
+     WHERE name = %(name)s AND holder <> %(holder)s AND expires_at > now())
+) - now())::float8 AS seconds
+
 -- name: put_lease
 -- Take or renew a lease under the term the caller worked out (rules.lease_term), only while
 -- the term read (`seen`) stands: a lease first taken by another meanwhile is not overwritten.

@@ -451,6 +451,16 @@ WHERE :state = 'failed';
 -- A lease as it stands, and whether it is live (BEGIN IMMEDIATE holds it until commit).
 SELECT holder, term, expires_at > :now AS live FROM stepwarden_leases WHERE name = :name
 
+-- name: next_expiry
+-- Seconds until the soonest expiry to come of a registry row (an instance silent from now
+-- on is gone then) and of the lease when another holds it; NULL when none is coming.
+SELECT min(at) - :now AS seconds FROM (
+    SELECT min(expires_at) AS at FROM stepwarden_schedulers WHERE expires_at > :now
+    UNION ALL SELECT min(expires_at) FROM stepwarden_agents WHERE expires_at > :now
+    UNION ALL SELECT expires_at FROM stepwarden_leases
+    WHERE name = :name AND holder <> :holder AND expires_at > :now
+)
+
 -- name: put_lease
 -- Take or renew a lease under the term the caller worked out (rules.lease_term), only while
 -- the term read (`seen`) stands.
