@@ -221,7 +221,8 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     default=1.0,
     show_default=True,
     type=click.FloatRange(min=0.01),
-    help="Seconds between sweeps.",
+    help="Seconds between sweeps (sooner when a registry row or another's lease is due to "
+    "expire).",
 )
 @_opt(
     "--lease-ttl",
