@@ -61,7 +61,7 @@ class Supervisor:
         """The application's schedules: stored when this supervisor becomes the leader."""
         self.gone_grace = gone_grace
         """Seconds the store must have answered this supervisor without a break before it
-        finds anyone gone (`_others_heard`): during a break the heartbeats of the others may
+        finds anyone gone (`_grace_ends`): during a break the heartbeats of the others may
         not have landed either."""
         self._reached_at: float | None = None
         """When (monotonic) the store began to answer this supervisor's ticks, as leader or
@@ -140,18 +140,22 @@ class Supervisor:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
 
-    def _others_heard(self, now: float) -> bool:
-        """Whether a scheduler or agent instance whose registry row has expired (by the
-        database clock) is gone, not merely unheard: only once the store has answered this
-        supervisor's process without a break for `gone_grace` seconds, counted from the later
-        of this supervisor's first answered tick after a failed one (leader or standby: a
-        standby that takes the lease has been counting all along) and the last time the
-        process lost the server (`Store.lost_at`: a connection lost, a probe refused). After
-        such a break every heartbeat is late, the alive instances' too: they are given the
-        grace to beat again."""
+    def _grace_ends(self) -> float | None:
+        """When (monotonic) a scheduler or agent instance whose registry row has expired (by
+        the database clock) may be found gone, not merely unheard: once the store has
+        answered this supervisor's process without a break for `gone_grace` seconds, counted
+        from the later of this supervisor's first answered tick after a failed one (leader or
+        standby: a standby that takes the lease has been counting all along) and the last
+        time the process lost the server (`Store.lost_at`: a connection lost, a probe
+        refused). After such a break every heartbeat is late, the alive instances' too: they
+        are given the grace to beat again. None while its ticks fail."""
         if self._reached_at is None:
-            return False
-        return now - max(self._reached_at, self.store.lost_at) >= self.gone_grace
+            return None
+        return max(self._reached_at, self.store.lost_at) + self.gone_grace
+
+    def _others_heard(self, now: float) -> bool:
+        ends = self._grace_ends()
+        return ends is not None and now >= ends
 
     async def _pause(self) -> float:
         """Seconds until the next tick: the interval, or less when something is due sooner,
@@ -162,11 +166,10 @@ class Supervisor:
         soon = await self.store.next_expiry(LEASE, self.instance)
         if soon is not None:
             pause = min(pause, soon + DUE_AFTER)
-        if self.term is not None and self._reached_at is not None:
-            since = max(self._reached_at, self.store.lost_at)
-            graced = since + self.gone_grace - time.monotonic()
-            if graced > 0:
-                pause = min(pause, graced + DUE_AFTER)
+        ends = self._grace_ends()
+        left = None if ends is None else ends - time.monotonic()
+        if self.term is not None and left is not None and left > 0:
+            pause = min(pause, left + DUE_AFTER)
         return pause
 
     async def _ticks(self, term: int) -> list[str]:
