@@ -605,6 +605,9 @@ class PostgresStore(Store):
         old = self._pool
         if old is None:
             return None
+        # The server may have restarted: a backend of another process may now have the pid of
+        # one of the old connections, whose notifications must not be taken for this one's.
+        self._own_pids.clear()
         new = self._new_pool()
         try:
             await new.open(wait=True, timeout=PROBE_WITHIN)
