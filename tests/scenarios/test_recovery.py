@@ -177,7 +177,7 @@ def test_the_supervisor_leaders_own_worker_killed_its_tasks_are_taken_over_in_ti
     assert max(taken.values()) <= TAKEOVER_WITHIN, why
 
 
-#: The database out for as long as the review of an outage measures it.
+#: Long enough for the pool's own reconnection (1, 2, 4, 8 s apart) to fall seconds behind.
 OUTAGE = 10.0
 #: The first write after the database is back: it lands within a probe's interval (0.5 s) and
 #: a connection, 1 s at most; with slack for a loaded machine.
