@@ -651,9 +651,10 @@ def next_tick(spec: ScheduleSpec, after: float) -> float:
 
 
 def first_tick(spec: ScheduleSpec, now: float) -> float:
-    """Where a new (or changed) schedule starts: its first tick after now. An `every`
-    schedule ticks at the multiples of its period since the epoch (every hour: on the hour,
-    UTC), so that its ticks are the same whoever stores it, and when."""
+    """Where a new (or changed, or resumed) schedule starts: its first tick after now (the
+    ticks of a pause are never made). An `every` schedule ticks at the multiples of its period
+    since the epoch (every hour: on the hour, UTC), so that its ticks are the same whoever
+    stores it, and when."""
     if spec.every is not None:
         return (math.floor(now / spec.every) + 1) * spec.every
     return next_tick(spec, now)

@@ -15,7 +15,7 @@ import stepwarden as sw
 from stepwarden.records import ScheduleSpec
 from stepwarden.rules import SKIP_GRACE, first_tick, plan_ticks, schedule_task_id
 from stepwarden.supervisor import Supervisor
-from tests.rawsql import is_sqlite, sql
+from tests.rawsql import is_sqlite, seconds_ago, sql
 
 from .test_engine import running
 
@@ -33,6 +33,14 @@ def _app(store_url: str) -> sw.App:
         return await ctx.step(desk.stamp, value)
 
     return app
+
+
+def _db_now(store_url: str) -> float:
+    """The store's clock, as an epoch."""
+    now = seconds_ago(store_url, 0)
+    epoch = now if is_sqlite(store_url) else f"extract(epoch FROM {now})"
+    [(value,)] = sql(store_url, f"SELECT {epoch}")
+    return float(value)
 
 
 def _spec(**kw: Any) -> ScheduleSpec:
@@ -140,7 +148,8 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
                         break
                     await asyncio.sleep(0.05)
             assert await app.result_async(found[0], timeout=20) == "hello"
-        # Paused, its ticks make no task, however late they are; resumed, they do again.
+        # Paused, its ticks make no task, however late they are; resumed, the ticks of the
+        # pause are never made: it goes on from its first tick after the resume.
         store = await app.store()
         leader = Supervisor(
             store, instance="sup", lease_ttl=30, schedules=list(app.schedule_specs.values())
@@ -153,9 +162,18 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
         sql(store_url, f"UPDATE stepwarden_schedules SET next_at = {past}")
         await leader.tick()
         assert set(await created()) == before
+        resumed_at = _db_now(store_url)
         await app.pause_schedule_async("tick", paused=False)
+        [resumed] = await app.schedules_async()
+        assert not resumed.paused and resumed.next_at.timestamp() > resumed_at
         await leader.tick()
-        assert len(set(await created()) - before) >= 1  # the ticks of the last minute
+        assert set(await created()) == before  # not one task for the hour paused
+        async with asyncio.timeout(20):
+            while not set(await created()) - before:
+                await leader.tick()
+                await asyncio.sleep(0.05)
+        [new] = set(await created()) - before
+        assert datetime.fromisoformat(new.split("@", 1)[1]).timestamp() > resumed_at
         triggered = await app.trigger_schedule_async("tick")
         assert triggered.startswith("tick@now-")
         assert (await app.status_async(triggered)).input == "hello"

@@ -716,9 +716,9 @@ class Store(abc.ABC):
         return [_rows.schedule_record(r) for r in await self._read_one("list_schedules")]
 
     async def pause_schedule(self, name: str, paused: bool) -> bool:
-        """Pause or resume a schedule; False when there is none of that name."""
-        query = Query("pause_schedule", {"name": name, "paused": paused})
-        return bool(await self._write_one(query))
+        """Pause or resume a schedule (resumed, it goes on from its first tick after now);
+        False when there is none of that name."""
+        return await self._write(partial(policy.pause_schedule, name, paused))
 
     async def release_gone_schedulers(
         self, *, lease: str, holder: str, term: int, limit: int, forget_after: float

@@ -1459,19 +1459,7 @@ def create_ticks(
     tasks: list[NewTask] = []
     moves = []
     for row in due:
-        spec = ScheduleSpec(
-            name=row["name"],
-            workflow=row["workflow"],
-            input=row["input"],
-            complete_within=float(row["complete_within"]),
-            max_failures=int(row["max_failures"]),
-            on_failure=row["on_failure"],
-            cron=row["cron"],
-            every=row["every"],
-            timezone=row["timezone"],
-            catch_up=row["catch_up"],
-            version=int(row["version"]),
-        )
+        spec = _schedule_spec(row)
         ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
         tasks.extend(
             NewTask(
@@ -1493,3 +1481,36 @@ def create_ticks(
         return []
     created = yield from submit(tasks, wake)
     return [t.task_id for t, c in zip(tasks, created, strict=True) if c]
+
+
+def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:
+    """An operator pauses or resumes a schedule (False: there is none of that name). The
+    ticks that come while it is paused are never made: resumed, it goes on from its first
+    tick after now (`rules.first_tick`, by the database's clock), and catch_up covers only
+    the ticks missed while no supervisor ran."""
+    found = yield from fetch("lock_schedule", name=name)
+    if not found:
+        return False
+    [row] = found
+    next_at = float(row["next_at"])
+    if row["paused"] and not paused:
+        next_at = first_tick(_schedule_spec(row), float(row["now"]))
+    yield [Query("pause_schedule", {"name": name, "paused": paused, "next_at": next_at})]
+    return True
+
+
+def _schedule_spec(row: Row) -> ScheduleSpec:
+    """A stored schedule, as the rules read it."""
+    return ScheduleSpec(
+        name=row["name"],
+        workflow=row["workflow"],
+        input=row["input"],
+        complete_within=float(row["complete_within"]),
+        max_failures=int(row["max_failures"]),
+        on_failure=row["on_failure"],
+        cron=row["cron"],
+        every=row["every"],
+        timezone=row["timezone"],
+        catch_up=row["catch_up"],
+        version=int(row["version"]),
+    )

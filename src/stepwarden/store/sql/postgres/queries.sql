@@ -1130,11 +1130,20 @@ SELECT * FROM stepwarden_schedules ORDER BY name
 -- name: get_schedule
 SELECT * FROM stepwarden_schedules WHERE name = %(name)s
 
--- name: pause_schedule
--- An operator pauses (or resumes) a schedule; resumed, it goes on from its next tick.
-UPDATE stepwarden_schedules SET paused = %(paused)s, updated_at = now()
+-- name: lock_schedule
+-- A schedule an operator pauses or resumes, locked until commit, with the database's clock.
+SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
+       max_failures, on_failure, paused, extract(epoch FROM next_at)::float8 AS next_at,
+       extract(epoch FROM now())::float8 AS now
+FROM stepwarden_schedules
 WHERE name = %(name)s
-RETURNING name
+FOR UPDATE
+
+-- name: pause_schedule
+-- An operator pauses (or resumes) a schedule, from the next tick the caller worked out.
+UPDATE stepwarden_schedules
+SET paused = %(paused)s, next_at = to_timestamp(%(next_at)s), updated_at = now()
+WHERE name = %(name)s
 
 -- name: op_read_task
 -- An operator action reads the task it acts on, and locks it until commit.

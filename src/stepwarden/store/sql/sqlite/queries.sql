@@ -820,11 +820,17 @@ SELECT * FROM stepwarden_schedules ORDER BY name
 -- name: get_schedule
 SELECT * FROM stepwarden_schedules WHERE name = :name
 
--- name: pause_schedule
--- An operator pauses (or resumes) a schedule; resumed, it goes on from its next tick.
-UPDATE stepwarden_schedules SET paused = :paused, updated_at = :now
+-- name: lock_schedule
+-- A schedule an operator pauses or resumes (under the write lock), with the store's clock.
+SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
+       max_failures, on_failure, paused, next_at, :now AS now
+FROM stepwarden_schedules
 WHERE name = :name
-RETURNING name
+
+-- name: pause_schedule
+-- An operator pauses (or resumes) a schedule, from the next tick the caller worked out.
+UPDATE stepwarden_schedules SET paused = :paused, next_at = :next_at, updated_at = :now
+WHERE name = :name
 
 -- name: op_read_task
 -- An operator action reads the task it acts on (under the write lock).
