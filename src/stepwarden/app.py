@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import getpass
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from .records import (
     TaskRecord,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, submit_version
+from .rules import CATCH_UP, first_tick, plan_action, submit_version
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
@@ -137,7 +138,9 @@ class App:
         creates exactly one task per tick, whose id is the schedule's name and the tick
         (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
         (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
-        newest does). Its tasks run the newest version of the workflow this App declares."""
+        newest does); the ticks that come while it is paused are never made. Its tasks run the
+        newest version of the workflow this App declares. ConfigurationError for a bad
+        declaration, a cron expression that never fires (`0 0 30 2 *`) included."""
         _check.name("the schedule's name", name)
         if "@" in name:
             raise ConfigurationError(f"a schedule's name cannot hold '@': {_check.shown(name)}")
@@ -181,6 +184,7 @@ class App:
             catch_up=catch_up,
             version=wf.version,
         )
+        first_tick(spec, time.time())  # a cron expression that never fires is refused here
         self.schedule_specs[name] = spec
         return spec
 

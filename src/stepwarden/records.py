@@ -678,6 +678,16 @@ class ScheduleSpec:
     """The version of the workflow its tasks run (the newest the declaring App has)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TicksMade:
+    """A supervisor's pass over the due schedules: the ids of the tasks it created, and the
+    schedules it set aside (paused), by name, with why: their ticks cannot be worked out (a
+    cron expression that never fires, stored before such a one was refused)."""
+
+    created: list[str]
+    set_aside: dict[str, str]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRecord:
     name: str

@@ -19,12 +19,12 @@ from enum import StrEnum
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from . import _check
 from ._check import MAX_NAME
 from ._text import cut
-from .errors import UnknownNameError
+from .errors import ConfigurationError, UnknownNameError
 from .records import (
     ActionOutcome,
     EventBeyond,
@@ -640,13 +640,28 @@ MAX_TICKS = 1000
 
 
 def next_tick(spec: ScheduleSpec, after: float) -> float:
-    """The first tick of the schedule strictly after `after` (epochs)."""
+    """The first tick of the schedule strictly after `after` (epochs). ConfigurationError
+    for a cron expression that never fires (`0 0 30 2 *`) or cannot be read."""
     if spec.every is not None:
         return after + spec.every
+    return _cron_tick(spec, after, forward=True)
+
+
+def _cron_tick(spec: ScheduleSpec, at: float, *, forward: bool) -> float:
+    """The cron schedule's first tick after `at`, or its last before (`forward=False`)."""
     assert spec.cron is not None
-    zone = ZoneInfo(spec.timezone)
-    start = datetime.fromtimestamp(after, tz=zone)
-    tick: datetime = croniter(spec.cron, start).get_next(datetime)
+    try:
+        cron = croniter(spec.cron, datetime.fromtimestamp(at, tz=ZoneInfo(spec.timezone)))
+        tick: datetime = cron.get_next(datetime) if forward else cron.get_prev(datetime)
+    except CroniterBadDateError:
+        raise ConfigurationError(
+            f"schedule {spec.name!r}: cron {_check.shown(spec.cron)} never fires"
+        ) from None
+    except (CroniterError, ValueError, LookupError) as exc:  # stored by an older check
+        raise ConfigurationError(
+            f"schedule {spec.name!r}: cron {_check.shown(spec.cron)} in"
+            f" {_check.shown(spec.timezone)} cannot be read: {exc}"
+        ) from None
     return tick.timestamp()
 
 
@@ -680,10 +695,7 @@ def plan_ticks(spec: ScheduleSpec, next_at: float, now: float) -> tuple[list[flo
         start = now if spec.every is None else now - spec.every + 1e-6
         newest = _tick_from(spec, next_at, max(next_at, start))
         if newest > now:  # a cron tick: the newest at or before now is found going back
-            assert spec.cron is not None
-            zone = ZoneInfo(spec.timezone)
-            back = croniter(spec.cron, datetime.fromtimestamp(now, tz=zone)).get_prev(datetime)
-            newest = max(next_at, back.timestamp())
+            newest = max(next_at, _cron_tick(spec, now, forward=False))
         return [newest], next_tick(spec, newest)
     tick = _tick_from(spec, next_at, now - SKIP_GRACE) if spec.catch_up == "skip" else next_at
     due: list[float] = []

@@ -125,7 +125,9 @@ class Supervisor:
         if term is None:
             return []
         if became_leader and self.schedules:
-            await self.store.store_schedules(self.schedules)
+            refused = await self.store.store_schedules(self.schedules)
+            for name, why in refused.items():
+                logger.error("schedule %s: not stored: %s", name, why)
         others_heard = self._others_heard(now)
         if others_heard:
             await self._release(term)
@@ -174,12 +176,14 @@ class Supervisor:
 
     async def _ticks(self, term: int) -> list[str]:
         """The tasks of the schedules' due ticks (one per tick, whoever races for it)."""
-        created = await self.store.create_ticks(
+        made = await self.store.create_ticks(
             lease=LEASE, holder=self.instance, term=term, limit=self.batch
         )
-        for task_id in created:
+        for task_id in made.created:
             logger.info("schedule: task %s created", task_id)
-        return created
+        for name, why in made.set_aside.items():
+            logger.error("schedule %s: paused, its ticks cannot be worked out: %s", name, why)
+        return made.created
 
     async def _wake(self, term: int) -> list[Woke]:
         """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),

@@ -90,6 +90,7 @@ def test_a_bad_declaration_is_refused_with_a_clear_error(tmp_path: Any) -> None:
         ({"every": 60}, "every must be a timedelta from 1 s"),
         ({"cron": "0 2 * * *", "timezone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
         ({"cron": "0 2 * * *", "catch_up": "some"}, "catch_up must be one of skip, all, latest"),
+        ({"cron": "0 0 30 2 *"}, r"cron '0 0 30 2 \*' never fires"),
     ]
     for kwargs, message in cases:
         with pytest.raises(sw.ConfigurationError, match=message):
@@ -179,5 +180,46 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
         assert (await app.status_async(triggered)).input == "hello"
         with pytest.raises(sw.UnknownNameError):
             await app.pause_schedule_async("nope")
+    finally:
+        await app.aclose()
+
+
+async def test_one_bad_schedule_never_stops_the_others(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cron expression that never fires, from a declaration that skipped App.schedule or
+    stored by an older stepwarden that did not refuse it: the other schedules are stored and
+    tick; the bad one is not stored, or is set aside (paused) with an error logged."""
+    app = _app(store_url)
+    app.schedule("good", "report", every=timedelta(seconds=1), input="ok", catch_up="latest")
+    app.schedule("later", "report", every=timedelta(seconds=1), catch_up="latest")
+    never = _spec(name="never", every=None, cron="0 0 30 2 *")
+    store = await app.store()
+    try:
+        specs = [never, *app.schedule_specs.values()]
+        leader = Supervisor(store, instance="sup", lease_ttl=30, schedules=specs)
+        await leader.tick()
+        assert sorted(s.name for s in await app.schedules_async()) == ["good", "later"]
+        assert "schedule never: not stored: schedule 'never': cron '0 0 30 2 *' never fires" in (
+            caplog.text
+        )
+        # "later" stored by an older stepwarden with a cron that never fires, its tick due.
+        past = "next_at - 3600" if is_sqlite(store_url) else "next_at - interval '1 hour'"
+        sql(
+            store_url,
+            f"UPDATE stepwarden_schedules SET cron = '0 0 30 2 *', every = NULL,"
+            f" next_at = {past} WHERE name = 'later'",
+        )
+        sql(store_url, f"UPDATE stepwarden_schedules SET next_at = {past} WHERE name = 'good'")
+        await leader.tick()
+        made = [t.task_id for t in await app.tasks_async(limit=100)]
+        assert made and {i.split("@")[0] for i in made} == {"good"}
+        stored = {s.name: s for s in await app.schedules_async()}
+        assert stored["later"].paused and not stored["good"].paused
+        assert "schedule later: paused, its ticks cannot be worked out" in caplog.text
+        # Set aside, it stays so: resuming it is refused with the same reason.
+        with pytest.raises(sw.ConfigurationError, match="never fires"):
+            await app.pause_schedule_async("later", paused=False)
+        assert {s.name: s.paused for s in await app.schedules_async()}["later"]
     finally:
         await app.aclose()

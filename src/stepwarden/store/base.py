@@ -59,6 +59,7 @@ from ..records import (
     StepSwept,
     TaskOutcome,
     TaskRecord,
+    TicksMade,
     VersionBacklog,
     WaitOutcome,
     WaitRecord,
@@ -697,15 +698,18 @@ class Store(abc.ABC):
             )
         )
 
-    async def store_schedules(self, specs: Sequence[ScheduleSpec]) -> None:
+    async def store_schedules(self, specs: Sequence[ScheduleSpec]) -> dict[str, str]:
         """Store the application's schedules as declared (a new or re-timed one starts at
-        its first tick after now; an operator's pause is kept)."""
-        if specs:
-            await self._write(partial(policy.store_schedules, specs))
+        its first tick after now; an operator's pause is kept). Those whose first tick cannot
+        be worked out are not stored (the others are): returned by name, with why."""
+        if not specs:
+            return {}
+        return await self._write(partial(policy.store_schedules, specs))
 
-    async def create_ticks(self, *, lease: str, holder: str, term: int, limit: int) -> list[str]:
-        """Under the lease (holder, term): the tasks of the schedules' due ticks; their ids
-        (those created now)."""
+    async def create_ticks(self, *, lease: str, holder: str, term: int, limit: int) -> TicksMade:
+        """Under the lease (holder, term): the tasks of the schedules' due ticks (the ids of
+        those created now); a schedule whose ticks cannot be worked out is set aside
+        (paused), and the others go on."""
         return await self._write(
             lambda wake: policy.create_ticks(
                 lease=lease, holder=holder, term=term, limit=limit, wake=wake

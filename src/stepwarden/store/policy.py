@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from .. import _json
 from .._json import loads
-from ..errors import PermanentStoreError
+from ..errors import ConfigurationError, PermanentStoreError
 from ..records import (
     ActionOutcome,
     Adopt,
@@ -45,6 +45,7 @@ from ..records import (
     StepRecord,
     StepSwept,
     TaskOutcome,
+    TicksMade,
     WaitOutcome,
     WaitRequest,
     Woke,
@@ -1418,13 +1419,22 @@ def wake_due(*, lease: str, holder: str, term: int, limit: int, wake: Wakeups) -
 # -- schedules -------------------------------------------------------------------------------
 
 
-def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[None]:
+def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[dict[str, str]]:
     """The application's schedules as declared: new ones start at their first tick after
-    now (the database's clock); one whose timing changed starts again from there."""
+    now (the database's clock); one whose timing changed starts again from there. A schedule
+    whose first tick cannot be worked out is not stored, and the others are: returns those
+    refused, by name, with why."""
     if not specs:
-        return None
+        return {}
     [[clock]] = yield [Query("db_now")]
     now = float(clock["now"])
+    firsts: dict[str, float] = {}
+    refused: dict[str, str] = {}
+    for s in specs:
+        try:
+            firsts[s.name] = first_tick(s, now)
+        except ConfigurationError as exc:
+            refused[s.name] = str(exc)
     each = [
         {
             "name": s.name,
@@ -1437,30 +1447,37 @@ def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[None]:
             "complete_within": s.complete_within,
             "max_failures": s.max_failures,
             "on_failure": s.on_failure,
-            "next_at": first_tick(s, now),
+            "next_at": firsts[s.name],
             "version": s.version,
         }
         for s in specs
+        if s.name in firsts
     ]
-    yield [Query("upsert_schedules", each=each)]
-    return None
+    if each:
+        yield [Query("upsert_schedules", each=each)]
+    return refused
 
 
 def create_ticks(
     *, lease: str, holder: str, term: int, limit: int, wake: Wakeups
-) -> Flow[list[str]]:
+) -> Flow[TicksMade]:
     """Under the lease: for each schedule whose next tick has come, the tasks of its due
     ticks (`rules.plan_ticks`), each id derived from the schedule and the tick so that a tick
-    makes one task however many supervisors race; the schedule moves on past them. Returns
-    the ids of the tasks created."""
+    makes one task however many supervisors race; the schedule moves on past them. A
+    schedule whose ticks cannot be worked out is set aside (paused), and the others go on."""
     held, due = yield [_held(lease, holder, term), Query("due_schedules", {"limit": limit})]
     if not held or not due:
-        return []
+        return TicksMade([], {})
     tasks: list[NewTask] = []
     moves = []
+    set_aside: dict[str, str] = {}
     for row in due:
         spec = _schedule_spec(row)
-        ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
+        try:
+            ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
+        except ConfigurationError as exc:
+            set_aside[spec.name] = str(exc)
+            continue
         tasks.extend(
             NewTask(
                 task_id=schedule_task_id(spec.name, tick),
@@ -1476,11 +1493,14 @@ def create_ticks(
         )
         last = ticks[-1] if ticks else None
         moves.append({"name": spec.name, "next_at": after, "last_tick": last})
-    yield [Query("advance_schedules", each=moves)]
+    if moves:
+        yield [Query("advance_schedules", each=moves)]
+    if set_aside:
+        yield [Query("set_aside_schedules", each=[{"name": n} for n in set_aside])]
     if not tasks:
-        return []
+        return TicksMade([], set_aside)
     created = yield from submit(tasks, wake)
-    return [t.task_id for t, c in zip(tasks, created, strict=True) if c]
+    return TicksMade([t.task_id for t, c in zip(tasks, created, strict=True) if c], set_aside)
 
 
 def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:

@@ -1124,6 +1124,12 @@ FROM unnest(%(name)s::text[], %(next_at)s::float8[], %(last_tick)s::float8[])
      AS d(name, next_at, last_tick)
 WHERE s.name = d.name
 
+-- name: set_aside_schedules
+-- Schedules whose ticks cannot be worked out are paused, for an operator to see.
+UPDATE stepwarden_schedules s SET paused = true, updated_at = now()
+FROM unnest(%(name)s::text[]) AS d(name)
+WHERE s.name = d.name
+
 -- name: list_schedules
 SELECT * FROM stepwarden_schedules ORDER BY name
 

@@ -814,6 +814,11 @@ UPDATE stepwarden_schedules
 SET next_at = :next_at, last_tick = coalesce(:last_tick, last_tick), updated_at = :now
 WHERE name = :name
 
+-- name: set_aside_schedules
+-- A schedule whose ticks cannot be worked out is paused, for an operator to see.
+UPDATE stepwarden_schedules SET paused = 1, updated_at = :now
+WHERE name = :name
+
 -- name: list_schedules
 SELECT * FROM stepwarden_schedules ORDER BY name
 
