@@ -390,7 +390,9 @@ def worker(
     default=0,
     show_default=True,
     type=click.IntRange(min=-_check.MAX_INT - 1, max=_check.MAX_INT),
-    help="Higher runs first.",
+    help="Higher runs first, a level being worth a second of waiting (within ±3600): a "
+    "task waits only behind higher ones submitted less than the difference, in seconds, "
+    "after it.",
 )
 @_opt(
     "--start-after",

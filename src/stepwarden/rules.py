@@ -480,6 +480,29 @@ def lease_term(current: Mapping[str, Any] | None, holder: str) -> int | None:
     return int(current["term"]) + 1
 
 
+# -- priorities: the claim order, with aging ----------------------------------------------
+
+PRIORITY_STEP = 1.0
+"""Seconds of waiting that one priority level is worth."""
+MAX_HEAD_START = 3600.0
+"""The most a priority moves work ahead (or behind): priorities beyond ±3,600 count as
+±3,600, so that no priority holds other work back more than two hours."""
+
+
+def head_start(priority: int) -> float:
+    """How many seconds ahead of its submit a task is ranked, and each of its steps ahead of
+    its dispatch: `priority * PRIORITY_STEP`, within ±MAX_HEAD_START.
+
+    Claims (a scheduler's of tasks, an agent's of requests) take the eligible work of least
+    `ranked_at = submit (or dispatch) time - head_start(priority)` first. So work of priority
+    p waits behind work of priority q > p only when that was submitted less than
+    `head_start(q) - head_start(p)` seconds after it (q - p, for priorities within the cap):
+    its effective priority rises by one level for each PRIORITY_STEP it waits, and under a
+    stream of higher priorities it is delayed, never starved. Among equal priorities, the
+    oldest first."""
+    return max(-MAX_HEAD_START, min(MAX_HEAD_START, priority * PRIORITY_STEP))
+
+
 # -- agents: claims within limits ---------------------------------------------------------
 
 SCAN = 1000

@@ -236,3 +236,53 @@ async def test_waits_recorded_before_children_existed_are_kept(empty_store_url: 
         assert isinstance(sent, sw.SendOutcome) and sent.woke
     finally:
         await store.close()
+
+
+async def test_work_waiting_before_aging_is_ranked_by_its_age_and_priority(
+    empty_store_url: str,
+) -> None:
+    """A store upgraded to aging priorities (0014): the tasks and requests it held are
+    ranked as new ones are, their submit (or dispatch) less their priority's head start, and
+    claims take them in that order: a task of priority 0 waiting 20 s goes before one of
+    priority 10 waiting 5 s."""
+    url = empty_store_url
+    build_at(url, 13)
+    sqlite = is_sqlite(url)
+
+    def ago(seconds: int) -> str:
+        if sqlite:
+            return f"((julianday('now') - 2440587.5) * 86400.0 - {seconds})"
+        return f"(now() - interval '{seconds} seconds')"
+
+    for task_id, priority, age, state in [
+        ("high-new", 10, 5, "pending"),
+        ("low-old", 0, 20, "pending"),
+        ("high-old", 10, 30, "pending"),
+        ("held", 0, 60, "processing"),
+    ]:
+        sql(
+            url,
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            " complete_within, priority, eligible_at, created_at, updated_at, attempt, locked_by)"
+            f" VALUES ('{task_id}', 'wf', '{{}}', '{state}', 3, 30, {priority}, {ago(age)},"
+            f" {ago(age)}, {ago(age)}, {int(state == 'processing')},"
+            f" {'NULL' if state == 'pending' else repr('s0')})",
+        )
+    for seq, priority, age in [(1, 10, 5), (2, 0, 20)]:
+        sql(
+            url,
+            "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,"
+            " task_attempt, priority, complete_by, idempotency_key, input, created_at,"
+            f" dispatched_at) VALUES ('held', {seq}, 'pay.charge', 'pay', 'charge',"
+            f" 'not_started', 1, 1, {priority}, {ago(-60)}, 'held/{seq}', '[]', {ago(age)},"
+            f" {ago(age)})",
+        )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        claimed = await store.claim_tasks("s1", ["wf"], 10)
+        assert [c.task.task_id for c in claimed] == ["high-old", "low-old", "high-new"]
+        requests = await store.claim_requests("a1", "pay", ["charge"], 10)
+        assert [r.seq for r in requests] == [2, 1]
+    finally:
+        await store.close()

@@ -56,7 +56,7 @@ from stepwarden.records import (
     WaitRequest,
 )
 from stepwarden.retry import Backoff
-from stepwarden.rules import waiting_for_all
+from stepwarden.rules import head_start, waiting_for_all
 from stepwarden.states import (
     FINISHED_TASK_STATES,
     HELD_TASK_STATES,
@@ -150,6 +150,10 @@ class When:
             return self
         return When(max(self.lo, other.lo), max(self.hi, other.hi))
 
+    def before(self, other: When) -> bool:
+        """Whether this time is surely earlier than `other`."""
+        return self.hi < other.lo - EPS
+
     def passed(self, span: Span) -> Maybe:
         """Whether this time is before the store's now during a call in `span`."""
         if self.hi < span[0] - EPS:
@@ -222,6 +226,8 @@ class MTask:
     max_failures: int
     on_failure: OnFailure
     eligible_at: When
+    ranked_at: When
+    """Its rank for claims: its submit, less its priority's head start."""
     state: TaskState = TaskState.PENDING
     locked_by: str | None = None
     attempt: int = 0
@@ -586,6 +592,7 @@ class StoreModel(RuleBasedStateMachine):
             max_failures=max_failures,
             on_failure=on_failure,
             eligible_at=When.now(span),
+            ranked_at=When.now(span).plus(-head_start(priority)),
         )
         self.order.append(task_id)
 
@@ -615,11 +622,10 @@ class StoreModel(RuleBasedStateMachine):
             assert set(must) <= set(got), f"{scheduler} claimed {got}, not all of {must}"
         elif must:
             assert got, f"{scheduler} claimed nothing of {must}"
-
-            def rank(tid: str) -> tuple[int, int]:
-                return (-self.tasks[tid].priority, self.tasks[tid].order)
-
-            assert rank(got[0]) <= min(rank(tid) for tid in must), f"{got} before {must}"
+            first = self.tasks[got[0]].ranked_at
+            assert not any(self.tasks[tid].ranked_at.before(first) for tid in must), (
+                f"{got} before {must}"
+            )
         if not got:
             self.refused = True
         for c in claimed:
@@ -1357,6 +1363,7 @@ class StoreModel(RuleBasedStateMachine):
                 max_failures=2,
                 on_failure=OnFailure.COMPENSATE,
                 eligible_at=When.now(span),
+                ranked_at=When.now(span).plus(-head_start(t.priority)),
                 parent_id=t.task_id,
                 parent_position=str(seq),
             )

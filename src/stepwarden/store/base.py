@@ -433,7 +433,8 @@ class Store(abc.ABC):
         self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
     ) -> list[ClaimedTask]:
         """Claim up to `limit` eligible tasks of these (workflow, version) pairs (a workflow
-        named alone is its version 1), by priority then age, exclusively: pending ones
+        named alone is its version 1), by priority with aging (`rules.head_start`),
+        exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
         if limit <= 0 or not workflows:
@@ -580,11 +581,11 @@ class Store(abc.ABC):
         limit: int,
         limits: Mapping[str, OpLimit] | None = None,
     ) -> list[Request]:
-        """Claim up to `limit` queued requests in time for these operations, by priority
-        then age: the steps go from not_started to running, locked_by the agent instance.
-        An operation in `limits` is claimed only within them: its concurrency and rate
-        across every process (per limit key; claims of one agent's limited operations are
-        serialised), and its `room` in this instance."""
+        """Claim up to `limit` queued requests in time for these operations, by priority with
+        aging (`rules.head_start`): the steps go from not_started to running, locked_by the
+        agent instance. An operation in `limits` is claimed only within them: its
+        concurrency and rate across every process (per limit key; claims of one agent's
+        limited operations are serialised), and its `room` in this instance."""
         if limit <= 0 or not operations:
             return []
         if not await self._worth_writing("any_request", agent=agent, operations=list(operations)):
@@ -627,8 +628,8 @@ class Store(abc.ABC):
     async def held_steps(self, instance: str, agent: str) -> list[Request]:
         """The steps of `agent` that `instance` holds (the agent instances of one process
         share a name), as the requests it claimed: running, locked by it,
-        before their complete_by, for a task whose calls go on (`rules.call_lost`); by
-        priority then age."""
+        before their complete_by, for a task whose calls go on (`rules.call_lost`); in
+        claim order (priority with aging, `rules.head_start`)."""
         rows = await self._read_one("held_steps", instance=instance, agent=agent)
         return policy.held(rows, instance)
 

@@ -68,6 +68,7 @@ from ..rules import (
     error_text,
     event_beyond,
     first_tick,
+    head_start,
     holds_up_compensation,
     lease_term,
     outcome_recorded,
@@ -135,6 +136,7 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
             "version": t.version,
             "parent_id": t.parent_id,
             "parent_position": t.parent_position,
+            "head_start": head_start(t.priority),
         }
         for t in tasks
     ]
@@ -358,7 +360,8 @@ def recorded(task_ids: Sequence[str]) -> list[Query]:
 
 
 def claimed(rows: Rows, step_rows: Rows, wait_rows: Rows) -> list[ClaimedTask]:
-    """The claimed tasks, with what their workflows recorded, by priority then age."""
+    """The claimed tasks, with what their workflows recorded, in claim order (`ranked_at`:
+    priority with aging)."""
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
         steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
@@ -366,17 +369,15 @@ def claimed(rows: Rows, step_rows: Rows, wait_rows: Rows) -> list[ClaimedTask]:
     for w in wait_rows:
         place = w["position"] or str(w["seq"])
         waits.setdefault(w["task_id"], {})[place] = (w["seq"], w["kind"], w["name"])
-    found = [
+    return [
         ClaimedTask(
             task=_rows.task_record(r),
             steps=steps.get(r["task_id"], []),
             remaining=float(r["remaining"]),
             waits=waits.get(r["task_id"], {}),
         )
-        for r in rows
+        for r in sorted(rows, key=lambda r: r["ranked_at"])
     ]
-    found.sort(key=lambda c: (-c.task.priority, c.task.created_at))
-    return found
 
 
 def dispatch_steps(
@@ -449,6 +450,7 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "limit_key": d.limit_key,
             "position": d.position,
             "claimed_by": d.claimed_by,
+            "head_start": head_start(d.priority),
         }
     if isinstance(d, Redispatch):
         return {
@@ -538,7 +540,8 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
 
 
 def claim_requests(instance: str, agent: str, operations: Sequence[str], limit: int) -> Query:
-    """Claim up to `limit` queued requests of these operations, by priority then age."""
+    """Claim up to `limit` queued requests of these operations, in claim order (priority
+    with aging, `rules.head_start`)."""
     params = {"instance": instance, "agent": agent, "operations": list(operations)}
     return Query("claim_requests", {**params, "limit": limit})
 
@@ -580,10 +583,8 @@ def claim_within_limits(
 
 
 def requests(rows: Rows) -> list[Request]:
-    """Claimed requests, by priority then age."""
-    return [
-        _rows.request(r) for r in sorted(rows, key=lambda r: (-r["priority"], r["dispatched_at"]))
-    ]
+    """Claimed requests, in claim order (`ranked_at`: priority with aging)."""
+    return [_rows.request(r) for r in sorted(rows, key=lambda r: r["ranked_at"])]
 
 
 def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool]]:
@@ -804,7 +805,7 @@ def lost(
 
 def held(rows: Rows, instance: str) -> list[Request]:
     """Of the steps `held_steps` found running and locked by `instance`, those its call
-    holds (`rules.call_lost`), as requests by priority then age."""
+    holds (`rules.call_lost`), as requests in claim order."""
     return requests(
         [r for r in rows if call_lost(attempt=r["attempt"], instance=instance, found=r) is None]
     )

@@ -24,29 +24,32 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: insert_tasks
 -- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
--- or start_after seconds from now), each with the version of its workflow it runs; an
--- existing task_id is left untouched. A child task names its parent and its place in the
--- parent's workflow. The schedulers are woken (delivered on commit) when a task became
+-- or start_after seconds from now), each with the version of its workflow it runs and its
+-- rank for claims (ranked_at: now less its priority's head start); an existing task_id is
+-- left untouched. A child task names its parent and its place in the parent's workflow.
+-- The schedulers are woken (delivered on commit) when a task became
 -- pending: the statement runs alone, in autocommit (PostgresStore._write_alone).
 WITH ins AS (
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position)
+                              parent_position, ranked_at)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
-       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position
+       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
+       now() - make_interval(secs => d.head_start)
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
                   %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
-                  %(parent_position)s::text[])
+                  %(parent_position)s::text[], %(head_start)s::float8[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-                reply_to, start_at, start_after, version, parent_id, parent_position)) AS d
+                reply_to, start_at, start_after, version, parent_id, parent_position,
+                head_start)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -61,10 +64,11 @@ FROM unnest(%(channel)s::text[], %(payload)s::text[]) AS n(channel, payload)
 
 -- name: claim_tasks
 -- Claim eligible tasks of the given (workflow, version) pairs (the arrays workflows and
--- versions, side by side) by priority then age, skipping rows other claimers hold: pending
--- ones (-> processing) and compensating ones no scheduler holds; a new attempt each. Each
--- pair is read through the claim indexes by (workflow, version, priority, age), up to the
--- limit: the tasks of other versions are never read. The LIMIT of w keeps every pair; it
+-- versions, side by side) by rank (ranked_at: priority with aging, rules.head_start),
+-- skipping rows other claimers hold: pending ones (-> processing) and compensating ones no
+-- scheduler holds; a new attempt each. Each pair is read through the claim indexes by
+-- (workflow, version, ranked_at), up to the limit: the tasks of other versions are never
+-- read. The LIMIT of w keeps every pair; it
 -- tells the plan kept for all calls (generic) that the pairs are few, so that PostgreSQL
 -- keeps that plan instead of planning each call anew (it took the generic plan for ten
 -- pairs to be dearer than one planned for the call, and planned every claim).
@@ -74,25 +78,25 @@ WITH w AS MATERIALIZED (
     LIMIT cardinality(%(workflows)s::text[])
 ), p AS MATERIALIZED (
     SELECT x.* FROM w CROSS JOIN LATERAL (
-        SELECT task_id, priority, created_at FROM stepwarden_tasks t
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
         WHERE t.process_state = 'pending' AND t.workflow = w.workflow
           AND t.version = w.version AND t.eligible_at <= now()
-        ORDER BY t.priority DESC, t.created_at
+        ORDER BY t.ranked_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS x
 ), c AS MATERIALIZED (
     SELECT x.* FROM w CROSS JOIN LATERAL (
-        SELECT task_id, priority, created_at FROM stepwarden_tasks t
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
         WHERE t.process_state = 'compensating' AND t.locked_by IS NULL
           AND t.workflow = w.workflow AND t.version = w.version AND t.eligible_at <= now()
-        ORDER BY t.priority DESC, t.created_at
+        ORDER BY t.ranked_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS x
 ), pick AS MATERIALIZED (
     SELECT task_id FROM (SELECT * FROM p UNION ALL SELECT * FROM c) AS x
-    ORDER BY priority DESC, created_at
+    ORDER BY ranked_at
     LIMIT %(limit)s
 )
 UPDATE stepwarden_tasks
@@ -116,7 +120,8 @@ ORDER BY task_id, seq
 
 -- name: dispatch_new
 -- Record steps while their tasks are held under these attempts (task rows share-locked):
--- queued (not_started), or taken at once by the agent instance named in claimed_by (running).
+-- queued (not_started), or taken at once by the agent instance named in claimed_by (running);
+-- ranked for claims at now less their priority's head start.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
                          %(scheduler)s::text[], %(name)s::text[], %(agent)s::text[],
@@ -126,10 +131,11 @@ WITH d AS (
                          %(compensation_input)s::text[], %(compensates)s::int[],
                          %(pickup_within)s::float8[], %(total_within)s::float8[],
                          %(limit_key)s::text[], %(position)s::text[],
-                         %(claimed_by)s::text[])
+                         %(claimed_by)s::text[], %(head_start)s::float8[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
              complete_within, idempotency_key, input, ord, compensation, compensation_input,
-             compensates, pickup_within, total_within, limit_key, position, claimed_by)
+             compensates, pickup_within, total_within, limit_key, position, claimed_by,
+             head_start)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -146,7 +152,7 @@ WITH d AS (
                                   task_attempt, priority, complete_by, idempotency_key, input,
                                   created_at, dispatched_at, compensation, compensation_input,
                                   compensates, complete_within, pickup_within, give_up_by,
-                                  limit_key, position, locked_by, claimed_at)
+                                  limit_key, position, locked_by, claimed_at, ranked_at)
     SELECT task_id, seq, name, agent, operation,
            CASE WHEN claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, task_attempt,
            priority,
@@ -155,7 +161,8 @@ WITH d AS (
            idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
            compensates, complete_within, pickup_within,
            now() + make_interval(secs => total_within), limit_key, position, claimed_by,
-           CASE WHEN claimed_by IS NOT NULL THEN now() END
+           CASE WHEN claimed_by IS NOT NULL THEN now() END,
+           now() - make_interval(secs => head_start)
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -188,7 +195,7 @@ WITH d AS (
 UPDATE stepwarden_steps s
 SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = now(),
-    complete_within = d.complete_within,
+    ranked_at = now() - (s.dispatched_at - s.ranked_at), complete_within = d.complete_within,
     complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by,
                         s.give_up_by)
 FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
@@ -280,7 +287,8 @@ WITH d AS (
 SELECT ord, task_id, process_state, parent_id, awaited FROM u
 
 -- name: claim_requests
--- Claim queued requests in time: not_started -> running, skipping rows others hold. The pick
+-- Claim queued requests in time by rank (ranked_at: priority with aging, rules.head_start):
+-- not_started -> running, skipping rows others hold. The pick
 -- is materialised: as a subquery of the UPDATE it could be run again for each row, each run
 -- locking other rows, and claim more than the limit.
 WITH pick AS MATERIALIZED (
@@ -289,7 +297,7 @@ WITH pick AS MATERIALIZED (
       AND operation = ANY(%(operations)s::text[])
       AND (pickup_within IS NULL
            OR dispatched_at + make_interval(secs => pickup_within) > now())
-    ORDER BY priority DESC, dispatched_at
+    ORDER BY ranked_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -298,7 +306,7 @@ SET state = 'running', locked_by = %(instance)s, claimed_at = now()
 FROM pick
 WHERE s.task_id = pick.task_id AND s.seq = pick.seq AND s.state = 'not_started'
 RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-          s.complete_by, s.priority, s.dispatched_at, s.compensates,
+          s.complete_by, s.ranked_at, s.compensates,
           extract(epoch FROM s.complete_by - now())::float8 AS remaining
 
 -- name: limits_lock
@@ -311,7 +319,7 @@ SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
   AND operation = ANY(%(operations)s::text[])
   AND (pickup_within IS NULL OR dispatched_at + make_interval(secs => pickup_within) > now())
-ORDER BY priority DESC, dispatched_at
+ORDER BY ranked_at
 LIMIT %(scan)s
 FOR UPDATE SKIP LOCKED
 
@@ -349,7 +357,7 @@ WITH c AS (
     FROM c
     WHERE s.task_id = c.task_id AND s.seq = c.seq AND s.state = 'not_started'
     RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-              s.complete_by, s.priority, s.dispatched_at, s.compensates, s.limit_key,
+              s.complete_by, s.ranked_at, s.compensates, s.limit_key,
               extract(epoch FROM s.complete_by - now())::float8 AS remaining
 ), i AS (
     INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
@@ -411,7 +419,7 @@ JOIN stepwarden_tasks t ON t.task_id = s.task_id
 -- The steps of an agent that an instance of it holds: running, locked by it, before their
 -- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-       s.complete_by, s.priority, s.dispatched_at, s.compensates,
+       s.complete_by, s.ranked_at, s.compensates,
        extract(epoch FROM s.complete_by - now())::float8 AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
@@ -563,6 +571,7 @@ WITH d AS (
     UPDATE stepwarden_steps s
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
         locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
+        ranked_at = now() - (s.dispatched_at - s.ranked_at),
         complete_by = LEAST(now() + coalesce(make_interval(secs => s.complete_within),
                                              s.complete_by - s.dispatched_at),
                             s.give_up_by)

@@ -6,19 +6,20 @@
 
 -- name: insert_tasks
 -- Record a task, pending, or waiting for a delayed start (start_at, an epoch, or start_after
--- seconds from now), with the version of its workflow it runs; an existing task_id is left
--- untouched. A child task names its parent and its place in the parent's workflow.
+-- seconds from now), with the version of its workflow it runs and its rank for claims
+-- (ranked_at: now less its priority's head start); an existing task_id is left untouched. A
+-- child task names its parent and its place in the parent's workflow.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position)
+                              parent_position, ranked_at)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0
              THEN coalesce(:start_at, :now + :start_after) END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version,
-        :parent_id, :parent_position)
+        :parent_id, :parent_position, :now - :head_start)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -41,36 +42,35 @@ LIMIT 1
 
 -- name: claim_tasks
 -- Claim eligible tasks of the given (workflow, version) pairs (the JSON arrays workflows and
--- versions, side by side) by priority then age, a new attempt each: pending -> processing,
--- and compensating tasks no scheduler holds. Each pair is read through the claim indexes by
--- (workflow, version, priority, age), up to the limit: the tasks of other versions are
--- never read.
+-- versions, side by side) by rank (ranked_at: priority with aging, rules.head_start), a new
+-- attempt each: pending -> processing, and compensating tasks no scheduler holds. Each pair
+-- is read through the claim indexes by (workflow, version, ranked_at), up to the limit: the
+-- tasks of other versions are never read.
 WITH w AS (
     SELECT DISTINCT n.value AS workflow, v.value AS version
     FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
 ), candidates AS (
-    SELECT t.task_id, t.priority, t.created_at
+    SELECT t.task_id, t.ranked_at
     FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
         SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_pending
         WHERE x.process_state = 'pending' AND x.workflow = w.workflow
           AND x.version = w.version AND x.eligible_at <= :now
-        ORDER BY x.priority DESC, x.created_at
+        ORDER BY x.ranked_at
         LIMIT :limit)
     UNION ALL
-    SELECT t.task_id, t.priority, t.created_at
+    SELECT t.task_id, t.ranked_at
     FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
         SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_compensate
         WHERE x.process_state = 'compensating' AND x.locked_by IS NULL
           AND x.workflow = w.workflow AND x.version = w.version AND x.eligible_at <= :now
-        ORDER BY x.priority DESC, x.created_at
+        ORDER BY x.ranked_at
         LIMIT :limit)
 )
 UPDATE stepwarden_tasks
 SET locked_by = :scheduler, attempt = attempt + 1,
     process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
     complete_by = :now + complete_within, updated_at = :now
-WHERE task_id IN (SELECT task_id FROM candidates ORDER BY priority DESC, created_at
-                  LIMIT :limit)
+WHERE task_id IN (SELECT task_id FROM candidates ORDER BY ranked_at LIMIT :limit)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, complete_by - :now AS remaining
 
@@ -86,20 +86,21 @@ ORDER BY task_id, seq
 
 -- name: dispatch_new
 -- Record a step and queue its request (not_started), or hand it at once to the agent instance
--- named in claimed_by (running), only while the task is held under this attempt. The step's
--- complete_by never passes the task's.
+-- named in claimed_by (running), only while the task is held under this attempt; ranked for
+-- claims at now less its priority's head start. The step's complete_by never passes the
+-- task's.
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
                               dispatched_at, compensation, compensation_input, compensates,
                               complete_within, pickup_within, give_up_by, limit_key, position,
-                              locked_by, claimed_at)
+                              locked_by, claimed_at, ranked_at)
 SELECT :task_id, :seq, :name, :agent, :operation,
        CASE WHEN :claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, :task_attempt,
        :priority,
        MIN(:now + :complete_within, t.complete_by, coalesce(:now + :total_within, 1e300)),
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
        :complete_within, :pickup_within, :now + :total_within, :limit_key, :position,
-       :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END
+       :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END, :now - :head_start
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
@@ -119,6 +120,7 @@ ROLLBACK TO stepwarden_dependents
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = :now,
+    ranked_at = :now - (dispatched_at - ranked_at),
     complete_within = :complete_within,
     complete_by = MIN(:now + :complete_within,
                       (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id),
@@ -189,7 +191,8 @@ WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
 LIMIT 1
 
 -- name: claim_requests
--- Claim queued requests in time: not_started -> running, locked_by the agent instance.
+-- Claim queued requests in time by rank (ranked_at: priority with aging, rules.head_start):
+-- not_started -> running, locked_by the agent instance.
 UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE (task_id, seq) IN (
@@ -197,11 +200,11 @@ WHERE (task_id, seq) IN (
     WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
       AND operation IN (SELECT value FROM json_each(:operations))
       AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
-    ORDER BY priority DESC, dispatched_at
+    ORDER BY ranked_at
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          priority, dispatched_at, compensates, complete_by - :now AS remaining
+          ranked_at, compensates, complete_by - :now AS remaining
 
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time: BEGIN IMMEDIATE already
@@ -214,7 +217,7 @@ SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
   AND operation IN (SELECT value FROM json_each(:operations))
   AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
-ORDER BY priority DESC, dispatched_at
+ORDER BY ranked_at
 LIMIT :scan
 
 -- name: running_counts
@@ -241,7 +244,7 @@ UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          priority, dispatched_at, compensates, limit_key, complete_by - :now AS remaining;
+          ranked_at, compensates, limit_key, complete_by - :now AS remaining;
 INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
 SELECT :agent, :operation, coalesce(:limit_key, ''), :now
 WHERE :operation IN (SELECT value FROM json_each(:rated));
@@ -286,7 +289,7 @@ WHERE s.task_id = :task_id AND s.seq = :seq
 -- The steps of an agent that an instance of it holds: running, locked by it, before their
 -- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-       s.complete_by, s.priority, s.dispatched_at, s.compensates,
+       s.complete_by, s.ranked_at, s.compensates,
        s.complete_by - :now AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
@@ -403,6 +406,7 @@ LIMIT :limit
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
     locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
+    ranked_at = :now - (dispatched_at - ranked_at),
     complete_by = MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
                       coalesce(give_up_by, 1e300))
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
