@@ -240,55 +240,57 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
         for o in orders
         if o["amount"] > shop.APPROVAL_ABOVE and rng.random() < args.unapproved
     }
-    approved: set[str] = set()
-    store = await shop.app.store()
-    await shop.create_orders_table()
-    for _ in range(args.workers):
-        procs.start_worker()
-
-    started = time.monotonic()
-    task_ids: list[str] = []
-    kill_when = None if args.no_kill else max(1, int(args.orders * args.kill_at))
-    killed_pid = None
-    bar = tqdm(total=len(orders), unit="order", desc="orders", disable=None, file=sys.stderr)
-    done = 0
-    next_order = 0
-    while done < len(orders):
-        if procs.service_died():
-            procs.service_restarts += 1
-            procs.start_service()
-        # Orders arrive in small bursts while the workers run.
-        for order in orders[next_order : next_order + 25]:
-            task_ids.append(await shop.place_order(order))
-        next_order += 25
-        # A person approves the orders waiting for it (but for a few, which time out).
-        for task in await store.list_tasks(state=TaskState.WAITING, limit=1000):
-            if task.task_id not in never and task.task_id not in approved:
-                await shop.app.send_event_async(
-                    task.task_id, "approved", {"by": "demo"}, event_id=f"approval-{task.task_id}"
-                )
-                approved.add(task.task_id)
-        counts = await store.count_tasks()
-        now_done = sum(counts.get(s, 0) for s in FINISHED)
-        bar.update(now_done - done)
-        done = now_done
-        if kill_when is not None and killed_pid is None and done >= kill_when:
-            killed_pid = procs.kill_worker()
-            bar.write(
-                f"killed worker pid {killed_pid} with SIGKILL; started a replacement",
-                file=sys.stderr,
-            )
+    async with shop.app:  # its store closed however the run ends
+        approved: set[str] = set()
+        store = await shop.app.store()
+        await shop.create_orders_table()
+        for _ in range(args.workers):
             procs.start_worker()
-        if time.monotonic() - started > args.timeout:
-            bar.write(f"gave up after {args.timeout:.0f}s", file=sys.stderr)
-            break
-        await asyncio.sleep(0.1)
-    elapsed = time.monotonic() - started
-    bar.close()
-    procs.stop()
-    summary = await summarise(store, task_ids, procs, elapsed, len(approved))
-    await shop.app.aclose()
-    return summary
+
+        started = time.monotonic()
+        task_ids: list[str] = []
+        kill_when = None if args.no_kill else max(1, int(args.orders * args.kill_at))
+        killed_pid = None
+        bar = tqdm(total=len(orders), unit="order", desc="orders", disable=None, file=sys.stderr)
+        done = 0
+        next_order = 0
+        while done < len(orders):
+            if procs.service_died():
+                procs.service_restarts += 1
+                procs.start_service()
+            # Orders arrive in small bursts while the workers run.
+            for order in orders[next_order : next_order + 25]:
+                task_ids.append(await shop.place_order(order))
+            next_order += 25
+            # A person approves the orders waiting for it (but for a few, which time out).
+            for task in await store.list_tasks(state=TaskState.WAITING, limit=1000):
+                if task.task_id not in never and task.task_id not in approved:
+                    await shop.app.send_event_async(
+                        task.task_id,
+                        "approved",
+                        {"by": "demo"},
+                        event_id=f"approval-{task.task_id}",
+                    )
+                    approved.add(task.task_id)
+            counts = await store.count_tasks()
+            now_done = sum(counts.get(s, 0) for s in FINISHED)
+            bar.update(now_done - done)
+            done = now_done
+            if kill_when is not None and killed_pid is None and done >= kill_when:
+                killed_pid = procs.kill_worker()
+                bar.write(
+                    f"killed worker pid {killed_pid} with SIGKILL; started a replacement",
+                    file=sys.stderr,
+                )
+                procs.start_worker()
+            if time.monotonic() - started > args.timeout:
+                bar.write(f"gave up after {args.timeout:.0f}s", file=sys.stderr)
+                break
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - started
+        bar.close()
+        procs.stop()
+        return await summarise(store, task_ids, procs, elapsed, len(approved))
 
 
 async def summarise(

@@ -86,7 +86,11 @@ class TaskView:
 
 class App:
     """Declares workflows and agents, and talks to the state store on the application's
-    behalf. `store` is `sqlite:///path.db` (the embedded default) or `postgresql://...`."""
+    behalf. `store` is `sqlite:///path.db` (the embedded default) or `postgresql://...`.
+
+    Close it when done, or use it as a context manager (`with app:`, `async with app:`),
+    which closes what it opened (the store's connections and tasks, the blocking calls'
+    event loop thread) on leaving the block."""
 
     def __init__(
         self,
@@ -390,6 +394,9 @@ class App:
         return store
 
     async def aclose(self) -> None:
+        """Close what the App opened for the running event loop: its submits are written,
+        its store closed (connections, the pool's and the listener's tasks). The App may be
+        used again after: it opens them anew."""
         submits = self._submits.pop(asyncio.get_running_loop(), None)
         if submits is not None:
             await submits.drain()
@@ -398,10 +405,26 @@ class App:
             await store.close()
 
     def close(self) -> None:
+        """Close what the blocking calls opened: their store, and the thread their event
+        loop runs in."""
         if self._portal is not None:
             self._portal.call(self.aclose())
             self._portal.stop()
             self._portal = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+        if self._portal is not None:  # blocking calls made inside the block, from a thread
+            await asyncio.to_thread(self.close)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._portal is None:
