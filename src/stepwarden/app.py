@@ -868,7 +868,8 @@ class App:
     async def skip_async(
         self, task_id: str, seq: int, result: Any = None, *, reason: str | None = None
     ) -> TaskState:
-        """Mark step `seq` completed with `result`, as if its operation had returned it."""
+        """Mark step `seq` completed with `result`, as if its operation had returned it; the
+        task stays in its state (one in error waits for `retry`)."""
         return await self._one("skip", task_id, seq=seq, result=result, reason=reason)
 
     async def pause_async(self, task_id: str, *, reason: str | None = None) -> TaskState:

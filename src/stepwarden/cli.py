@@ -23,7 +23,7 @@ import click
 import orjson
 
 from . import _check, _json
-from ._text import EscapingFormatter, escape, escape_json
+from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
 from .errors import StepwardenError
 from .records import (
@@ -39,7 +39,7 @@ from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .states import COMPENSATION_STATES, TaskState
-from .store import Store, open_store
+from .store import Store, open_store, shown_url
 from .supervisor import DEFAULT_RETENTION
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 from .workflow import MAX_WAIT
@@ -1040,7 +1040,8 @@ def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options:
 def skip(
     obj: _Ctx, task_id: str, seq: int, result_json: str, reason: str | None, by: str | None
 ) -> None:
-    """Mark a stuck step completed with a given result, as if its operation returned it."""
+    """Mark a stuck step completed with a given result, as if its operation returned it; the
+    task stays in its state (one in error waits for retry)."""
     value = _json_argument(result_json, "--result", "the step result")
     _operate(
         obj,
@@ -1173,8 +1174,9 @@ def dashboard(
     token = _dashboard_token(token, token_file)
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
-    else:
-        app = App("stepwarden-dashboard", store=obj.store_url(), auto_migrate=False)
+    else:  # no App of its own: named by the store it serves
+        url = obj.store_url()
+        app = App(cut(escape(shown_url(url)), _check.MAX_NAME), store=url, auto_migrate=False)
     _bounded(app, max_events_per_task, max_event_payload)
     try:
         sock = web.bind(host, port)

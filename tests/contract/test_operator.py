@@ -148,3 +148,26 @@ async def test_bulk_by_filter_with_a_dry_run_first(store_url: str) -> None:
         for i in range(3):
             assert await saga.app.result_async(f"o{i}", timeout=20) == "done"
     await saga.app.aclose()
+
+
+async def test_skip_on_a_task_in_error_leaves_it_in_error_until_retry(store_url: str) -> None:
+    """README: `skip` marks the step completed with the operator's result and leaves the
+    task where it is; a task in error stays in error until `retry`, which then goes on past
+    the skipped step."""
+    saga = Saga(store_url, on_failure="stop")
+    saga.fail["charge"] = sw.PermanentError("card declined")
+    async with running(saga.app):
+        await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1")
+        assert await finish(saga, "o1") == sw.TaskState.ERROR
+        state = await saga.app.skip_async("o1", 2, "charged by phone", reason="paid by phone")
+        assert state == sw.TaskState.ERROR
+        view = await saga.app.show_async("o1")
+        assert view.task.process_state == sw.TaskState.ERROR
+        assert (view.steps[1].state, view.steps[1].result) == (
+            sw.StepState.COMPLETED,
+            "charged by phone",
+        )
+        assert await saga.app.retry_async("o1") == sw.TaskState.PENDING
+        assert await saga.app.result_async("o1", timeout=20) == "done"
+    await saga.app.aclose()
+    assert saga.effects == Counter(reserve=1, ship=1)  # the charge is not run again

@@ -46,6 +46,22 @@ def open_store(url: str) -> Store:
     )
 
 
+def shown_url(url: str) -> str:
+    """What may be shown of a store URL (the name of the store a dashboard serves): its
+    scheme, host, port and database or file (`sqlite:///shop.db`), never its user, password
+    or options."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None else f"{host}:{port}"
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
 def _masked(url: str) -> str:
     """`url` with the password of its user (user:password@host) replaced by ***."""
     return re.sub(r"^([^:/]*://[^/@:]*:)[^/]*@", r"\1***@", url)
@@ -62,4 +78,5 @@ __all__ = [
     "Subscription",
     "Transaction",
     "open_store",
+    "shown_url",
 ]
