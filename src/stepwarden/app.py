@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import _check, _json
+from . import _check, _json, rules
 from ._batch import Batcher
 from .agent import Agent
 from .alerts import AlertSink, LogSink
@@ -56,7 +56,7 @@ from .records import (
     TaskRecord,
 )
 from .retry import Retry
-from .rules import CATCH_UP, first_tick, plan_action, submit_version
+from .rules import CATCH_UP, plan_action, submit_version
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
@@ -188,7 +188,7 @@ class App:
             catch_up=catch_up,
             version=wf.version,
         )
-        first_tick(spec, time.time())  # a cron expression that never fires is refused here
+        rules.first_tick(spec, time.time())  # a cron expression that never fires is refused here
         self.schedule_specs[name] = spec
         return spec
 

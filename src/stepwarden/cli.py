@@ -1040,8 +1040,7 @@ def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options:
 def skip(
     obj: _Ctx, task_id: str, seq: int, result_json: str, reason: str | None, by: str | None
 ) -> None:
-    """Mark a stuck step completed with a given result, as if its operation returned it; the
-    task stays in its state (one in error waits for retry)."""
+    """Mark a stuck step completed with a given result, as if its operation returned it."""
     value = _json_argument(result_json, "--result", "the step result")
     _operate(
         obj,
