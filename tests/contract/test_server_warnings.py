@@ -1,16 +1,20 @@
 """The suite's net for the PostgreSQL server's warnings holds: a deliberate warning fails the
 test that caused it, whether a store of the test's process received it or only the server's
-log shows it (a worker process's connection), on the shared server and on a test's own."""
+log shows it (a worker process's connection), on the suite's server and on a test's own.
+
+The deliberate warnings go to a cluster of these tests' own, found by its port as the suite
+finds its server's log: the log of the server the suite runs on stays free of warnings."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from ..scenarios.own_postgres import own_postgres
+from ..scenarios.own_postgres import OwnPostgres, own_postgres
 from ..server_warnings import LOG_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +57,21 @@ async def test_a_notice_is_not_a_warning(pg_url):
 '''
 
 
+@pytest.fixture(scope="module")
+def warned_server() -> Iterator[OwnPostgres]:
+    """A cluster these tests warn on purpose."""
+    with own_postgres(warnings_fail=False) as server:
+        yield server
+
+
 @pytest.fixture
-def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A test session of its own, with the suite's fixtures, in a process of its own."""
+def inner(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, warned_server: OwnPostgres
+) -> pytest.Pytester:
+    """A test session of its own, with the suite's fixtures, in a process of its own, on
+    `warned_server`."""
+    monkeypatch.setenv("STEPWARDEN_TEST_POSTGRES_URL", warned_server.url)
+    monkeypatch.delenv(LOG_ENV, raising=False)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     )
@@ -107,12 +123,16 @@ def warn(url: str, application: str) -> None:
         conn.execute("COMMIT")  # WARNING: there is no transaction in progress
 
 
-def test_a_warning_on_a_tests_own_server_fails_it() -> None:
+def test_a_warning_on_a_tests_own_server_fails_it(warned_server: OwnPostgres) -> None:
     with (
         pytest.raises(AssertionError, match="warned a stepwarden connection"),
         own_postgres() as server,
     ):
         warn(server.url, "stepwarden")
-    # Another application's warning is not the engine's.
-    with own_postgres() as server:
-        warn(server.url, "psql")
+    # Only the engine's connections count: another application's warning is not its own.
+    log = warned_server.log()
+    since = log.end()
+    warn(warned_server.url, "psql")
+    assert log.stepwarden_warnings(since) == []
+    warn(warned_server.url, "stepwarden")
+    assert len(log.stepwarden_warnings(since)) == 1
