@@ -1,8 +1,8 @@
 """PostgreSQL out of reach, then back: one probe per store tries the server while it is away,
 and when it answers again every call waiting on the store goes at once: those waiting to be
-tried again (`Store.wait_to_retry`), and those waiting for a connection of the pool, which is
-made anew rather than left to reconnect at its own pace. On a server of the test's own, which
-it stops and starts; the wait itself on every store."""
+tried again (`Store.wait_to_retry`), on a pool made anew rather than left to reconnect at its
+own pace; while it is away, a call fails at once rather than wait for a connection. On a
+server of the test's own, which it stops and starts; the wait itself on every store."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from ..scenarios.own_postgres import own_postgres
 OUTAGE = 5.0
 #: A probe's interval (0.5 s) and a new connection; with slack for a loaded machine.
 BACK_WITHIN = 1.5
+#: The five tries of a read (1.5 s of delays between them), with slack for a loaded machine.
+FAILS_WITHIN = 5.0
 
 
 async def test_calls_waiting_on_postgres_go_as_soon_as_it_answers_again() -> None:
@@ -34,15 +36,20 @@ async def test_calls_waiting_on_postgres_go_as_soon_as_it_answers_again() -> Non
             with pytest.raises(TransientStoreError):
                 await store.schema_version()  # its connection lost: the probe starts
             waiting = asyncio.create_task(store.wait_to_retry(60.0))
-            pooled = asyncio.create_task(store.schema_version())  # waits for a connection
             await asyncio.sleep(OUTAGE)
-            assert not waiting.done() and not pooled.done()
+            assert not waiting.done()
+            # Meanwhile an application's read is tried its five times and fails, at once
+            # each: no try waits for a connection the pool cannot make (30 s each).
+            started = time.monotonic()
+            with pytest.raises(TransientStoreError, match="out of reach"):
+                await store.get_task("t")
+            assert time.monotonic() - started < FAILS_WITHIN
             lost_at = store.lost_at
             await asyncio.to_thread(server.start)
             back = time.monotonic()
             async with asyncio.timeout(BACK_WITHIN):
                 await waiting
-                assert await pooled > 0
+                assert await store.schema_version() > 0
             assert time.monotonic() - back <= BACK_WITHIN
             # Each refused probe noted the loss: a supervisor here waits its grace from then.
             assert lost_at > before + OUTAGE - 1

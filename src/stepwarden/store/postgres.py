@@ -216,6 +216,9 @@ class PostgresStore(Store):
         self._own_pids: set[int] = set()
         self._checking: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
+        self._out_of_reach: str | None = None
+        """Why the probe's last try of the server failed, until one succeeds: a call made
+        meanwhile fails at once rather than wait for a connection the pool cannot make."""
 
     @staticmethod
     def _parse(url: str) -> tuple[str, int, dict[str, Any]]:
@@ -523,7 +526,14 @@ class PostgresStore(Store):
     @contextlib.asynccontextmanager
     async def _pooled(self) -> AsyncIterator[Conn]:
         """A connection of the pool; of the new pool when the pool was made anew while this
-        call waited for one (the server back after an outage: `_renew_pool`)."""
+        call waited for one (the server back after an outage: `_renew_pool`). While the
+        probe finds the server out of reach, TransientStoreError at once: the pool would
+        keep the call waiting for its timeout (30 s), and an actor's call waits to be tried
+        again until the server is back anyway (`Store.wait_to_retry`)."""
+        if self._out_of_reach is not None:
+            raise TransientStoreError(
+                f"PostgreSQL at {self._where()} is out of reach: {self._out_of_reach}"
+            )
         while True:
             pool = self._pool
             if pool is None:
@@ -565,6 +575,7 @@ class PostgresStore(Store):
                         old = await self._renew_pool()
                 except (psycopg.Error, OSError, TimeoutError) as exc:
                     self._lost()
+                    self._out_of_reach = str(exc) or type(exc).__name__
                     if refused_at is None:
                         refused_at = tried
                         logger.warning(
@@ -581,12 +592,14 @@ class PostgresStore(Store):
                         where,
                         time.monotonic() - refused_at,
                     )
+                self._out_of_reach = None
                 self._answered()
                 if old is not None:  # its waiting calls fail, and take the new pool's
                     await old.close()
                 return
         finally:
             self._probing = None
+            self._out_of_reach = None
 
     async def _try_server(self) -> None:
         async with asyncio.timeout(PROBE_WITHIN):
