@@ -3,10 +3,13 @@ tests that set up what the engine would not write itself (a corrupt row, an old 
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
 
 
 def is_sqlite(url: str) -> bool:
@@ -62,3 +65,34 @@ def seconds_until(url: str, column: str) -> str:
     if is_sqlite(url):
         return f"({column} - ((julianday('now') - 2440587.5) * 86400.0))"
     return f"extract(epoch FROM {column} - now())::float8"
+
+
+def generic_plan(
+    db: psycopg.Connection[Any],
+    query: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    verbose: bool = False,
+) -> str:
+    """The PostgreSQL plan of `query` prepared with its parameters unknown, as a statement
+    kept for many calls is planned, run with `params` (NULL for each one missing); with its
+    expressions written out when `verbose`."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    db.execute("DEALLOCATE ALL")
+    db.execute("PREPARE planned AS " + re.sub(r"%\((\w+)\)s", number, query))
+    db.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        given = params or {}
+        args = pgsql.SQL(", ").join(pgsql.Literal(given.get(n)) for n in names)
+        options = "(VERBOSE) " if verbose else ""
+        found = db.execute(pgsql.SQL(f"EXPLAIN {options}EXECUTE planned({{}})").format(args))
+        plan = "\n".join(r[0] for r in found.fetchall())
+    finally:
+        db.execute("RESET plan_cache_mode")
+    return plan

@@ -4,12 +4,15 @@ back, step heartbeats, the supervisor's reassignments and timeouts, claims withi
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from dataclasses import replace
+from typing import Any
 
 from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
+from stepwarden.store.sqlite import SQLiteStore
 
 from ..dispatching import new_step
 from ..rawsql import sql
@@ -125,6 +128,47 @@ async def test_a_heartbeat_never_passes_the_tasks_complete_by(store: Store) -> N
     await store.claim_requests("a1", "pay", ["charge"], 1)
     left = await store.heartbeat_step("t1", 1, 1, "a1", None)
     assert left is not None and left <= 3
+
+
+DEADLINES = [  # (now, complete_within, task's complete_by, give_up_by, not_before): result
+    ((100, 30, 120, 200, None), 120),  # the task's complete_by is the earliest
+    ((100, 30, 150, 120, None), 120),  # the total timeout is
+    ((100, 30, None, 200, None), 130),  # no task's complete_by (a reassignment)
+    ((100, 30, 120, None, None), 120),  # no total timeout
+    ((100, 30, None, None, None), 130),
+    ((100, 30, 120, 200, 125), 125),  # never before not_before (a heartbeat never shortens)
+    ((100, 30, 120, 200, 110), 120),
+    ((100, None, 120, None, None), 120),
+    ((100, None, None, None, None), None),
+    ((100, None, None, None, 125), 125),
+]
+
+
+async def test_a_steps_deadline_is_the_earliest_of_its_caps_a_null_none_of_them(
+    store: Store,
+) -> None:
+    """The one rule of a step's complete_by (`stepwarden_step_deadline`) gives the same
+    deadline on every store: a NULL is no candidate, as in PostgreSQL's LEAST and
+    GREATEST."""
+    for args, deadline in DEADLINES:
+        if isinstance(store, SQLiteStore):
+            call = f"SELECT stepwarden_step_deadline({', '.join(map(_literal, args))}) AS d"
+
+            def read(conn: sqlite3.Connection, query: str = call) -> Any:
+                return conn.execute(query).fetchone()["d"]
+
+            found = await store._in_thread(read)
+        else:
+            now, within, *times = args
+            stamps = [f"to_timestamp({_literal(t)})" for t in (now, *times)]
+            interval = f"make_interval(secs => {_literal(within)})"
+            call = f"stepwarden_step_deadline({stamps[0]}, {interval}, {', '.join(stamps[1:])})"
+            [(found,)] = sql(store.url, f"SELECT extract(epoch FROM {call})::float8")
+        assert found == deadline, (args, found)
+
+
+def _literal(value: float | None) -> str:
+    return "NULL" if value is None else repr(value)
 
 
 async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store) -> None:

@@ -10,9 +10,10 @@ import sqlite3
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from stepwarden.store import _sql, open_store
+
+from ..rawsql import generic_plan
 
 KEPT = 20_000
 WAITING = 3_000
@@ -59,7 +60,7 @@ def test_postgres_claims_read_the_claim_indexes_in_rank_order(pg_url: str) -> No
             # The plan PostgreSQL makes for the call, and the generic one it keeps for all.
             for plan in (
                 _plan(db, queries[name], params),
-                _generic_plan(db, queries[name], params),
+                generic_plan(db, queries[name], params),
             ):
                 # The walk of the index gives the rank's order: it stops at the limit, unsorted.
                 walk = rf"Limit .*\n\s*->  LockRows .*\n\s*->  Index Scan using {index} on {table}"
@@ -69,28 +70,6 @@ def test_postgres_claims_read_the_claim_indexes_in_rank_order(pg_url: str) -> No
 
 def _plan(db: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
     return "\n".join(r[0] for r in db.execute("EXPLAIN " + query, params).fetchall())
-
-
-def _generic_plan(db: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
-    """The plan of `query` prepared with its parameters unknown, as a statement kept for
-    many calls is planned."""
-    names: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    db.execute("DEALLOCATE ALL")
-    db.execute("PREPARE claim AS " + re.sub(r"%\((\w+)\)s", number, query))
-    db.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
-        found = db.execute(sql.SQL("EXPLAIN EXECUTE claim({})").format(args))
-        plan = "\n".join(r[0] for r in found.fetchall())
-    finally:
-        db.execute("RESET plan_cache_mode")
-    return plan
 
 
 def test_sqlite_claims_read_the_claim_indexes_in_rank_order(sqlite_url: str) -> None:

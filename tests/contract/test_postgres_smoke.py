@@ -32,6 +32,7 @@ from stepwarden.store._flow import Flow, Query, Rows, Wakeups
 from stepwarden.store.postgres import STALLED, PostgresStore, _chunks
 
 from ..dispatching import step_dispatch
+from ..rawsql import generic_plan
 
 
 def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
@@ -391,6 +392,19 @@ async def test_sweep_reads_only_the_expiry_indexes(pg_url: str) -> None:
             )
             assert index in plan, plan
             assert "Seq Scan" not in plan, plan
+
+
+def test_the_steps_deadline_is_inlined_where_a_complete_by_is_set(pg_url: str) -> None:
+    """A step's complete_by is one SQL function (`stepwarden_step_deadline`) that the
+    planner inlines: the statements that set it plan its expression as if written out, in
+    the generic plans they are kept with too, and no call of a function is made per row."""
+    queries = _sql.queries("postgres")
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        for name in ("dispatch_new", "dispatch_again", "heartbeat_step", "reassign_steps"):
+            assert "stepwarden_step_deadline" in queries[name]
+            plan = generic_plan(db, queries[name], verbose=True)
+            assert "LEAST(" in plan, (name, plan)
+            assert "stepwarden_step_deadline(" not in plan, (name, plan)  # no call
 
 
 async def test_a_workflow_alone_keeps_one_plan_per_statement(pg_url: str) -> None:

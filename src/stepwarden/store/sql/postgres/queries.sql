@@ -156,8 +156,9 @@ WITH d AS (
     SELECT task_id, seq, name, agent, operation,
            CASE WHEN claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, task_attempt,
            priority,
-           LEAST(now() + make_interval(secs => complete_within), task_complete_by,
-                 now() + make_interval(secs => total_within)),
+           stepwarden_step_deadline(now(), make_interval(secs => complete_within),
+                                    task_complete_by,
+                                    now() + make_interval(secs => total_within), NULL),
            idempotency_key, input::json, now(), now(), compensation, compensation_input::json,
            compensates, complete_within, pickup_within,
            now() + make_interval(secs => total_within), limit_key, position, claimed_by,
@@ -196,8 +197,8 @@ UPDATE stepwarden_steps s
 SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = now(),
     ranked_at = now() - (s.dispatched_at - s.ranked_at), complete_within = d.complete_within,
-    complete_by = LEAST(now() + make_interval(secs => d.complete_within), t.complete_by,
-                        s.give_up_by)
+    complete_by = stepwarden_step_deadline(now(), make_interval(secs => d.complete_within),
+                                           t.complete_by, s.give_up_by, NULL)
 FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
              AND t.locked_by = d.scheduler
 WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.expected_attempt
@@ -393,12 +394,12 @@ SELECT ord, task_id, seq, agent FROM u
 -- it is, never past its task's complete_by nor its total timeout.
 UPDATE stepwarden_steps s
 SET heartbeat = %(detail)s::json, heartbeat_at = now(),
-    complete_by = GREATEST(s.complete_by, LEAST(
-        now() + coalesce(make_interval(secs => s.complete_within),
-                         s.complete_by - s.dispatched_at),
+    complete_by = stepwarden_step_deadline(
+        now(),
+        coalesce(make_interval(secs => s.complete_within), s.complete_by - s.dispatched_at),
         coalesce((SELECT t.complete_by FROM stepwarden_tasks t WHERE t.task_id = s.task_id),
                  s.complete_by),
-        s.give_up_by))
+        s.give_up_by, s.complete_by)
 WHERE s.task_id = %(task_id)s AND s.seq = %(seq)s AND s.attempt = %(attempt)s
   AND s.state = 'running' AND s.locked_by = %(instance)s AND s.complete_by > now()
 RETURNING extract(epoch FROM s.complete_by - now())::float8 AS remaining
@@ -572,9 +573,10 @@ WITH d AS (
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
         locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
         ranked_at = now() - (s.dispatched_at - s.ranked_at),
-        complete_by = LEAST(now() + coalesce(make_interval(secs => s.complete_within),
-                                             s.complete_by - s.dispatched_at),
-                            s.give_up_by)
+        complete_by = stepwarden_step_deadline(
+            now(),
+            coalesce(make_interval(secs => s.complete_within), s.complete_by - s.dispatched_at),
+            NULL, s.give_up_by, NULL)
     FROM d
     WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
       AND s.state = 'running' AND s.locked_by = d.instance

@@ -97,7 +97,8 @@ INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attem
 SELECT :task_id, :seq, :name, :agent, :operation,
        CASE WHEN :claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, :task_attempt,
        :priority,
-       MIN(:now + :complete_within, t.complete_by, coalesce(:now + :total_within, 1e300)),
+       stepwarden_step_deadline(:now, :complete_within, t.complete_by, :now + :total_within,
+                                NULL),
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
        :complete_within, :pickup_within, :now + :total_within, :limit_key, :position,
        :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END, :now - :head_start
@@ -122,9 +123,9 @@ SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = :now,
     ranked_at = :now - (dispatched_at - ranked_at),
     complete_within = :complete_within,
-    complete_by = MIN(:now + :complete_within,
-                      (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id),
-                      coalesce(give_up_by, 1e300))
+    complete_by = stepwarden_step_deadline(
+        :now, :complete_within,
+        (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id), give_up_by, NULL)
 WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND state IN ('not_started', 'running')
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
@@ -266,11 +267,11 @@ VALUES (:task_id, :now, 'handed_back',
 -- it is, never past its task's complete_by nor its total timeout.
 UPDATE stepwarden_steps
 SET heartbeat = :detail, heartbeat_at = :now,
-    complete_by = MAX(complete_by,
-                      MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
-                          coalesce((SELECT t.complete_by FROM stepwarden_tasks t
-                                    WHERE t.task_id = :task_id), complete_by),
-                          coalesce(give_up_by, 1e300)))
+    complete_by = stepwarden_step_deadline(
+        :now, coalesce(complete_within, complete_by - dispatched_at),
+        coalesce((SELECT t.complete_by FROM stepwarden_tasks t WHERE t.task_id = :task_id),
+                 complete_by),
+        give_up_by, complete_by)
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance AND complete_by > :now
 RETURNING complete_by - :now AS remaining
@@ -407,8 +408,8 @@ UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
     locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
     ranked_at = :now - (dispatched_at - ranked_at),
-    complete_by = MIN(:now + coalesce(complete_within, complete_by - dispatched_at),
-                      coalesce(give_up_by, 1e300))
+    complete_by = stepwarden_step_deadline(
+        :now, coalesce(complete_within, complete_by - dispatched_at), NULL, give_up_by, NULL)
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance
 RETURNING :ord AS ord, task_id, seq, attempt;
