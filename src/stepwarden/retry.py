@@ -1,8 +1,11 @@
-"""Delays that grow: the agents' retry policy, the supervisor's backoff, alert delivery.
+"""Delays and the loops that wait them: the agents' retry policy, the supervisor's backoff,
+alert delivery, and every store call tried again (the roles', the Store's reads and
+submits, the drivers' reconnections).
 
 Every delay that grows with a count of failures comes from `backoff`, whose exponent is
 capped: a count that keeps rising (a task retried for days, an alert undeliverable for a
-week) gives the maximum delay, never an overflow.
+week) gives the maximum delay, never an overflow. Every loop that tries a call again is
+`retried`, given one of the schedules below.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -18,6 +22,7 @@ from typing import TypeVar
 from .errors import ConfigurationError, PermanentError, StoreError, TransientStoreError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 MAX_EXPONENT = 32
 """The highest power of the multiplier a delay is computed with."""
 MAX_DELAY = 365 * 24 * 3600.0
@@ -107,6 +112,77 @@ class Backoff:
         return backoff(failures, initial=self.initial, maximum=self.maximum)
 
 
+# -- store calls tried again ---------------------------------------------------------------
+
+TRIES = 5
+"""How many times a call that is safe to repeat (a read, a submission) is tried when the
+store fails transiently, over about 1.5 seconds: a lost connection is replaced, a restarting
+server is waited for a moment."""
+PROBE_EVERY = 0.5
+"""Seconds between two tries of a server out of reach (a connection lost, until a try
+succeeds): the calls waiting for it go as soon as one does."""
+NEW_FILE_TRIES = 9
+"""How many times a store tries to set up a new database file that another process is
+setting up at the same moment (SQLite's switch to WAL, which does not wait on the busy
+handler), over about 4 seconds."""
+
+
+def after_transient(failures: int) -> float:
+    """Seconds to wait after the `failures`-th transient store failure in a row (it may pass
+    by itself): 0.1, doubling up to 5."""
+    return backoff(failures, initial=0.1, maximum=5.0)
+
+
+def after_permanent(failures: int) -> float:
+    """Seconds to wait after the `failures`-th permanent store failure in a row (a refused
+    query: it will not pass until someone acts): 1, doubling up to 60."""
+    return backoff(failures, initial=1.0, maximum=60.0)
+
+
+def within_tries(failures: int) -> float | None:
+    """Seconds to wait before the next try of a call tried TRIES times at most: 0.1,
+    doubling up to 1; None once they are spent."""
+    return None if failures >= TRIES else backoff(failures, initial=0.1, maximum=1.0)
+
+
+def new_file(failures: int) -> float | None:
+    """Seconds to wait before the next try of a new database file's setup: 0.01, ten times
+    more every three tries (0.01, 0.02, 0.05, 0.1, ... s), 2 at most; None after
+    NEW_FILE_TRIES."""
+    if failures >= NEW_FILE_TRIES:
+        return None
+    return backoff(failures, initial=0.01, maximum=2.0, multiplier=10 ** (1 / 3))
+
+
+def paced(started: float, every: float) -> float:
+    """Seconds to wait for the next of tries made every `every` seconds, the last of which
+    started at `started` (`time.monotonic()`): a try that took longer is followed at once."""
+    return max(0.0, started + every - time.monotonic())
+
+
+async def retried(
+    call: Callable[[], Awaitable[T]],
+    delay: Callable[[E, int], float | None],
+    *,
+    on: type[E] | tuple[type[E], ...],
+    wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """`call()`'s answer, tried again after each failure of the kinds `on` names:
+    `delay(failure, failures)` (those in a row, from 1) gives the seconds to `wait` before the
+    next try, or None to give up (that failure is raised). Any other failure is raised at
+    once. Only for calls that are safe to repeat."""
+    failures = 0
+    while True:
+        try:
+            return await call()
+        except on as exc:
+            failures += 1
+            seconds = delay(exc, failures)
+            if seconds is None:
+                raise
+            await wait(seconds)
+
+
 def after_store_failure(log: logging.Logger, what: str, exc: StoreError, failures: int) -> float:
     """Say a store failure and return the seconds to wait before trying again, after
     `failures` in a row: a transient one (it may pass by itself) as a warning, tried again
@@ -114,9 +190,9 @@ def after_store_failure(log: logging.Logger, what: str, exc: StoreError, failure
     with its traceback, tried again slowly."""
     if isinstance(exc, TransientStoreError):
         log.warning("%s: %s", what, exc)
-        return backoff(failures, initial=0.1, maximum=5.0)
+        return after_transient(failures)
     log.error("%s: %s", what, exc, exc_info=exc)
-    return backoff(failures, initial=1.0, maximum=60.0)
+    return after_permanent(failures)
 
 
 async def answered(
@@ -132,16 +208,14 @@ async def answered(
     store answers again) until the store answers, or until waiting `delay` more seconds
     would be `pointless` (the last failure is then raised). A permanent failure is said as an
     error and raised. Only for calls that are safe to repeat (reads, fenced writes)."""
-    failures = 0
-    while True:
-        try:
-            return await call()
-        except TransientStoreError as exc:
-            failures += 1
-            delay = after_store_failure(log, what, exc, failures)
-            if pointless(delay):
-                raise
-            await wait(delay)
-        except StoreError as exc:
+
+    def delay(exc: TransientStoreError, failures: int) -> float | None:
+        seconds = after_store_failure(log, what, exc, failures)
+        return None if pointless(seconds) else seconds
+
+    try:
+        return await retried(call, delay, on=TransientStoreError, wait=wait)
+    except StoreError as exc:
+        if not isinstance(exc, TransientStoreError):
             after_store_failure(log, what, exc, 1)
-            raise
+        raise

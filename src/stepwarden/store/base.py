@@ -66,17 +66,13 @@ from ..records import (
     WaitRequest,
     Woke,
 )
-from ..retry import Backoff, backoff
+from ..retry import Backoff, retried, within_tries
 from ..rules import await_next
 from ..states import TaskState
 from . import _rows, _sql, policy
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 
 T = TypeVar("T")
-TRIES = 5
-"""How many times a call that is safe to repeat (a read, a submission) is tried when the
-store fails transiently, over about 1.5 seconds: a lost connection is replaced, a restarting
-server is waited for a moment."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -198,14 +194,15 @@ class Store(abc.ABC):
         return await self._again_if_transient(lambda: self._fetch(query))
 
     async def _again_if_transient(self, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`, tried again (up to TRIES times in all, a growing delay between) while it
-        fails transiently. Only for calls that are safe to repeat."""
-        for tries in range(1, TRIES):
-            try:
-                return await call()
-            except TransientStoreError:
-                await self.wait_to_retry(backoff(tries, initial=0.1, maximum=1.0))
-        return await call()
+        """`call()`, tried again (`retry.TRIES` times in all, a growing delay between, cut
+        short when the store answers again) while it fails transiently. Only for calls that
+        are safe to repeat."""
+        return await retried(
+            call,
+            lambda _, failures: within_tries(failures),
+            on=TransientStoreError,
+            wait=self.wait_to_retry,
+        )
 
     async def wait_to_retry(self, seconds: float, stop: asyncio.Event | None = None) -> None:
         """Wait before trying a store call again after a transient failure: `seconds`, or

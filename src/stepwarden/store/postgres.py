@@ -37,6 +37,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
+from ..retry import PROBE_EVERY, after_transient, paced, retried
 from . import _sql
 from ._flow import (
     CHANNEL_CALLS,
@@ -73,9 +74,6 @@ when it sits idle (`idle_in_transaction_session_timeout`); one frozen in the mid
 pipeline looks busy to the server, and the supervisors end it (`end_stalled_sessions`).
 Waiting for a lock longer than this fails (`lock_timeout`) and the caller tries again. Set
 libpq's `options` in the store URL to choose other values."""
-PROBE_EVERY = 0.5
-"""Seconds between two tries of a new connection while the server is out of reach (a
-connection lost, until a try succeeds): the calls waiting for it go as soon as one does."""
 PROBE_WITHIN = 2.0
 """Seconds a try of the server may take (one that does not answer at all)."""
 NOTIFY_LIMIT = 7000
@@ -465,8 +463,9 @@ class PostgresStore(Store):
     async def listen(self) -> None:
         """Forward the notifications of other processes to this store's notifier, from now
         on: the first connection is made before returning (StoreError when it fails), and
-        a lost one is made again in the background, waiting 0.1 s, doubling up to 5 s, or
-        less: at once when the server, out of reach, answers a probe again."""
+        a lost one is made again in the background, waiting as after a transient failure
+        (`retry.after_transient`: 0.1 s, doubling up to 5 s), or less: at once when the
+        server, out of reach, answers a probe again."""
         if self._listener is not None:
             return
         if self._pool is None:
@@ -495,12 +494,12 @@ class PostgresStore(Store):
 
     async def _listen_loop(self, conn: Conn | None) -> None:
         self._listen_first = None  # closed by this loop from now on
-        delay = 0.1
+        failures = 0  # in a row, since the last connection made
         while True:
             try:
                 if conn is None:
                     conn = await self._listen_connect()
-                    delay = 0.1
+                    failures = 0
                     logger.info("listening for notifications again")
                 async for n in conn.notifies():
                     # This process published its own writes already, at their commit.
@@ -510,17 +509,23 @@ class PostgresStore(Store):
                     if channel is not None:
                         self.notifier.publish(channel, n.payload.split("\n"))
             except (psycopg.Error, OSError) as exc:
-                logger.warning("notifications lost (%s); reconnecting in %.1f s", exc, delay)
+                logger.warning(
+                    "notifications lost (%s); reconnecting in %.1f s",
+                    exc,
+                    after_transient(failures + 1),
+                )
             except Exception:
-                logger.exception("notifications lost; reconnecting in %.1f s", delay)
+                logger.exception(
+                    "notifications lost; reconnecting in %.1f s", after_transient(failures + 1)
+                )
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
                     conn = None
+            failures += 1
             self._probe()
-            await self.wait_to_retry(delay)
-            delay = min(5.0, delay * 2)
+            await self.wait_to_retry(after_transient(failures))
 
     # -- the server out of reach ----------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -564,39 +569,41 @@ class PostgresStore(Store):
         are from before, and it would make new ones at its own pace (1 s, 2 s, 4 s... apart).
         Then every call waiting to be tried again goes (`Store.wait_to_retry`)."""
         where = self._where()
+        tried = 0.0
         refused_at: float | None = None
+
+        async def attempt() -> AsyncConnectionPool[Conn] | None:
+            nonlocal tried
+            tried = time.monotonic()
+            await self._try_server()
+            return None if refused_at is None else await self._renew_pool()
+
+        def refused(exc: Exception, failures: int) -> float:
+            nonlocal refused_at
+            self._lost()
+            self._out_of_reach = str(exc) or type(exc).__name__
+            if refused_at is None:
+                refused_at = tried
+                logger.warning(
+                    "PostgreSQL at %s is out of reach (%s); trying it every %.1f s",
+                    where,
+                    exc,
+                    PROBE_EVERY,
+                )
+            return paced(tried, PROBE_EVERY)
+
         try:
-            while True:
-                tried = time.monotonic()
-                old = None
-                try:
-                    await self._try_server()
-                    if refused_at is not None:
-                        old = await self._renew_pool()
-                except (psycopg.Error, OSError, TimeoutError) as exc:
-                    self._lost()
-                    self._out_of_reach = str(exc) or type(exc).__name__
-                    if refused_at is None:
-                        refused_at = tried
-                        logger.warning(
-                            "PostgreSQL at %s is out of reach (%s); trying it every %.1f s",
-                            where,
-                            exc,
-                            PROBE_EVERY,
-                        )
-                    await asyncio.sleep(max(0.0, tried + PROBE_EVERY - time.monotonic()))
-                    continue
-                if refused_at is not None:
-                    logger.warning(
-                        "PostgreSQL at %s answers again, after %.1f s out of reach",
-                        where,
-                        time.monotonic() - refused_at,
-                    )
-                self._out_of_reach = None
-                self._answered()
-                if old is not None:  # its waiting calls fail, and take the new pool's
-                    await old.close()
-                return
+            old = await retried(attempt, refused, on=(psycopg.Error, OSError, TimeoutError))
+            if refused_at is not None:
+                logger.warning(
+                    "PostgreSQL at %s answers again, after %.1f s out of reach",
+                    where,
+                    time.monotonic() - refused_at,
+                )
+            self._out_of_reach = None
+            self._answered()
+            if old is not None:  # its waiting calls fail, and take the new pool's
+                await old.close()
         finally:
             self._probing = None
             self._out_of_reach = None

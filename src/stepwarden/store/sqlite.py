@@ -32,6 +32,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
+from ..retry import new_file, retried
 from . import _sql
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 from .base import Store, Transaction
@@ -80,6 +81,10 @@ def _step_deadline(
     if earliest is None or not_before is None:
         return not_before if earliest is None else earliest
     return max(earliest, not_before)
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA journal_mode=WAL")
 
 
 def _translate(exc: sqlite3.Error) -> StoreError:
@@ -199,20 +204,13 @@ class SQLiteStore(Store):
         )
         conn.row_factory = _dict_row
         conn.create_function("stepwarden_step_deadline", 5, _step_deadline, deterministic=True)
-        # Switching a new file to WAL does not wait on the busy handler: when another process
-        # opens the same new file at the same moment, try again for a while.
-        for delay in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 0.0):
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError:
-                if not delay:
-                    raise
-                time.sleep(delay)
+        return conn
+
+    def _settle(self, conn: sqlite3.Connection) -> None:
+        """The connection's settings, once its file is in WAL mode."""
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=30000")
-        return conn
 
     async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None or self._executor is None:
@@ -248,17 +246,29 @@ class SQLiteStore(Store):
     async def open(self, *, migrate: bool = True) -> None:
         if self._conn is not None:
             return
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="stepwarden-sqlite")
+        executor = ThreadPoolExecutor(1, thread_name_prefix="stepwarden-sqlite")
         loop = asyncio.get_running_loop()
+        conn: sqlite3.Connection | None = None
         try:
-            self._conn = await loop.run_in_executor(self._executor, self._connect, migrate)
+            conn = await loop.run_in_executor(executor, self._connect, migrate)
+            opened = conn
+            # Switching a new file to WAL does not wait on the busy handler: when another
+            # process opens the same new file at the same moment, try again for a while.
+            await retried(
+                lambda: loop.run_in_executor(executor, _wal, opened),
+                lambda _, failures: new_file(failures),
+                on=sqlite3.OperationalError,
+            )
+            await loop.run_in_executor(executor, self._settle, conn)
         except BaseException as exc:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            if conn is not None:
+                executor.submit(conn.close)
+            executor.shutdown(wait=False)
             if isinstance(exc, sqlite3.Error):
                 message = f"cannot open SQLite database {self.path!r}: {exc}"
                 raise type(_translate(exc))(message) from exc
             raise
+        self._conn, self._executor = conn, executor
         await self._ready(migrate)
 
     async def close(self) -> None:
