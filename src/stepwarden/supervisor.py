@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
@@ -30,6 +31,7 @@ from .states import FINISHED_TASK_STATES
 from .store import Store
 
 logger = logging.getLogger("stepwarden.supervisor")
+T = TypeVar("T")
 
 LEASE = "supervisor"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
@@ -185,91 +187,106 @@ class Supervisor:
             logger.error("schedule %s: paused, its ticks cannot be worked out: %s", name, why)
         return made.created
 
+    async def _in_batches(
+        self, sweep: Callable[[], Awaitable[list[T]]], say: Callable[[T], None]
+    ) -> list[T]:
+        """What `sweep` (one batch of `batch` at most, in a transaction under the lease) finds,
+        batch after batch, each item said as it comes, until a batch comes back short: all
+        done, or the lease lost (a sweep under a lease no longer held writes nothing and
+        finds nothing)."""
+        found: list[T] = []
+        while True:
+            batch = await sweep()
+            for item in batch:
+                say(item)
+            found.extend(batch)
+            if len(batch) < self.batch:
+                return found
+
     async def _wake(self, term: int) -> list[Woke]:
         """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),
         made pending for a scheduler to resume."""
-        woken: list[Woke] = []
-        while True:
-            batch = await self.store.wake_due(
+
+        def say(w: Woke) -> None:
+            logger.info("task %s: woke (it waited for %s)", w.task_id, w.waited_for)
+
+        return await self._in_batches(
+            lambda: self.store.wake_due(
                 lease=LEASE, holder=self.instance, term=term, limit=self.batch
-            )
-            for w in batch:
-                logger.info("task %s: woke (it waited for %s)", w.task_id, w.waited_for)
-            woken.extend(batch)
-            if len(batch) < self.batch:
-                return woken
+            ),
+            say,
+        )
 
     async def _release(self, term: int) -> list[Released]:
         """The tasks of scheduler instances gone silent, given back for another to resume."""
-        released: list[Released] = []
-        while True:
-            batch = await self.store.release_gone_schedulers(
+
+        def say(r: Released) -> None:
+            logger.warning(
+                "task %s: released, its scheduler instance %s is gone (now %s)",
+                r.task_id,
+                r.scheduler,
+                r.process_state,
+            )
+
+        return await self._in_batches(
+            lambda: self.store.release_gone_schedulers(
                 lease=LEASE,
                 holder=self.instance,
                 term=term,
                 limit=self.batch,
                 forget_after=FORGET_AFTER,
-            )
-            for r in batch:
-                logger.warning(
-                    "task %s: released, its scheduler instance %s is gone (now %s)",
-                    r.task_id,
-                    r.scheduler,
-                    r.process_state,
-                )
-            released.extend(batch)
-            if len(batch) < self.batch:
-                return released
+            ),
+            say,
+        )
 
     async def _sweep_steps(self, term: int, *, reassign: bool) -> list[StepSwept]:
         """Steps of gone agent instances to others; steps past their pick-up or total
         timeout failed."""
-        swept: list[StepSwept] = []
-        while True:
-            batch = await self.store.sweep_steps(
+
+        def say(s: StepSwept) -> None:
+            if s.kind == "reassigned":
+                logger.warning(
+                    "task %s: step %d reassigned: agent instance %s is gone",
+                    s.task_id,
+                    s.seq,
+                    s.instance,
+                )
+            else:
+                logger.warning("task %s: step %d failed: %s timeout", s.task_id, s.seq, s.kind)
+
+        return await self._in_batches(
+            lambda: self.store.sweep_steps(
                 lease=LEASE,
                 holder=self.instance,
                 term=term,
                 limit=self.batch,
                 forget_after=FORGET_AFTER,
                 reassign=reassign,
-            )
-            for s in batch:
-                if s.kind == "reassigned":
-                    logger.warning(
-                        "task %s: step %d reassigned: agent instance %s is gone",
-                        s.task_id,
-                        s.seq,
-                        s.instance,
-                    )
-                else:
-                    logger.warning("task %s: step %d failed: %s timeout", s.task_id, s.seq, s.kind)
-            swept.extend(batch)
-            if len(batch) < self.batch:
-                return swept
+            ),
+            say,
+        )
 
     async def _sweep(self, term: int) -> list[Expired]:
-        recovered: list[Expired] = []
-        while True:
-            expired = await self.store.sweep(
+        def say(e: Expired) -> None:
+            if e.set_aside:
+                return  # said by the store, with its reason
+            where = f"step {e.seq}" if e.seq is not None else "task"
+            log = logger.error if e.process_state in FINISHED_TASK_STATES else logger.warning
+            log(
+                "task %s: %s expired (failure_count %d): now %s",
+                e.task_id,
+                where,
+                e.failure_count,
+                e.process_state,
+            )
+
+        return await self._in_batches(
+            lambda: self.store.sweep(
                 lease=LEASE,
                 holder=self.instance,
                 term=term,
                 limit=self.batch,
                 backoff=self.backoff,
-            )
-            for e in expired:
-                if e.set_aside:
-                    continue  # said by the store, with its reason
-                where = f"step {e.seq}" if e.seq is not None else "task"
-                log = logger.error if e.process_state in FINISHED_TASK_STATES else logger.warning
-                log(
-                    "task %s: %s expired (failure_count %d): now %s",
-                    e.task_id,
-                    where,
-                    e.failure_count,
-                    e.process_state,
-                )
-            recovered.extend(expired)
-            if len(expired) < self.batch:
-                return recovered
+            ),
+            say,
+        )

@@ -4,6 +4,8 @@ are recovered. On each store."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stepwarden.alerts import AlertDeliverer
@@ -214,3 +216,24 @@ async def test_an_open_step_closed_with_its_task_is_abandoned_and_compensated(
     [step] = await store.get_steps("t1")
     assert step.state == StepState.FAILED and step.abandoned
     assert step.error == "abandoned: the task is compensating"
+
+
+async def test_a_tick_goes_on_batch_after_batch_while_a_batch_comes_back_full(
+    store: Store, store_url: str
+) -> None:
+    """One tick of a supervisor that sweeps `batch` at a time recovers every expired task and
+    wakes every task whose time has come, however many: it sweeps again while a batch comes
+    back full."""
+    expired = [f"t{i}" for i in range(5)]
+    await store.submit([task(t) for t in expired])
+    assert len(await store.claim_tasks("s1", ["wf"], 5)) == 5
+    for t in expired:
+        expire(store_url, t)
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    due = [replace(task(f"d{i}"), start_at=past) for i in range(3)]
+    await store.submit(due)
+    supervisor = Supervisor(store, instance="sup", batch=2, backoff=BACKOFF, retention=None)
+    recovered = await supervisor.tick()
+    assert sorted(e.task_id for e in recovered) == expired
+    woken = [await store.get_task(t.task_id) for t in due]
+    assert {t and t.process_state for t in woken} == {TaskState.PENDING}
