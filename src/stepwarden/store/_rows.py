@@ -18,16 +18,20 @@ from ..records import (
     ActivityBucket,
     AgentInstance,
     EventRecord,
+    Expired,
     LeaseRecord,
     OutboxMessage,
+    Released,
     Request,
     ScheduleRecord,
     SchedulerInstance,
+    ScheduleSpec,
     StepRecord,
     StepStats,
     TaskRecord,
     VersionBacklog,
     WaitRecord,
+    Woke,
 )
 from ..secret import stored_name
 from ..states import StepState, TaskState
@@ -254,6 +258,48 @@ def schedule_record(row: Row) -> ScheduleRecord:
         on_failure=row["on_failure"],
         version=int(row["version"]),
     )
+
+
+def schedule_spec(row: Row) -> ScheduleSpec:
+    """A stored schedule as the rules read it (`rules.first_tick`, `rules.plan_ticks`)."""
+    return ScheduleSpec(
+        name=row["name"],
+        workflow=row["workflow"],
+        input=row["input"],
+        complete_within=float(row["complete_within"]),
+        max_failures=int(row["max_failures"]),
+        on_failure=row["on_failure"],
+        cron=row["cron"],
+        every=row["every"],
+        timezone=row["timezone"],
+        catch_up=row["catch_up"],
+        version=int(row["version"]),
+    )
+
+
+def expired(row: Row, *, set_aside: bool = False) -> Expired:
+    """A task a sweep recovered (`reset_tasks`: its expired step's seq, or none), or set
+    aside (`set_aside`: no step named)."""
+    return Expired(
+        task_id=row["task_id"],
+        seq=None if set_aside else row["seq"],
+        failure_count=row["failure_count"],
+        process_state=TaskState(row["process_state"]),
+        set_aside=set_aside,
+    )
+
+
+def released(row: Row) -> Released:
+    return Released(
+        task_id=row["task_id"],
+        attempt=row["attempt"],
+        scheduler=row["scheduler"],
+        process_state=TaskState(row["process_state"]),
+    )
+
+
+def woke(row: Row) -> Woke:
+    return Woke(task_id=row["task_id"], waited_for=row["waiting_for"])
 
 
 def version_backlog(row: Row) -> VersionBacklog:

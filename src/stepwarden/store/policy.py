@@ -933,15 +933,7 @@ def sweep(
         "reset_tasks", by, [_reset_params(r, p, holds) for r, p in plans]
     )
     aside.extend((plans[i][0], exc) for i, exc in refused)
-    expired = [
-        Expired(
-            task_id=r["task_id"],
-            seq=r["seq"],
-            failure_count=r["failure_count"],
-            process_state=TaskState(r["process_state"]),
-        )
-        for r in applied
-    ]
+    expired = [_rows.expired(r) for r in applied]
     if aside:
         expired.extend((yield from _set_aside(aside, by)))
     if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
@@ -1038,16 +1030,7 @@ def _set_aside(
             }
         )
     [rows] = yield [Query("set_aside", by, each=each)]
-    return [
-        Expired(
-            task_id=r["task_id"],
-            seq=None,
-            failure_count=r["failure_count"],
-            process_state=TaskState(r["process_state"]),
-            set_aside=True,
-        )
-        for r in rows
-    ]
+    return [_rows.expired(r, set_aside=True) for r in rows]
 
 
 def sweep_steps(
@@ -1196,15 +1179,7 @@ def _release(rows: Rows, by: Mapping[str, Any], wake: Wakeups) -> Flow[list[Rele
     [released] = yield [Query("release_tasks", by, each=each)]
     if released:
         wake.tasks()
-    return [
-        Released(
-            task_id=r["task_id"],
-            attempt=r["attempt"],
-            scheduler=r["scheduler"],
-            process_state=TaskState(r["process_state"]),
-        )
-        for r in released
-    ]
+    return [_rows.released(r) for r in released]
 
 
 # -- waits: durable timers and events from outside -------------------------------------------
@@ -1414,7 +1389,7 @@ def wake_due(*, lease: str, holder: str, term: int, limit: int, wake: Wakeups) -
     [woken] = yield [Query("wake_due", by, each=each)]
     if woken:
         wake.tasks()
-    return [Woke(task_id=r["task_id"], waited_for=r["waiting_for"]) for r in woken]
+    return [_rows.woke(r) for r in woken]
 
 
 # -- schedules -------------------------------------------------------------------------------
@@ -1473,7 +1448,7 @@ def create_ticks(
     moves = []
     set_aside: dict[str, str] = {}
     for row in due:
-        spec = _schedule_spec(row)
+        spec = _rows.schedule_spec(row)
         try:
             ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
         except ConfigurationError as exc:
@@ -1515,23 +1490,7 @@ def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:
     [row] = found
     next_at = float(row["next_at"])
     if row["paused"] and not paused:
-        next_at = first_tick(_schedule_spec(row), float(row["now"]))
+        next_at = first_tick(_rows.schedule_spec(row), float(row["now"]))
     yield [Query("pause_schedule", {"name": name, "paused": paused, "next_at": next_at})]
     return True
 
-
-def _schedule_spec(row: Row) -> ScheduleSpec:
-    """A stored schedule, as the rules read it."""
-    return ScheduleSpec(
-        name=row["name"],
-        workflow=row["workflow"],
-        input=row["input"],
-        complete_within=float(row["complete_within"]),
-        max_failures=int(row["max_failures"]),
-        on_failure=row["on_failure"],
-        cron=row["cron"],
-        every=row["every"],
-        timezone=row["timezone"],
-        catch_up=row["catch_up"],
-        version=int(row["version"]),
-    )
