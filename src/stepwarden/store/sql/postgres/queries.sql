@@ -1144,9 +1144,6 @@ WHERE s.name = d.name
 -- name: list_schedules
 SELECT * FROM stepwarden_schedules ORDER BY name
 
--- name: get_schedule
-SELECT * FROM stepwarden_schedules WHERE name = %(name)s
-
 -- name: lock_schedule
 -- A schedule an operator pauses or resumes, locked until commit, with the database's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,

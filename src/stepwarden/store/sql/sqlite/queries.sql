@@ -827,9 +827,6 @@ WHERE name = :name
 -- name: list_schedules
 SELECT * FROM stepwarden_schedules ORDER BY name
 
--- name: get_schedule
-SELECT * FROM stepwarden_schedules WHERE name = :name
-
 -- name: lock_schedule
 -- A schedule an operator pauses or resumes (under the write lock), with the store's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
