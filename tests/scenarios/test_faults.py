@@ -7,6 +7,7 @@ A frozen process is stopped with SIGSTOP and continued with SIGCONT; a dead one 
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import Counter
@@ -217,7 +218,9 @@ def test_workers_with_clocks_wrong_by_minutes_cause_no_early_reset_and_no_double
     (skew / "sitecustomize.py").write_text(SKEW_SITECUSTOMIZE)
     workers: dict[str, tuple[Proc, float]] = {}
     for name, offset in (("fast", 600.0), ("slow", -600.0)):
-        env = {"PYTHONPATH": str(skew), "SKEW_SECONDS": str(offset)}
+        # The skew first, then the path the tests run with (the code under test).
+        path = os.pathsep.join(filter(None, [str(skew), os.environ.get("PYTHONPATH")]))
+        env = {"PYTHONPATH": path, "SKEW_SECONDS": str(offset)}
         workers[name] = (c.start(name, "--concurrency", "8", env=env), offset)
     ids = [f"k{n}" for n in range(40)]
     for task_id in ids:
