@@ -127,8 +127,31 @@ class Cluster:
         proc.popen.wait(timeout=10)
 
     def pause(self, proc: Proc) -> None:
-        """SIGSTOP: the process is frozen mid-whatever, as by a long GC pause or a VM stall."""
-        os.kill(proc.pid, signal.SIGSTOP)
+        """SIGSTOP: the process is frozen mid-whatever, as by a long GC pause or a VM stall;
+        on SQLite, between two of its writes. SQLite has one writer at a time: a process
+        frozen holding the file's write lock keeps every other process from writing until
+        it thaws (README, "Stores"), which is not what a test of a frozen process is about,
+        so a freeze that caught it mid-write is thawed and tried again."""
+        deadline = time.monotonic() + 30
+        while True:
+            os.kill(proc.pid, signal.SIGSTOP)
+            if not self._sqlite_write_locked():
+                return
+            os.kill(proc.pid, signal.SIGCONT)
+            assert time.monotonic() < deadline, f"{proc.name} always froze mid-write"
+
+    def _sqlite_write_locked(self) -> bool:
+        """Whether a process holds the SQLite store's write lock now (False on PostgreSQL)."""
+        if not self.store_url.startswith("sqlite:"):
+            return False
+        path = urlsplit(self.store_url).path[1:]
+        with contextlib.closing(sqlite3.connect(path, timeout=0, isolation_level=None)) as db:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return True
+            db.execute("ROLLBACK")
+            return False
 
     def resume(self, proc: Proc) -> None:
         """SIGCONT: the frozen process carries on where it was."""

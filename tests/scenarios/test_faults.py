@@ -68,12 +68,14 @@ def test_a_zombie_agent_frozen_past_complete_by_changes_nothing_when_it_wakes(
     why = c.why(f"calls {calls}\neffects {effects}", "z1")
     assert after.task == before.task and after.steps == before.steps, why
     [step] = after.steps
-    assert (step.state, step.attempt, step.result["pid"]) == (COMPLETED, 2, other.pid), why
+    # Dispatched again once at least (again if agents-2 was not up before that one's
+    # complete_by too), and completed by the other process.
+    assert (step.state, step.result["pid"]) == (COMPLETED, other.pid) and step.attempt >= 2, why
     # The remote service saw one key from both processes, and applied it once.
-    assert [(x["key"], x["attempt"], x["pid"]) for x in calls] == [
-        ("z1/1", 1, zombie.pid),
-        ("z1/1", 2, other.pid),
-    ], why
+    zombies = [(x["key"], x["attempt"]) for x in calls if x["pid"] == zombie.pid]
+    others = [(x["key"], x["attempt"]) for x in calls if x["pid"] == other.pid]
+    assert zombies == [("z1/1", 1)] and len(zombies) + len(others) == len(calls), why
+    assert others[-1] == ("z1/1", step.attempt) and all(a >= 2 for _, a in others), why
     assert [(x["key"], x["pid"]) for x in effects] == [("z1/1", other.pid)], why
     assert zombie.popen.poll() is None, why  # it carries on serving
 

@@ -42,8 +42,10 @@ def test_an_agent_killed_mid_step_is_retried_under_the_same_key(
         c.wait_until(lambda: c.effects(task_id="t1"), "the effect in agents-1", task_ids=("t1",))
     else:
         c.wait_until(lambda: c.calls(task_id="t1"), "the call in agents-1", task_ids=("t1",))
-    c.kill(doomed)
+    # Another agents process is ready before the kill (it cannot take the step agents-1
+    # holds): the step's second dispatch does not wait for a process to start.
     fresh = c.start("agents-2", "--roles", "agents")
+    c.kill(doomed)
 
     task = c.wait_finished("t1")
     view = c.app.show("t1")
