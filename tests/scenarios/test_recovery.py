@@ -149,7 +149,9 @@ def test_the_supervisor_leaders_own_worker_killed_its_tasks_are_taken_over_in_ti
     def leader_holds() -> list[str]:
         return [t.task_id for t in c.app.tasks(limit=100) if t.locked_by == doomed]
 
-    c.wait_until(lambda: len(leader_holds()) >= 3, "the leader's worker to hold tasks")
+    # How the twenty tasks split between the two workers is up to which claims first; the
+    # promise is about every task the leader's worker held, however many.
+    c.wait_until(leader_holds, "the leader's worker to hold tasks")
     held = leader_holds()
     survivor = f"scheduler-{standby.instance()}"
 
