@@ -74,7 +74,8 @@ def needs_compensation(
     """Whether a step is undone when its task compensates: it has a compensation (and is not
     one itself) and took effect, or may have: it completed, is still open (it is abandoned
     when the task stops holding it), or was abandoned. A step that failed on its own (a
-    permanent error, a pick-up timeout) did nothing to undo."""
+    permanent error, a pick-up timeout) did nothing to undo. This is decided by the step's
+    state and its `abandoned` flag, never by its error text."""
     if compensation is None or compensates is not None:
         return False
     return abandoned or state == StepState.COMPLETED or state in OPEN_STEP_STATES

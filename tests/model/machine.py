@@ -291,7 +291,7 @@ class MTask:
 
 
 def after_expiry(task: MTask, compensable: bool) -> tuple[TaskState, int, int, int, bool]:
-    """Where an expired held task goes (ARCHITECTURE.md, the supervisor): the state, its
+    """Where an expired held task goes (`rules.plan_expiry`): the state, its
     failure_count and compensation_failures, the count this expiry is (of the forward path,
     or of the compensation), and whether an alert is raised. `compensable`: a step or a
     child to undo."""
@@ -1198,8 +1198,7 @@ class StoreModel(RuleBasedStateMachine):
             eligible = When.now(span).plus(min(BACKOFF_MAXIMUM, backoff * 2 ** (count - 1)))
             if state not in (TaskState.PENDING, held_as):
                 # Abandoned steps may still take effect until their complete_by: their
-                # compensation waits for it (ARCHITECTURE.md, "an abandoned step is
-                # compensated too ... once its complete_by has passed").
+                # compensation waits for it (`rules.holds_up_compensation`).
                 eligible = eligible.latest(t.open_until())
             t.eligible_at = eligible
             t.failure_count = failure_count
