@@ -38,8 +38,10 @@ lint: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist); TEST_WORKERS=0 runs it in one.
+TEST_WORKERS ?= 2
 test: lint chromium
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
