@@ -192,6 +192,11 @@ class AgentRunner:
         """Calls of this instance that ended, by (task_id, seq, attempt), while the store may
         still show their step held by it (out of tries or time: it waits for its complete_by
         as any): never taken up. Forgotten once a look finds the step no longer held."""
+        self._claims = 0
+        """Claims begun (`claim_requests`); `_claiming` of them not yet answered and started.
+        A claim committed but not yet answered shows its steps held by this instance and not
+        called: `take_up` acts on a look that no claim overlapped, or it would call them twice."""
+        self._claiming = 0
         self._queue_empty = False
         """The last claim found fewer queued requests than it had room for: a step handed
         over passes none that waits (until a wake-up says some may, and a claim looks)."""
@@ -309,13 +314,17 @@ class AgentRunner:
     async def take_up(self) -> int:
         """Call the steps the store shows held by this instance (`Store.held_steps`) that it
         is not calling: a claim or a hand-over whose commit was made but whose answer was
-        lost leaves them so, and they would wait for their complete_by. Not those being
+        lost leaves them so, and they would wait for their complete_by. Not while a claim
+        of this instance is under way (its answer may bring them), nor those being
         handed over, nor those whose call here ended (out of tries or time, they wait for
         their complete_by as any step). How many it took up."""
-        if not self._accepting:
+        if not self._accepting or self._claiming:
             return 0
+        claims = self._claims
         ended = set(self._ended)
         held = await self.store.held_steps(self.instance, self.agent.name)
+        if self._claiming or self._claims != claims:
+            return 0  # a claim overlapped the look: its steps may be in `held`, unstarted
         self._ended -= ended - {(r.task_id, r.seq, r.attempt) for r in held}
         taken = 0
         for request in held:
@@ -428,21 +437,27 @@ class AgentRunner:
                         waits.append(asyncio.sleep(reopens))
                     await first(*waits)
                     continue
+                self._claims += 1
+                self._claiming += 1
+                delay: float | None = None
                 try:
                     requests = await self.store.claim_requests(
                         self.instance, self.agent.name, operations, free, limits
                     )
-                    failures = 0
-                    self._queue_empty = len(requests) < free
+                    for request in requests:
+                        self._start(request)
                 except StoreError as exc:
                     failures += 1
                     what = f"agent {self.agent.name}: cannot claim requests"
-                    await self.store.wait_to_retry(
-                        after_store_failure(logger, what, exc, failures), stop
-                    )
+                    delay = after_store_failure(logger, what, exc, failures)
+                else:
+                    failures = 0
+                    self._queue_empty = len(requests) < free
+                finally:
+                    self._claiming -= 1
+                if delay is not None:
+                    await self.store.wait_to_retry(delay, stop)
                     continue
-                for request in requests:
-                    self._start(request)
                 if len(requests) < free:
                     waits = [stop.wait(), self._requests_queued(sub)]
                     if full:  # an operation at its per-instance limit: a call ending frees it

@@ -12,12 +12,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 import stepwarden as sw
 from stepwarden.agent import Agent, Call
-from stepwarden.records import DispatchedStep, StepOutcome
+from stepwarden.records import DispatchedStep, Request, StepOutcome
 from stepwarden.retry import Retry
 from stepwarden.runner import AgentRunner
 from stepwarden.states import StepState
@@ -129,6 +130,45 @@ async def test_a_step_whose_claim_answer_was_lost_is_called_by_its_instance_once
         await until(called)
     [step] = await store.get_steps("t")
     assert (step.result, step.attempt, step.locked_by) == ("done x", 1, "a1")
+    assert service.calls == Counter({"t/1": 1})
+
+
+async def test_a_claim_answered_late_is_called_once_whatever_a_look_finds_meanwhile(
+    store: Store,
+) -> None:
+    """a1's claim is committed and its answer is slow to come (a loaded process, a slow
+    network): meanwhile the store shows the step held by a1 and not called. A look at the
+    steps a1 holds while the claim is under way calls nothing; the claim's answer does,
+    once."""
+    service = Service()
+    attempt = await held_task(store, "t")
+    await store.dispatch_steps([new_step("t", attempt, 1)])
+    claim = store.claim_requests
+    answered, release = asyncio.Event(), asyncio.Event()
+
+    async def answered_late(*args: Any, **kwargs: Any) -> list[Request]:
+        requests = await claim(*args, **kwargs)
+        if any(r.task_id == "t" for r in requests):
+            answered.set()
+            await release.wait()
+        return requests
+
+    store.claim_requests = answered_late  # type: ignore[method-assign]
+    async with serving(store, service) as runner:
+        await asyncio.wait_for(answered.wait(), 10)
+        try:
+            assert [r.task_id for r in await store.held_steps("a1", "svc")] == ["t"]
+            took_up = await runner.take_up()
+        finally:
+            release.set()
+        assert took_up == 0
+
+        async def called() -> bool:
+            [step] = await store.get_steps("t")
+            return step.state == StepState.COMPLETED
+
+        await until(called)
+        assert await runner.take_up() == 0
     assert service.calls == Counter({"t/1": 1})
 
 

@@ -37,9 +37,11 @@ def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster
     doomed = c.start("scheduler-a", "--roles", "scheduler", *QUICK_SCHEDULERS)
     c.start("agents", "--roles", "agents,supervisor")
     ids = [f"r1-{i:02d}" for i in range(30)]
-    step = {"work": 1.0, "idempotent": True}
+    # The first steps wait for the gate, opened after the kill: however slow the machine,
+    # the tasks scheduler-a holds are still under way when it dies.
+    gate = c.workdir / "gate"
     for task_id in ids:
-        c.submit(task_id, [step, step])
+        c.submit(task_id, [{"block_until": str(gate), "idempotent": True}, {"work": 0.2}])
     doomed_name = f"scheduler-{doomed.instance()}"
 
     def doomed_holds_tasks() -> list[str]:
@@ -48,6 +50,7 @@ def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster
     c.wait_until(lambda: len(doomed_holds_tasks()) >= 3, "scheduler-a to hold tasks")
     c.start("scheduler-b", "--roles", "scheduler", *QUICK_SCHEDULERS)
     c.kill(doomed)
+    gate.touch()
 
     def all_finished() -> list[sw.TaskRecord] | None:
         tasks = c.app.tasks(limit=100)

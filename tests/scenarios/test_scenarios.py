@@ -37,15 +37,18 @@ def test_an_agent_killed_mid_step_is_retried_under_the_same_key(
         spec.update({"block_after_effect": True, "idempotent": True})
     c.start("scheduler", "--roles", "scheduler,supervisor")
     doomed = c.start("agents-1", "--roles", "agents")
+    # Another agents process is up before the kill, so that the step's second dispatch does
+    # not wait for a process to start (on a busy machine, longer than the step's 2 s), and
+    # frozen until it, so that the first dispatch is agents-1's.
+    fresh = c.start("agents-2", "--roles", "agents")
+    c.pause(fresh)
     c.submit("t1", [spec])
     if dies == "after_its_effect":
         c.wait_until(lambda: c.effects(task_id="t1"), "the effect in agents-1", task_ids=("t1",))
     else:
         c.wait_until(lambda: c.calls(task_id="t1"), "the call in agents-1", task_ids=("t1",))
-    # Another agents process is ready before the kill (it cannot take the step agents-1
-    # holds): the step's second dispatch does not wait for a process to start.
-    fresh = c.start("agents-2", "--roles", "agents")
     c.kill(doomed)
+    c.resume(fresh)
 
     task = c.wait_finished("t1")
     view = c.app.show("t1")
