@@ -17,6 +17,7 @@ from typing import Any, Protocol, overload
 from . import _check
 from ._aio import in_daemon_thread
 from .breaker import Breaker
+from .deadline import Deadline
 from .errors import ConfigurationError, PayloadError
 from .retry import Retry
 
@@ -77,9 +78,8 @@ class CallHold(Protocol):
     and why it was lost, once it is."""
 
     loop: asyncio.AbstractEventLoop
-    deadline: float
-    """complete_by on the loop's clock."""
-    complete_by: datetime
+    deadline: Deadline
+    """complete_by, moved on by heartbeats."""
     cancelled: str | None
     """Why the call no longer holds its step (None while it does)."""
 
@@ -126,7 +126,7 @@ class Call:
     @property
     def complete_by(self) -> datetime:
         """When this call must be done; a heartbeat moves it on."""
-        return self._hold.complete_by
+        return self._hold.deadline.complete_by
 
     @property
     def cancelled(self) -> str | None:
@@ -141,7 +141,7 @@ class Call:
 
     def remaining(self) -> float:
         """Seconds left before complete_by."""
-        return max(0.0, self._hold.deadline - self._hold.loop.time())
+        return self._hold.deadline.remaining()
 
     async def heartbeat(self, details: Any = None) -> None:
         """Tell the store this call is alive: the step's complete_by moves to now + its

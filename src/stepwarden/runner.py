@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from ._aio import first
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
+from .deadline import Deadline
 from .errors import CircuitOpen, PayloadError, StepLost, StoreError, TransientStoreError
 from .records import (
     AgentBeat,
@@ -83,8 +84,7 @@ class _Hold:
         """Where the outcome goes when the step was handed over by this process's scheduler
         (it records it with its workflow's next write); None: written by the runner."""
         self.loop = asyncio.get_running_loop()
-        self.deadline = self.loop.time() + request.remaining
-        self.complete_by = request.complete_by
+        self.deadline = Deadline.after(request.remaining, complete_by=request.complete_by)
         self.timeout: asyncio.Timeout | None = None
         self.cancelled: str | None = None
         self.answered = False
@@ -97,6 +97,10 @@ class _Hold:
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.request.task_id, self.request.seq, self.request.attempt)
+
+    @property
+    def complete_by(self) -> datetime:
+        return self.deadline.complete_by
 
     def lose(self, why: str) -> None:
         """The call no longer holds its step: say why (`Call.cancelled`), and interrupt what
@@ -132,10 +136,9 @@ class _Hold:
             raise StepLost(
                 f"step {r.idempotency_key} attempt {r.attempt} is no longer held by this call"
             )
-        self.deadline = self.loop.time() + remaining
-        self.complete_by = datetime.now(UTC) + timedelta(seconds=remaining)
+        self.deadline = Deadline.after(remaining)
         if self.timeout is not None:
-            self.timeout.reschedule(self.deadline)
+            self.timeout.reschedule(self.deadline.at)
 
 
 class _Interruptible:
@@ -526,7 +529,6 @@ class AgentRunner:
         out of tries or time, or loses its step; report what is to be reported."""
         request = hold.request
         op = self.agent.operations[request.operation]
-        loop = hold.loop
         args = request.input if isinstance(request.input, list) else [request.input]
         tries = 0
         while True:
@@ -555,7 +557,7 @@ class AgentRunner:
             permanent = False
             result = ""
             try:
-                async with asyncio.timeout_at(hold.deadline) as hold.timeout:
+                async with asyncio.timeout_at(hold.deadline.at) as hold.timeout:
                     # An async operation is cancelled when its call loses the step; a sync
                     # one runs in a thread, which nothing interrupts: it sees call.cancelled.
                     with hold.interruptible(op.is_async):
@@ -575,7 +577,7 @@ class AgentRunner:
                         return
             except TimeoutError as exc:
                 verdict = False
-                if loop.time() >= hold.deadline:
+                if hold.deadline.expired():
                     # Past complete_by (a sync operation may even run on): nothing to report,
                     # and a stop would change nothing.
                     logger.info(
@@ -623,7 +625,7 @@ class AgentRunner:
                 )
                 return
             delay = op.retry.delay(tries)
-            if loop.time() + delay >= hold.deadline:
+            if hold.deadline.passes_within(delay):
                 logger.info(
                     "%s for %s: no time left to retry (%s)",
                     op.qualname,
@@ -676,7 +678,7 @@ class AgentRunner:
                 logger,
                 what,
                 call,
-                pointless=lambda delay: hold.loop.time() + delay >= hold.deadline,
+                pointless=hold.deadline.passes_within,
                 wait=self.store.wait_to_retry,
             )
         except TransientStoreError:
