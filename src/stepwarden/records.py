@@ -25,6 +25,12 @@ def step_key(task_id: str, seq: int) -> str:
     return f"{task_id}\x1f{seq}"
 
 
+def step_of_key(key: str) -> tuple[str, int]:
+    """The (task_id, seq) of a `step_key`."""
+    task_id, _, seq = key.rpartition("\x1f")
+    return task_id, int(seq)
+
+
 def idempotency_key(task_id: str, seq: int) -> str:
     """The key every dispatch and retry of a step carries to the remote service."""
     return f"{task_id}/{seq}"

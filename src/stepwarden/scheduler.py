@@ -1,66 +1,35 @@
-"""The scheduler: claims pending tasks, drives their workflows, dispatches their steps.
+"""The scheduler: claims pending tasks and runs a drive for each (`drive.TaskDrive`).
 
 One Scheduler instance runs many workflows concurrently as coroutines in one event loop: the
-tasks of the (workflow, version)s it has, each with the version it was submitted with. Step
-records and task outcomes of concurrent workflows are written together (group commit), and
-step results arrive by wake-up (in-process, or LISTEN/NOTIFY on PostgreSQL) with polling as the
-fallback. A scheduler that no longer holds a task (its complete_by passed, or the supervisor
-reset it) stops that workflow and writes nothing: its writes are fenced by the task attempt.
+tasks of the (workflow, version)s it has, each with the version it was submitted with. It
+keeps its loops (registry and heartbeats, claims within the agents' room, the warning of
+versions it lacks, the watch of step results, which it hands to the drive of their task), the
+group commit that writes the step records and task outcomes of its drives together, and one
+map of task id to drive: everything of one task lives in its drive. Step results arrive by
+wake-up (in-process, or LISTEN/NOTIFY on PostgreSQL) with polling as the fallback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from collections.abc import Awaitable, Container, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from . import _json
 from ._aio import first, sleep_unless
 from ._batch import Batcher
 from .agent import Operation
-from .errors import (
-    ChildFailed,
-    PayloadError,
-    StepFailed,
-    StoreError,
-    TransientStoreError,
-    UnknownNameError,
-)
-from .records import (
-    Adopt,
-    ClaimedTask,
-    DispatchedStep,
-    Held,
-    NewStep,
-    ParkRequest,
-    Redispatch,
-    Released,
-    Request,
-    SchedulerBeat,
-    StepDispatch,
-    StepOutcome,
-    StepRecord,
-    TaskOutcome,
-    WaitOutcome,
-    WaitRequest,
-    idempotency_key,
-    step_key,
-)
-from .retry import after_store_failure, answered
-from .rules import AlertReason, describe, error_text, step_needs_compensation, unrunnable
-from .states import OPEN_STEP_STATES, StepState, TaskState
+from .drive import Entry, LocalAgent, TaskDrive
+from .errors import StoreError, TransientStoreError
+from .records import Held, Released, SchedulerBeat, StepDispatch, TaskOutcome, step_of_key
+from .retry import after_store_failure
+from .rules import unrunnable
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store
-from .workflow import Abandon, Context, Parked, Workflow
+from .workflow import Workflow
 
 logger = logging.getLogger("stepwarden.scheduler")
-T = TypeVar("T")
 
-RESULT_SLACK = 0.25
-"""Seconds a scheduler waits past a step's complete_by for word of its result."""
 ROOM_EVERY = 0.05
 """Seconds between two reads of the agents' room (admission): a claim loop that woke often
 would otherwise cost a read each time."""
@@ -72,61 +41,9 @@ its tasks back for another scheduler to resume."""
 ADMIT_BATCH = 25
 """A scheduler whose agents have room for fewer tasks than this waits ROOM_EVERY once before
 claiming them: claims of one or two tasks each would cost a commit each."""
-RECORD_WITHIN = 0.005
-"""Seconds the outcome of a step called in this process waits for the workflow's next write
-(which it then shares a transaction with) before it is written alone."""
 VERSIONS_EVERY = 60.0
 """Seconds between two looks (the first at start) for tasks of a scheduler's workflows at
 versions it does not have, each logged as a warning while any wait."""
-
-
-class LocalAgent(Protocol):
-    """An agent instance in the scheduler's own process (`AgentRunner`), to which a step may
-    be handed at once: recorded running, held by it, called without a queue or a wake-up."""
-
-    instance: str
-
-    def take_local(self, operation: str, where: tuple[str, int]) -> bool:
-        """Reserve room for one call of `operation` now, if it may be handed over, for the
-        step `where` (task_id, seq) about to be written as held by this instance."""
-
-    def release_local(self, where: tuple[str, int]) -> None:
-        """Give back a reservation whose step was not handed over after all (a write whose
-        answer was lost may have recorded it held by this instance all the same: the
-        instance takes it up, `AgentRunner.take_up`)."""
-
-    def serve_local(
-        self, request: Request, report: Callable[[StepOutcome], Awaitable[bool]]
-    ) -> None:
-        """Call a step recorded as held by this instance (its reservation taken); its
-        outcome goes to `report`, whose answer says whether it was recorded."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """How a step ended, as the workflow waiting for it sees it."""
-
-    state: StepState
-    result: Any
-    error: str | None
-
-    @classmethod
-    def of(cls, step: StepRecord) -> _Answer:
-        return cls(step.state, step.result, step.error)
-
-
-@dataclass(slots=True)
-class _Unrecorded:
-    """The outcome of a step called in this process, handed to its workflow before it is
-    recorded: it is written with the task's next write, or alone soon after."""
-
-    outcome: StepOutcome
-    recorded: asyncio.Future[bool]
-
-
-_Write = StepDispatch | TaskOutcome | None
-"""What a workflow writes to the store through the scheduler's group commit (None: only the
-outcomes it goes on from)."""
 
 
 class Scheduler:
@@ -165,31 +82,17 @@ class Scheduler:
         left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
         self._running: set[asyncio.Task[None]] = set()
-        self._driving: dict[str, asyncio.Task[None]] = {}
-        """The drive of each task by its id: a task claimed again (released meanwhile, say by
-        the supervisor when a step's agent was gone) stops its older, fenced-out drive."""
+        """The drives under way (a drive stopped by a newer claim of its task, until done)."""
+        self._drives: dict[str, TaskDrive] = {}
+        """The drive of each task held, by task id: the one place where a task's state lives
+        (a task claimed again, released meanwhile, stops its older, fenced-out drive)."""
         self._room = asyncio.Event()
-        self._waiting: dict[str, tuple[tuple[str, int], asyncio.Future[_Answer]]] = {}
-        self._writes: Batcher[tuple[_Write, list[_Unrecorded]], Any] = Batcher(
-            self._write_group, yields=3
-        )
-        """The group commit of the workflows' writes with the outcomes they go on from."""
+        self._writes: Batcher[Entry, Any] = Batcher(self._write_group, yields=3)
+        """The group commit of the drives' writes with the outcomes they go on from."""
         self.local_agents: dict[str, LocalAgent] = {}
         """This process's agent instances by agent name (set by the worker): a new step of
         an operation one of them has room for is handed to it at once."""
-        self._unrecorded: dict[str, list[_Unrecorded]] = {}
-        """By task: outcomes of steps called here that its workflow went on from, not yet
-        known to be recorded."""
-        self._recording: set[asyncio.Task[None]] = set()
-        """Writes of outcomes alone under way (kept from the garbage collector)."""
-        self._drove: set[tuple[str, int]] = set()
-        """The tasks (task_id, attempt) this instance has driven and may still hold:
-        `give_back_undriven` leaves them be. Forgotten once a look finds them no longer held."""
-        self._undriven: set[tuple[str, int]] = set()
-        """Tasks the last look found held by this instance and not driven by it."""
-        self._refused: set[str] = set()
-        """Tasks an outcome of which the store refused after their workflow went on from it:
-        nothing more is written for them (their hold is over, or about to be)."""
+        self._ledger = _Ledger()
 
     def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[(held.workflow, held.version)]
@@ -265,15 +168,9 @@ class Scheduler:
         the second): a claim whose commit was made but whose answer was lost leaves them so,
         and they would wait for their complete_by. A task whose drive here stopped, leaving
         it to the supervisor, is not given back (its failure is counted at its deadline)."""
-        drove = set(self._drove)
+        drove = self._ledger.driven()
         held = await self.store.held_tasks(self.instance)
-        self._drove -= drove - set(held)
-        undriven = {
-            (task_id, attempt)
-            for task_id, attempt in held
-            if task_id not in self._driving and (task_id, attempt) not in self._drove
-        }
-        twice, self._undriven = undriven & self._undriven, undriven - self._undriven
+        twice = self._ledger.undriven(drove, held, self._drives)
         if not twice:
             return []
         released = await self.store.release_held(self.instance, only=twice)
@@ -365,15 +262,7 @@ class Scheduler:
                     )
                     continue
                 for c in claimed:
-                    older = self._driving.get(c.task.task_id)
-                    if older is not None:
-                        older.cancel()
-                    self._refused.discard(c.task.task_id)
-                    self._drove.add((c.task.task_id, c.task.attempt))
-                    task = asyncio.create_task(self._drive(c))
-                    self._driving[c.task.task_id] = task
-                    self._running.add(task)
-                    task.add_done_callback(partial(self._done, c.task.task_id))
+                    self._start(TaskDrive(self, c))
                 if len(claimed) < limit:
                     await first(stop.wait(), sub.wait(self.poll_interval))
         finally:
@@ -389,11 +278,20 @@ class Scheduler:
             self._room_at = now
         return limit if self._room_left is None else min(limit, self._room_left)
 
-    def _done(self, task_id: str, task: asyncio.Task[None]) -> None:
+    def _start(self, drive: TaskDrive) -> None:
+        older = self._drives.get(drive.task_id)
+        if older is not None and older.run_task is not None:
+            older.run_task.cancel()
+        self._ledger.drove(drive.held)
+        drive.run_task = task = asyncio.create_task(drive.run())
+        self._drives[drive.task_id] = drive
+        self._running.add(task)
+        task.add_done_callback(partial(self._done, drive))
+
+    def _done(self, drive: TaskDrive, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
-        if self._driving.get(task_id) is task:
-            del self._driving[task_id]
-            self._refused.discard(task_id)
+        if self._drives.get(drive.task_id) is drive:
+            del self._drives[drive.task_id]
         self._room.set()
         if not task.cancelled() and task.exception() is not None:
             logger.error("scheduler: driving a task failed", exc_info=task.exception())
@@ -408,524 +306,109 @@ class Scheduler:
         try:
             while True:
                 payloads = await sub.wait(full_every)
-                if not self._waiting:
-                    last_full = loop.time()
-                    continue
                 if payloads is None or loop.time() - last_full >= full_every:
-                    wanted = list(self._waiting)
                     last_full = loop.time()
+                    wanted = [w for d in self._drives.values() for w in d.waited()]
                 else:
-                    wanted = [k for k in payloads if k in self._waiting]
+                    wanted = [w for w in map(step_of_key, payloads) if self._waits_for(*w)]
                 if not wanted:
                     continue
                 try:
-                    found = await self.store.finished_steps(
-                        [self._waiting[k][0] for k in wanted if k in self._waiting]
-                    )
+                    found = await self.store.finished_steps(wanted)
                 except StoreError as exc:
                     logger.warning("scheduler: cannot read step results: %s", exc)
                     await asyncio.sleep(min(1.0, full_every))
                     continue
                 for record in found:
-                    entry = self._waiting.get(step_key(record.task_id, record.seq))
-                    if entry is not None and not entry[1].done():
-                        entry[1].set_result(_Answer.of(record))
+                    drive = self._drives.get(record.task_id)
+                    if drive is not None:
+                        drive.resolve(record)
         finally:
             self.store.unsubscribe(CHANNEL_RESULTS, sub)
 
-    # -- one task -------------------------------------------------------------------------
-    async def _drive(self, claimed: ClaimedTask) -> None:
-        task = claimed.task
-        if task.process_state == TaskState.COMPENSATING:
-            await self._drive_compensation(claimed)
-            return
-        held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
-        workflow = self.workflow_of(held)
-        ctx = Context(self, held, claimed.steps, claimed.waits)
-        loop = asyncio.get_running_loop()
-        state: TaskState
-        result: str | None = None
-        error: str | None = None
-        try:
-            async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
-                value = await workflow.fn(ctx, task.input)
-                await ctx.settle()
-            result = _json.dumps(value, what=f"the result of workflow {task.workflow!r}")
-            state = TaskState.PROCESSED
-        except Parked:
-            logger.debug("task %s: waits, released", task.task_id)
-            return
-        except Abandon:
-            return
-        except TimeoutError as exc:
-            if deadline.expired():
-                logger.info(
-                    "task %s: complete_by passed, leaving it to the supervisor", task.task_id
-                )
-                return
-            state, error = TaskState.ERROR, describe(exc)
-        except (StepFailed, ChildFailed, PayloadError, UnknownNameError) as exc:
-            state, error = TaskState.ERROR, error_text(str(exc))
-        except Exception as exc:
-            logger.warning(
-                "task %s: workflow %s raised", task.task_id, task.workflow, exc_info=True
-            )
-            state, error = TaskState.ERROR, describe(exc)
-        finally:
-            ctx.close()
-        await self._finish(task.task_id, task.attempt, state, result, error)
+    def _waits_for(self, task_id: str, seq: int) -> bool:
+        drive = self._drives.get(task_id)
+        return drive is not None and drive.waits_for(seq)
 
-    async def _finish(
-        self, task_id: str, attempt: int, state: TaskState, result: str | None, error: str | None
-    ) -> None:
-        outcome = TaskOutcome(
-            task_id=task_id,
-            attempt=attempt,
-            scheduler=self.instance,
-            state=state,  # type: ignore[arg-type]
-            result=result,
-            error=error,
-        )
-        try:
-            applied = await self._answered(
-                f"task {task_id}: cannot record its outcome",
-                lambda: self._submit_write(outcome),
-            )
-        except StoreError as exc:  # permanent: said by _answered; the supervisor recovers it
-            logger.error("task %s: its outcome is not recorded: %s", task_id, exc)
-            return
-        if not applied:
-            logger.info("task %s: outcome discarded, the task is no longer held", task_id)
-        elif state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
-            logger.error("ALERT task %s: %s: %s", task_id, state, error)
+    # -- the group commit -----------------------------------------------------------------
+    def commit(self, entry: Entry) -> Awaitable[Any]:
+        """Hand a drive's write to the group commit (`drive.Host.commit`)."""
+        return self._writes.submit(entry)
 
-    async def _drive_compensation(self, claimed: ClaimedTask) -> None:
-        """Run the compensations of the task's steps that took (or may have taken) effect,
-        newest first, each as a recorded step of its own; resume those already recorded."""
-        task = claimed.task
-        held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
-        workflow = self.workflow_of(held)
-        recorded = {s.compensates: s for s in claimed.steps if s.compensates is not None}
-        next_seq = max((s.seq for s in claimed.steps), default=0) + 1
-        to_undo = [s for s in reversed(claimed.steps) if step_needs_compensation(s)]
-        within = workflow.complete_within.total_seconds()
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout_at(loop.time() + claimed.remaining) as deadline:
-                for step in to_undo:
-                    done = recorded.get(step.seq)
-                    if done is not None and done.state == StepState.COMPLETED:
-                        continue
-                    if done is not None and done.state == StepState.FAILED:
-                        raise StepFailed(done.name, done.error)
-                    assert step.compensation is not None
-                    agent, _, operation = step.compensation.partition(".")
-                    undo = (self.operations or {}).get(step.compensation)
-                    args = step.compensation_input
-                    args = args if isinstance(args, list) else [args]
-                    seq = next_seq if done is None else done.seq
-                    name = f"compensate {step.name}"
-                    if done is None:
-                        next_seq += 1
-                        await self.run_step(
-                            held,
-                            NewStep(
-                                task_id=task.task_id,
-                                task_attempt=task.attempt,
-                                scheduler=self.instance,
-                                seq=seq,
-                                name=name,
-                                agent=agent,
-                                operation=operation,
-                                input=_json.dumps(
-                                    step.compensation_input, what="a compensation input"
-                                ),
-                                priority=task.priority,
-                                complete_within=within,
-                                compensates=step.seq,
-                                limit_key=(
-                                    None
-                                    if undo is None or undo.limit is None
-                                    else undo.limit.key_of(args)
-                                ),
-                            ),
-                            name,
-                        )
-                    else:
-                        fence = Adopt(
-                            task_id=task.task_id,
-                            task_attempt=task.attempt,
-                            scheduler=self.instance,
-                            seq=seq,
-                            expected_attempt=done.attempt,
-                        )
-                        again = Redispatch(
-                            task_id=task.task_id,
-                            task_attempt=task.attempt,
-                            scheduler=self.instance,
-                            seq=seq,
-                            agent=agent,
-                            expected_attempt=done.attempt,
-                            complete_within=within,
-                        )
-                        await self.run_step(held, fence, name, fallback=again)
-        except Abandon:
-            return
-        except TimeoutError:
-            if deadline.expired():
-                return  # the supervisor releases it
-            raise
-        except StepFailed as exc:
-            error = f"{task.error}; then the compensation failed: {exc}"
-            await self._finish(
-                task.task_id, task.attempt, TaskState.COMPENSATION_FAILED, None, error
-            )
-            return
-        await self._finish(task.task_id, task.attempt, TaskState.COMPENSATED, None, task.error)
-
-    async def run_step(
-        self,
-        held: Held,
-        dispatch: StepDispatch,
-        step_name: str,
-        *,
-        fallback: StepDispatch | None = None,
-    ) -> Any:
-        """Record and queue a step (or take over / re-dispatch a recorded one), then wait for
-        its result until its complete_by."""
-        where = (held.task_id, dispatch.seq)
-        key = step_key(*where)
-        future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = (where, future)
-        local = self._local_for(dispatch)
-        if local is not None:
-            assert isinstance(dispatch, NewStep)
-            handed = dispatch = replace(dispatch, claimed_by=local.instance)
-        try:
-            try:
-                got, written = await self._write_step(held, dispatch)
-                if local is not None:
-                    if got is not None and written is handed:
-                        local.serve_local(
-                            self._request(handed, got),
-                            partial(self._local_outcome, future),
-                        )
-                    else:
-                        local.release_local(where)
-                    local = None
-                if got is None and fallback is not None:
-                    got, _ = await self._write_step(held, fallback)
-                    if got is not None:
-                        await self._alert_if_retried_too_often(held, fallback, got, step_name)
-                if got is None:
-                    # Fenced out, or the step finished meanwhile: only the latter lets us go on.
-                    record = await self._finished(where)
-                else:
-                    record = await self._result(held, where, future, got.remaining)
-            except StoreError as exc:  # permanent (transient ones are tried again)
-                logger.error(
-                    "task %s: the store refused step %d (%s), leaving it to the supervisor",
-                    held.task_id,
-                    dispatch.seq,
-                    exc,
-                )
-                raise Abandon from exc
-        finally:
-            if local is not None:  # stopped before its write said whether to hand it over
-                local.release_local(where)
-            if self._waiting.get(key, (where, None))[1] is future:
-                del self._waiting[key]
-        if record.state == StepState.COMPLETED:
-            return record.result
-        raise StepFailed(step_name, record.error)
-
-    # -- steps called in this process -------------------------------------------------------
-    def _local_for(self, dispatch: StepDispatch) -> LocalAgent | None:
-        """The agent instance of this process a new step goes to at once, its room reserved:
-        one of the step's agent with room now for its operation (`LocalAgent.take_local`)."""
-        if not isinstance(dispatch, NewStep) or dispatch.claimed_by is not None:
-            return None
-        local = self.local_agents.get(dispatch.agent)
-        if local is None or not local.take_local(
-            dispatch.operation, (dispatch.task_id, dispatch.seq)
-        ):
-            return None
-        return local
-
-    @staticmethod
-    def _request(dispatch: NewStep, got: DispatchedStep) -> Request:
-        """The request of a step recorded as held by an agent instance of this process, as
-        that instance would have claimed it."""
-        return Request(
-            task_id=dispatch.task_id,
-            seq=dispatch.seq,
-            attempt=got.attempt,
-            agent=dispatch.agent,
-            operation=dispatch.operation,
-            input=_json.loads(dispatch.input),
-            idempotency_key=idempotency_key(dispatch.task_id, dispatch.seq),
-            complete_by=datetime.now(UTC) + timedelta(seconds=got.remaining),
-            remaining=got.remaining,
-            compensates=dispatch.compensates,
-        )
-
-    async def _local_outcome(self, future: asyncio.Future[_Answer], outcome: StepOutcome) -> bool:
-        """The outcome of a step called in this process: its workflow goes on from it at once,
-        and it is recorded with the workflow's next write (or alone, RECORD_WITHIN later).
-        True once recorded; False when the store refused it (the step no longer held)."""
-        recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        pending = self._unrecorded.setdefault(outcome.task_id, [])
-        pending.append(_Unrecorded(outcome, recorded))
-        if not future.done():
-            result = None if outcome.result is None else _json.loads(outcome.result)
-            future.set_result(_Answer(outcome.state, result, outcome.error))
-        asyncio.get_running_loop().call_later(
-            RECORD_WITHIN, self._record_alone, outcome.task_id
-        )
-        return await recorded
-
-    def _record_alone(self, task_id: str) -> None:
-        """Write the outcomes of a task that no write of its workflow took along."""
-        if self._unrecorded.get(task_id):
-            writing = asyncio.create_task(self._outcomes_alone(task_id))
-            self._recording.add(writing)
-            writing.add_done_callback(self._recording.discard)
-
-    async def _outcomes_first(self, task_id: str) -> None:
-        """Before a write that cannot carry them (a wait, a park): record the outcomes the
-        task's workflow went on from; Abandon when one was refused."""
-        if self._unrecorded.get(task_id):
-            await self._outcomes_alone(task_id)
-        if task_id in self._refused:
-            raise Abandon
-
-    async def _outcomes_alone(self, task_id: str) -> None:
-        try:
-            await self._answered(
-                f"task {task_id}: cannot record the outcome of a step",
-                lambda: self._submit_write(None, task_id),
-            )
-        except StoreError as exc:  # permanent: each waiting call has been told
-            logger.error("task %s: the outcome of a step is not recorded: %s", task_id, exc)
-
-    def _submit_write(self, write: _Write, task_id: str | None = None) -> Awaitable[Any]:
-        """Hand a write to the group commit with the outcomes its task's workflow went on
-        from: all in one transaction. A write of a task whose outcome was refused is not
-        made (a dispatch: None; an outcome: False)."""
-        tid = task_id if write is None else write.task_id
-        assert tid is not None
-        carried = self._unrecorded.pop(tid, [])
-        return self._writes.submit((write, carried))
-
-    async def _write_group(self, items: Sequence[tuple[_Write, list[_Unrecorded]]]) -> list[Any]:
-        """One transaction for the writes handed in together (`Store.advance`). A write whose
-        try fails gets the exception, and its outcomes go back to their task, to go with
-        its write tried again."""
-        out: list[Any] = [None] * len(items)
-        outcomes: list[_Unrecorded] = []
+    async def _write_group(self, entries: Sequence[Entry]) -> list[Any]:
+        """One transaction for the writes handed in together (`Store.advance`), each with
+        the outcomes it rests on (the store applies no write of a task one of whose outcomes
+        it refuses). A write whose try fails gets the exception, and its outcomes go back to
+        their drive, to go with its write tried again."""
+        out: list[Any] = [None] * len(entries)
         dispatches: list[tuple[int, StepDispatch]] = []
         finishes: list[tuple[int, TaskOutcome]] = []
-        for i, (write, carried) in enumerate(items):
-            task_id = write.task_id if write is not None else (
-                carried[0].outcome.task_id if carried else None
-            )
-            if task_id in self._refused:
-                for u in carried:
-                    if not u.recorded.done():
-                        u.recorded.set_result(False)
-                out[i] = False if isinstance(write, TaskOutcome) else None
-                continue
-            outcomes.extend(carried)
-            if isinstance(write, TaskOutcome):
-                finishes.append((i, write))
-                out[i] = False
-            elif write is not None:
-                dispatches.append((i, write))
+        for i, e in enumerate(entries):
+            if isinstance(e.write, TaskOutcome):
+                finishes.append((i, e.write))
+            elif e.write is not None:
+                dispatches.append((i, e.write))
+        carried = [(e.drive, u) for e in entries for u in e.carried]
         try:
             done, dispatched, finished = await self.store.advance(
-                [u.outcome for u in outcomes],
+                [u.outcome for _, u in carried],
                 [d for _, d in dispatches],
                 [f for _, f in finishes],
             )
         except TransientStoreError:
-            # Tried again with their task's next write, or alone: whichever comes first.
-            loop = asyncio.get_running_loop()
-            for tid in {u.outcome.task_id for u in outcomes}:
-                again = [u for u in outcomes if u.outcome.task_id == tid]
-                self._unrecorded[tid] = again + self._unrecorded.get(tid, [])
-                loop.call_later(RECORD_WITHIN, self._record_alone, tid)
+            for e in entries:  # tried again with their drive's next write, or alone
+                if e.carried:
+                    e.drive.carry_again(e.carried)
             raise
         except BaseException as exc:
-            for u in outcomes:
+            for _, u in carried:
                 if not u.recorded.done():
                     if isinstance(exc, Exception):
                         u.recorded.set_exception(exc)
                     else:
                         u.recorded.cancel()
             raise
-        for u, ok in zip(outcomes, done, strict=True):
-            if not ok:
-                self._refused.add(u.outcome.task_id)
-                logger.info(
-                    "task %s: the outcome of step %d was refused (the step is no longer held "
-                    "by its call); the task's workflow stops here",
-                    u.outcome.task_id,
-                    u.outcome.seq,
-                )
-            if not u.recorded.done():
-                u.recorded.set_result(ok)
+        for (drive, u), ok in zip(carried, done, strict=True):
+            drive.answered(u, ok)
         for (i, _), got in zip(dispatches, dispatched, strict=True):
             out[i] = got
         for (i, _), ok in zip(finishes, finished, strict=True):
             out[i] = ok
         return out
 
-    async def wait(self, request: WaitRequest) -> WaitOutcome:
-        """Record or read a wait (tried again while the store is unreachable: a try whose
-        answer was lost is found as it left the wait, or the task parked, hence fenced)."""
-        await self._outcomes_first(request.task_id)
-        try:
-            return await self._answered(
-                f"task {request.task_id}: cannot record its wait {request.seq}",
-                partial(self.store.wait, request),
-            )
-        except StoreError as exc:  # permanent: the supervisor recovers the task
-            logger.error(
-                "task %s: the store refused wait %d (%s), leaving it to the supervisor",
-                request.task_id,
-                request.seq,
-                exc,
-            )
-            raise Abandon from exc
 
-    async def park(self, request: ParkRequest) -> WaitOutcome:
-        """Park a task whose workflow waits in every branch (tried again while the store is
-        unreachable: a try whose answer was lost is found parked, hence fenced)."""
-        await self._outcomes_first(request.task_id)
-        try:
-            return await self._answered(
-                f"task {request.task_id}: cannot park it", partial(self.store.park, request)
-            )
-        except StoreError as exc:  # permanent: the supervisor recovers the task
-            logger.error(
-                "task %s: the store refused its park (%s), leaving it to the supervisor",
-                request.task_id,
-                exc,
-            )
-            raise Abandon from exc
+class _Ledger:
+    """Which tasks (task_id, attempt) a scheduler instance has driven and may still hold,
+    for `Scheduler.give_back_undriven`: a task held by it that it has not driven, found so at
+    two looks in a row, is given back."""
 
-    async def _write_step(
-        self, held: Held, write: StepDispatch
-    ) -> tuple[DispatchedStep | None, StepDispatch]:
-        """Write a step, trying again while the store is unreachable; with it, the write that
-        made it. A try whose answer was lost may have been applied: then the step is found as
-        that try left it (open, under this attempt of the task) and taken as written, or
-        queued again if its complete_by passed meanwhile."""
-        uncertain = False
-        failures = 0
-        while True:
-            if held.task_id in self._refused:
-                raise Abandon
-            try:
-                got = await self._submit_write(write)
-            except TransientStoreError as exc:
-                failures += 1
-                uncertain = True
-                what = f"task {write.task_id}: cannot record step {write.seq}"
-                await self.store.wait_to_retry(after_store_failure(logger, what, exc, failures))
-                continue
-            if got is not None or not uncertain:
-                return got, write
-            found = await self._answered(
-                f"task {write.task_id}: cannot read step {write.seq}",
-                partial(self.store.read_step, write.task_id, write.seq),
-            )
-            if found is None:
-                return None, write
-            step, remaining = found
-            if step.state not in OPEN_STEP_STATES or step.task_attempt != held.attempt:
-                return None, write  # finished meanwhile, or not this attempt's
-            if remaining > 0:
-                got = DispatchedStep(
-                    task_id=step.task_id, seq=step.seq, attempt=step.attempt, remaining=remaining
-                )
-                if (
-                    isinstance(write, NewStep)
-                    and write.claimed_by is not None
-                    and (step.state != StepState.RUNNING or step.locked_by != write.claimed_by)
-                ):
-                    return got, replace(write, claimed_by=None)  # open, but not as written
-                return got, write
-            write = Redispatch(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=self.instance,
-                seq=step.seq,
-                agent=step.agent,
-                expected_attempt=step.attempt,
-                complete_within=(
-                    step.complete_within or self.workflow_of(held).complete_within.total_seconds()
-                ),
-            )
-            uncertain = False
+    def __init__(self) -> None:
+        self._drove: set[tuple[str, int]] = set()
+        """Forgotten once a look finds them no longer held."""
+        self._undriven: set[tuple[str, int]] = set()
+        """Those the last look found held by this instance and not driven by it."""
 
-    async def _answered(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`'s answer, tried again while the store is unreachable."""
-        return await answered(logger, what, call, wait=self.store.wait_to_retry)
+    def drove(self, held: Held) -> None:
+        self._drove.add((held.task_id, held.attempt))
 
-    async def _alert_if_retried_too_often(
-        self, held: Held, dispatch: StepDispatch, got: DispatchedStep, step_name: str
-    ) -> None:
-        threshold = self.workflow_of(held).alert_after
-        if got.attempt != threshold:
-            return
-        detail = {
-            "reason": str(AlertReason.STEP_RETRIED),
-            "seq": dispatch.seq,
-            "step": step_name,
-            "attempt": got.attempt,
-            "error": f"step {step_name!r} dispatched {got.attempt} times",
-        }
-        logger.error("ALERT task %s: %s", held.task_id, detail["error"])
-        try:
-            await self.store.record_events([(held.task_id, "alert", detail)])
-        except StoreError as exc:
-            logger.warning("task %s: cannot record an alert: %s", held.task_id, exc)
+    def driven(self) -> set[tuple[str, int]]:
+        """What it drove so far, taken before a look reads the tasks held."""
+        return set(self._drove)
 
-    async def _result(
+    def undriven(
         self,
-        held: Held,
-        where: tuple[str, int],
-        future: asyncio.Future[_Answer],
-        remaining: float,
-    ) -> _Answer:
-        """Wait for a step's result until its complete_by; while the step is still open for
-        this attempt of the task with its complete_by moved on (a heartbeat, or its agent
-        instance gone and the step reassigned), wait on."""
-        while True:
-            try:
-                async with asyncio.timeout(max(0.0, remaining) + RESULT_SLACK):
-                    return await asyncio.shield(future)
-            except TimeoutError:
-                pass
-            found = await self._answered(
-                f"task {held.task_id}: cannot read step {where[1]}",
-                lambda: self.store.read_step(*where),
-            )
-            if found is None:
-                raise Abandon
-            step, remaining = found
-            if step.state in (StepState.COMPLETED, StepState.FAILED):
-                return _Answer.of(step)
-            if remaining <= 0 or step.task_attempt != held.attempt:
-                raise Abandon
-
-    async def _finished(self, where: tuple[str, int]) -> _Answer:
-        found = await self._answered(
-            f"task {where[0]}: cannot read step {where[1]}",
-            lambda: self.store.finished_steps([where]),
-        )
-        if not found:
-            raise Abandon
-        return _Answer.of(found[0])
-
+        drove: set[tuple[str, int]],
+        held: list[tuple[str, int]],
+        driving: Container[str],
+    ) -> set[tuple[str, int]]:
+        """Of the tasks held (task_id, attempt), those not driven at this look and the last,
+        `drove` taken before `held` was read (a claim answered meanwhile is driven by the
+        next look)."""
+        self._drove -= drove - set(held)
+        undriven = {
+            (task_id, attempt)
+            for task_id, attempt in held
+            if task_id not in driving and (task_id, attempt) not in self._drove
+        }
+        twice, self._undriven = undriven & self._undriven, undriven - self._undriven
+        return twice

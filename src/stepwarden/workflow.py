@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -45,7 +45,7 @@ from .records import (
     WaitOutcome,
     WaitRequest,
 )
-from .rules import child_task_id, submit_version
+from .rules import child_task_id, step_needs_compensation, submit_version
 from .states import OnFailure, StepState
 
 T = TypeVar("T")
@@ -115,7 +115,8 @@ def workflow_name(workflow: str | WorkflowFn) -> str:
 
 
 class StepRunner(Protocol):
-    """What runs a workflow's steps (the scheduler): the Context talks to it only."""
+    """What runs a workflow's steps (its task's drive, `drive.TaskDrive`): the Context talks
+    to it only."""
 
     instance: str
     operations: Mapping[str, Operation] | None
@@ -202,6 +203,8 @@ class Context:
         self._runner = runner
         self._held = held
         self._recorded = {s.position: s for s in steps if s.position is not None}
+        self._undoing = {s.compensates: s for s in steps if s.compensates is not None}
+        """The recorded compensations, by the seq of the step each undoes."""
         self._waits = dict(waits or {})
         """The recorded waits by position, with their seq, kind and name."""
         self._last_seq = max(
@@ -570,29 +573,67 @@ class Context:
                 f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
                 "in the same order when it is resumed"
             )
+        return await self._recorded_step(recorded, step_name, within)
+
+    async def _recorded_step(self, recorded: StepRecord, step_name: str, within: timedelta) -> Any:
+        """A step an earlier run recorded: its result, StepFailed, or (open, dispatched by an
+        earlier attempt) taken over while it is in time, otherwise dispatched again under a
+        new attempt and the same idempotency key. The one path of every recorded step, the
+        workflow's and the compensation's."""
         if recorded.state == StepState.COMPLETED:
             return recorded.result
         if recorded.state == StepState.FAILED:
             raise StepFailed(step_name, recorded.error)
-        # Open step dispatched by an earlier attempt: take it over while it is in time,
-        # otherwise dispatch it again under a new attempt and the same idempotency key.
+        held = self._held
+        scheduler = self._runner.instance
         adopt = Adopt(
             task_id=held.task_id,
             task_attempt=held.attempt,
             scheduler=scheduler,
-            seq=seq,
+            seq=recorded.seq,
             expected_attempt=recorded.attempt,
         )
         again = Redispatch(
             task_id=held.task_id,
             task_attempt=held.attempt,
             scheduler=scheduler,
-            seq=seq,
+            seq=recorded.seq,
             agent=recorded.agent,
             expected_attempt=recorded.attempt,
             complete_within=within.total_seconds(),
         )
         return await self._busy(self._runner.run_step(held, adopt, step_name, fallback=again))
+
+    async def _undo(self, step: StepRecord) -> None:
+        """Run the compensation of `step` as a step of its own (`compensates` = its seq, no
+        place: it is found again by the step it undoes), or go on from the one recorded."""
+        assert step.compensation is not None
+        step_name = f"compensate {step.name}"
+        within = self._runner.workflow_of(self._held).complete_within
+        recorded = self._undoing.get(step.seq)
+        if recorded is not None:
+            await self._recorded_step(recorded, step_name, within)
+            return
+        agent, _, operation = step.compensation.partition(".")
+        undo = (self._runner.operations or {}).get(step.compensation)
+        args = step.compensation_input
+        args = args if isinstance(args, list) else [args]
+        held = self._held
+        new = NewStep(
+            task_id=held.task_id,
+            task_attempt=held.attempt,
+            scheduler=self._runner.instance,
+            seq=self._new_seq(),
+            name=step_name,
+            agent=agent,
+            operation=operation,
+            input=_json.dumps(step.compensation_input, what="a compensation input"),
+            priority=held.priority,
+            complete_within=within.total_seconds(),
+            compensates=step.seq,
+            limit_key=None if undo is None or undo.limit is None else undo.limit.key_of(args),
+        )
+        await self._busy(self._runner.run_step(held, new, step_name))
 
     async def _busy(self, work: Awaitable[T]) -> T:
         """`work`, during which the caller's branch counts as busy (not quiet)."""
@@ -762,6 +803,16 @@ class Context:
                 branch.blocked -= 1
                 self._blocked.pop(seq, None)
             self._changed()
+
+
+async def compensation(ctx: Context, steps: Sequence[StepRecord]) -> None:
+    """The workflow of a compensating task: undo, newest first, each of its steps that took
+    (or may have taken) effect (`rules.step_needs_compensation`), each undo a step recorded
+    like any (its result recorded, adopted or dispatched again on resume through the same
+    path as the workflow's steps). Raises StepFailed when an undo fails."""
+    for step in reversed(steps):
+        if step_needs_compensation(step):
+            await ctx._undo(step)
 
 
 def _wait_name(kind: str, name: str) -> str:
