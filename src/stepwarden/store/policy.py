@@ -720,7 +720,9 @@ def advance(
     steps its own agent instances called (its workflows went on with their results), then
     the steps and task outcomes those workflows wrote next. A dispatch or a task outcome of a
     task one of whose outcomes here is refused is not applied: it was decided on a result
-    that is not recorded.
+    that is not recorded. This is the one home of that rule: a task's drive carries an
+    outcome refused once with each of its later writes (`drive.TaskDrive`), so that none of
+    them is applied either.
 
     The outcomes and what depends on them are sent together, what depends on them behind a
     savepoint: an outcome is seldom refused, and then the savepoint is rolled back and the
