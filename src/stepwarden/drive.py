@@ -390,7 +390,9 @@ class TaskDrive:
         instance gone and the step reassigned), wait on."""
         while True:
             try:
-                async with asyncio.timeout_at(Deadline.after(remaining).at + RESULT_SLACK):
+                async with asyncio.timeout_at(
+                    Deadline.after(max(0.0, remaining) + RESULT_SLACK).at
+                ):
                     return await asyncio.shield(future)
             except TimeoutError:
                 pass
@@ -521,19 +523,19 @@ class TaskDrive:
 
     async def _outcomes_first(self) -> None:
         """Before a write that cannot carry them (a wait, a park): record the outcomes its
-        workflow went on from; Abandon when one is not recorded (refused, or its write
-        failed for good)."""
+        workflow went on from; Abandon when one is refused."""
         if not (self._unrecorded or self._refused):
             return
         pending = [u.recorded for u in self._unrecorded]
-        alone = await self._outcomes_alone()
+        kept = await self._outcomes_alone()
         answers = await asyncio.gather(*pending, return_exceptions=True)
-        if not alone or any(a is not True for a in answers):
+        if not kept or any(a is False for a in answers):
             raise Abandon
 
     async def _outcomes_alone(self) -> bool:
-        """Write the outcomes not yet recorded (with those refused): whether all it carried
-        were recorded."""
+        """Write the outcomes not yet recorded (with those refused): False when the store
+        refused one of those it carried, or could not say (a permanent failure: the drive
+        stops there, leaving the task to the supervisor)."""
         carried: list[Unrecorded] = []
 
         def write() -> Awaitable[Any]:
@@ -546,8 +548,8 @@ class TaskDrive:
         except StoreError as exc:  # permanent: each waiting call has been told
             logger.error("task %s: the outcome of a step is not recorded: %s", self.task_id, exc)
             return False
-        return all(
-            u.recorded.done() and not u.recorded.cancelled() and u.recorded.result() is True
+        return not any(
+            u.recorded.done() and not u.recorded.cancelled() and u.recorded.result() is False
             for u in carried
         )
 

@@ -202,3 +202,43 @@ def new_step(task_id: str, attempt: int, seq: int, claimed_by: str | None = None
         position=str(seq),
         claimed_by=claimed_by,
     )
+
+
+async def test_a_drive_whose_outcome_was_refused_writes_nothing_more(store: Store) -> None:
+    """The drive of a task goes on from the outcome of a step called in its process, which
+    the store then refuses (written alone, under the wrong attempt): none of the task's later
+    writes is applied, neither its next step nor its outcome, and a wait stops it."""
+    from stepwarden.drive import Answer, TaskDrive
+    from stepwarden.records import WaitRequest
+    from stepwarden.scheduler import Scheduler
+    from stepwarden.workflow import Abandon, Workflow
+
+    async def wf(ctx: sw.Context, _: Any) -> None: ...
+
+    flow = Workflow(name="wf", fn=wf, complete_within=timedelta(seconds=30), max_failures=3)
+    scheduler = Scheduler(store, {flow.key: flow}, instance="s1")
+    await store.submit([app_task("t")])
+    [claimed] = await store.claim_tasks("s1", [("wf", 1)], 1)
+    attempt = claimed.task.attempt
+    [got] = await store.dispatch_steps([new_step("t", attempt, 1, claimed_by="a1")])
+    assert isinstance(got, DispatchedStep)
+    drive = TaskDrive(scheduler, claimed)
+    wrong = StepOutcome(
+        task_id="t", seq=1, attempt=got.attempt + 1, agent_instance="a1",
+        state=sw.StepState.COMPLETED, result='"r"', error=None, tries=1,
+    )  # fmt: skip
+    future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+    assert await drive._local_outcome(future, wrong) is False  # written alone, refused
+    assert future.result().result == "r"  # the workflow went on from it
+    with pytest.raises(Abandon):
+        await drive.run_step(drive.held, new_step("t", attempt, 2), "svc.quick")
+    await drive._finish(sw.TaskState.PROCESSED, '"done"', None)
+    request = WaitRequest(
+        task_id="t", task_attempt=attempt, scheduler="s1", seq=3, kind="timer", name="",
+        delay=60.0, position="3",
+    )  # fmt: skip
+    with pytest.raises(Abandon):
+        await drive.wait(request)
+    assert [s.seq for s in await store.get_steps("t")] == [1]
+    task = await store.get_task("t")
+    assert task is not None and task.process_state == sw.TaskState.PROCESSING
