@@ -16,20 +16,27 @@ from datetime import UTC, datetime, timedelta
 
 @dataclass(frozen=True, slots=True, order=True)
 class Deadline:
-    """A moment on the monotonic clock (`at`), with the wall-clock time it stands for
+    """A moment on the monotonic clock (`at`), and the wall-clock time it stands for
     (`complete_by`, as shown to an operation). Ordered by `at`: `min(a, b)` is the earlier."""
 
     at: float
     """The moment on the monotonic clock (`time.monotonic`, as asyncio's loop reads it)."""
-    complete_by: datetime = field(compare=False)
-    """The same moment on the wall clock: for display, never for counting down."""
+    given: datetime | None = field(default=None, compare=False)
+    """The wall time the store gave for it, if it gave one."""
 
     @classmethod
     def after(cls, remaining: float, *, complete_by: datetime | None = None) -> Deadline:
-        """`remaining` seconds from now (negative: already passed). `complete_by` is the wall
-        time the store gave for it, if it gave one (else now + remaining, by this clock)."""
-        wall = complete_by or datetime.now(UTC) + timedelta(seconds=remaining)
-        return cls(time.monotonic() + remaining, wall)
+        """`remaining` seconds from now (negative: already passed). `complete_by`: the wall
+        time the store gave for it, if it gave one."""
+        return cls(time.monotonic() + remaining, complete_by)
+
+    @property
+    def complete_by(self) -> datetime:
+        """The same moment on the wall clock, for display (never for counting down): the
+        store's, or now plus what is left by this clock."""
+        if self.given is not None:
+            return self.given
+        return datetime.now(UTC) + timedelta(seconds=self.at - time.monotonic())
 
     def remaining(self) -> float:
         """Seconds left, 0 once passed."""

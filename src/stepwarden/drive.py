@@ -158,6 +158,7 @@ class TaskDrive:
         self.host = host
         self.claimed = claimed
         self.held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
+        self.task_id = task.task_id
         self.instance = host.instance
         self.operations = host.operations
         self.deadline = Deadline.after(claimed.remaining)
@@ -173,10 +174,6 @@ class TaskDrive:
         with each later write, which the store then does not apply."""
         self._recording: set[asyncio.Task[bool]] = set()
         """Writes of outcomes alone under way (kept from the garbage collector)."""
-
-    @property
-    def task_id(self) -> str:
-        return self.held.task_id
 
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:

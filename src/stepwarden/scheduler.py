@@ -82,7 +82,8 @@ class Scheduler:
         left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
         self._running: set[asyncio.Task[None]] = set()
-        """The drives under way (a drive stopped by a newer claim of its task, until done)."""
+        """The runs of the drives under way: those of drives a newer claim of their task
+        stopped too, until they end (a drain waits for them all)."""
         self._drives: dict[str, TaskDrive] = {}
         """The drive of each task held, by task id: the one place where a task's state lives
         (a task claimed again, released meanwhile, stops its older, fenced-out drive)."""
@@ -93,6 +94,7 @@ class Scheduler:
         """This process's agent instances by agent name (set by the worker): a new step of
         an operation one of them has room for is handed to it at once."""
         self._ledger = _Ledger()
+        """Which tasks it drove, for `give_back_undriven`."""
 
     def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[(held.workflow, held.version)]
