@@ -7,8 +7,8 @@ the store as JSON text and come back as Python values.
 Deadlines (`complete_by`, eligibility, a registry row's expiry) are computed by the store's
 clock: the database's `now()` on PostgreSQL, the writing process's clock on SQLite (one
 machine's). A record read with a deadline carries `remaining`, the seconds left by that
-clock; the scheduler and the agents turn it into a deadline of their own monotonic clock.
-So on PostgreSQL a wrong wall clock on a worker moves no deadline.
+clock; the scheduler and the agents turn it into a deadline of their own monotonic clock
+(`deadline.Deadline.after`). So on PostgreSQL a wrong wall clock on a worker moves no deadline.
 """
 
 from __future__ import annotations
