@@ -322,25 +322,27 @@ def test_the_token_is_read_from_a_file_only_its_owner_may_read(
         assert _get("127.0.0.1", port, "/api/overview").status_code == 401
         assert _get("127.0.0.1", port, "/api/overview", headers=BEARER).status_code == 200
         assert TOKEN not in Path(f"/proc/{proc.pid}/cmdline").read_text()
-    dash = ("--store", sqlite_migrated, "dashboard", "--port", "0")
     shared = tmp_path / "shared"
     shared.write_text(TOKEN)
     shared.chmod(0o640)
-    line = assert_refused(invoke(*dash, "--token-file", str(shared)), exit_code=2)
-    assert "--token-file:" in line and "mode 640" in line and "chmod 600" in line, line
     empty = tmp_path / "empty"
     empty.write_text("\n")
     empty.chmod(0o600)
-    line = assert_refused(invoke(*dash, "--token-file", str(empty)), exit_code=2)
-    assert "--token-file:" in line and "at least 16 characters long, not 0" in line, line
-    twice = invoke(*dash, "--token-file", str(private), env={"STEPWARDEN_DASHBOARD_TOKEN": TOKEN})
-    assert "give the API token once" in assert_refused(twice, exit_code=2)
-    # A token given as an option is taken, with a warning that the process list shows it.
-    with socket.socket() as taken:  # the command stops at its port, before serving
+    # Each command is given a port already taken: one that took its token would stop there
+    # ("cannot listen on", exit 1), before serving, rather than serve this test forever.
+    with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = str(taken.getsockname()[1])
-        given = invoke("--store", sqlite_migrated, "dashboard", "--port", port, "--token", TOKEN)
+        dash = ("--store", sqlite_migrated, "dashboard", "--port", str(taken.getsockname()[1]))
+        line = assert_refused(invoke(*dash, "--token-file", str(shared)), exit_code=2)
+        assert "--token-file:" in line and "mode 640" in line and "chmod 600" in line, line
+        line = assert_refused(invoke(*dash, "--token-file", str(empty)), exit_code=2)
+        assert "--token-file:" in line and "at least 16 characters long, not 0" in line, line
+        env = {"STEPWARDEN_DASHBOARD_TOKEN": TOKEN}
+        twice = invoke(*dash, "--token-file", str(private), env=env)
+        assert "give the API token once" in assert_refused(twice, exit_code=2)
+        # A token given as an option is taken, with a warning that the process list shows it.
+        given = invoke(*dash, "--token", TOKEN)
     assert "cannot listen on" in assert_refused(given, exit_code=1)
     assert "warning: --token shows in the process list" in given.stderr
 
