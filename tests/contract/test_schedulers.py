@@ -178,3 +178,30 @@ async def test_the_next_expiry_is_the_soonest_registry_row_or_the_lease_another_
     await store.beat_schedulers([beat("s2")], ttl=3)
     soon = await store.next_expiry(LEASE, "other")
     assert soon is not None and 0 < soon <= 3
+
+
+async def test_a_supervisor_ticks_when_a_registry_row_expires_not_an_interval_later(
+    store: Store,
+) -> None:
+    """A leader whose interval is 30 s: a scheduler silent since its last beat (1 s to live)
+    is found gone when its row expires, and its task given back, long before the interval's
+    next tick."""
+    await store.beat_schedulers([beat("s1")], ttl=1.0)
+    await store.submit([new_task("t1", within=120)])
+    await claim(store, "s1", "t1")  # and s1 beats no more
+    supervisor = Supervisor(store, instance="sup", interval=30, lease_ttl=60, gone_grace=0.2)
+    stop = asyncio.Event()
+    running = asyncio.create_task(supervisor.run(stop))
+    try:
+        deadline = time.monotonic() + 15  # half the interval
+        while True:
+            t1 = await store.get_task("t1")
+            assert t1 is not None
+            if t1.locked_by is None:
+                break
+            assert time.monotonic() < deadline, "s1's task was not given back before 15 s"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await running
+    assert t1.process_state == TaskState.PENDING and t1.failure_count == 0
