@@ -38,10 +38,11 @@ lint: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist); TEST_WORKERS=0 runs it in one.
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test module in one of them
+# (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 2
 test: lint chromium
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
