@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
+from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 from stepwarden.store.sqlite import SQLiteStore
@@ -240,6 +241,32 @@ async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(store: St
     assert ran.error == "abandoned: total timeout: not completed within 0.3s of its first dispatch"
     assert queued.error == "total timeout: not completed within 0.3s of its first dispatch"
     assert ran.state == queued.state == StepState.FAILED
+
+
+async def test_a_step_past_its_total_timeout_counts_no_expiry_of_its_task(store: Store) -> None:
+    """A step's complete_by is capped by its total timeout, so both pass together: the
+    expiry sweep leaves such a step to the step sweep, which fails it; its task counts no
+    failure (else, at its last try, max_failures would end it in error instead)."""
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    await store.beat([beat("a1")], ttl=30)
+    await running_step(store, "t1", total_within=0.3)
+    swept: list[StepSwept] = []
+    end = time.monotonic() + 10
+    while not swept:  # the expiry sweep first, as each tick of the supervisor ends with it
+        assert time.monotonic() < end, "nothing swept"
+        expired = await store.sweep(
+            lease=LEASE, holder="sup", term=term, limit=100, backoff=Backoff()
+        )
+        assert expired == [], expired
+        swept = await sweep(store, term)
+        await asyncio.sleep(0.02)
+    assert [(s.task_id, s.kind) for s in swept] == [("t1", "total")]
+    [step] = await store.get_steps("t1")
+    assert step.state == StepState.FAILED and step.error is not None
+    assert step.error.startswith("abandoned: total timeout")
+    task = await store.get_task("t1")
+    assert task is not None and task.failure_count == 0
 
 
 async def test_claims_hold_the_concurrency_limit_across_instances(store: Store) -> None:

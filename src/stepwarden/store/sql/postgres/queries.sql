@@ -710,7 +710,9 @@ FOR UPDATE
 
 -- name: expired_steps
 -- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
--- sweep released, or an operator's retry reopened, is held again only once claimed.)
+-- sweep released, or an operator's retry reopened, is held again only once claimed.) A step
+-- past its total timeout (give_up_by) is not one: it fails by `total_expired`, counting no
+-- failure of its task.
 -- (The lateral LIMIT 1 keeps the plan a walk of the expiry index with one task lookup each.)
 SELECT t.task_id, t.attempt, t.failure_count, t.compensation_failures, t.max_failures,
        t.process_state, t.on_failure, s.seq
@@ -723,6 +725,7 @@ CROSS JOIN LATERAL (
       AND locked_by IS NOT NULL AND attempt = s.task_attempt
     LIMIT 1) t
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < now()
+  AND (s.give_up_by IS NULL OR s.give_up_by >= now())
 ORDER BY s.complete_by
 LIMIT %(limit)s
 

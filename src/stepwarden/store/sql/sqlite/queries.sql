@@ -497,12 +497,15 @@ LIMIT :limit
 
 -- name: expired_steps
 -- Open steps of the current attempt of held tasks whose complete_by passed. (A task the
--- sweep released, or an operator's retry reopened, is held again only once claimed.)
+-- sweep released, or an operator's retry reopened, is held again only once claimed.) A step
+-- past its total timeout (give_up_by) is not one: it fails by `total_expired`, counting no
+-- failure of its task.
 SELECT t.task_id, t.attempt, t.failure_count, t.compensation_failures, t.max_failures,
        t.process_state, t.on_failure, s.seq
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state IN ('not_started', 'running') AND s.complete_by < :now
+  AND (s.give_up_by IS NULL OR s.give_up_by >= :now)
   AND t.process_state IN ('processing', 'compensating') AND t.locked_by IS NOT NULL
   AND s.task_attempt = t.attempt
 ORDER BY s.complete_by
