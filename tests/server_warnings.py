@@ -46,7 +46,10 @@ class StoreWarnings(logging.Handler):
         self.found: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "server_severity", None) in SERVER_WARNINGS:
+        if (
+            getattr(record, "server_severity", None) in SERVER_WARNINGS
+            and record.levelno >= logging.WARNING
+        ):
             self.found.append(record.getMessage())
 
     def __enter__(self) -> StoreWarnings:

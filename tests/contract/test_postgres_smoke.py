@@ -94,6 +94,15 @@ def test_url_options() -> None:
         PostgresStore("postgresql://u@h/db?pool_size=zero")
 
 
+def test_a_multi_host_url_asks_for_the_primary_and_names_each_server() -> None:
+    both = PostgresStore("postgresql://u@db1:5432,db2:5433/shop")
+    assert both.connect_kwargs["target_session_attrs"] == "read-write"
+    assert both._where() == "db1:5432,db2:5433/shop"
+    assert PostgresStore("postgresql://u@db1,db2/shop")._where() == "db1:5432,db2:5432/shop"
+    chosen = PostgresStore("postgresql://u@db1/shop?target_session_attrs=any")
+    assert "target_session_attrs" not in chosen.connect_kwargs
+
+
 def test_chunks_stay_under_the_limit() -> None:
     items = [f"task-{i:05d}\x1f{i}" for i in range(2000)]
     chunks = _chunks(items)

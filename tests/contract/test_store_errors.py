@@ -66,3 +66,40 @@ async def test_an_unreachable_postgres_is_transient() -> None:
     with pytest.raises(TransientStoreError, match="cannot connect to PostgreSQL"):
         await store.open()
     assert issubclass(TransientStoreError, StoreError)
+
+
+async def test_a_read_only_server_is_transient_and_its_connection_is_replaced(
+    pg_url: str,
+) -> None:
+    """What a failover leaves behind for a while: a connection on a read-only server. The
+    write fails as transient (tried again, not given up), and its connection is dropped, so
+    that the next call gets a new one (in production the new primary's)."""
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        # The pool's one connection is made now, on the read-only server (any session
+        # accepted here, so that the store starts on it).
+        store = open_store(pg_url + "?target_session_attrs=any&pool_size=1")
+        await store.open(migrate=False)
+        try:
+            with pytest.raises(TransientStoreError, match="read-only"):
+                await store.acquire_lease("supervisor", "a", 30)
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            assert await store.acquire_lease("supervisor", "a", 30) == 1
+        finally:
+            await store.close()
+
+
+async def test_by_default_a_read_only_server_is_passed_over(pg_url: str) -> None:
+    """By default the store asks for a read-write session (`target_session_attrs`): with
+    only a read-only server to reach, it does not start on it (TransientStoreError), and it
+    would not stay on it."""
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        store = open_store(pg_url)
+        with pytest.raises(TransientStoreError, match="read-only"):
+            await store.open(migrate=False)
+        admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        await store.open(migrate=False)
+        await store.close()

@@ -6,8 +6,10 @@ a WARNING to a stepwarden connection fails the test (`tests/server_warnings.py`)
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,3 +84,89 @@ def own_postgres(*, warnings_fail: bool = True) -> Iterator[OwnPostgres]:
         raise AssertionError(
             f"the PostgreSQL server {name} warned a stepwarden connection:\n" + "\n".join(warned)
         )
+
+
+@dataclass
+class OwnPair:
+    """A primary and its streaming standby, each a cluster of the test's own."""
+
+    primary: OwnPostgres
+    standby: OwnPostgres
+
+    @property
+    def url(self) -> str:
+        """Both servers in one libpq URL: whichever is the primary is found."""
+        p, s = self.primary.port, self.standby.port
+        return f"postgresql://postgres@127.0.0.1:{p},127.0.0.1:{s}/postgres"
+
+    def synchronous(self) -> None:
+        """Commit on the primary only once the standby has it (synchronous_standby_names),
+        then wait until the standby is streaming as a synchronous one."""
+        with psycopg.connect(self.primary.url, autocommit=True) as db:
+            db.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            db.execute("SELECT pg_reload_conf()")
+            for _ in range(600):
+                row = db.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+                if row and row[0] == "sync":
+                    return
+                time.sleep(0.05)
+        raise AssertionError("the standby did not become synchronous")
+
+    def crash_primary(self) -> None:
+        """The primary dies at once (immediate shutdown: no checkpoint, sessions cut)."""
+        _ctl(VERSION, self.primary.name, "stop", "-m", "immediate")
+
+    def promote(self) -> None:
+        """The standby takes over: promoted, accepting writes when this returns."""
+        _ctl(VERSION, self.standby.name, "promote")
+        for _ in range(600):
+            with contextlib.suppress(psycopg.Error), psycopg.connect(self.standby.url) as db:
+                if not db.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
+                    return
+            time.sleep(0.05)
+        raise AssertionError("the standby was not promoted")
+
+    def restart_old_primary_read_only(self) -> None:
+        """The old primary comes back, read-only (as a demoted server does until it is made a
+        standby of the new one)."""
+        conf = Path(f"/etc/postgresql/{VERSION}/{self.primary.name}/conf.d/read_only.conf")
+        conf.write_text("default_transaction_read_only = on\n")
+        self.primary.start()
+
+
+@contextlib.contextmanager
+def own_pair() -> Iterator[OwnPair]:
+    """A primary (`own_postgres`) and a standby cloned from it with pg_basebackup, streaming
+    (asynchronous until `synchronous()`); both dropped afterwards."""
+    with own_postgres() as primary:
+        name = f"sw{uuid.uuid4().hex[:8]}"
+        port = _free_port()
+        subprocess.run(
+            ["pg_createcluster", VERSION, name, "-p", str(port),
+             "-o", f"log_line_prefix={OWN_PREFIX}",
+             "--", "--auth-host=trust", "--auth-local=trust"],
+            check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
+        standby = OwnPostgres(name, port)
+        try:
+            data = Path(f"/var/lib/postgresql/{VERSION}/{name}")
+            for entry in data.iterdir():  # emptied, kept: the server's user owns it
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            subprocess.run(
+                ["runuser", "-u", "postgres", "--",
+                 f"/usr/lib/postgresql/{VERSION}/bin/pg_basebackup",
+                 "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                 "-D", str(data), "-R", "-X", "stream", "--checkpoint=fast"],
+                check=True, capture_output=True, timeout=180,
+            )  # fmt: skip
+            standby.start()
+            yield OwnPair(primary, standby)
+            warned = standby.log().stepwarden_warnings(0)
+        finally:
+            subprocess.run(["pg_dropcluster", VERSION, name, "--stop"], capture_output=True,
+                           timeout=120)  # fmt: skip
+        if warned:
+            raise AssertionError(
+                f"the PostgreSQL server {name} warned a stepwarden connection:\n"
+                + "\n".join(warned)
+            )

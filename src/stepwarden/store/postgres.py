@@ -88,9 +88,14 @@ TRANSIENT_CLASSES = ("08", "40", "53", "57P")
 """SQLSTATE classes of an error that may pass when the call is tried again: connection
 exceptions, transaction rollbacks (serialization failure, deadlock), insufficient resources,
 operator intervention (shutdown, crash recovery, the server not accepting connections yet)."""
-TRANSIENT_STATES = frozenset({"55P03", "57014", "25P03"})
+TRANSIENT_STATES = frozenset({"55P03", "57014", "25P03", "25006"})
 """Lock not available (lock_timeout), query cancelled (statement timeout), idle in
-transaction session timeout."""
+transaction session timeout, and a read-only server (`WRONG_SERVER`)."""
+WRONG_SERVER = frozenset({"25006"})
+"""A statement refused because the server is read-only: a standby, or a primary a failover
+left behind (started again read-only, or still named by a DNS record that has not moved
+yet). The connection is dropped and the call tried again on a new one, which
+`target_session_attrs=read-write` takes to the primary."""
 
 PG_CHANNELS = {
     CHANNEL_TASKS: "stepwarden_tasks",
@@ -242,6 +247,10 @@ class PostgresStore(Store):
             kwargs["connect_timeout"] = int(CONNECT_TIMEOUT)
         if "application_name" not in names:
             kwargs["application_name"] = "stepwarden"
+        if "target_session_attrs" not in names:
+            # Never a standby: after a failover, a multi-host URL (host1,host2) or a moved
+            # DNS name finds the new primary; a server still read-only is passed over.
+            kwargs["target_session_attrs"] = "read-write"
         if "options" not in names:
             ms = int(STALLED * 1000)
             kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}"
@@ -250,9 +259,14 @@ class PostgresStore(Store):
     def _notice(self, diag: Diagnostic) -> None:
         """A message the server sent to one of the store's connections (not an error: those
         are raised). A warning is logged as one, with its severity and SQLSTATE as data
-        (`server_severity`, `sqlstate`) for whoever watches the logs."""
+        (`server_severity`, `sqlstate`) for whoever watches the logs; but the server saying
+        that it shuts down (SQLSTATE class 57P, operator intervention: a restart, a
+        failover) is news, not a fault of this client: logged at info."""
         severity = diag.severity_nonlocalized or diag.severity or ""
-        level = logging.WARNING if severity in SERVER_WARNINGS else logging.DEBUG
+        level = logging.DEBUG
+        if severity in SERVER_WARNINGS:
+            going_away = (diag.sqlstate or "").startswith("57P")
+            level = logging.INFO if going_away else logging.WARNING
         logger.log(
             level,
             "PostgreSQL %s (%s): %s",
@@ -268,9 +282,12 @@ class PostgresStore(Store):
             info = conninfo_to_dict(self.conninfo)
         except psycopg.Error:
             return "the configured server"
-        host = info.get("host") or "localhost"
-        port = info.get("port") or "5432"
-        return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
+        hosts = str(info.get("host") or "localhost").split(",")
+        ports = [p or "5432" for p in str(info.get("port") or "").split(",")]
+        if len(ports) < len(hosts):  # one port for every host, as libpq reads it
+            ports = ports + [ports[-1]] * (len(hosts) - len(ports))
+        where = ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
+        return f"{where}/{info.get('dbname') or info.get('user') or ''}"
 
     # -- the driver -----------------------------------------------------------------------
     async def _configure(self, conn: Conn) -> None:
@@ -553,6 +570,10 @@ class PostgresStore(Store):
         try:
             async with conn:
                 yield conn
+        except psycopg.Error as exc:
+            if (exc.sqlstate or "") in WRONG_SERVER:
+                await conn.close()  # the pool drops it and connects anew, to the primary
+            raise
         finally:
             await pool.putconn(conn)
 
