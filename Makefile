@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo test lint clean bench chromium
+.PHONY: demo test lint clean bench chromium packages
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,14 @@ lint: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
+# What the other tests need from Debian's packages: PgBouncer (the store behind a pooler).
+packages: chromium
+	@command -v pgbouncer >/dev/null || (apt-get update -q && apt-get install -y -q pgbouncer)
+
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test module in one of them
 # (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 2
-test: lint chromium
+test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:

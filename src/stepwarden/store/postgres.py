@@ -110,8 +110,17 @@ SERVER_WARNINGS = frozenset({"WARNING"})
 """Severities of a server message that the store logs as a warning: the server saw something
 wrong in what this client sent (a BEGIN inside a transaction, a COMMIT outside one) and went
 on. NOTICE, INFO, DEBUG and LOG are logged at debug level."""
-_OPTIONS = {"pool_size"}
+_OPTIONS = {"pool_size", "pooler"}
 """Query parameters of the store URL that are stepwarden's, not libpq's."""
+POOLERS = ("none", "transaction")
+"""What stands between the store and the server (`pooler=` in the URL): nothing (or a pooler
+in session mode), or a pooler in transaction mode (PgBouncer's `pool_mode = transaction`),
+which gives each transaction whichever server session is free: no statement is prepared,
+no session setting is sent (`options`), and no LISTEN is made (wake-ups come from polling)."""
+SESSION_TIMEOUTS = ("lock_timeout", "idle_in_transaction_session_timeout")
+"""The settings a stalled transaction relies on to end (a frozen process's transaction is
+rolled back, a lock wait gives up and is tried again): set by the store URL's `options`,
+or, behind a transaction pooler, by the server (`ALTER ROLE ... SET`) or the pooler."""
 
 
 def _translate(exc: psycopg.Error) -> StoreError:
@@ -205,7 +214,7 @@ class PostgresStore(Store):
     default_poll_interval = 0.5
 
     def __init__(self, url: str) -> None:
-        self.conninfo, self.pool_size, self.connect_kwargs = self._parse(url)
+        self.conninfo, self.pool_size, self.connect_kwargs, self.pooler = self._parse(url)
         super().__init__(url)
         self.application_name = str(
             self.connect_kwargs.get("application_name")
@@ -224,7 +233,7 @@ class PostgresStore(Store):
         meanwhile fails at once rather than wait for a connection the pool cannot make."""
 
     @staticmethod
-    def _parse(url: str) -> tuple[str, int, dict[str, Any]]:
+    def _parse(url: str) -> tuple[str, int, dict[str, Any], str]:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigurationError(
@@ -240,6 +249,9 @@ class PostgresStore(Store):
             pool_size = 0
         if pool_size < 1:
             raise ConfigurationError(f"pool_size must be a positive integer, not {raw!r}")
+        pooler = options.get("pooler", "none")
+        if pooler not in POOLERS:
+            raise ConfigurationError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
         conninfo = urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote)))
         kwargs: dict[str, Any] = {}
         names = {k for k, _ in rest}
@@ -251,10 +263,19 @@ class PostgresStore(Store):
             # Never a standby: after a failover, a multi-host URL (host1,host2) or a moved
             # DNS name finds the new primary; a server still read-only is passed over.
             kwargs["target_session_attrs"] = "read-write"
-        if "options" not in names:
+        if pooler == "transaction":
+            if "options" in names:
+                raise ConfigurationError(
+                    "a pooler in transaction mode does not pass `options` to the server: set "
+                    "lock_timeout and idle_in_transaction_session_timeout on the server "
+                    "(ALTER ROLE ... SET) or in the pooler, and leave `options` out"
+                )
+            kwargs["prepare_threshold"] = None  # a statement prepared on one server session
+            # would be missing on the next
+        elif "options" not in names:
             ms = int(STALLED * 1000)
             kwargs["options"] = f"-c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}"
-        return conninfo, pool_size, kwargs
+        return conninfo, pool_size, kwargs, pooler
 
     def _notice(self, diag: Diagnostic) -> None:
         """A message the server sent to one of the store's connections (not an error: those
@@ -383,7 +404,29 @@ class PostgresStore(Store):
             await pool.close()
             raise
         self._pool = pool
+        if self.pooler == "transaction":
+            await self._check_session_timeouts()
         await self._ready(migrate)
+
+    async def _check_session_timeouts(self) -> None:
+        """Behind a transaction pooler the store cannot set SESSION_TIMEOUTS itself: refuse
+        to start (ConfigurationError) when the server sessions have either turned off."""
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                [list(SESSION_TIMEOUTS)],
+                prepare=False,
+            )
+            off = sorted(name for name, setting in await cur.fetchall() if setting == "0")
+        if off:
+            await self.close()
+            ms = int(STALLED * 1000)
+            raise ConfigurationError(
+                f"behind a pooler in transaction mode, the server sessions must set "
+                f"{' and '.join(off)} (a stalled transaction would otherwise hold its locks "
+                f"for ever): e.g. ALTER ROLE <the store's role> SET lock_timeout = {ms}; "
+                f"ALTER ROLE <the store's role> SET idle_in_transaction_session_timeout = {ms}"
+            )
 
     def _new_pool(self) -> AsyncConnectionPool[Conn]:
         return AsyncConnectionPool(
@@ -487,6 +530,8 @@ class PostgresStore(Store):
             return
         if self._pool is None:
             raise StoreError("the store is not open")
+        if self.pooler == "transaction":
+            return  # LISTEN is a server session's, which a transaction pooler passes on: poll
         try:
             conn = await self._listen_connect()
         except psycopg.Error as exc:
