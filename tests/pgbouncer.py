@@ -70,4 +70,6 @@ def pgbouncer(server_url: str, *, pool_size: int = 10) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
         shutil.rmtree(workdir, ignore_errors=True)
