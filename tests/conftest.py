@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -105,9 +106,11 @@ def pg_template() -> Iterator[str]:
 
 
 @pytest.fixture
-def pg_url(pg_template: str) -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for one test."""
-    with pg_database(unique("sw_t"), pg_template) as url:
+def pg_url(pg_template: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for one test, named after it (so that the
+    server's log says which test each line is about)."""
+    test = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40]
+    with pg_database(unique(f"sw_t_{test}"), pg_template) as url:
         yield url
 
 
