@@ -3,10 +3,13 @@ Its OpenAPI document is generated from these routes and the models of `_models.p
 
 Reads answer with the data of `_data.Reader` as it is (every `Secret` masked); a request the
 models refuse is answered 400 with `{"error": ...}`; actions need the API token, or a
-signed-in session and its CSRF token, checked before the request's body is read."""
+signed-in session and its CSRF token, checked before the request's body is read. Mounted in
+another application (`create_app(..., auth=...)`), that application's own dependency guards
+every route instead, and names who acts."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -110,17 +113,39 @@ def one(request: Request, name: str) -> None:
         raise BadRequest(f"{name} is given more than once")
 
 
-def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
-    api = APIRouter()
+def token_actor(guard: Guard) -> Callable[[Request], str | None]:
+    """The actor of a request that carries the API token or a session: how it was
+    authenticated. The guard in front of the routes (`_server._Access`) has refused a request
+    without either before its body was read."""
 
     def acting(request: Request) -> str | None:
-        """The actor's proof (how it was authenticated); the guard in front of the routes
-        (`_server._Access`) has refused a request without one before its body was read."""
         verdict = guard.check(request)
         if not verdict.allowed:
             raise HTTPException(verdict.status, verdict.reason, headers=verdict.headers)
         return verdict.identity
 
+    return acting
+
+
+def outer_actor(auth: Callable[..., Any]) -> Callable[..., str]:
+    """The actor of a request that the application the dashboard is mounted in has let in:
+    its dependency `auth` refuses a caller it does not know (raising, e.g. HTTPException(401))
+    and returns the name of one it knows, recorded as the action's `authenticated`."""
+
+    def acting(who: Annotated[Any, Depends(auth)]) -> str:
+        if not isinstance(who, str):
+            raise TypeError(f"the dashboard's auth dependency returned {who!r}, not a name")
+        return who
+
+    return acting
+
+
+def router(
+    app: App, reader: Reader, acting: Callable[..., str | None], *, guard_reads: bool = False
+) -> APIRouter:
+    """The API's routes; actions need `acting`, and with `guard_reads` so does every other
+    route (reads, /metrics)."""
+    api = APIRouter(dependencies=[Depends(acting)] if guard_reads else [])
     Identity = Annotated[str | None, Depends(acting)]
 
     @api.get(
@@ -179,9 +204,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
         "/api/tasks/{task_id:path}",
         operation_id="getTask",
         summary="A task with its steps and a page of its history (100 events, newest first).",
-        responses=_answers(
-            r200=(TaskAnswer, "The task."), r400=BAD, r404=(Error, "No such task.")
-        ),
+        responses=_answers(r200=(TaskAnswer, "The task."), r400=BAD, r404=(Error, "No such task.")),
     )
     async def task(
         request: Request,
@@ -404,9 +427,7 @@ def router(app: App, guard: Guard, reader: Reader) -> APIRouter:
         ),
     )
     async def act_on_schedule(
-        name: Annotated[
-            str, Path(min_length=1, max_length=_check.MAX_NAME, pattern=SAFE_PATTERN)
-        ],
+        name: Annotated[str, Path(min_length=1, max_length=_check.MAX_NAME, pattern=SAFE_PATTERN)],
         action: Literal["pause", "resume", "trigger"],
         identity: Identity,
     ) -> Response:

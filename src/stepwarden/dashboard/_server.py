@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -24,9 +24,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__, _check
 from ..app import App
-from ..errors import PayloadError, StepwardenError, StoreError
+from ..errors import ConfigurationError, PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
-from ._api import EVENT_PAGE, BadRequest, error, json_response, router
+from ._api import (
+    EVENT_PAGE,
+    BadRequest,
+    error,
+    json_response,
+    outer_actor,
+    router,
+    token_actor,
+)
 from ._auth import (
     CSRF_FIELD,
     MAX_FAILURES,
@@ -142,9 +150,10 @@ def _events_before(request: Request, *, lenient: bool) -> int | None:
 def create_app(
     app: App,
     *,
-    token: str,
+    token: str | None = None,
     hosts: Sequence[str] | None = None,
     auth_reads: bool | None = None,
+    auth: Callable[..., Any] | None = None,
 ) -> FastAPI:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
     need `token` (at least 16 characters), or a signed-in session and its CSRF token; with
@@ -153,7 +162,23 @@ def create_app(
     reads are open to every request. With `hosts`, requests naming another
     host (`Host` header) are refused: a web page whose name was pointed at this machine's
     address (DNS rebinding) cannot read the dashboard through the browser. Every request
-    body is limited before it is read (64 KiB for a form, 2 MiB for the API)."""
+    body is limited before it is read (64 KiB for a form, 2 MiB for the API).
+
+    `auth`, instead of `token`, is for the API mounted in the application's own FastAPI
+    service (`service.mount("/ops", create_app(app, auth=staff))`): a FastAPI dependency of
+    that service's own auth, which refuses a caller it does not know (raising, e.g.
+    HTTPException(401)) and returns the name of one it knows. It guards every request, reads
+    and actions alike (after the body is read, at most 2 MiB, as any FastAPI dependency), and
+    the name it returns is recorded as each action's `authenticated`. Only the API is served
+    (`/api/...`, `/metrics`, `/openapi.json`), not the pages, whose sign-in is the token's; the
+    service opens and closes the App (a mounted application's lifespan does not run)."""
+    if (token is None) == (auth is None):
+        raise ConfigurationError("the dashboard takes an API token or an auth dependency: one")
+    if auth is not None:
+        if auth_reads is not None:
+            raise ConfigurationError("auth guards every request: auth_reads is the token's")
+        return _mounted_api(app, auth, hosts)
+    assert token is not None
     guard = Guard(token)
     reader = Reader(app)
 
@@ -317,14 +342,14 @@ def create_app(
 
     # -- errors -----------------------------------------------------------------------------
     async def on_bad_request(request: Request, exc: Exception) -> Response:
-        if request.url.path.startswith("/api/"):
+        if _route_path(request.scope).startswith("/api/"):
             return error(400, str(exc))
         return html_error(request, 400, str(exc))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         headers = dict(exc.headers or {})
-        if request.url.path.startswith("/api/"):
+        if _route_path(request.scope).startswith("/api/"):
             return json_response({"error": exc.detail}, exc.status_code, headers or None)
         response = html_error(request, exc.status_code, exc.detail)
         response.headers.update(headers)
@@ -336,7 +361,8 @@ def create_app(
 
     async def on_store_error(request: Request, exc: Exception) -> Response:
         message = f"the store is unavailable: {' '.join(str(exc).split())}"
-        if request.url.path.startswith("/api/") or request.url.path == "/metrics":
+        path = _route_path(request.scope)
+        if path.startswith("/api/") or path == "/metrics":
             return error(503, message)
         return html_error(request, 503, message)
 
@@ -383,20 +409,66 @@ def create_app(
             StoreError: on_store_error,
         },
     )
-    web.include_router(router(app, guard, reader))
-
-    def document() -> dict[str, Any]:
-        if web.openapi_schema is None:
-            web.openapi_schema = _openapi_document(web)
-        return web.openapi_schema
-
-    web.openapi = document  # type: ignore[method-assign]
+    web.include_router(router(app, reader, token_actor(guard)))
+    _document(web, SECURITY_SCHEMES)
     return web
 
 
-def _openapi_document(web: FastAPI) -> dict[str, Any]:
+def _mounted_api(app: App, auth: Callable[..., Any], hosts: Sequence[str] | None) -> FastAPI:
+    """The API alone, every route guarded by the mounting service's dependency `auth`."""
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, BadRequest | PayloadError):
+            return error(400, str(exc))
+        if isinstance(exc, RequestValidationError):
+            return error(400, _first_problem(exc))
+        if isinstance(exc, StoreError):
+            return error(503, f"the store is unavailable: {' '.join(str(exc).split())}")
+        assert isinstance(exc, HTTPException)
+        return json_response({"error": exc.detail}, exc.status_code, dict(exc.headers or {}))
+
+    web = FastAPI(
+        title="stepwarden dashboard API",
+        version=__version__,
+        description="Read the tasks, steps, history and alerts of a stepwarden store, and act "
+        "on tasks as an operator, as the service this API is mounted in lets its callers.",
+        openapi_url="/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        middleware=[
+            Middleware(_SecurityHeaders),
+            *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
+            Middleware(_BodyLimit),
+        ],
+        exception_handlers={
+            kind: on_api_error
+            for kind in (
+                BadRequest,
+                PayloadError,
+                HTTPException,
+                RequestValidationError,
+                StoreError,
+            )
+        },
+    )
+    web.include_router(router(app, Reader(app), outer_actor(auth), guard_reads=True))
+    _document(web, None)
+    return web
+
+
+def _document(web: FastAPI, schemes: dict[str, Any] | None) -> None:
+    def document() -> dict[str, Any]:
+        if web.openapi_schema is None:
+            web.openapi_schema = _openapi_document(web, schemes)
+        return web.openapi_schema
+
+    web.openapi = document  # type: ignore[method-assign]
+
+
+def _openapi_document(web: FastAPI, schemes: dict[str, Any] | None) -> dict[str, Any]:
     """The document FastAPI generates from the routes and models, with the API's security
-    schemes, and without the 422 answers it would add: a refused request is a 400."""
+    schemes (the token's; none when the mounting service guards it), and without the 422
+    answers it would add: a refused request is a 400."""
     doc = get_openapi(
         title=web.title,
         version=web.version,
@@ -407,10 +479,13 @@ def _openapi_document(web: FastAPI) -> dict[str, Any]:
     for operations in doc.get("paths", {}).values():
         for operation in operations.values():
             operation.get("responses", {}).pop("422", None)
+            if schemes is None:
+                operation.pop("security", None)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
-    doc["components"]["securitySchemes"] = SECURITY_SCHEMES
+    if schemes is not None:
+        doc["components"]["securitySchemes"] = schemes
     return doc
 
 
@@ -502,7 +577,7 @@ class _BodyLimit:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        limit = API_BODY if scope["path"].startswith("/api/") else FORM_BODY
+        limit = API_BODY if _route_path(scope).startswith("/api/") else FORM_BODY
         declared = Headers(scope=scope).get("content-length")
         too_big = f"the request body is over the limit of {limit} bytes"
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -562,7 +637,7 @@ class _Access:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        path = scope.get("path", "")
+        path = _route_path(scope)
         request = Request(scope)
         if scope["method"] == "POST" and path.startswith("/api/"):
             verdict = self.guard.check(request)
@@ -580,6 +655,14 @@ class _Access:
             wanted = quote(path) + (f"?{request.url.query}" if request.url.query else "")
             response = RedirectResponse(f"/login?{urlencode({'next': wanted})}", 303)
         await response(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The request's path within the dashboard: without the prefix of the application it is
+    mounted in (`root_path`), which the path keeps."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def _form(body: bytes) -> dict[str, str]:
