@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -35,7 +36,10 @@ from ..errors import (
 from ..retry import new_file, retried
 from . import _sql
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
+from ._wake import WakeChannel
 from .base import Store, Transaction
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
@@ -149,7 +153,8 @@ def _drive(conn: sqlite3.Connection, flow: Flow[T], now: float) -> T:
 
 
 class SQLiteStore(Store):
-    """Polls often: other processes' writes wake nobody here."""
+    """Other processes on the file are woken through Unix datagram sockets (`_wake`); a
+    wake-up lost costs a poll interval, which is short."""
 
     dialect = "sqlite"
     default_poll_interval = 0.05
@@ -160,6 +165,7 @@ class SQLiteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
+        self._wake = WakeChannel(self.path) if self.path != ":memory:" else None
 
     @staticmethod
     def _parse(url: str) -> tuple[str, str]:
@@ -240,6 +246,8 @@ class SQLiteStore(Store):
 
         result = await self._in_thread(transaction)
         self.notifier.publish_all(wake)
+        if self._wake is not None:
+            self._wake.send(wake)
         return result
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -271,7 +279,19 @@ class SQLiteStore(Store):
         self._conn, self._executor = conn, executor
         await self._ready(migrate)
 
+    async def listen(self) -> None:
+        """Receive the wake-ups of the other processes on this file, from now on."""
+        if self._conn is None:
+            raise StoreError("the store is not open")
+        if self._wake is not None:
+            try:
+                self._wake.listen(self.notifier.publish)
+            except OSError as exc:  # no such sockets here: the poll finds the work
+                logger.warning("no wake-ups from other processes (%s): polling only", exc)
+
     async def close(self) -> None:
+        if self._wake is not None:
+            self._wake.close()
         if self._conn is None or self._executor is None:
             return
         conn, executor = self._conn, self._executor
@@ -334,6 +354,8 @@ class SQLiteStore(Store):
                 raise
             await tx.hop(lambda conn: conn.execute("COMMIT"))
         self.notifier.publish_all(tx.wake)
+        if self._wake is not None:
+            self._wake.send(tx.wake)
 
     async def _worth_writing(self, query: str, /, **params: Any) -> bool:
         return bool(await self._read_one(query, **params))

@@ -1,0 +1,98 @@
+"""Processes that share an SQLite file wake each other: a commit in one reaches the others'
+subscriptions through their Unix datagram sockets (`store/_wake.py`), not only at their next
+poll. A lost wake-up costs a poll; a socket left by a dead process is removed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+
+from stepwarden.store import CHANNEL_TASKS, open_store
+from stepwarden.store._flow import Wakeups
+from stepwarden.store._wake import DATAGRAM_LIMIT, SOCKET_SUFFIX, WakeChannel, datagrams, wake_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SUBMIT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from stepwarden.records import NewTask
+    from stepwarden.store import open_store
+
+    async def main() -> None:
+        store = open_store(sys.argv[1])
+        await store.open(migrate=False)
+        await store.submit([NewTask(task_id=sys.argv[2], workflow="wf", input="{}",
+                                    priority=0, complete_within=30, max_failures=3,
+                                    on_failure="stop")])
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_submit_in_another_process_wakes_a_listening_store(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    await store.open()
+    try:
+        await store.listen()
+        tasks = store.subscribe(CHANNEL_TASKS)
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SUBMIT, sqlite_url, "t1", env=env
+        )
+        assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+        # The store polls nothing itself: only a wake-up from the other process's commit
+        # reaches this subscription.
+        assert await tasks.wait(timeout=30) == [""]
+    finally:
+        await store.close()
+    assert not any(wake_dir(str(_path(sqlite_url))).glob(f"*{SOCKET_SUFFIX}"))
+
+
+def test_a_socket_left_by_a_dead_process_is_removed_by_the_next_sender(tmp_path: Path) -> None:
+    database = tmp_path / "store.db"
+    folder = wake_dir(str(database))
+    folder.mkdir()
+    left = folder / f"dead-1{SOCKET_SUFFIX}"
+    orphan = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    orphan.bind(str(left))
+    orphan.close()  # bound, then its process died: the file stays, nobody reads it
+    sender = WakeChannel(str(database))
+    wake = Wakeups()
+    wake.tasks()
+    sender.send(wake)
+    sender.close()
+    assert not left.exists()
+
+
+def test_wake_ups_are_split_into_datagrams_that_fit() -> None:
+    wake = Wakeups()
+    keys = [f"task-{i:06d}/{i}" for i in range(20000)]
+    wake.results(keys)
+    wake.requests(["payments", "shipping"])
+    sent = datagrams(wake)
+    assert all(len(d) <= DATAGRAM_LIMIT for d in sent)
+    got: list[str] = []
+    for d in sent:
+        channel, payloads = orjson.loads(d)
+        if channel == "results":
+            got.extend(payloads)
+    assert got == keys
+
+
+def test_a_long_database_path_puts_its_sockets_in_the_temporary_directory(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 90) / "store.db"
+    assert not str(wake_dir(str(deep))).startswith(str(tmp_path))
+    assert wake_dir(str(deep)) == wake_dir(str(deep))  # every process finds the same one
+
+
+def _path(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///"))
