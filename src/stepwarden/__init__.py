@@ -47,6 +47,7 @@ from .worker import Worker, WorkerOptions
 from .workflow import Context, Workflow
 
 __version__ = "0.1.0"
+"""The version, in this one place (pyproject.toml reads it; CHANGELOG.md says what changed)."""
 
 __all__ = [
     "ActionOutcome",
