@@ -117,6 +117,8 @@ class App:
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        """Held while a loop's store opens: callers at once share the one store it opens."""
         self._submits: dict[asyncio.AbstractEventLoop, Batcher[NewTask, bool]] = {}
         """Per event loop, the group commit of `submit_async`: the submits of concurrent
         callers share a transaction."""
@@ -378,10 +380,14 @@ class App:
         """The store opened for the running event loop (opened on first use)."""
         loop = asyncio.get_running_loop()
         store = self._stores.get(loop)
-        if store is None:
-            store = open_store(self.store_url)
-            await store.open(migrate=self.auto_migrate)
-            self._stores[loop] = store
+        if store is not None:
+            return store
+        async with self._opening.setdefault(loop, asyncio.Lock()):
+            store = self._stores.get(loop)
+            if store is None:
+                store = open_store(self.store_url)
+                await store.open(migrate=self.auto_migrate)
+                self._stores[loop] = store
         return store
 
     async def _listening(self) -> Store:
@@ -401,6 +407,7 @@ class App:
         if submits is not None:
             await submits.drain()
         store = self._stores.pop(asyncio.get_running_loop(), None)
+        self._opening.pop(asyncio.get_running_loop(), None)
         if store is not None:
             await store.close()
 

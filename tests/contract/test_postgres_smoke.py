@@ -541,3 +541,27 @@ async def test_batch_parameters_keep_every_character(pg_url: str) -> None:
         assert row == (texts, [1, -2, 2**31 - 1], [0.1, 1e-05], [True, None], [])
     finally:
         await store.close()
+
+
+async def test_callers_at_once_share_one_store_and_one_listener(pg_url: str) -> None:
+    """Many waits begun at once (results awaited with gather) open one store and one
+    LISTEN connection between them, not one each: the server has room for a hundred."""
+    import stepwarden as sw
+
+    app = sw.App("shared", store=pg_url)
+    try:
+        stores = await asyncio.gather(*(app._listening() for _ in range(40)))
+        assert len({id(s) for s in stores}) == 1
+        name = pg_url.rsplit("/", 1)[1]
+        with psycopg.connect(pg_url) as db:
+            row = db.execute(
+                "SELECT count(*) FILTER (WHERE query LIKE 'LISTEN%%'), count(*)"
+                " FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            ).fetchone()
+        assert row is not None
+        listeners, sessions = row
+        assert listeners == 1, row
+        assert sessions <= 1 + 10, row  # the listener and at most the pool's size
+    finally:
+        await app.aclose()

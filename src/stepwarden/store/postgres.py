@@ -223,6 +223,8 @@ class PostgresStore(Store):
         )
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._listen_lock = asyncio.Lock()
+        """Held while the listener's first connection is made: callers at once share it."""
         self._listen_first: Conn | None = None
         """The listener's first connection until its task runs and takes it over."""
         self._own_pids: set[int] = set()
@@ -532,15 +534,17 @@ class PostgresStore(Store):
             raise StoreError("the store is not open")
         if self.pooler == "transaction":
             return  # LISTEN is a server session's, which a transaction pooler passes on: poll
-        try:
-            conn = await self._listen_connect()
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot listen for notifications: {exc}") from exc
-        if self._listener is not None:  # another call won the race meanwhile
-            await conn.close()
-            return
-        self._listen_first = conn
-        self._listener = asyncio.create_task(self._listen_loop(conn), name="stepwarden-listen")
+        async with self._listen_lock:
+            if self._listener is not None:  # made by another call meanwhile
+                return
+            try:
+                conn = await self._listen_connect()
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot listen for notifications: {exc}") from exc
+            self._listen_first = conn
+            self._listener = asyncio.create_task(
+                self._listen_loop(conn), name="stepwarden-listen"
+            )
 
     async def _listen_connect(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(
