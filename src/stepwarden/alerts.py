@@ -73,6 +73,7 @@ class LogSink:
             alert.get("task_id"),
             alert.get("reason"),
             alert.get("error"),
+            extra={"task_id": alert.get("task_id")},
         )
 
 

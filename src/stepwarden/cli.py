@@ -23,6 +23,7 @@ import click
 import orjson
 
 from . import _check, _json
+from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
 from .errors import StepwardenError
@@ -159,12 +160,27 @@ def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
     type=click.Choice(["debug", "info", "warning", "error"]),
     help="Logging level.",
 )
+@_opt(
+    "--log-format",
+    envvar="STEPWARDEN_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="The log's form: text, one escaped line a record; or json, one JSON object a line "
+    "(time, level, logger, message; on a line about a task its task_id, workflow, step, seq "
+    "and attempt; trace_id and span_id while an OpenTelemetry span is current).",
+)
 @click.version_option(package_name="stepwarden")
 @click.pass_context
-def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: str) -> None:
+def cli(
+    ctx: click.Context, app_ref: str | None, store: str | None, log_level: str, log_format: str
+) -> None:
     """stepwarden: durable multi-step operations (Scheduler-Agent-Supervisor)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     ctx.obj = _Ctx(app_ref, store)
 
@@ -315,6 +331,22 @@ def cli(ctx: click.Context, app_ref: str | None, store: str | None, log_level: s
     "lines starting with # skipped), or from standard input with -: a URL with a secret in "
     "it stays out of the process list and the shell's history.",
 )
+@_opt(
+    "--metrics-port",
+    envvar="STEPWARDEN_METRICS_PORT",
+    default=None,
+    type=click.IntRange(min=0, max=65535),
+    help="Serve this worker's Prometheus metrics at http://HOST:PORT/metrics (0: a free port, "
+    "said in the log) [default: none served].",
+)
+@_opt(
+    "--metrics-host",
+    envvar="STEPWARDEN_METRICS_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address --metrics-port listens on (0.0.0.0 for every IPv4 address: the metrics "
+    "have no access control).",
+)
 @click.pass_obj
 def worker(
     obj: _Ctx,
@@ -337,6 +369,8 @@ def worker(
     scheduler_gone_after: float,
     alert_webhooks: tuple[str, ...],
     alert_webhook_file: IO[str] | None,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
     if alert_webhook_file is not None:
@@ -361,6 +395,8 @@ def worker(
             scheduler_heartbeat=scheduler_heartbeat,
             scheduler_gone_after=scheduler_gone_after,
             alert_webhooks=alert_webhooks,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
         Worker(app, options).run_forever()
     except StepwardenError as exc:

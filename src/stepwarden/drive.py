@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from . import _json
+from . import _json, _logs
 from .agent import Operation
 from .deadline import Deadline
 from .errors import (
@@ -41,6 +42,7 @@ from .errors import (
     TransientStoreError,
     UnknownNameError,
 )
+from .metrics import Metrics
 from .records import (
     ClaimedTask,
     DispatchedStep,
@@ -139,6 +141,7 @@ class Host(Protocol):
     instance: str
     operations: Mapping[str, Operation] | None
     local_agents: dict[str, LocalAgent]
+    metrics: Metrics
 
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]: ...
@@ -160,6 +163,12 @@ class TaskDrive:
         self.held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
         self.task_id = task.task_id
         self.instance = host.instance
+        self.began = time.monotonic()
+        """When it was claimed (about), on the monotonic clock: its run's time is counted from
+        there (`Metrics.task_ran`)."""
+        self.outcome = "stopped"
+        """How its run ended, for its metrics: processed, failed, compensated,
+        compensation_failed, waiting (parked), or stopped (no outcome recorded)."""
         self.operations = host.operations
         self.deadline = Deadline.after(claimed.remaining)
         """The task's complete_by: the drive stops there and writes nothing more."""
@@ -186,6 +195,7 @@ class TaskDrive:
     async def run(self) -> None:
         """Run the task's workflow (its compensation, when it is compensating) until it
         ends, then record how it ended; stop and write nothing when the hold is lost."""
+        _logs.about_task(self.task_id, self.held.workflow, self.held.attempt)
         task = self.claimed.task
         ctx = Context(self, self.held, self.claimed.steps, self.claimed.waits)
         compensating = task.process_state == TaskState.COMPENSATING
@@ -204,6 +214,7 @@ class TaskDrive:
                     state = TaskState.PROCESSED
         except Parked:
             logger.debug("task %s: waits, released", task.task_id)
+            self.outcome = "waiting"
             return
         except Abandon:
             return
@@ -253,6 +264,9 @@ class TaskDrive:
         except StoreError as exc:  # permanent: said by _answered; the supervisor recovers it
             logger.error("task %s: its outcome is not recorded: %s", self.task_id, exc)
             return
+        if applied:
+            self.outcome = "failed" if state == TaskState.ERROR else str(state)
+            self.host.metrics.task_ended(self.held.workflow, state)
         if not applied:
             logger.info("task %s: outcome discarded, the task is no longer held", self.task_id)
         elif state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
@@ -428,6 +442,7 @@ class TaskDrive:
             "error": f"step {step_name!r} dispatched {got.attempt} times",
         }
         logger.error("ALERT task %s: %s", self.task_id, detail["error"])
+        self.host.metrics.alert(str(AlertReason.STEP_RETRIED))
         try:
             await self.host.store.record_events([(self.task_id, "alert", detail)])
         except StoreError as exc:
@@ -439,7 +454,7 @@ class TaskDrive:
         answer was lost is found as it left the wait, or the task parked, hence fenced)."""
         await self._outcomes_first()
         try:
-            return await self._answered(
+            outcome = await self._answered(
                 f"task {self.task_id}: cannot record its wait {request.seq}",
                 partial(self.host.store.wait, request),
             )
@@ -451,6 +466,9 @@ class TaskDrive:
                 exc,
             )
             raise Abandon from exc
+        if outcome.now:
+            self.host.metrics.wait_ended(self.held.workflow, request.kind, outcome.state)
+        return outcome
 
     async def park(self, request: ParkRequest) -> WaitOutcome:
         """Park a task whose workflow waits in every branch (tried again while the store is
@@ -481,8 +499,7 @@ class TaskDrive:
             return None
         return local
 
-    @staticmethod
-    def _request(dispatch: NewStep, got: DispatchedStep) -> Request:
+    def _request(self, dispatch: NewStep, got: DispatchedStep) -> Request:
         """The request of a step recorded as held by an agent instance of this process, as
         that instance would have claimed it."""
         return Request(
@@ -496,6 +513,7 @@ class TaskDrive:
             complete_by=Deadline.after(got.remaining).complete_by,
             remaining=got.remaining,
             compensates=dispatch.compensates,
+            workflow=self.held.workflow,
         )
 
     async def _local_outcome(self, future: asyncio.Future[Answer], outcome: StepOutcome) -> bool:

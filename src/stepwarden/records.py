@@ -277,6 +277,11 @@ class Request:
     remaining: float
     """Seconds until complete_by, by the database clock at claim time."""
     compensates: int | None = None
+    queued: float | None = None
+    """Seconds from its dispatch to this claim, by the database clock (None: not claimed
+    from the queue: handed over in process, or taken up again)."""
+    workflow: str | None = None
+    """The workflow of its task, for the log (None when not read: taken up again)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -390,6 +395,8 @@ class Expired:
     failure_count: int
     process_state: TaskState
     set_aside: bool = False
+    alert: str | None = None
+    """The reason of the alert the sweep raised for it (`rules.AlertReason`), if any."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -604,6 +611,9 @@ class WaitOutcome:
     payload: Any = None
     recorded: tuple[str, str] | None = None
     reason: str | None = None
+    now: bool = False
+    """The wait ended in this call (its timer fired, its event taken, or it timed out), not
+    found ended before (a replay)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,19 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _json
+from . import _json, _logs
 from ._aio import first
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
 from .deadline import Deadline
 from .errors import CircuitOpen, PayloadError, StepLost, StoreError, TransientStoreError
+from .metrics import Metrics
 from .records import (
     AgentBeat,
     CallStop,
@@ -179,9 +181,13 @@ class AgentRunner:
         poll_interval: float | None = None,
         heartbeat: float = DEFAULT_HEARTBEAT,
         gone_after: float = DEFAULT_GONE_AFTER,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.agent = agent
+        self.metrics = metrics or Metrics()
+        """Where it counts its calls and their outcomes (its worker's)."""
+        self.metrics.watch_agent(agent.name, self)
         self.instance = instance
         self.concurrency = concurrency
         self.poll_interval = poll_interval or store.default_poll_interval
@@ -215,6 +221,16 @@ class AgentRunner:
         self.breaker = (
             None if agent.breaker is None else CircuitBreaker(agent.breaker, self._on_breaker)
         )
+
+    # -- gauges of its metrics, read at a scrape ------------------------------------------
+    def calls_in_flight(self) -> int:
+        return len(self._inflight)
+
+    def slots_free(self) -> int:
+        return max(0, self.concurrency - len(self._inflight) - sum(self._handing.values()))
+
+    def breaker_state(self) -> str:
+        return CLOSED if self.breaker is None else self.breaker.state
 
     # -- the registry ---------------------------------------------------------------------
     def _beat(self) -> AgentBeat:
@@ -510,6 +526,9 @@ class AgentRunner:
         """Serve a step this instance holds: its hold is known at once (`take_up` passes
         it by), its call made in a task of its own."""
         hold = _Hold(self, request, report)
+        self.metrics.step_claimed(
+            self.agent.name, request.operation, 0.0 if report else request.queued
+        )
         self._holds[hold.key] = hold
         self._ended.discard(hold.key)
         task = asyncio.create_task(self._serve(hold))
@@ -517,6 +536,8 @@ class AgentRunner:
         task.add_done_callback(self._done)
 
     async def _serve(self, hold: _Hold) -> None:
+        r = hold.request
+        _logs.about_step(r.task_id, r.workflow, f"{r.agent}.{r.operation}", r.seq, r.attempt)
         try:
             await self._calls(hold)
         finally:
@@ -556,6 +577,7 @@ class AgentRunner:
             error: BaseException | None = None
             permanent = False
             result = ""
+            began = time.perf_counter()
             try:
                 async with asyncio.timeout_at(hold.deadline.at) as hold.timeout:
                     # An async operation is cancelled when its call loses the step; a sync
@@ -594,6 +616,12 @@ class AgentRunner:
                 verdict = permanent
             finally:
                 hold.timeout = None
+                self.metrics.step_tried(
+                    self.agent.name,
+                    request.operation,
+                    _tried(verdict, error),
+                    time.perf_counter() - began,
+                )
                 if self.breaker is not None:
                     if verdict is True and hold.cancelled is None:
                         self.breaker.success()
@@ -641,6 +669,7 @@ class AgentRunner:
                 message,
                 delay,
             )
+            self.metrics.step_retried(self.agent.name, request.operation)
             try:
                 with hold.interruptible(True):
                     await asyncio.sleep(delay)
@@ -705,6 +734,7 @@ class AgentRunner:
             return
         [back] = answer
         if back:
+            self.metrics.step_handed_back(self.agent.name, request.operation)
             logger.info("%s: %s, handed back to the queue", request.idempotency_key, why)
 
     async def _report(
@@ -730,6 +760,8 @@ class AgentRunner:
         )
         if applied is None:
             return
+        if applied:
+            self.metrics.step_reported(self.agent.name, request.operation, state)
         if not applied:
             logger.info(
                 "late outcome of %s/%d attempt %d discarded",
@@ -742,3 +774,11 @@ class AgentRunner:
             await self._check_calls([hold])
             if hold.cancelled is not None:
                 await self._stopped(self.agent.operations[request.operation], hold)
+
+
+def _tried(verdict: bool | None, error: BaseException | None) -> str:
+    """How a try of an operation ended, for its metrics: ok, error, timeout, or cancelled
+    (its call lost the step, or stopped: no word on the service)."""
+    if error is None:
+        return {True: "ok", False: "timeout", None: "cancelled"}[verdict]
+    return "timeout" if isinstance(error, TimeoutError) else "error"

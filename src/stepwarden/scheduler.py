@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ from ._batch import Batcher
 from .agent import Operation
 from .drive import Entry, LocalAgent, TaskDrive
 from .errors import StoreError, TransientStoreError
+from .metrics import Metrics
 from .records import Held, Released, SchedulerBeat, StepDispatch, TaskOutcome, step_of_key
 from .retry import after_store_failure
 from .rules import unrunnable
@@ -60,8 +62,12 @@ class Scheduler:
         heartbeat: float = DEFAULT_HEARTBEAT,
         gone_after: float = DEFAULT_GONE_AFTER,
         versions_every: float = VERSIONS_EVERY,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
+        """Where it counts tasks claimed, ended and run (its worker's)."""
+        self.metrics.watch_scheduler(self)
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self.versions_every = versions_every
@@ -98,6 +104,10 @@ class Scheduler:
 
     def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[(held.workflow, held.version)]
+
+    def tasks_held(self) -> int:
+        """The tasks it drives now (a gauge of its metrics)."""
+        return len(self._drives)
 
     # -- the loops ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event, *, drain_timeout: float = 30.0) -> None:
@@ -263,6 +273,7 @@ class Scheduler:
                         after_store_failure(logger, what, exc, failures), stop
                     )
                     continue
+                self.metrics.tasks_claimed(c.task.workflow for c in claimed)
                 for c in claimed:
                     self._start(TaskDrive(self, c))
                 if len(claimed) < limit:
@@ -292,6 +303,7 @@ class Scheduler:
 
     def _done(self, drive: TaskDrive, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self.metrics.task_ran(drive.held.workflow, drive.outcome, time.monotonic() - drive.began)
         if self._drives.get(drive.task_id) is drive:
             del self._drives[drive.task_id]
         self._room.set()

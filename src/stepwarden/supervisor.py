@@ -25,6 +25,7 @@ from typing import TypeVar
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
+from .metrics import Metrics
 from .records import Expired, Released, ScheduleSpec, StepSwept, Woke
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
@@ -57,8 +58,12 @@ class Supervisor:
         purge_batch: int = 200,
         gone_grace: float = 5.0,
         schedules: Sequence[ScheduleSpec] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or Metrics()
+        """Where it counts what its sweeps recover (its worker's)."""
+        self.metrics.watch_supervisor(self)
         self.schedules = list(schedules)
         """The application's schedules: stored when this supervisor becomes the leader."""
         self.gone_grace = gone_grace
@@ -144,6 +149,10 @@ class Supervisor:
                 logger.info("supervisor: purged %d finished task(s) past retention", purged)
         return recovered
 
+    def leads(self) -> bool:
+        """Whether it holds the lease now (a gauge of its metrics)."""
+        return self.term is not None
+
     def _grace_ends(self) -> float | None:
         """When (monotonic) a scheduler or agent instance whose registry row has expired (by
         the database clock) may be found gone, not merely unheard: once the store has
@@ -182,7 +191,7 @@ class Supervisor:
             lease=LEASE, holder=self.instance, term=term, limit=self.batch
         )
         for task_id in made.created:
-            logger.info("schedule: task %s created", task_id)
+            logger.info("schedule: task %s created", task_id, extra={"task_id": task_id})
         for name, why in made.set_aside.items():
             logger.error("schedule %s: paused, its ticks cannot be worked out: %s", name, why)
         return made.created
@@ -208,7 +217,12 @@ class Supervisor:
         made pending for a scheduler to resume."""
 
         def say(w: Woke) -> None:
-            logger.info("task %s: woke (it waited for %s)", w.task_id, w.waited_for)
+            logger.info(
+                "task %s: woke (it waited for %s)",
+                w.task_id,
+                w.waited_for,
+                extra={"task_id": w.task_id},
+            )
 
         return await self._in_batches(
             lambda: self.store.wake_due(
@@ -226,6 +240,7 @@ class Supervisor:
                 r.task_id,
                 r.scheduler,
                 r.process_state,
+                extra={"task_id": r.task_id},
             )
 
         return await self._in_batches(
@@ -244,15 +259,23 @@ class Supervisor:
         timeout failed."""
 
         def say(s: StepSwept) -> None:
+            self.metrics.step_swept(s.kind)
             if s.kind == "reassigned":
                 logger.warning(
                     "task %s: step %d reassigned: agent instance %s is gone",
                     s.task_id,
                     s.seq,
                     s.instance,
+                    extra={"task_id": s.task_id, "seq": s.seq},
                 )
             else:
-                logger.warning("task %s: step %d failed: %s timeout", s.task_id, s.seq, s.kind)
+                logger.warning(
+                    "task %s: step %d failed: %s timeout",
+                    s.task_id,
+                    s.seq,
+                    s.kind,
+                    extra={"task_id": s.task_id, "seq": s.seq},
+                )
 
         return await self._in_batches(
             lambda: self.store.sweep_steps(
@@ -268,6 +291,7 @@ class Supervisor:
 
     async def _sweep(self, term: int) -> list[Expired]:
         def say(e: Expired) -> None:
+            self.metrics.expired(e.seq, e.process_state, e.alert)
             if e.set_aside:
                 return  # said by the store, with its reason
             where = f"step {e.seq}" if e.seq is not None else "task"
@@ -278,6 +302,7 @@ class Supervisor:
                 where,
                 e.failure_count,
                 e.process_state,
+                extra={"task_id": e.task_id, "seq": e.seq},
             )
 
         return await self._in_batches(

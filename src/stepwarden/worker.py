@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import ConfigurationError, UnknownNameError
+from .metrics import Metrics, serve
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
@@ -63,6 +64,10 @@ class WorkerOptions:
     alert_webhooks: tuple[str, ...] = ()
     """Webhooks alerts are POSTed to, besides the App's own sinks: each `URL` or `NAME=URL`
     (the name the sink is shown by)."""
+    metrics_port: int | None = None
+    """Serve the worker's metrics (`Worker.metrics`) at http://HOST:PORT/metrics (0: a free
+    port, said in the log); None serves none (they are counted all the same)."""
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for spec in self.alert_webhooks:
@@ -95,6 +100,8 @@ class Worker:
         self.options = options or WorkerOptions()
         self.instance = uuid.uuid4().hex[:16]
         self.stop = asyncio.Event()
+        self.metrics = Metrics()
+        """This worker's metrics, in a registry of its own (`metrics.registry`)."""
         opts = self.options
         if opts.agents is not None:
             missing = opts.agents - set(app.agents)
@@ -105,12 +112,31 @@ class Worker:
         """Run the roles until `stop` is set (or SIGTERM/SIGINT when run by `run_forever`)."""
         opts = self.options
         store: Store = open_store(opts.store_url or self.app.store_url)
-        await store.open(migrate=opts.migrate)
+        store.write_observer = self.metrics.observe_write
+        self.metrics.describe_worker(self.instance, opts.roles)
+        server = None
+        if opts.metrics_port is not None:
+            try:
+                server = await serve(self.metrics, opts.metrics_host, opts.metrics_port)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"--metrics-port: cannot listen on {opts.metrics_host} port "
+                    f"{opts.metrics_port}: {exc.strerror or exc}"
+                ) from exc
+            host, port = server.sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            logger.info("worker %s: metrics at http://%s:%d/metrics", self.instance, shown, port)
         try:
-            await store.listen()
-            await self._run_roles(store)
+            await store.open(migrate=opts.migrate)
+            try:
+                await store.listen()
+                await self._run_roles(store)
+            finally:
+                await store.close()
         finally:
-            await store.close()
+            if server is not None:
+                server.close()
+                await server.wait_closed()
 
     async def _run_roles(self, store: Store) -> None:
         # On stop the scheduler drains first, while this process's agents keep serving the
@@ -130,6 +156,7 @@ class Worker:
                 admission=opts.admission,
                 heartbeat=opts.scheduler_heartbeat,
                 gone_after=opts.scheduler_gone_after,
+                metrics=self.metrics,
                 operations={
                     op.qualname: op
                     for agent in self.app.agents.values()
@@ -151,6 +178,7 @@ class Worker:
                     poll_interval=opts.poll_interval,
                     heartbeat=opts.agent_heartbeat,
                     gone_after=opts.agent_gone_after,
+                    metrics=self.metrics,
                 )
                 runners.append(runner)
                 other_roles.append(asyncio.create_task(runner.run(later)))
@@ -170,6 +198,7 @@ class Worker:
                 retention=opts.retention,
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
                 schedules=list(self.app.schedule_specs.values()),
+                metrics=self.metrics,
             )
             other_roles.append(asyncio.create_task(supervisor.run(later)))
         logger.info("worker %s running %s", self.instance, ", ".join(sorted(opts.roles)))

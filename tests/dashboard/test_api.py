@@ -24,12 +24,6 @@ Operation = schemathesis.APIOperation[Any, Any, Any, Any]
 """An operation of the OpenAPI document (the library leaves its type parameters open)."""
 
 AGENTS = "SELECT instance, capacity FROM stepwarden_agents WHERE agent = 'desk'"
-STEP_COUNTS = (
-    "SELECT count(claimed_at), "
-    "sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END), "
-    "sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) "
-    "FROM stepwarden_steps WHERE agent = 'desk' AND operation = 'stamp'"
-)
 
 EXAMPLES = 4
 """Generated requests per operation and mode: few, so that the test stays fast."""
@@ -64,21 +58,19 @@ def test_the_metrics_say_what_the_store_holds(served: Served) -> None:
         assert value("stepwarden_tasks", state=str(state)) == in_db.get(str(state), 0)
     assert value("stepwarden_oldest_pending_age_seconds") == 0  # none pending
 
-    op = {"agent": "desk", "operation": "stamp"}
-    [(started, completed, failed)] = sql(served.store_url, STEP_COUNTS)
-    assert (started, completed, failed) == (3, 1, 2)
-    assert value("stepwarden_steps_started", **op) == started
-    assert value("stepwarden_steps_completed", **op) == completed
-    assert value("stepwarden_steps_failed", **op) == failed
-    assert value("stepwarden_step_reassignments", **op) == 0
-    retried = sql(served.store_url, "SELECT count(*) FROM stepwarden_steps WHERE attempt > 1")
-    assert value("stepwarden_steps_retried", **op) == retried[0][0]
-    assert value("stepwarden_step_duration_seconds_count", **op) == completed
-    assert value("stepwarden_step_duration_seconds_bucket", **op, le="+Inf") == completed
-    assert value("stepwarden_step_duration_seconds_bucket", **op, le="60.0") == completed
-    assert 0 <= value("stepwarden_step_duration_seconds_sum", **op) < 60
-    expired = sql(served.store_url, "SELECT count(*) FROM stepwarden_events WHERE kind = 'expired'")
-    assert value("stepwarden_deadlines_missed") == expired[0][0]
+    # What happens is counted by the workers (their own /metrics): counts read from the rows
+    # kept would drop when retention deletes rows, so the dashboard serves none.
+    names = {name for name, _ in samples}
+    for gone in (
+        "stepwarden_steps_started",
+        "stepwarden_steps_completed",
+        "stepwarden_steps_failed",
+        "stepwarden_steps_retried",
+        "stepwarden_step_reassignments",
+        "stepwarden_step_duration_seconds_count",
+        "stepwarden_deadlines_missed",
+    ):
+        assert gone not in names
 
     # The worker's agent instance, as the registry has it.
     [(instance, capacity)] = sql(served.store_url, AGENTS)
@@ -294,9 +286,9 @@ def test_the_api_shows_each_task_s_version_and_the_versions_no_scheduler_runs(
         "pending": 1,
         "compensating": 0,
     }
-    assert entry["oldest_created_at"] == served.get("/api/tasks/order-v2").json()["task"][
-        "created_at"
-    ]
+    assert (
+        entry["oldest_created_at"] == served.get("/api/tasks/order-v2").json()["task"]["created_at"]
+    )
     page = served.get("/").text
     assert "Workflow versions no scheduler runs" in page
     table = page.split('<table id="unrunnable">', 1)[1].split("</table>", 1)[0]

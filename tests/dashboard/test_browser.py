@@ -13,7 +13,14 @@ from tests.cli.helpers import sql
 
 from .conftest import TOKEN, Served
 from .dash_app import CARD
-from .test_api import AGENTS, STEP_COUNTS
+from .test_api import AGENTS
+
+STEP_COUNTS = (
+    "SELECT count(claimed_at), "
+    "sum(CASE WHEN state = 'completed' THEN 1 ELSE 0 END), "
+    "sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) "
+    "FROM stepwarden_steps WHERE agent = 'desk' AND operation = 'stamp'"
+)
 
 
 def sign_in(page: Page) -> None:

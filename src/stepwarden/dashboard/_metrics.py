@@ -1,8 +1,11 @@
-"""/metrics: the store's figures in Prometheus's text format, read at scrape time.
+"""/metrics: the store-wide figures in Prometheus's text format, read at scrape time.
 
-Counts come from the rows the store keeps: finished tasks (and their steps and events) are
-deleted after their retention, so the step and deadline figures are gauges over what is kept,
-not counters since the start.
+Only what is true of the store now: tasks per state (pending ones are the queue; waiting ones
+wait for a timer, an event or a child), the oldest pending task's age, the supervisor's lease
+and the agent registry. What happens (steps started, completed, failed, retried, deadlines
+missed, call times) is counted by the workers that do it (`stepwarden.metrics`, `stepwarden
+worker --metrics-port`): counted from the rows kept, such counts would drop when retention
+deletes rows.
 """
 
 from __future__ import annotations
@@ -10,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..app import App
 from ..breaker import CLOSED, HALF_OPEN, OPEN
-from ..records import DURATION_BUCKETS
 from ..states import TaskState
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
@@ -50,55 +52,6 @@ async def families(app: App) -> list[Metric]:
             "stepwarden_oldest_pending_age_seconds",
             "Seconds since the oldest pending task was submitted (0 when none is pending).",
             value=age or 0.0,
-        )
-    )
-
-    labels = ["agent", "operation"]
-    started = GaugeMetricFamily(
-        "stepwarden_steps_started", "Steps claimed by an agent, of those kept.", labels=labels
-    )
-    completed = GaugeMetricFamily(
-        "stepwarden_steps_completed", "Steps completed, of those kept.", labels=labels
-    )
-    failed = GaugeMetricFamily(
-        "stepwarden_steps_failed", "Steps failed (or abandoned), of those kept.", labels=labels
-    )
-    reassigned = GaugeMetricFamily(
-        "stepwarden_step_reassignments",
-        "Times steps were handed to another agent instance (theirs gone, or its breaker "
-        "open), of the steps kept.",
-        labels=labels,
-    )
-    retried = GaugeMetricFamily(
-        "stepwarden_steps_retried",
-        "Steps dispatched more than once (complete_by passed, or agent gone), of those kept.",
-        labels=labels,
-    )
-    duration = HistogramMetricFamily(
-        "stepwarden_step_duration_seconds",
-        "Time from claim to completion of the completed steps kept.",
-        labels=labels,
-    )
-    for s in await store.step_stats():
-        key = [s.agent, s.operation]
-        started.add_metric(key, s.started)
-        completed.add_metric(key, s.completed)
-        failed.add_metric(key, s.failed)
-        reassigned.add_metric(key, s.reassignments)
-        retried.add_metric(key, s.retried)
-        buckets: list[tuple[str, float]] = [
-            (_bound(b), n) for b, n in zip(DURATION_BUCKETS, s.duration_buckets, strict=True)
-        ]
-        buckets.append(("+Inf", s.completed))
-        duration.add_metric(key, buckets, s.duration_sum)
-    out.extend([started, completed, failed, reassigned, retried, duration])
-
-    out.append(
-        GaugeMetricFamily(
-            "stepwarden_deadlines_missed",
-            "Deadlines missed: the supervisor's resets of tasks and steps whose complete_by "
-            "passed (events of kind 'expired'), of those kept.",
-            value=await store.count_events("expired"),
         )
     )
 
@@ -141,10 +94,6 @@ async def _agent_families(app: App) -> list[Metric]:
         capacity.add_metric(key, a.capacity)
         alive.add_metric(key, float(a.alive))
     return [breaker, inflight, capacity, alive]
-
-
-def _bound(value: float) -> str:
-    return repr(float(value))
 
 
 async def render(app: App) -> bytes:

@@ -33,6 +33,7 @@ from ..records import (
     WaitRecord,
     Woke,
 )
+from ..rules import AlertReason
 from ..secret import stored_name
 from ..states import StepState, TaskState
 
@@ -126,6 +127,8 @@ def request(row: Row) -> Request:
         complete_by=at(row["complete_by"]),
         remaining=float(row["remaining"]),
         compensates=row["compensates"],
+        queued=None if row.get("queued") is None else float(row["queued"]),
+        workflow=row.get("workflow"),
     )
 
 
@@ -286,6 +289,7 @@ def expired(row: Row, *, set_aside: bool = False) -> Expired:
         failure_count=row["failure_count"],
         process_state=TaskState(row["process_state"]),
         set_aside=set_aside,
+        alert=str(AlertReason.SET_ASIDE) if set_aside else None,
     )
 
 

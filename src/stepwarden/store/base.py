@@ -178,6 +178,9 @@ class Store(abc.ABC):
         refused while it was out of reach (a driver that can lose it says so)."""
         self._back: asyncio.Event | None = None
         """Set when the store answers again; the calls waiting to be tried again wait on it."""
+        self.write_observer: Callable[[float], None] | None = None
+        """Told the seconds each write transaction took, committed or not (a worker's
+        metrics, `Metrics.observe_write`)."""
 
     # -- the driver -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -222,6 +225,11 @@ class Store(abc.ABC):
         back, self._back = self._back, None
         if back is not None:
             back.set()
+
+    def _wrote(self, started: float) -> None:
+        """A write transaction begun at `started` (`time.perf_counter()`) has ended."""
+        if self.write_observer is not None:
+            self.write_observer(time.perf_counter() - started)
 
     def _lost(self) -> None:
         """The server is out of reach, or was for a moment (said by the driver)."""

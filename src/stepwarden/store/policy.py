@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from .. import _json
@@ -935,7 +936,10 @@ def sweep(
         "reset_tasks", by, [_reset_params(r, p, holds) for r, p in plans]
     )
     aside.extend((plans[i][0], exc) for i, exc in refused)
+    alerts = {r["task_id"]: p.alert for r, p in plans if p.alert is not None}
     expired = [_rows.expired(r) for r in applied]
+    expired = [replace(e, alert=str(alerts[e.task_id])) if e.task_id in alerts else e
+               for e in expired]  # fmt: skip
     if aside:
         expired.extend((yield from _set_aside(aside, by)))
     if any(e.process_state in (TaskState.PENDING, TaskState.COMPENSATING) for e in expired):
@@ -1236,18 +1240,18 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
     due = bool(w["due"])
     if req.kind == "timer" and due:
         yield [Query("end_wait", {**key, "state": "done", "event_id": None, "payload": None})]
-        return WaitOutcome(state="done")
+        return WaitOutcome(state="done", now=True)
     if req.kind == "event":
         taken = yield from fetch("take_event", **key, name=req.name, timed_out=due)
         if taken:
             [event] = taken
             ended = {**key, "state": "done", "event_id": event["event_id"]}
             yield [Query("end_wait", {**ended, "payload": event["payload"]})]
-            return WaitOutcome(state="done", payload=loads(event["payload"]))
+            return WaitOutcome(state="done", payload=loads(event["payload"]), now=True)
         if due:
             ended = {**key, "state": "timed_out", "event_id": None, "payload": None}
             yield [Query("end_wait", ended)]
-            return WaitOutcome(state="timed_out")
+            return WaitOutcome(state="timed_out", now=True)
     if not req.park:
         return WaitOutcome(state="blocked")
     seqs = (req.seq,)

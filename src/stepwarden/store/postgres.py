@@ -363,8 +363,12 @@ class PostgresStore(Store):
 
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
-        async with self._connection() as conn, conn.pipeline() as pipe:
-            result = await _drive(conn, pipe, flow(wake), wake)
+        started = time.perf_counter()
+        try:
+            async with self._connection() as conn, conn.pipeline() as pipe:
+                result = await _drive(conn, pipe, flow(wake), wake)
+        finally:
+            self._wrote(started)
         self.notifier.publish_all(wake)
         return result
 
@@ -374,7 +378,11 @@ class PostgresStore(Store):
         wake = Wakeups()
         steps = flow(wake)
         [query] = next(steps)
-        rows = await self._fetch(query)
+        started = time.perf_counter()
+        try:
+            rows = await self._fetch(query)
+        finally:
+            self._wrote(started)
         try:
             steps.send([rows])
         except StopIteration as stop:

@@ -244,7 +244,11 @@ class SQLiteStore(Store):
             conn.execute("COMMIT")
             return result
 
-        result = await self._in_thread(transaction)
+        started = time.perf_counter()
+        try:
+            result = await self._in_thread(transaction)
+        finally:
+            self._wrote(started)
         self.notifier.publish_all(wake)
         if self._wake is not None:
             self._wake.send(wake)

@@ -308,7 +308,9 @@ FROM pick
 WHERE s.task_id = pick.task_id AND s.seq = pick.seq AND s.state = 'not_started'
 RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
           s.complete_by, s.ranked_at, s.compensates,
-          extract(epoch FROM s.complete_by - now())::float8 AS remaining
+          extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+          extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
+          (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id) AS workflow
 
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time, until commit.
@@ -359,7 +361,10 @@ WITH c AS (
     WHERE s.task_id = c.task_id AND s.seq = c.seq AND s.state = 'not_started'
     RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
               s.complete_by, s.ranked_at, s.compensates, s.limit_key,
-              extract(epoch FROM s.complete_by - now())::float8 AS remaining
+              extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+              extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
+              (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id)
+                  AS workflow
 ), i AS (
     INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
     SELECT agent, operation, coalesce(limit_key, ''), now() FROM u

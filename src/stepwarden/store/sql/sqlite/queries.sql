@@ -205,7 +205,9 @@ WHERE (task_id, seq) IN (
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, complete_by - :now AS remaining
+          ranked_at, compensates, complete_by - :now AS remaining, :now - dispatched_at AS queued,
+          (SELECT t.workflow FROM stepwarden_tasks t
+           WHERE t.task_id = stepwarden_steps.task_id) AS workflow
 
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time: BEGIN IMMEDIATE already
@@ -245,7 +247,10 @@ UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, limit_key, complete_by - :now AS remaining;
+          ranked_at, compensates, limit_key, complete_by - :now AS remaining,
+          :now - dispatched_at AS queued,
+          (SELECT t.workflow FROM stepwarden_tasks t
+           WHERE t.task_id = stepwarden_steps.task_id) AS workflow;
 INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
 SELECT :agent, :operation, coalesce(:limit_key, ''), :now
 WHERE :operation IN (SELECT value FROM json_each(:rated));
