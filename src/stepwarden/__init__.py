@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._logs import JsonFormatter
 from ._text import EscapingFormatter
 from .agent import Agent, Call, Limit, Operation
 from .alerts import AlertSink, CallableSink, LogSink, WebhookSink
@@ -29,6 +30,7 @@ from .errors import (
     TransientStoreError,
     UnknownNameError,
 )
+from .metrics import Metrics
 from .records import (
     ActionOutcome,
     AgentInstance,
@@ -69,8 +71,10 @@ __all__ = [
     "EventRecord",
     "EventRefused",
     "EventTimeout",
+    "JsonFormatter",
     "Limit",
     "LogSink",
+    "Metrics",
     "NonDeterminismError",
     "OnFailure",
     "Operation",

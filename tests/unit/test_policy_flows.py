@@ -147,7 +147,13 @@ def test_a_sweep_releases_an_expired_task_and_gives_up_one_at_max_failures() -> 
         }
     )
     assert run.result == [
-        Expired(task_id="t2", seq=4, failure_count=3, process_state=TaskState.COMPENSATING),
+        Expired(
+            task_id="t2",
+            seq=4,
+            failure_count=3,
+            process_state=TaskState.COMPENSATING,
+            alert="max_failures",  # given up: the alert the sweep raised, for the metrics
+        ),
         Expired(task_id="t1", seq=None, failure_count=1, process_state=TaskState.PENDING),
     ]
     reset = run.one("reset_tasks")
@@ -207,6 +213,7 @@ def test_a_task_the_database_refuses_is_set_aside_and_the_others_recovered() -> 
             failure_count=0,
             process_state=TaskState.ERROR,
             set_aside=True,
+            alert="set_aside",
         ),
     ]
     # The batch whole, then one row at a time: the other row applies.
