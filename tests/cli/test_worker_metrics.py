@@ -272,10 +272,12 @@ def test_a_metrics_port_taken_is_refused_in_one_line(store_url: str) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        # Given through the environment variables, as a deployment would.
+        env = {"STEPWARDEN_METRICS_PORT": str(port), "STEPWARDEN_METRICS_HOST": "127.0.0.1"}
         done = subprocess.run(
-            [STEPWARDEN, "--store", store_url, "worker", APP, f"--metrics-port={port}"],
+            [STEPWARDEN, "--store", store_url, "worker", APP],
             cwd=REPO,
-            env=process_env(),
+            env=process_env(env),
             capture_output=True,
             text=True,
             timeout=60,
