@@ -168,8 +168,8 @@ class Metrics:
         )
         self._queue_wait_seconds = Histogram(
             "stepwarden_queue_wait_seconds",
-            "Time from a step's dispatch to its claim by an agent instance of this worker "
-            "(0 for a step handed over in process), by the store's clock.",
+            "Time from a step's dispatch (or re-dispatch) to its claim by an agent instance of "
+            "this worker, by the store's clock (0 for a step handed over in process).",
             step,
             registry=r,
             buckets=CALL_BUCKETS,
