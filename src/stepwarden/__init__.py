@@ -6,7 +6,7 @@ from ._logs import JsonFormatter
 from ._text import EscapingFormatter
 from .agent import Agent, Call, Limit, Operation
 from .alerts import AlertSink, CallableSink, LogSink, WebhookSink
-from .app import App, TaskTransaction, TaskView
+from .app import App, TaskId, TaskTransaction, TaskView
 from .breaker import Breaker
 from .errors import (
     ActionRefused,
@@ -95,6 +95,7 @@ __all__ = [
     "StepwardenError",
     "StoreError",
     "TaskFailed",
+    "TaskId",
     "TaskNotFound",
     "TaskRecord",
     "TaskState",

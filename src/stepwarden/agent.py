@@ -3,16 +3,20 @@
 An `Agent` is declared on the App and its operations with `@agent.operation`; an operation
 receives a `Call` (its idempotency key, deadline and attempt) and the arguments given to
 `ctx.step`. The runtime that claims requests and calls operations is `runner.py`.
+
+An operation keeps its types: `Operation[*Args, R]` holds the types of the arguments it takes
+after its `Call` and of its result (an async operation's awaited one), which `ctx.step` checks
+and returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, overload
+from typing import Any, Generic, Protocol, TypeVar, TypeVarTuple, overload
 
 from . import _check
 from ._aio import in_daemon_thread
@@ -22,6 +26,10 @@ from .errors import ConfigurationError, PayloadError
 from .retry import Retry
 
 MAX_LIMIT_KEY = 200
+
+Args = TypeVarTuple("Args")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,13 +170,17 @@ class Call:
 OperationFn = Callable[..., Any]
 
 
-class Operation:
-    """One operation of an agent; pass it to `ctx.step`."""
+class Operation(Generic[*Args, R_co]):
+    """One operation of an agent; pass it to `ctx.step`.
+
+    `Operation[str, dict[str, Any]]` takes a `str` (after its `Call`) and returns a dict: the
+    types `@agent.operation` reads from the function it declares. `AnyOperation` is one whose
+    types are not known: one found through its agent (`payments.charge`) or by its name."""
 
     def __init__(
         self,
         agent: Agent,
-        fn: OperationFn,
+        fn: Callable[[Call, *Args], Any],
         name: str,
         retry: Retry | None,
         limit: Limit | None = None,
@@ -194,6 +206,27 @@ class Operation:
         return f"<Operation {self.qualname}>"
 
 
+AnyOperation = Operation[*tuple[Any, ...], Any]
+"""An operation whose argument and result types are not known."""
+
+
+class Register(Protocol):
+    """What `@agent.operation(...)` with options returns: it declares the function it is
+    given, keeping its types as `Agent.operation` does."""
+
+    @overload
+    def __call__(self, fn: Callable[[Call, *Args], Awaitable[R]]) -> Operation[*Args, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[Call, *Args], R]) -> Operation[*Args, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[R]]) -> Operation[*tuple[Any, ...], R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[..., R]) -> Operation[*tuple[Any, ...], R]: ...
+
+
 class Agent:
     """A named agent: the operations that call one remote service, and their retry policy."""
 
@@ -214,17 +247,47 @@ class Agent:
         self.retry = retry or Retry()
         self.breaker = breaker
         """The thresholds of this agent's circuit breaker (one per process); None: none."""
-        self.operations: dict[str, Operation] = {}
+        self.operations: dict[str, AnyOperation] = {}
 
     @overload
     def operation(
         self,
-        fn: OperationFn,
+        fn: Callable[[Call, *Args], Awaitable[R]],
         *,
         name: str | None = None,
         retry: Retry | None = None,
         limit: Limit | None = None,
-    ) -> Operation: ...
+    ) -> Operation[*Args, R]: ...
+
+    @overload
+    def operation(
+        self,
+        fn: Callable[[Call, *Args], R],
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
+    ) -> Operation[*Args, R]: ...
+
+    @overload
+    def operation(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
+    ) -> Operation[*tuple[Any, ...], R]: ...
+
+    @overload
+    def operation(
+        self,
+        fn: Callable[..., R],
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        limit: Limit | None = None,
+    ) -> Operation[*tuple[Any, ...], R]: ...
 
     @overload
     def operation(
@@ -234,7 +297,7 @@ class Agent:
         name: str | None = None,
         retry: Retry | None = None,
         limit: Limit | None = None,
-    ) -> Callable[[OperationFn], Operation]: ...
+    ) -> Register: ...
 
     def operation(
         self,
@@ -243,15 +306,21 @@ class Agent:
         name: str | None = None,
         retry: Retry | None = None,
         limit: Limit | None = None,
-    ) -> Operation | Callable[[OperationFn], Operation]:
+    ) -> AnyOperation | Register:
         """Register an operation; sync and async functions are both accepted.
 
         The function takes a `Call` and then the arguments given to `ctx.step`; it returns a
         JSON-serialisable value. `limit` bounds how many of its calls run and start at once
         (`stepwarden.Limit`).
+
+        The Operation keeps the function's types: the types of the parameters after the
+        `Call` (`ctx.step` passes its arguments by position, so each of them, one with a
+        default too, is an argument `ctx.step` expects) and the result type, an async
+        function's awaited one. A function with keyword-only parameters or `**kwargs` keeps
+        its result type only.
         """
 
-        def register(fn: OperationFn) -> Operation:
+        def register(fn: OperationFn) -> AnyOperation:
             if not callable(fn):
                 raise ConfigurationError(f"an operation must be a function, not {fn!r}")
             if retry is not None and not isinstance(retry, Retry):
@@ -261,13 +330,13 @@ class Agent:
             op_name = name or fn.__name__
             if op_name in self.operations:
                 raise ConfigurationError(f"agent {self.name!r} already has operation {op_name!r}")
-            op = Operation(self, fn, op_name, retry, limit)
+            op: AnyOperation = Operation(self, fn, op_name, retry, limit)
             self.operations[op_name] = op
             return op
 
         return register(fn) if fn is not None else register
 
-    def __getattr__(self, name: str) -> Operation:
+    def __getattr__(self, name: str) -> AnyOperation:
         # `payments.charge` names the operation registered as "charge".
         operations = self.__dict__.get("operations", {})
         if name in operations:

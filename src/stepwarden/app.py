@@ -13,10 +13,10 @@ import getpass
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -60,10 +60,21 @@ from .rules import CATCH_UP, plan_action, submit_version
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
-from .workflow import MAX_WAIT, Workflow, WorkflowFn, workflow_name
+from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, workflow_name
 
 T = TypeVar("T")
 W = TypeVar("W", bound=WorkflowFn)
+R = TypeVar("R")
+In = TypeVar("In")
+Id = TypeVar("Id", bound=str)
+"""A task id of `result`'s plain-str overload: generic so that a `TaskId[dict[str, Any]]`,
+which matches both overloads, is not taken by mypy as ambiguous (and its result as Any)."""
+if TYPE_CHECKING:  # a default (PEP 696) for the type checker alone: a bare TaskId is TaskId[Any]
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    R_co = TypeVarWithDefault("R_co", covariant=True, default=Any)
+else:
+    R_co = TypeVar("R_co", covariant=True)
 MAX_EVENT_PAGE = 1000
 """The most events of a task's history read at once."""
 FOLLOW_SETTLE = 5.0
@@ -82,6 +93,27 @@ class TaskView:
     events: list[EventRecord]
     more_events: bool = False
     children: list[TaskRecord] = field(default_factory=list)
+
+
+class TaskId(str, Generic[R_co]):
+    """A task's id as `submit` returns it: a `str`, equal to, hashed, serialised and stored as
+    the plain string, that carries for the type checker the type of its workflow's result
+    (`TaskId[dict[str, Any]]`), which `result` and `result_async` return. A plain `str`, or
+    `TaskId(s)`, names a task as well: its result is `Any`; `TaskId[Receipt](s)` types it
+    (an id kept as text and read back, say)."""
+
+    __slots__ = ()
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The keyword options of a submit (`App.submit`), as its typed overloads name them."""
+
+    task_id: str | None
+    priority: int
+    reply_to: str | None
+    start_at: datetime | None
+    start_after: timedelta | None
+    version: int | None
 
 
 class App:
@@ -487,6 +519,27 @@ class App:
             version=wf.version,
         )
 
+    @overload
+    async def submit_async(
+        self,
+        workflow: Callable[[Context, In], Awaitable[R]],
+        input: In,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    async def submit_async(
+        self,
+        workflow: Callable[[Context, None], Awaitable[R]],
+        input: None = None,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    async def submit_async(
+        self, workflow: str, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> TaskId[Any]: ...
+
     async def submit_async(
         self,
         workflow: str | WorkflowFn,
@@ -498,7 +551,7 @@ class App:
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
         version: int | None = None,
-    ) -> str:
+    ) -> TaskId[Any]:
         """Submit a task; returns its id. A task_id already submitted is not created again.
         With `reply_to`, the task's status messages (received, step_completed, processed,
         error, compensating, compensated, ...) are published on that channel: follow them
@@ -516,12 +569,36 @@ class App:
             start_after=start_after,
             version=version,
         )
+        return await self._submit(task)
+
+    async def _submit(self, task: NewTask) -> TaskId[Any]:
         loop = asyncio.get_running_loop()
         submits = self._submits.get(loop)
         if submits is None:
             submits = self._submits[loop] = Batcher((await self.store()).submit)
         await submits.submit(task)
-        return task.task_id
+        return TaskId(task.task_id)
+
+    @overload
+    def submit(
+        self,
+        workflow: Callable[[Context, In], Awaitable[R]],
+        input: In,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    def submit(
+        self,
+        workflow: Callable[[Context, None], Awaitable[R]],
+        input: None = None,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    def submit(
+        self, workflow: str, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> TaskId[Any]: ...
 
     def submit(
         self,
@@ -534,19 +611,19 @@ class App:
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
         version: int | None = None,
-    ) -> str:
-        return self._call(
-            self.submit_async(
-                workflow,
-                input,
-                task_id=task_id,
-                priority=priority,
-                reply_to=reply_to,
-                start_at=start_at,
-                start_after=start_after,
-                version=version,
-            )
+    ) -> TaskId[Any]:
+        """The blocking form of `submit_async`."""
+        task = self.new_task(
+            workflow,
+            input,
+            task_id=task_id,
+            priority=priority,
+            reply_to=reply_to,
+            start_at=start_at,
+            start_after=start_after,
+            version=version,
         )
+        return self._call(self._submit(task))
 
     # -- events from outside ----------------------------------------------------------------
     async def send_event_async(
@@ -605,11 +682,18 @@ class App:
     def status(self, task_id: str) -> TaskRecord:
         return self._call(self.status_async(task_id))
 
+    @overload
+    async def result_async(self, task_id: TaskId[R], *, timeout: float | None = None) -> R: ...
+
+    @overload
+    async def result_async(self, task_id: Id, *, timeout: float | None = None) -> Any: ...
+
     async def result_async(self, task_id: str, *, timeout: float | None = None) -> Any:
         """Wait until the task finishes: its result when processed; TaskFailed when it ended
         otherwise (error, compensated, compensation_failed, cancelled); ResultTimeout when
         `timeout` seconds pass first; TaskNotFound for an unknown task. While the store is
-        unreachable it goes on waiting, within `timeout`."""
+        unreachable it goes on waiting, within `timeout`. Given a `TaskId[R]` (what `submit`
+        returns), the result is typed `R`."""
         _check.name("task_id", task_id)
         _check.timeout(timeout)
         store = await self._listening()
@@ -639,7 +723,14 @@ class App:
         finally:
             store.unsubscribe(CHANNEL_TASK_DONE, sub)
 
+    @overload
+    def result(self, task_id: TaskId[R], *, timeout: float | None = None) -> R: ...
+
+    @overload
+    def result(self, task_id: Id, *, timeout: float | None = None) -> Any: ...
+
     def result(self, task_id: str, *, timeout: float | None = None) -> Any:
+        """The blocking form of `result_async`."""
         return self._call(self.result_async(task_id, timeout=timeout))
 
     async def show_async(
@@ -926,6 +1017,27 @@ class TaskTransaction:
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         await self._tx.execute(sql, params)
 
+    @overload
+    async def submit(
+        self,
+        workflow: Callable[[Context, In], Awaitable[R]],
+        input: In,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    async def submit(
+        self,
+        workflow: Callable[[Context, None], Awaitable[R]],
+        input: None = None,
+        **options: Unpack[SubmitOptions],
+    ) -> TaskId[R]: ...
+
+    @overload
+    async def submit(
+        self, workflow: str, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> TaskId[Any]: ...
+
     async def submit(
         self,
         workflow: str | WorkflowFn,
@@ -937,7 +1049,9 @@ class TaskTransaction:
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
         version: int | None = None,
-    ) -> str:
+    ) -> TaskId[Any]:
+        """Submit a task in the application's transaction (see `App.submit_async`): it is
+        created only if the transaction commits."""
         task = self._app.new_task(
             workflow,
             input,
@@ -949,7 +1063,7 @@ class TaskTransaction:
             version=version,
         )
         await self._tx.submit([task])
-        return task.task_id
+        return TaskId(task.task_id)
 
     async def send_event(
         self, task_id: str, name: str, payload: Any = None, *, event_id: str | None = None

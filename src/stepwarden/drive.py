@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from . import _json, _logs
-from .agent import Operation
+from .agent import AnyOperation
 from .deadline import Deadline
 from .errors import (
     ChildFailed,
@@ -139,7 +139,7 @@ class Host(Protocol):
 
     store: Store
     instance: str
-    operations: Mapping[str, Operation] | None
+    operations: Mapping[str, AnyOperation] | None
     local_agents: dict[str, LocalAgent]
     metrics: Metrics
 

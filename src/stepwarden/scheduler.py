@@ -20,7 +20,7 @@ from typing import Any
 
 from ._aio import first, sleep_unless
 from ._batch import Batcher
-from .agent import Operation
+from .agent import AnyOperation
 from .drive import Entry, LocalAgent, TaskDrive
 from .errors import StoreError, TransientStoreError
 from .metrics import Metrics
@@ -57,7 +57,7 @@ class Scheduler:
         instance: str,
         concurrency: int = 1000,
         poll_interval: float | None = None,
-        operations: Mapping[str, Operation] | None = None,
+        operations: Mapping[str, AnyOperation] | None = None,
         admission: bool = True,
         heartbeat: float = DEFAULT_HEARTBEAT,
         gone_after: float = DEFAULT_GONE_AFTER,

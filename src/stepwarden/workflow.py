@@ -21,10 +21,10 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, TypeVarTuple, overload
 
 from . import _check, _json
-from .agent import Operation
+from .agent import AnyOperation, Operation
 from .errors import (
     ChildFailed,
     ConfigurationError,
@@ -49,6 +49,9 @@ from .rules import child_task_id, step_needs_compensation, submit_version
 from .states import OnFailure, StepState
 
 T = TypeVar("T")
+R = TypeVar("R")
+In = TypeVar("In")
+Args = TypeVarTuple("Args")
 WorkflowFn = Callable[..., Awaitable[Any]]
 MAX_COMPLETE_WITHIN = timedelta(days=365)
 """The longest claim of a task or a step: complete_by must stay a date both stores hold."""
@@ -119,7 +122,7 @@ class StepRunner(Protocol):
     to it only."""
 
     instance: str
-    operations: Mapping[str, Operation] | None
+    operations: Mapping[str, AnyOperation] | None
     """The operations of the App's agents by "agent.operation"; None accepts any."""
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
@@ -393,9 +396,10 @@ class Context:
         self._last_seq += 1
         return self._last_seq
 
-    async def gather(self, *branches: Coroutine[Any, Any, Any]) -> list[Any]:
+    async def gather(self, *branches: Coroutine[Any, Any, T]) -> list[T]:
         """Run `branches` (coroutines: `ctx.step(...)` calls, or calls of async functions that
-        take steps of their own) side by side and return their results in order.
+        take steps of their own) side by side and return their results in order (typed as a
+        list of their common type: annotate it `list[Any]` for branches of different types).
 
         Each branch numbers its steps and waits on its own (the gather takes one place; its
         i-th branch's steps take places under it), so a replay finds each branch's records
@@ -483,15 +487,19 @@ class Context:
 
     async def step(
         self,
-        operation: Operation,
-        *args: Any,
+        operation: Operation[*Args, R],
+        *args: *Args,
         complete_within: timedelta | None = None,
         name: str | None = None,
-        compensate: Operation | None = None,
+        compensate: Operation[*Args, Any] | None = None,
         pickup_within: timedelta | None = None,
         total_within: timedelta | None = None,
-    ) -> Any:
+    ) -> R:
         """Run `operation(*args)` through its agent and return its result.
+
+        Typed as the operation is: `args` are checked against its parameters after the
+        `Call`, the result has its return type (an async operation's awaited one), and
+        `compensate` takes the same arguments.
 
         The step is recorded (with its complete_by) before its request is queued. On resume,
         a completed step returns its recorded result without running again; a failed one
@@ -563,7 +571,8 @@ class Context:
                 position=position,
             )
             await self._recorded_markers()
-            return await self._busy(self._runner.run_step(held, new, step_name))
+            result: R = await self._busy(self._runner.run_step(held, new, step_name))
+            return result
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:
@@ -573,7 +582,8 @@ class Context:
                 f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
                 "in the same order when it is resumed"
             )
-        return await self._recorded_step(recorded, step_name, within)
+        replayed: R = await self._recorded_step(recorded, step_name, within)
+        return replayed
 
     async def _recorded_step(self, recorded: StepRecord, step_name: str, within: timedelta) -> Any:
         """A step an earlier run recorded: its result, StepFailed, or (open, dispatched by an
@@ -672,6 +682,29 @@ class Context:
             raise EventTimeout(name, timeout.total_seconds())
         return outcome.payload
 
+    @overload
+    async def child(
+        self,
+        workflow: Callable[[Context, In], Awaitable[R]],
+        input: In,
+        *,
+        task_id: str | None = None,
+    ) -> R: ...
+
+    @overload
+    async def child(
+        self,
+        workflow: Callable[[Context, None], Awaitable[R]],
+        input: None = None,
+        *,
+        task_id: str | None = None,
+    ) -> R: ...
+
+    @overload
+    async def child(
+        self, workflow: str, input: Any = None, *, task_id: str | None = None
+    ) -> Any: ...
+
     async def child(
         self, workflow: str | WorkflowFn, input: Any = None, *, task_id: str | None = None
     ) -> Any:
@@ -686,7 +719,10 @@ class Context:
         Raises ChildFailed when the child ended otherwise than processed (error,
         compensated, compensation_failed, cancelled). A `task_id` that another task already
         has fails this task with a ConfigurationError. Children started in the branches of
-        a `gather` run at the same time."""
+        a `gather` run at the same time.
+
+        Given the workflow's function, `input` is checked against its input parameter and
+        the result has its return type; given its name, both are Any."""
         name = workflow_name(workflow)
         versions = {v: wf for (n, v), wf in self._runner.workflows.items() if n == name}
         if not versions:

@@ -139,7 +139,7 @@ def _first(messages: Any) -> object:
 
 REFUSED: list[tuple[Call, str]] = [
     # submit: the task id, the priority, the channel
-    (lambda a: a.submit("process", {}, task_id=5), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
+    (lambda a: a.submit("process", {}, task_id=5), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[call-overload]
     (lambda a: a.submit("process", {}, task_id=LONG), "not 'xxxxx"),
     (lambda a: a.submit("process", {}, task_id=LONG), "(10000 characters)"),
     (lambda a: a.submit("process", {}, task_id="a\x00"), f"task_id {CONTROL}: 'a\\x00'"),
@@ -154,8 +154,8 @@ REFUSED: list[tuple[Call, str]] = [
     (lambda a: a.submit("process", {}, task_id=XFF), f"task_id {NOT_UNICODE}: '\\udcff'"),
     (lambda a: a.submit("process", {}, priority=2**31), f"{PRIORITY_RANGE}, not 2147483648"),
     (lambda a: a.submit("process", {}, priority=-(2**31) - 1), f"{PRIORITY_RANGE}, not -2147"),
-    (lambda a: a.submit("process", {}, priority=1.5), f"{PRIORITY_RANGE}, not 1.5"),  # type: ignore[arg-type]
-    (lambda a: a.submit("process", {}, reply_to=5), f"reply_to {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
+    (lambda a: a.submit("process", {}, priority=1.5), f"{PRIORITY_RANGE}, not 1.5"),  # type: ignore[call-overload]
+    (lambda a: a.submit("process", {}, reply_to=5), f"reply_to {NAME_LIMIT}, not 5"),  # type: ignore[call-overload]
     (lambda a: a.submit("process", {}, reply_to="   "), "reply_to must be a non-empty channel"),
     (lambda a: a.submit("process", {}, reply_to=LONG), f"reply_to {NAME_LIMIT}"),
     (lambda a: a.submit("process", {}, reply_to="a\x00b"), "reply_to must not contain control"),
@@ -167,7 +167,7 @@ REFUSED: list[tuple[Call, str]] = [
     (lambda a: a.show(LONG), f"task_id {NAME_LIMIT}"),
     (lambda a: a.show("\ud800"), f"task_id {NOT_UNICODE}"),
     (lambda a: a.result("t-1", timeout=-1), f"{TIMEOUT}, not -1"),
-    (lambda a: a.result("t-1", timeout="soon"), f"{TIMEOUT}, not 'soon'"),  # type: ignore[arg-type]
+    (lambda a: a.result("t-1", timeout="soon"), f"{TIMEOUT}, not 'soon'"),  # type: ignore[call-overload]
     (lambda a: a.result("t-1", timeout=float("nan")), f"{TIMEOUT}, not nan"),
     (lambda a: _first(a.watch(5)), f"task_id {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
     (lambda a: _first(a.subscribe(5)), f"channel {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]

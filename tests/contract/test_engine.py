@@ -291,11 +291,11 @@ async def test_bad_input_is_refused_and_writes_nothing(shop: Shop) -> None:
     with pytest.raises(sw.PayloadError, match="not JSON"):
         await shop.app.submit_async(shop.process_order, {"when": object()})
     with pytest.raises(sw.PayloadError, match="not JSON"):
-        await shop.app.submit_async(shop.process_order, {1: "non-string key"})
+        await shop.app.submit_async(shop.process_order, {1: "non-string key"})  # type: ignore[arg-type]
     with pytest.raises(sw.ConfigurationError, match="task_id"):
         await shop.app.submit_async(shop.process_order, {}, task_id="")
     with pytest.raises(sw.ConfigurationError, match="priority"):
-        await shop.app.submit_async(shop.process_order, {}, priority="high")  # type: ignore[arg-type]
+        await shop.app.submit_async(shop.process_order, {}, priority="high")  # type: ignore[call-overload]
     assert await shop.app.tasks_async() == []
     with pytest.raises(sw.TaskNotFound):
         await shop.app.status_async("missing")
