@@ -38,10 +38,8 @@ def expected(order: Order, task_id: str) -> dict[str, Any]:
 @pytest.fixture
 async def shop(store_url: str) -> AsyncIterator[Shop]:
     s = build(store_url)
-    try:
+    async with s.app:  # closes the blocking calls' store and thread too
         yield s
-    finally:
-        await s.app.aclose()
 
 
 async def test_a_task_id_is_a_str_through_the_store(shop: Shop) -> None:
