@@ -46,14 +46,15 @@ def pgbouncer(server_url: str, *, pool_size: int = 10) -> Iterator[int]:
     shutil.chown(workdir, "postgres")
     for f in workdir.iterdir():
         shutil.chown(f, "postgres")
-    proc = subprocess.Popen([BINARY, "-u", "postgres", str(ini)], stderr=subprocess.PIPE)
+    # Its log (stderr too: a pipe nobody read would fill and stop it) goes to a file.
+    stderr = (workdir / "stderr.log").open("wb")
+    proc = subprocess.Popen([BINARY, "-q", "-u", "postgres", str(ini)], stderr=stderr)
     try:
         url = f"postgresql://{server.username or 'postgres'}@127.0.0.1:{port}{server.path}"
         for _ in range(200):
             if proc.poll() is not None:
-                raise RuntimeError(
-                    f"pgbouncer stopped: {proc.stderr.read() if proc.stderr else ''!r}"
-                )
+                said = (workdir / "stderr.log").read_text(errors="replace")
+                raise RuntimeError(f"pgbouncer stopped: {said!r}")
             with (
                 contextlib.suppress(psycopg.Error),
                 psycopg.connect(url, autocommit=True, connect_timeout=1),
@@ -70,6 +71,5 @@ def pgbouncer(server_url: str, *, pool_size: int = 10) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        stderr.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -4,6 +4,7 @@ are written together by the next flush, in one transaction."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -31,7 +32,9 @@ class Batcher(Generic[In, Out]):
         future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
         if self._flusher is None:
-            self._flusher = asyncio.create_task(self._run())
+            # A flush serves every submitter: it runs in a context of its own, not in that of
+            # the first (whose log fields and span would be wrongly carried by its lines).
+            self._flusher = asyncio.create_task(self._run(), context=contextvars.Context())
         return await future
 
     async def _run(self) -> None:

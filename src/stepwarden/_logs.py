@@ -80,7 +80,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": cut(record.getMessage(), MAX_LOG_LINE),
         }
-        doc.update(_ABOUT.get() or {})
+        about = _ABOUT.get() or {}
+        named = record.__dict__.get("task_id")
+        if named is None or named == about.get("task_id"):
+            doc.update(about)  # a line that names another task is not about this one
         for name in FIELDS:
             value = record.__dict__.get(name)
             if value is not None:

@@ -168,8 +168,9 @@ class Metrics:
         )
         self._queue_wait_seconds = Histogram(
             "stepwarden_queue_wait_seconds",
-            "Time from a step's dispatch (or re-dispatch) to its claim by an agent instance of "
-            "this worker, by the store's clock (0 for a step handed over in process).",
+            "Time from a step's dispatch (or re-dispatch) to the claim by an agent instance of "
+            "this worker that began calling it, by the store's clock (0 for a step handed "
+            "over in process; a step handed back counts from its dispatch, once).",
             step,
             registry=r,
             buckets=CALL_BUCKETS,
@@ -185,7 +186,9 @@ class Metrics:
         )
         self._store_write_seconds = Histogram(
             "stepwarden_store_write_seconds",
-            "Time of each write transaction of this worker's store, committed or not.",
+            "Time of each write transaction of this worker's store that committed, from its "
+            "connection's turn (a pooled connection taken, SQLite's lock queue reached) to "
+            "its commit.",
             registry=r,
             buckets=WRITE_BUCKETS,
         )

@@ -526,9 +526,6 @@ class AgentRunner:
         """Serve a step this instance holds: its hold is known at once (`take_up` passes
         it by), its call made in a task of its own."""
         hold = _Hold(self, request, report)
-        self.metrics.step_claimed(
-            self.agent.name, request.operation, 0.0 if report else request.queued
-        )
         self._holds[hold.key] = hold
         self._ended.discard(hold.key)
         task = asyncio.create_task(self._serve(hold))
@@ -560,6 +557,12 @@ class AgentRunner:
                 await self._hand_back(hold, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
             tries += 1
+            if tries == 1:  # begun: a step handed back before its first try was not
+                self.metrics.step_claimed(
+                    self.agent.name,
+                    request.operation,
+                    0.0 if hold.report is not None else request.queued,
+                )
             call = Call(
                 task_id=request.task_id,
                 step=request.seq,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from stepwarden.records import step_key
 from stepwarden.store import CHANNEL_TASKS, open_store
 from stepwarden.store._flow import Wakeups
 from stepwarden.store._wake import DATAGRAM_LIMIT, SOCKET_SUFFIX, WakeChannel, datagrams, wake_dir
@@ -60,7 +61,7 @@ async def test_a_submit_in_another_process_wakes_a_listening_store(sqlite_url: s
 def test_a_socket_left_by_a_dead_process_is_removed_by_the_next_sender(tmp_path: Path) -> None:
     database = tmp_path / "store.db"
     folder = wake_dir(str(database))
-    folder.mkdir()
+    folder.mkdir(mode=0o700)
     left = folder / f"dead-1{SOCKET_SUFFIX}"
     orphan = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     orphan.bind(str(left))
@@ -75,7 +76,7 @@ def test_a_socket_left_by_a_dead_process_is_removed_by_the_next_sender(tmp_path:
 
 def test_wake_ups_are_split_into_datagrams_that_fit() -> None:
     wake = Wakeups()
-    keys = [f"task-{i:06d}/{i}" for i in range(20000)]
+    keys = [step_key(f"task-{i:06d}", i) for i in range(20000)]  # \x1f: six bytes in JSON
     wake.results(keys)
     wake.requests(["payments", "shipping"])
     sent = datagrams(wake)
@@ -96,3 +97,24 @@ def test_a_long_database_path_puts_its_sockets_in_the_temporary_directory(tmp_pa
 
 def _path(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///"))
+
+
+async def test_a_folder_not_the_users_own_is_not_used_and_no_write_fails(
+    sqlite_url: str,
+) -> None:
+    """Made by someone else first, or open to others: nobody listens through it (the stores
+    poll), and the writes go on; a folder that cannot be listed fails no write either."""
+    folder = wake_dir(str(_path(sqlite_url)))
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)
+    store = open_store(sqlite_url)
+    await store.open()
+    try:
+        await store.listen()  # refused, said as a warning: polling only
+        assert not any(folder.iterdir())
+        await store.acquire_lease("supervisor", "a", 30)
+        folder.rmdir()
+        folder.write_text("not a folder")
+        assert await store.acquire_lease("supervisor", "a", 30) == 1
+    finally:
+        await store.close()

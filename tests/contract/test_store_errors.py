@@ -84,7 +84,14 @@ async def test_a_read_only_server_is_transient_and_its_connection_is_replaced(
         try:
             with pytest.raises(TransientStoreError, match="read-only"):
                 await store.acquire_lease("supervisor", "a", 30)
+            # The application's own transaction, whose failure the store has translated:
+            # its connection is dropped too.
+            with pytest.raises(TransientStoreError, match="read-only"):
+                async with store.transaction() as tx:
+                    await tx.execute("CREATE TABLE mine (k int)")
             admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            async with store.transaction() as tx:
+                await tx.execute("CREATE TABLE mine (k int)")
             assert await store.acquire_lease("supervisor", "a", 30) == 1
         finally:
             await store.close()

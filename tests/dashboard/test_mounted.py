@@ -113,3 +113,19 @@ async def test_the_token_api_under_a_prefix_knows_its_paths(sqlite_url: str) -> 
             token = {"Authorization": "Bearer " + "t" * 24}
             answer = await c.post("/ops/api/tasks/t-1/pause", json=big, headers=token)
             assert answer.status_code == 400 and "reason" in answer.json()["error"]
+
+
+async def test_an_action_a_page_of_another_site_sends_is_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    """The service's auth may be a cookie the browser sends by itself: a form on another
+    site that posts to an action is refused by what the browser says of it."""
+    for cross in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "https://elsewhere.example"}):
+        refused = await client.post("/ops/api/tasks/t-1/pause", json={}, headers=ANN | cross)
+        assert refused.status_code == 403, refused.text
+        assert (await client.get("/ops/api/tasks/t-1", headers=ANN | cross)).status_code == 200
+    task = (await client.get("/ops/api/tasks/t-1", headers=ANN)).json()["task"]
+    assert task["process_state"] == "pending"  # nothing was paused
+    same = {"Sec-Fetch-Site": "same-origin", "Origin": "http://svc"}
+    paused = await client.post("/ops/api/tasks/t-1/pause", json={}, headers=ANN | same)
+    assert paused.status_code == 200, paused.text

@@ -30,6 +30,9 @@ WORKER_ARGS = (
     "--agent-heartbeat", "0.5", "--agent-gone-after", "3",
 )  # fmt: skip
 STEP = {"work": 0.1, "idempotent": True}
+#: The workers' part of a failover: the first task finished on the new primary within this
+#: many seconds of the promotion (measured: under 0.5 s; the rest is slack for a busy machine).
+RECOVERS_WITHIN = 8.0
 TASKS = 40
 
 
@@ -88,7 +91,8 @@ def _run_failover(
         for t in tasks
         if t.finished_at and t.finished_at.timestamp() > crashed
     ]
-    return tasks, (min(after) - promoted if after else 0.0), ids
+    assert after, c.why("no task finished after the crash: the failover was not under load")
+    return tasks, min(after) - promoted, ids
 
 
 def test_a_synchronous_failover_loses_nothing_and_applies_no_effect_twice(
@@ -96,13 +100,14 @@ def test_a_synchronous_failover_loses_nothing_and_applies_no_effect_twice(
 ) -> None:
     with own_pair() as pair:
         pair.synchronous()
-        c = Cluster(pair.url + "?target_session_attrs=read-write", tmp_path)
+        c = Cluster(pair.url, tmp_path)  # the store asks for the primary by default
         try:
             tasks, recovered, ids = _run_failover(c, pair)
             effects = Counter(x["key"] for x in c.effects())
             terms = _terms(*(p.log() for p in c.procs))
             why = c.why(f"effects {effects}\nterms {terms}\nrecovered after {recovered:.2f} s")
             print(f"synchronous failover: a task finished {recovered:.2f} s after the promotion")
+            assert recovered <= RECOVERS_WITHIN, why
             assert all(t.process_state == PROCESSED for t in tasks), why
             assert len(effects) == 3 * len(ids) and set(effects.values()) == {1}, why
             assert all(t.failure_count == 0 for t in tasks), why
@@ -133,13 +138,14 @@ def test_an_asynchronous_failover_may_lose_commits_but_never_applies_an_effect_t
     tmp_path: Path,
 ) -> None:
     with own_pair() as pair:  # asynchronous: the primary does not wait for the standby
-        c = Cluster(pair.url + "?target_session_attrs=read-write", tmp_path)
+        c = Cluster(pair.url, tmp_path)  # the store asks for the primary by default
         try:
             tasks, recovered, ids = _run_failover(c, pair, kill_one=True)
             effects = Counter(x["key"] for x in c.effects())
             holders = _holders_by_term(c, ids)
             why = c.why(f"effects {effects}\nholders by term {holders}")
             print(f"asynchronous failover: a task finished {recovered:.2f} s after the promotion")
+            assert recovered <= RECOVERS_WITHIN, why
             # Every task finishes (its submit sent again where the failover lost it)...
             assert all(t.process_state == PROCESSED for t in tasks), why
             # ...and the service applied each step's effect once, even a step that ran again

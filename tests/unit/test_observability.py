@@ -241,3 +241,35 @@ def test_a_json_line_keeps_the_traceback_in_one_field() -> None:
     [line] = _json_lines(run)
     assert line["level"] == "ERROR"
     assert "ValueError: bad" in line["exception"]
+
+
+async def test_a_flush_shared_by_two_tasks_runs_about_neither() -> None:
+    """A group commit serves whoever submits: its lines are not about the first submitter's
+    task (the flush runs in a context of its own)."""
+    from stepwarden._batch import Batcher
+
+    seen: list[dict[str, Any]] = []
+
+    async def flush(items: Any) -> list[int]:
+        seen.append(_logs.about())
+        return [len(seen)] * len(items)
+
+    batcher: Batcher[str, int] = Batcher(flush)
+
+    async def drive(task_id: str) -> int:
+        _logs.about_task(task_id, "wf", 1)
+        return await batcher.submit(task_id)
+
+    await asyncio.gather(drive("A"), drive("B"))
+    assert seen == [{}]
+
+
+def test_a_line_naming_another_task_takes_nothing_from_the_context() -> None:
+    async def run() -> str:
+        _logs.about_task("A", "wf-a", 3)
+        record = logging.LogRecord("x", logging.INFO, __file__, 1, "task B: set aside", (), None)
+        record.task_id = "B"
+        return _logs.JsonFormatter().format(record)
+
+    line = json.loads(asyncio.run(run()))
+    assert line["task_id"] == "B" and "workflow" not in line and "attempt" not in line

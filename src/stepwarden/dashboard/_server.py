@@ -8,7 +8,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -438,6 +438,7 @@ def _mounted_api(app: App, auth: Callable[..., Any], hosts: Sequence[str] | None
         middleware=[
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
+            Middleware(_SameOrigin),
             Middleware(_BodyLimit),
         ],
         exception_handlers={
@@ -562,6 +563,31 @@ class _HostCheck:
                     f"this dashboard does not serve the host {host!r} (served: {known}; "
                     "add one with --allowed-host)",
                 )
+                return
+        await self.inner(scope, receive, send)
+
+
+class _SameOrigin:
+    """Mounted behind the service's own auth, which may rest on a cookie the browser sends by
+    itself: an action a page of another site makes the browser send is refused (403), as the
+    browser names it (`Sec-Fetch-Site` other than same-origin or none, or an `Origin` whose
+    host is not the request's). Calls from programs, which send neither, are not affected."""
+
+    SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+    def __init__(self, inner: ASGIApp) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in self.SAFE:
+            headers = Headers(scope=scope)
+            site = headers.get("sec-fetch-site")
+            origin = headers.get("origin")
+            other_origin = origin is not None and (
+                origin == "null" or urlsplit(origin).netloc != headers.get("host", "")
+            )
+            if (site is not None and site not in ("same-origin", "none")) or other_origin:
+                await _refuse(scope, send, 403, "an action sent from another site is refused")
                 return
         await self.inner(scope, receive, send)
 

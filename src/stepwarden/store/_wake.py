@@ -3,6 +3,10 @@ process that listens binds a Unix datagram socket in a directory of the database
 each commit sends its wake-ups (`Wakeups.due`) to every other socket there. Nothing waits on
 a wake-up: a full or gone receiver is skipped, and a lost wake-up only costs the receiver a
 poll interval. A socket left by a process that died refuses the datagram and is removed.
+No failure to wake another process reaches the write that committed.
+
+The directory is the user's own (mode 0700, owned by this process's user, not a symlink):
+one found otherwise (made by another user first, say) is not used, and the processes poll.
 
 The directory is `<database>-wake` beside the database, where every process that can open
 the file finds it; when the socket paths would be too long for the system (`sun_path`, 108
@@ -17,6 +21,7 @@ import hashlib
 import logging
 import os
 import socket
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -45,6 +50,20 @@ def wake_dir(database: str) -> Path:
     return Path(tempfile.gettempdir()) / f"stepwarden-wake-{digest}"
 
 
+def _own_dir(path: Path) -> bool:
+    """Whether `path` is a directory of this process's user that no one else may write in
+    (or read: task ids go through it), and not a symlink to one elsewhere."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == os.geteuid()
+        and found.st_mode & 0o077 == 0
+    )
+
+
 def datagrams(wake: Wakeups) -> list[bytes]:
     """The wake-ups as datagrams of at most DATAGRAM_LIMIT bytes: `[channel, [payload...]]`;
     a payload too long for one on its own is left out (the receiver's poll finds it)."""
@@ -53,7 +72,7 @@ def datagrams(wake: Wakeups) -> list[bytes]:
         batch: list[str] = []
         size = 0
         for item in payloads:
-            n = len(item.encode()) + 4
+            n = len(orjson.dumps(item)) + 1  # as written in the datagram, escapes and comma
             if n + len(channel) + 8 > DATAGRAM_LIMIT:
                 continue
             if batch and size + n + len(channel) + 8 > DATAGRAM_LIMIT:
@@ -78,24 +97,32 @@ class WakeChannel:
 
     # -- sending --------------------------------------------------------------------------
     def send(self, wake: Wakeups) -> None:
-        """Send `wake` to every other listening process now (never blocks)."""
+        """Send `wake` to every other listening process now (never blocks, never raises)."""
         if not wake:
             return
         try:
-            peers = [
-                e.path
-                for e in os.scandir(self.dir)
-                if e.name.endswith(SOCKET_SUFFIX) and e.path != self._own
-            ]
-        except FileNotFoundError:
-            return  # nobody listens yet
+            self._send(wake)
+        except OSError as exc:  # the others poll: a wake-up is never worth a failed write
+            logger.debug("wake-ups not sent: %s", exc)
+
+    def _send(self, wake: Wakeups) -> None:
+        if not _own_dir(self.dir):
+            return  # nobody listens yet, or the folder is not this user's own
+        peers = [
+            e.path
+            for e in os.scandir(self.dir)
+            if e.name.endswith(SOCKET_SUFFIX)
+            and e.path != self._own
+            and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)
+        ]
         if not peers:
             return
         if self._sender is None:
             self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._sender.setblocking(False)
+        sent = datagrams(wake)
         for peer in peers:
-            for data in datagrams(wake):
+            for data in sent:
                 try:
                     self._sender.sendto(data, peer)
                 except (ConnectionRefusedError, FileNotFoundError):
@@ -115,6 +142,10 @@ class WakeChannel:
         if self._receiver is not None:
             return
         self.dir.mkdir(mode=0o700, exist_ok=True)
+        if not _own_dir(self.dir):
+            raise PermissionError(
+                f"{self.dir} is not a folder of this user's own (mode 0700, not a symlink)"
+            )
         path = str(self.dir / f"{uuid.uuid4().hex}-{os.getpid()}{SOCKET_SUFFIX}")
         receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:

@@ -227,7 +227,9 @@ class Store(abc.ABC):
             back.set()
 
     def _wrote(self, started: float) -> None:
-        """A write transaction begun at `started` (`time.perf_counter()`) has ended."""
+        """A write transaction begun at `started` (`time.perf_counter()`) has committed (a
+        failed one is not timed: one that never reached the server would drag the figures
+        down during an outage)."""
         if self.write_observer is not None:
             self.write_observer(time.perf_counter() - started)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -132,6 +133,17 @@ def _translate(exc: psycopg.Error) -> StoreError:
     )
     kind = TransientStoreError if transient else PermanentStoreError
     return kind(f"PostgreSQL error: {exc}")
+
+
+def _wrong_server(exc: BaseException) -> bool:
+    """Whether a failure, or the psycopg error it was translated from (a StoreError raised
+    by a transaction or a savepoint's flow), says the server is read-only (WRONG_SERVER)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, psycopg.Error) and (seen.sqlstate or "") in WRONG_SERVER:
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _lost_connection(exc: psycopg.Error) -> bool:
@@ -351,7 +363,9 @@ class PostgresStore(Store):
             finally:
                 self._checking = None
 
-        self._checking = asyncio.create_task(check(), name="stepwarden-pool-check")
+        self._checking = asyncio.create_task(
+            check(), name="stepwarden-pool-check", context=contextvars.Context()
+        )
 
     async def _fetch(self, query: Query) -> Rows:
         async with self._connection() as conn:
@@ -359,15 +373,18 @@ class PostgresStore(Store):
 
     async def _write_one(self, query: Query) -> Rows:
         # One statement is a transaction of its own: one round trip, no BEGIN or COMMIT.
-        return await self._fetch(query)
+        async with self._connection() as conn:
+            started = time.perf_counter()
+            rows = await _rows(await _send(conn, query))
+            self._wrote(started)
+        return rows
 
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
-        started = time.perf_counter()
-        try:
-            async with self._connection() as conn, conn.pipeline() as pipe:
+        async with self._connection() as conn:
+            started = time.perf_counter()  # the connection taken: the server's time from here
+            async with conn.pipeline() as pipe:
                 result = await _drive(conn, pipe, flow(wake), wake)
-        finally:
             self._wrote(started)
         self.notifier.publish_all(wake)
         return result
@@ -378,11 +395,7 @@ class PostgresStore(Store):
         wake = Wakeups()
         steps = flow(wake)
         [query] = next(steps)
-        started = time.perf_counter()
-        try:
-            rows = await self._fetch(query)
-        finally:
-            self._wrote(started)
+        rows = await self._write_one(query)
         try:
             steps.send([rows])
         except StopIteration as stop:
@@ -549,9 +562,12 @@ class PostgresStore(Store):
                 conn = await self._listen_connect()
             except psycopg.Error as exc:
                 raise StoreError(f"cannot listen for notifications: {exc}") from exc
+            if self._pool is None:  # closed while this connected
+                await conn.close()
+                raise StoreError("the store is not open")
             self._listen_first = conn
             self._listener = asyncio.create_task(
-                self._listen_loop(conn), name="stepwarden-listen"
+                self._listen_loop(conn), name="stepwarden-listen", context=contextvars.Context()
             )
 
     async def _listen_connect(self) -> Conn:
@@ -627,8 +643,8 @@ class PostgresStore(Store):
         try:
             async with conn:
                 yield conn
-        except psycopg.Error as exc:
-            if (exc.sqlstate or "") in WRONG_SERVER:
+        except Exception as exc:
+            if _wrong_server(exc):
                 await conn.close()  # the pool drops it and connects anew, to the primary
             raise
         finally:
@@ -639,7 +655,9 @@ class PostgresStore(Store):
         however many calls lost theirs)."""
         self._lost()
         if self._probing is None and self._pool is not None:
-            self._probing = asyncio.create_task(self._probe_loop(), name="stepwarden-probe")
+            self._probing = asyncio.create_task(
+                self._probe_loop(), name="stepwarden-probe", context=contextvars.Context()
+            )
 
     async def _probe_loop(self) -> None:
         """Try a new connection every PROBE_EVERY seconds until one succeeds. When the server

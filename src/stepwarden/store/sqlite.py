@@ -234,7 +234,11 @@ class SQLiteStore(Store):
     async def _write(self, flow: FlowFn[T]) -> T:
         wake = Wakeups()
 
+        began = 0.0
+
         def transaction(conn: sqlite3.Connection) -> T:
+            nonlocal began
+            began = time.perf_counter()  # the connection's turn: the database's time from here
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = _drive(conn, flow(wake), time.time())
@@ -244,11 +248,8 @@ class SQLiteStore(Store):
             conn.execute("COMMIT")
             return result
 
-        started = time.perf_counter()
-        try:
-            result = await self._in_thread(transaction)
-        finally:
-            self._wrote(started)
+        result = await self._in_thread(transaction)
+        self._wrote(began)
         self.notifier.publish_all(wake)
         if self._wake is not None:
             self._wake.send(wake)
