@@ -13,7 +13,7 @@ import getpass
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import _check, _json, rules
+from . import _check, _json, rules, tracing
 from ._batch import Batcher
 from .agent import Agent
 from .alerts import AlertSink, LogSink
@@ -61,6 +61,9 @@ from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
 from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, workflow_name
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 T = TypeVar("T")
 W = TypeVar("W", bound=WorkflowFn)
@@ -576,7 +579,12 @@ class App:
         submits = self._submits.get(loop)
         if submits is None:
             submits = self._submits[loop] = Batcher((await self.store()).submit)
-        await submits.submit(task)
+        if not tracing.active():
+            await submits.submit(task)
+            return TaskId(task.task_id)
+        with _submit_span(task.workflow, [task]) as span:
+            task = dataclasses.replace(task, trace_context=tracing.stored(span))
+            _created(span, await submits.submit(task))
         return TaskId(task.task_id)
 
     @overload
@@ -656,8 +664,21 @@ class App:
         return task_id, name, _json.dumps(payload, what="the event's payload"), event_id
 
     async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
-        """Submit tasks built with `new_task` in one transaction; True where created."""
-        return await (await self.store()).submit(tasks)
+        """Submit tasks built with `new_task` in one transaction; True where created. Traced,
+        they share one submit span (the parent of their runs)."""
+        store = await self.store()
+        if not tracing.active() or not tasks:
+            return await store.submit(tasks)
+        with _submit_span(tasks[0].workflow, tasks) as span:
+            context = tracing.stored(span)
+            created = await store.submit(
+                [
+                    t if t.trace_context else dataclasses.replace(t, trace_context=context)
+                    for t in tasks
+                ]
+            )
+            span.set_attributes(tracing.attributes(created=sum(created)))
+            return created
 
     def submit_many(self, tasks: Sequence[NewTask]) -> list[bool]:
         """The blocking form of `submit_many_async`."""
@@ -1062,7 +1083,12 @@ class TaskTransaction:
             start_after=start_after,
             version=version,
         )
-        await self._tx.submit([task])
+        if not tracing.active():
+            await self._tx.submit([task])
+            return TaskId(task.task_id)
+        with _submit_span(task.workflow, [task]) as span:
+            task = dataclasses.replace(task, trace_context=tracing.stored(span))
+            _created(span, (await self._tx.submit([task]))[0])
         return TaskId(task.task_id)
 
     async def send_event(
@@ -1072,6 +1098,36 @@ class TaskTransaction:
         only if the transaction commits (see `App.send_event_async`)."""
         event = self._app._event(task_id, name, payload, event_id)
         return _sent(task_id, name, await self._tx.send_event(*event, self._app.event_bounds))
+
+
+@contextlib.contextmanager
+def _submit_span(workflow: str, tasks: Sequence[NewTask]) -> Iterator[Span]:
+    """The span of a submit (`tracing`), a child of the caller's current span."""
+    one = tasks[0] if len(tasks) == 1 else None
+    attrs = {
+        "messaging.system": tracing.SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "submit",
+        "messaging.destination.name": workflow,
+        "messaging.batch.message_count": len(tasks) if one is None else None,
+        **tracing.attributes(
+            workflow=workflow,
+            task_id=None if one is None else one.task_id,
+            version=None if one is None else one.version,
+            priority=None if one is None else one.priority,
+        ),
+    }
+    with tracing.span(
+        f"submit {workflow}",
+        kind="producer",
+        attrs={k: v for k, v in attrs.items() if v is not None},
+    ) as span:
+        yield span
+
+
+def _created(span: Span, created: Any) -> None:
+    """Say on a submit's span whether its task was created (False: the id existed)."""
+    span.set_attributes(tracing.attributes(outcome="created" if created else "exists"))
 
 
 def _for_version(spec: ScheduleSpec, wf: Workflow) -> ScheduleSpec:

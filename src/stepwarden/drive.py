@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import _json, _logs
+from . import _json, _logs, tracing
 from .agent import AnyOperation
 from .deadline import Deadline
 from .errors import (
@@ -64,6 +64,9 @@ from .rules import AlertReason, describe, error_text
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import Store
 from .workflow import Abandon, Context, Parked, Workflow, compensation
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger("stepwarden.scheduler")
 T = TypeVar("T")
@@ -183,6 +186,8 @@ class TaskDrive:
         with each later write, which the store then does not apply."""
         self._recording: set[asyncio.Task[bool]] = set()
         """Writes of outcomes alone under way (kept from the garbage collector)."""
+        self.span: Span | None = None
+        """The span of this run (`tracing`), while traced; `outcome` ends it."""
 
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
@@ -194,8 +199,57 @@ class TaskDrive:
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> None:
         """Run the task's workflow (its compensation, when it is compensating) until it
-        ends, then record how it ended; stop and write nothing when the hold is lost."""
+        ends, then record how it ended; stop and write nothing when the hold is lost.
+        Traced, the run is a span (`tracing`): a child of the task's submit, linked to the
+        task's run before it, current while the workflow runs."""
         _logs.about_task(self.task_id, self.held.workflow, self.held.attempt)
+        if not tracing.active():
+            await self._run()
+            return
+        task = self.claimed.task
+        compensating = task.process_state == TaskState.COMPENSATING
+        span = self.span = tracing.start(
+            f"{'compensate' if compensating else 'run'} {task.workflow}",
+            kind="consumer",
+            parent_of=tracing.parent(task.trace_context),
+            links=tracing.link(task.run_trace, link="previous_run"),
+            attrs={
+                "messaging.system": tracing.SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.destination.name": task.workflow,
+                **tracing.attributes(
+                    task_id=task.task_id,
+                    workflow=task.workflow,
+                    version=task.version,
+                    task_attempt=task.attempt,
+                    failure_count=task.failure_count,
+                    scheduler=self.instance,
+                    process_state=str(task.process_state),
+                    replay=bool(self.claimed.steps or self.claimed.waits),
+                ),
+            },
+        )
+        try:
+            await self._note_run(span)
+            with tracing.current(span):
+                await self._run()
+        finally:
+            span.set_attributes(tracing.attributes(outcome=self.outcome))
+            if self.outcome in ("failed", TaskState.COMPENSATION_FAILED):
+                tracing.failed(span, f"the task ended {self.outcome}")
+            span.end()
+
+    async def _note_run(self, span: Span) -> None:
+        """Record the run's trace context with its task, for the next run to link to."""
+        context = tracing.stored(span)
+        if context is None:
+            return
+        try:
+            await self.host.store.note_run(self.task_id, self.held.attempt, self.instance, context)
+        except StoreError as exc:  # the next run goes without its link
+            logger.info("task %s: cannot record its run's trace context: %s", self.task_id, exc)
+
+    async def _run(self) -> None:
         task = self.claimed.task
         ctx = Context(self, self.held, self.claimed.steps, self.claimed.waits)
         compensating = task.process_state == TaskState.COMPENSATING
@@ -283,6 +337,55 @@ class TaskDrive:
     ) -> Any:
         """Record and queue a step (or take over / re-dispatch a recorded one), then wait for
         its result until its complete_by."""
+        if self.span is None:
+            return await self._run_step(dispatch, step_name, fallback, None)
+        span = tracing.start(
+            f"dispatch {step_name}",
+            kind="producer",
+            parent_of=self.span,
+            attrs={
+                "messaging.system": tracing.SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "dispatch",
+                **tracing.attributes(
+                    task_id=self.task_id,
+                    workflow=held.workflow,
+                    version=held.version,
+                    seq=dispatch.seq,
+                    step=step_name,
+                    position=dispatch.position if isinstance(dispatch, NewStep) else None,
+                    compensates=dispatch.compensates if isinstance(dispatch, NewStep) else None,
+                    idempotency_key=idempotency_key(self.task_id, dispatch.seq),
+                    task_attempt=held.attempt,
+                    dispatch=type(dispatch).__name__.lower(),
+                ),
+            },
+        )
+        outcome = "abandoned"
+        try:
+            context = tracing.stored(span)
+            dispatch = replace(dispatch, trace_context=context)
+            if fallback is not None:
+                fallback = replace(fallback, trace_context=context)
+            try:
+                value = await self._run_step(dispatch, step_name, fallback, span)
+            except StepFailed as exc:
+                outcome = "failed"
+                tracing.failed(span, exc)
+                raise
+            outcome = "completed"
+            return value
+        finally:
+            span.set_attributes(tracing.attributes(outcome=outcome))
+            span.end()
+
+    async def _run_step(
+        self,
+        dispatch: StepDispatch,
+        step_name: str,
+        fallback: StepDispatch | None,
+        span: Span | None,
+    ) -> Any:
         where = (self.task_id, dispatch.seq)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[dispatch.seq] = future
@@ -304,7 +407,10 @@ class TaskDrive:
                 if got is None and fallback is not None:
                     got, _ = await self._write_step(fallback)
                     if got is not None:
+                        tracing.event(span, "dispatched_again", seq=got.seq, attempt=got.attempt)
                         await self._alert_if_retried_too_often(fallback, got, step_name)
+                if got is not None and span is not None:
+                    span.set_attributes(tracing.attributes(attempt=got.attempt))
                 if got is None:
                     # Fenced out, or the step finished meanwhile: only the latter lets us go on.
                     record = await self._finished(dispatch.seq)
@@ -392,6 +498,7 @@ class TaskDrive:
                     step.complete_within
                     or self.workflow_of(self.held).complete_within.total_seconds()
                 ),
+                trace_context=write.trace_context,
             )
             uncertain = False
 
@@ -451,8 +558,12 @@ class TaskDrive:
     # -- waits ----------------------------------------------------------------------------
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read a wait (tried again while the store is unreachable: a try whose
-        answer was lost is found as it left the wait, or the task parked, hence fenced)."""
+        answer was lost is found as it left the wait, or the task parked, hence fenced).
+        Traced, a child task's runs are children of this run's span."""
         await self._outcomes_first()
+        if request.child is not None and self.span is not None:
+            child = replace(request.child, trace_context=tracing.stored(self.span))
+            request = replace(request, child=child)
         try:
             outcome = await self._answered(
                 f"task {self.task_id}: cannot record its wait {request.seq}",
@@ -514,6 +625,7 @@ class TaskDrive:
             remaining=got.remaining,
             compensates=dispatch.compensates,
             workflow=self.held.workflow,
+            trace_context=dispatch.trace_context,
         )
 
     async def _local_outcome(self, future: asyncio.Future[Answer], outcome: StepOutcome) -> bool:

@@ -59,6 +59,9 @@ class NewTask:
     """A child task's parent: the task whose workflow started it (`Context.child`)."""
     parent_position: str | None = None
     """A child task's place in its parent's workflow (where the parent waits for it)."""
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the task's submit span, the parent of its runs'
+    spans (`tracing`); None when tracing is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +98,12 @@ class TaskRecord:
     """A child task's parent: the task whose workflow started it (`Context.child`)."""
     parent_position: str | None = None
     """A child task's place in its parent's workflow."""
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the task's submit span, the parent of its runs'
+    spans (`tracing`); None when tracing is off."""
+    run_trace: str | None = None
+    """The W3C trace context (JSON text) of the span of the task's latest run that recorded
+    it, which the next run's span links to (`tracing`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +150,9 @@ class StepRecord:
     """When the agent instance that held the step (`locked_by`, under `attempt`) reported its
     call ended after the step was taken from it (abandoned): from then on the step no longer
     holds up its task's compensation."""
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the span of the step's latest dispatch, the
+    parent of its agent's call span (`tracing`); None when tracing is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +204,9 @@ class NewStep:
     claimed_by: str | None = None
     """An agent instance of the scheduler's own process with room for it: the step is
     recorded running, held by that instance, which calls it at once (no queue, no wake-up)."""
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the span of the step's dispatch, the
+    parent of its agent's call span (`tracing`); None when tracing is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,6 +221,9 @@ class Redispatch:
     agent: str
     expected_attempt: int  # the step attempt seen
     complete_within: float
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the span of the step's dispatch, the
+    parent of its agent's call span (`tracing`); None when tracing is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +236,9 @@ class Adopt:
     scheduler: str
     seq: int
     expected_attempt: int  # the step attempt seen
+    trace_context: str | None = None
+    """The trace context of this dispatch's span, recorded with the step while it waits in
+    the queue (a step running keeps the one its call was made under); None: unchanged."""
 
 
 StepDispatch = NewStep | Redispatch | Adopt
@@ -282,6 +303,9 @@ class Request:
     from the queue: handed over in process, or taken up again)."""
     workflow: str | None = None
     """The workflow of its task, for the log (None when not read: taken up again)."""
+    trace_context: str | None = None
+    """The W3C trace context (JSON text) of the span of the step's latest dispatch, the
+    parent of its agent's call span (`tracing`); None when tracing is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,9 +32,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _json, _logs
+from . import _json, _logs, tracing
 from ._aio import first
 from ._batch import Batcher
 from .agent import Agent, Call
@@ -55,6 +55,9 @@ from .retry import after_store_failure, answered
 from .rules import describe
 from .states import StepState
 from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store, Subscription
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger("stepwarden.agent")
 T = TypeVar("T")
@@ -95,6 +98,10 @@ class _Hold:
         self._task: asyncio.Task[Any] | None = None
         """The serving task, while what it awaits may be interrupted."""
         self._interrupted = False
+        self.span: Span | None = None
+        """The call's span (`tracing`), while traced."""
+        self.outcome = "stopped"
+        """How the call ended, for its span."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -536,11 +543,49 @@ class AgentRunner:
         r = hold.request
         _logs.about_step(r.task_id, r.workflow, f"{r.agent}.{r.operation}", r.seq, r.attempt)
         try:
-            await self._calls(hold)
+            if tracing.active():
+                await self._traced_calls(hold)
+            else:
+                await self._calls(hold)
         finally:
             if self._holds.get(hold.key) is hold:
                 del self._holds[hold.key]
                 self._ended.add(hold.key)
+
+    async def _traced_calls(self, hold: _Hold) -> None:
+        """`_calls` in a span of its own (`tracing`), a child of the span of the step's
+        dispatch (in whatever process it was) and the current span while the operation runs,
+        so that the operation's own instrumented calls join it."""
+        request = hold.request
+        op = self.agent.operations[request.operation]
+        span = hold.span = tracing.start(
+            f"call {op.qualname}",
+            kind="consumer",
+            parent_of=tracing.parent(request.trace_context),
+            attrs={
+                "messaging.system": tracing.SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.destination.name": self.agent.name,
+                "code.function.name": _function_name(op.fn),
+                **tracing.attributes(
+                    task_id=request.task_id,
+                    seq=request.seq,
+                    attempt=request.attempt,
+                    idempotency_key=request.idempotency_key,
+                    agent=self.agent.name,
+                    operation=request.operation,
+                    agent_instance=self.instance,
+                    compensates=request.compensates,
+                    handed_over=hold.report is not None,
+                ),
+            },
+        )
+        try:
+            with tracing.current(span):
+                await self._calls(hold)
+        finally:
+            span.set_attributes(tracing.attributes(outcome=hold.outcome))
+            span.end()
 
     async def _calls(self, hold: _Hold) -> None:
         """Call the operation of a claimed request until it answers, fails for good, runs
@@ -563,6 +608,8 @@ class AgentRunner:
                     request.operation,
                     0.0 if hold.report is not None else request.queued,
                 )
+            if hold.span is not None:
+                hold.span.set_attributes(tracing.attributes(tries=tries))
             call = Call(
                 task_id=request.task_id,
                 step=request.seq,
@@ -610,6 +657,8 @@ class AgentRunner:
                         op.qualname,
                         request.idempotency_key,
                     )
+                    hold.outcome = "expired"
+                    tracing.failed(hold.span, "complete_by passed")
                     return
                 error, permanent = exc, op.retry.is_permanent(exc)
             except PayloadError as exc:
@@ -639,14 +688,20 @@ class AgentRunner:
                 await self._report(hold, StepState.COMPLETED, result, None, tries)
                 return
             message = describe(error)
+            if hold.span is not None:
+                hold.span.record_exception(error, tracing.attributes(try_number=tries))
             if permanent:
+                tracing.failed(hold.span, error)
                 await self._report(hold, StepState.FAILED, None, message, tries)
                 return
             if self.breaker is not None and self.breaker.state == OPEN:
                 # This failure opened the breaker: another instance may reach the service.
+                tracing.event(hold.span, "breaker_opened", agent_instance=self.instance)
                 await self._hand_back(hold, CircuitOpen(f"agent {self.agent.name}: open"))
                 return
             if tries >= op.retry.max_attempts:
+                hold.outcome = "gave_up"
+                tracing.failed(hold.span, error)
                 logger.warning(
                     "%s for %s: giving up after %d tries (%s); the supervisor will retry the step",
                     op.qualname,
@@ -663,7 +718,10 @@ class AgentRunner:
                     request.idempotency_key,
                     message,
                 )
+                hold.outcome = "gave_up"
+                tracing.failed(hold.span, error)
                 return
+            tracing.event(hold.span, "retry", try_number=tries, delay=delay, error=message)
             logger.debug(
                 "%s for %s: try %d failed (%s), retrying in %.2fs",
                 op.qualname,
@@ -685,6 +743,8 @@ class AgentRunner:
         request = hold.request
         why = hold.cancelled or "the step is no longer held by this call"
         logger.info("%s for %s: cancelled (%s)", op.qualname, request.idempotency_key, why)
+        hold.outcome = "cancelled"
+        tracing.event(hold.span, "cancelled", reason=why)
         stop = CallStop(
             task_id=request.task_id,
             seq=request.seq,
@@ -739,6 +799,8 @@ class AgentRunner:
         if back:
             self.metrics.step_handed_back(self.agent.name, request.operation)
             logger.info("%s: %s, handed back to the queue", request.idempotency_key, why)
+            hold.outcome = "handed_back"
+            tracing.event(hold.span, "handed_back", reason=str(why))
 
     async def _report(
         self, hold: _Hold, state: StepState, result: str | None, error: str | None, tries: int
@@ -756,6 +818,7 @@ class AgentRunner:
         )
         report = hold.report or self._completions.submit
         hold.answered = True
+        hold.outcome = str(state)
         applied = await self._before_complete_by(
             f"cannot record the outcome of {request.idempotency_key}",
             hold,
@@ -766,6 +829,7 @@ class AgentRunner:
         if applied:
             self.metrics.step_reported(self.agent.name, request.operation, state)
         if not applied:
+            hold.outcome = "discarded"
             logger.info(
                 "late outcome of %s/%d attempt %d discarded",
                 request.task_id,
@@ -785,3 +849,8 @@ def _tried(verdict: bool | None, error: BaseException | None) -> str:
     if error is None:
         return {True: "ok", False: "timeout", None: "cancelled"}[verdict]
     return "timeout" if isinstance(error, TimeoutError) else "error"
+
+
+def _function_name(fn: Any) -> str:
+    """An operation's function as OpenTelemetry's `code.function.name` names it."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

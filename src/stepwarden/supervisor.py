@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from . import tracing
 from ._aio import sleep_unless
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
@@ -135,13 +136,15 @@ class Supervisor:
             refused = await self.store.store_schedules(self.schedules)
             for name, why in refused.items():
                 logger.error("schedule %s: not stored: %s", name, why)
+        began = time.time_ns()
         others_heard = self._others_heard(now)
-        if others_heard:
-            await self._release(term)
-        await self._wake(term)
-        await self._ticks(term)
-        await self._sweep_steps(term, reassign=others_heard)
+        released = await self._release(term) if others_heard else []
+        woke = await self._wake(term)
+        created = await self._ticks(term)
+        swept = await self._sweep_steps(term, reassign=others_heard)
         recovered = await self._sweep(term)
+        if (released or woke or created or swept or recovered) and tracing.active():
+            self._traced(began, term, released, woke, created, swept, recovered)
         if self.retention is not None:
             # A small batch each tick keeps the hot tables small without long transactions.
             purged = await self.store.purge(self.retention, self.purge_batch)
@@ -152,6 +155,54 @@ class Supervisor:
     def leads(self) -> bool:
         """Whether it holds the lease now (a gauge of its metrics)."""
         return self.term is not None
+
+    def _traced(
+        self,
+        began: int,
+        term: int,
+        released: list[Released],
+        woke: list[Woke],
+        created: list[str],
+        swept: list[StepSwept],
+        expired: list[Expired],
+    ) -> None:
+        """The span of a sweep that found work (`tracing`; made once it is known that it did,
+        from its start: an idle tick makes none), with a span for each task it acted on."""
+        sweep = tracing.start(
+            "supervisor sweep",
+            attrs=tracing.attributes(
+                supervisor=self.instance,
+                term=term,
+                released=len(released),
+                woke=len(woke),
+                created=len(created),
+                steps_swept=len(swept),
+                expired=len(expired),
+            ),
+            start_time=began,
+        )
+        ended = time.time_ns()
+        items: list[tuple[str, dict[str, object]]] = []
+        for r in released:
+            attrs: dict[str, object] = {"scheduler": r.scheduler, "outcome": str(r.process_state)}
+            items.append((f"release {r.task_id}", {"task_id": r.task_id, **attrs}))
+        for w in woke:
+            items.append((f"wake {w.task_id}", {"task_id": w.task_id, "waited_for": w.waited_for}))
+        for t in created:
+            items.append((f"tick {t}", {"task_id": t}))
+        for s in swept:
+            attrs = {"seq": s.seq, "outcome": s.kind, "agent": s.agent}
+            attrs["agent_instance"] = s.instance
+            items.append((f"{s.kind} step {s.seq} of {s.task_id}", {"task_id": s.task_id, **attrs}))
+        for e in expired:
+            attrs = {"seq": e.seq, "failure_count": e.failure_count, "set_aside": e.set_aside}
+            attrs["outcome"] = str(e.process_state)
+            items.append((f"expire {e.task_id}", {"task_id": e.task_id, **attrs}))
+        for name, attrs in items:
+            tracing.start(
+                name, parent_of=sweep, attrs=tracing.attributes(**attrs), start_time=began
+            ).end(ended)
+        sweep.end(ended)
 
     def _grace_ends(self) -> float | None:
         """When (monotonic) a scheduler or agent instance whose registry row has expired (by

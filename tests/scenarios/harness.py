@@ -96,12 +96,14 @@ class Cluster:
         *worker_args: str,
         ready: bool = True,
         env: dict[str, str] | None = None,
+        app: str = APP_REF,
     ) -> Proc:
-        """Start `stepwarden worker` with these arguments (after the FAST defaults) and extra
-        environment variables; wait until it runs when `ready`."""
+        """Start `stepwarden worker` of `app` (the scenario App unless named) with these
+        arguments (after the FAST defaults) and extra environment variables; wait until it
+        runs when `ready`."""
         cmd = [
             sys.executable, "-c", "from stepwarden.cli import main; main()",
-            "--app", APP_REF,
+            "--app", app,
             "--store", self.store_url,
             "worker", *FAST, *worker_args,
         ]  # fmt: skip

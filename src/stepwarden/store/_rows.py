@@ -78,6 +78,8 @@ def task_record(row: Row) -> TaskRecord:
         version=row["version"],
         parent_id=row["parent_id"],
         parent_position=row["parent_position"],
+        trace_context=row.get("trace_context"),
+        run_trace=row.get("run_trace"),
     )
 
 
@@ -112,6 +114,7 @@ def step_record(row: Row) -> StepRecord:
         complete_within=row["complete_within"],
         position=row["position"],
         call_stopped_at=when(row["call_stopped_at"]),
+        trace_context=row.get("trace_context"),
     )
 
 
@@ -129,6 +132,7 @@ def request(row: Row) -> Request:
         compensates=row["compensates"],
         queued=None if row.get("queued") is None else float(row["queued"]),
         workflow=row.get("workflow"),
+        trace_context=row.get("trace_context"),
     )
 
 

@@ -518,9 +518,7 @@ class Store(abc.ABC):
         """The scheduler registry: every instance, alive or gone (for a while), by start."""
         return [_rows.scheduler_instance(r) for r in await self._read_one("list_schedulers")]
 
-    async def version_backlog(
-        self, workflows: Sequence[str] | None = None
-    ) -> list[VersionBacklog]:
+    async def version_backlog(self, workflows: Sequence[str] | None = None) -> list[VersionBacklog]:
         """The tasks waiting for a scheduler (pending; compensating, held by none) by
         workflow and version, of these workflows (all, when None), by workflow and version."""
         rows = await self._read_one(
@@ -610,6 +608,11 @@ class Store(abc.ABC):
         not_started, the same attempt, reassignments + 1), each only if still running under
         the given attempt and instance."""
         return await self._write(partial(policy.hand_back, batch))
+
+    async def note_run(self, task_id: str, attempt: int, scheduler: str, run_trace: str) -> bool:
+        """Record the trace context of a run's span (JSON text) with its task, for the next
+        run's span to link to; only while `scheduler` holds the task under `attempt`."""
+        return bool(await self._write_one(policy.note_run(task_id, attempt, scheduler, run_trace)))
 
     async def heartbeat_step(
         self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None

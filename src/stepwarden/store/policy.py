@@ -138,6 +138,7 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
             "parent_id": t.parent_id,
             "parent_position": t.parent_position,
             "head_start": head_start(t.priority),
+            "trace_context": t.trace_context,
         }
         for t in tasks
     ]
@@ -452,14 +453,16 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "position": d.position,
             "claimed_by": d.claimed_by,
             "head_start": head_start(d.priority),
+            "trace_context": d.trace_context,
         }
     if isinstance(d, Redispatch):
         return {
             **fence,
             "expected_attempt": d.expected_attempt,
             "complete_within": float(d.complete_within),
+            "trace_context": d.trace_context,
         }
-    return {**fence, "expected_attempt": d.expected_attempt}
+    return {**fence, "expected_attempt": d.expected_attempt, "trace_context": d.trace_context}
 
 
 def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]]:
@@ -607,6 +610,12 @@ def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool
     return [i in back for i in range(len(batch))]
 
 
+def note_run(task_id: str, attempt: int, scheduler: str, run_trace: str) -> Query:
+    """Record the trace context of a run's span with its task, while the run holds it."""
+    params = {"task_id": task_id, "attempt": attempt, "scheduler": scheduler}
+    return Query("note_run", {**params, "run_trace": run_trace})
+
+
 def heartbeat_step(
     task_id: str, seq: int, attempt: int, instance: str, detail: str | None
 ) -> Query:
@@ -730,9 +739,7 @@ def advance(
     others' writes made again without the refused task's."""
     if not outcomes:
         done: list[bool] = []
-        both = yield from together(
-            dispatch_steps(dispatches, wake), finish_tasks(finishes, wake)
-        )
+        both = yield from together(dispatch_steps(dispatches, wake), finish_tasks(finishes, wake))
         return done, *both
     inner = Wakeups()
     recording = _complete_steps(outcomes, wake, notify=False)
@@ -785,6 +792,7 @@ def _resumed(flow: Flow[T], rows: list[Rows]) -> Flow[T]:
             batch = flow.send((yield batch))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
 
 def call_facts(calls: Sequence[tuple[str, int, int]]) -> Query:
     """The facts of the steps of these calls (task_id, seq, attempt), for `lost`: a batch
@@ -1280,8 +1288,10 @@ def _start_child(req: WaitRequest, wake: Wakeups) -> Flow[str | None]:
     if r["parent_id"] == req.task_id:
         whose = f"the child this task started at position {r['parent_position']}"
     else:
-        whose = "not a child of this task" if r["parent_id"] is None else (
-            f"the child of task {r['parent_id']!r}"
+        whose = (
+            "not a child of this task"
+            if r["parent_id"] is None
+            else (f"the child of task {r['parent_id']!r}")
         )
     return (
         f"ctx.child at position {req.position}: task {child.task_id!r} exists and is "
@@ -1293,9 +1303,11 @@ def _held_by(task_id: str, attempt: int, scheduler: str) -> Flow[bool]:
     """Whether the scheduler holds the task, processing, under this attempt (its row locked
     until commit): the fence of a wait and of a park."""
     task = yield from fetch("wait_read_task", task_id=task_id)
-    return bool(task) and (
-        task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]
-    ) == (str(TaskState.PROCESSING), attempt, scheduler)
+    return bool(task) and (task[0]["process_state"], task[0]["attempt"], task[0]["locked_by"]) == (
+        str(TaskState.PROCESSING),
+        attempt,
+        scheduler,
+    )
 
 
 def park(req: ParkRequest, wake: Wakeups) -> Flow[WaitOutcome]:
@@ -1499,4 +1511,3 @@ def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:
         next_at = first_tick(_rows.schedule_spec(row), float(row["now"]))
     yield [Query("pause_schedule", {"name": name, "paused": paused, "next_at": next_at})]
     return True
-

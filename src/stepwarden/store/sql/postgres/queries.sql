@@ -33,23 +33,24 @@ WITH ins AS (
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position, ranked_at)
+                              parent_position, ranked_at, trace_context)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
        CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
-       now() - make_interval(secs => d.head_start)
+       now() - make_interval(secs => d.head_start), d.trace_context
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
                   %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
-                  %(parent_position)s::text[], %(head_start)s::float8[])
+                  %(parent_position)s::text[], %(head_start)s::float8[],
+                  %(trace_context)s::text[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
                 reply_to, start_at, start_after, version, parent_id, parent_position,
-                head_start)) AS d
+                head_start, trace_context)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -131,11 +132,12 @@ WITH d AS (
                          %(compensation_input)s::text[], %(compensates)s::int[],
                          %(pickup_within)s::float8[], %(total_within)s::float8[],
                          %(limit_key)s::text[], %(position)s::text[],
-                         %(claimed_by)s::text[], %(head_start)s::float8[])
+                         %(claimed_by)s::text[], %(head_start)s::float8[],
+                         %(trace_context)s::text[])
         AS d(task_id, seq, task_attempt, scheduler, name, agent, operation, priority,
              complete_within, idempotency_key, input, ord, compensation, compensation_input,
              compensates, pickup_within, total_within, limit_key, position, claimed_by,
-             head_start)
+             head_start, trace_context)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -152,7 +154,8 @@ WITH d AS (
                                   task_attempt, priority, complete_by, idempotency_key, input,
                                   created_at, dispatched_at, compensation, compensation_input,
                                   compensates, complete_within, pickup_within, give_up_by,
-                                  limit_key, position, locked_by, claimed_at, ranked_at)
+                                  limit_key, position, locked_by, claimed_at, ranked_at,
+                                  trace_context)
     SELECT task_id, seq, name, agent, operation,
            CASE WHEN claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, task_attempt,
            priority,
@@ -163,7 +166,7 @@ WITH d AS (
            compensates, complete_within, pickup_within,
            now() + make_interval(secs => total_within), limit_key, position, claimed_by,
            CASE WHEN claimed_by IS NOT NULL THEN now() END,
-           now() - make_interval(secs => head_start)
+           now() - make_interval(secs => head_start), trace_context
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -185,8 +188,10 @@ ROLLBACK TO SAVEPOINT stepwarden_dependents
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
                          %(scheduler)s::text[], %(expected_attempt)s::int[],
-                         %(complete_within)s::float8[], %(ord)s::int[])
-        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, complete_within, ord)
+                         %(complete_within)s::float8[], %(ord)s::int[],
+                         %(trace_context)s::text[])
+        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, complete_within, ord,
+             trace_context)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -197,6 +202,7 @@ UPDATE stepwarden_steps s
 SET state = 'not_started', attempt = s.attempt + 1, task_attempt = d.task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = now(),
     ranked_at = now() - (s.dispatched_at - s.ranked_at), complete_within = d.complete_within,
+    trace_context = d.trace_context,
     complete_by = stepwarden_step_deadline(now(), make_interval(secs => d.complete_within),
                                            t.complete_by, s.give_up_by, NULL)
 FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
@@ -207,10 +213,12 @@ RETURNING d.ord, s.attempt, extract(epoch FROM s.complete_by - now())::float8 AS
 
 -- name: dispatch_adopt
 -- Take over steps an earlier attempt of the task dispatched, while they are still in time.
+-- A step still queued takes the trace context of this dispatch, when it has one.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
-                         %(scheduler)s::text[], %(expected_attempt)s::int[], %(ord)s::int[])
-        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, ord)
+                         %(scheduler)s::text[], %(expected_attempt)s::int[], %(ord)s::int[],
+                         %(trace_context)s::text[])
+        AS d(task_id, seq, task_attempt, scheduler, expected_attempt, ord, trace_context)
 ), t AS MATERIALIZED (
     SELECT task_id, attempt, locked_by FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
@@ -218,7 +226,10 @@ WITH d AS (
     FOR SHARE
 )
 UPDATE stepwarden_steps s
-SET task_attempt = d.task_attempt
+SET task_attempt = d.task_attempt,
+    trace_context = CASE WHEN s.state = 'not_started'
+                         THEN coalesce(d.trace_context, s.trace_context)
+                         ELSE s.trace_context END
 FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
              AND t.locked_by = d.scheduler
 WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.expected_attempt
@@ -307,7 +318,7 @@ SET state = 'running', locked_by = %(instance)s, claimed_at = now()
 FROM pick
 WHERE s.task_id = pick.task_id AND s.seq = pick.seq AND s.state = 'not_started'
 RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-          s.complete_by, s.ranked_at, s.compensates,
+          s.complete_by, s.ranked_at, s.compensates, s.trace_context,
           extract(epoch FROM s.complete_by - now())::float8 AS remaining,
           extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id) AS workflow
@@ -360,7 +371,7 @@ WITH c AS (
     FROM c
     WHERE s.task_id = c.task_id AND s.seq = c.seq AND s.state = 'not_started'
     RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-              s.complete_by, s.ranked_at, s.compensates, s.limit_key,
+              s.complete_by, s.ranked_at, s.compensates, s.limit_key, s.trace_context,
               extract(epoch FROM s.complete_by - now())::float8 AS remaining,
               extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
               (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id)
@@ -394,6 +405,13 @@ WITH d AS (
 )
 SELECT ord, task_id, seq, agent FROM u
 
+-- name: note_run
+-- Record the trace context of a task's run (its span) while the run holds the task, for the
+-- next run to link to (stepwarden.tracing).
+UPDATE stepwarden_tasks SET run_trace = %(run_trace)s
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
+RETURNING task_id
+
 -- name: heartbeat_step
 -- Extend a running step's complete_by by its complete_within from now: never shorter than
 -- it is, never past its task's complete_by nor its total timeout.
@@ -425,7 +443,7 @@ JOIN stepwarden_tasks t ON t.task_id = s.task_id
 -- The steps of an agent that an instance of it holds: running, locked by it, before their
 -- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-       s.complete_by, s.ranked_at, s.compensates,
+       s.complete_by, s.ranked_at, s.compensates, s.trace_context,
        extract(epoch FROM s.complete_by - now())::float8 AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id

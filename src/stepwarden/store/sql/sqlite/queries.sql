@@ -12,14 +12,14 @@
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position, ranked_at)
+                              parent_position, ranked_at, trace_context)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0
              THEN coalesce(:start_at, :now + :start_after) END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version,
-        :parent_id, :parent_position, :now - :head_start)
+        :parent_id, :parent_position, :now - :head_start, :trace_context)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -93,7 +93,7 @@ INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attem
                               priority, complete_by, idempotency_key, input, created_at,
                               dispatched_at, compensation, compensation_input, compensates,
                               complete_within, pickup_within, give_up_by, limit_key, position,
-                              locked_by, claimed_at, ranked_at)
+                              locked_by, claimed_at, ranked_at, trace_context)
 SELECT :task_id, :seq, :name, :agent, :operation,
        CASE WHEN :claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, :task_attempt,
        :priority,
@@ -101,7 +101,8 @@ SELECT :task_id, :seq, :name, :agent, :operation,
                                 NULL),
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
        :complete_within, :pickup_within, :now + :total_within, :limit_key, :position,
-       :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END, :now - :head_start
+       :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END, :now - :head_start,
+       :trace_context
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
@@ -122,7 +123,7 @@ UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, task_attempt = :task_attempt,
     locked_by = NULL, claimed_at = NULL, call_stopped_at = NULL, dispatched_at = :now,
     ranked_at = :now - (dispatched_at - ranked_at),
-    complete_within = :complete_within,
+    complete_within = :complete_within, trace_context = :trace_context,
     complete_by = stepwarden_step_deadline(
         :now, :complete_within,
         (SELECT complete_by FROM stepwarden_tasks WHERE task_id = :task_id), give_up_by, NULL)
@@ -135,8 +136,11 @@ RETURNING :ord AS ord, attempt, complete_by - :now AS remaining
 
 -- name: dispatch_adopt
 -- Take over a step an earlier attempt of the task dispatched, while it is still in time.
+-- A step still queued takes the trace context of this dispatch, when it has one.
 UPDATE stepwarden_steps
-SET task_attempt = :task_attempt
+SET task_attempt = :task_attempt,
+    trace_context = CASE WHEN state = 'not_started' THEN coalesce(:trace_context, trace_context)
+                         ELSE trace_context END
 WHERE task_id = :task_id AND seq = :seq AND attempt = :expected_attempt
   AND state IN ('not_started', 'running') AND complete_by > :now
   AND EXISTS (SELECT 1 FROM stepwarden_tasks t
@@ -205,7 +209,7 @@ WHERE (task_id, seq) IN (
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, complete_by - :now AS remaining, :now - dispatched_at AS queued,
+          ranked_at, compensates, trace_context, complete_by - :now AS remaining, :now - dispatched_at AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t
            WHERE t.task_id = stepwarden_steps.task_id) AS workflow
 
@@ -247,7 +251,7 @@ UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, limit_key, complete_by - :now AS remaining,
+          ranked_at, compensates, limit_key, trace_context, complete_by - :now AS remaining,
           :now - dispatched_at AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t
            WHERE t.task_id = stepwarden_steps.task_id) AS workflow;
@@ -266,6 +270,13 @@ RETURNING :ord AS ord, task_id, seq, agent;
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (:task_id, :now, 'handed_back',
         json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'reason', :reason));
+
+-- name: note_run
+-- Record the trace context of a task's run (its span) while the run holds the task, for the
+-- next run to link to (stepwarden.tracing).
+UPDATE stepwarden_tasks SET run_trace = :run_trace
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+RETURNING task_id
 
 -- name: heartbeat_step
 -- Extend a running step's complete_by by its complete_within from now: never shorter than
@@ -295,7 +306,7 @@ WHERE s.task_id = :task_id AND s.seq = :seq
 -- The steps of an agent that an instance of it holds: running, locked by it, before their
 -- complete_by; as claim_requests returns them, with the facts rules.call_lost decides on.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
-       s.complete_by, s.ranked_at, s.compensates,
+       s.complete_by, s.ranked_at, s.compensates, s.trace_context,
        s.complete_by - :now AS remaining,
        s.state, s.locked_by, s.abandoned, t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
