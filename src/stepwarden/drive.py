@@ -334,58 +334,13 @@ class TaskDrive:
         step_name: str,
         *,
         fallback: StepDispatch | None = None,
+        span: Span | None = None,
     ) -> Any:
         """Record and queue a step (or take over / re-dispatch a recorded one), then wait for
-        its result until its complete_by."""
-        if self.span is None:
-            return await self._run_step(dispatch, step_name, fallback, None)
-        span = tracing.start(
-            f"dispatch {step_name}",
-            kind="producer",
-            parent_of=self.span,
-            attrs={
-                "messaging.system": tracing.SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "dispatch",
-                **tracing.attributes(
-                    task_id=self.task_id,
-                    workflow=held.workflow,
-                    version=held.version,
-                    seq=dispatch.seq,
-                    step=step_name,
-                    position=dispatch.position if isinstance(dispatch, NewStep) else None,
-                    compensates=dispatch.compensates if isinstance(dispatch, NewStep) else None,
-                    idempotency_key=idempotency_key(self.task_id, dispatch.seq),
-                    task_attempt=held.attempt,
-                    dispatch=type(dispatch).__name__.lower(),
-                ),
-            },
-        )
-        outcome = "abandoned"
-        try:
-            context = tracing.stored(span)
-            dispatch = replace(dispatch, trace_context=context)
-            if fallback is not None:
-                fallback = replace(fallback, trace_context=context)
-            try:
-                value = await self._run_step(dispatch, step_name, fallback, span)
-            except StepFailed as exc:
-                outcome = "failed"
-                tracing.failed(span, exc)
-                raise
-            outcome = "completed"
-            return value
-        finally:
-            span.set_attributes(tracing.attributes(outcome=outcome))
-            span.end()
-
-    async def _run_step(
-        self,
-        dispatch: StepDispatch,
-        step_name: str,
-        fallback: StepDispatch | None,
-        span: Span | None,
-    ) -> Any:
+        its result until its complete_by. Traced, in a span of its dispatch (`span`), whose
+        trace context is recorded with the step."""
+        if self.span is not None and span is None:
+            return await self._traced_step(held, dispatch, step_name, fallback)
         where = (self.task_id, dispatch.seq)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[dispatch.seq] = future
@@ -432,6 +387,55 @@ class TaskDrive:
         if record.state == StepState.COMPLETED:
             return record.result
         raise StepFailed(step_name, record.error)
+
+    async def _traced_step(
+        self,
+        held: Held,
+        dispatch: StepDispatch,
+        step_name: str,
+        fallback: StepDispatch | None,
+    ) -> Any:
+        """`run_step` in the span of its dispatch, a child of the run's."""
+        assert self.span is not None
+        span = tracing.start(
+            f"dispatch {step_name}",
+            kind="producer",
+            parent_of=self.span,
+            attrs={
+                "messaging.system": tracing.SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "dispatch",
+                **tracing.attributes(
+                    task_id=self.task_id,
+                    workflow=held.workflow,
+                    version=held.version,
+                    seq=dispatch.seq,
+                    step=step_name,
+                    position=dispatch.position if isinstance(dispatch, NewStep) else None,
+                    compensates=dispatch.compensates if isinstance(dispatch, NewStep) else None,
+                    idempotency_key=idempotency_key(self.task_id, dispatch.seq),
+                    task_attempt=held.attempt,
+                    dispatch=type(dispatch).__name__.lower(),
+                ),
+            },
+        )
+        outcome = "abandoned"
+        try:
+            context = tracing.stored(span)
+            dispatch = replace(dispatch, trace_context=context)
+            if fallback is not None:
+                fallback = replace(fallback, trace_context=context)
+            try:
+                value = await self.run_step(held, dispatch, step_name, fallback=fallback, span=span)
+            except StepFailed as exc:
+                outcome = "failed"
+                tracing.failed(span, exc)
+                raise
+            outcome = "completed"
+            return value
+        finally:
+            span.set_attributes(tracing.attributes(outcome=outcome))
+            span.end()
 
     def waited(self) -> list[tuple[str, int]]:
         """The steps (task_id, seq) whose result its workflow waits for."""

@@ -292,3 +292,34 @@ async def test_an_operations_instrumented_http_call_joins_its_call_span(
     assert client.kind == "CLIENT"
     assert client.parent_id == call.span_id
     assert trace_id == call.trace_id == one(spans, "submit pay").trace_id
+
+
+async def test_a_child_task_is_traced_under_its_parents_run(store_url: str) -> None:
+    with sdk() as (_, exporter):
+        app = sw.App("family", store=store_url)
+        svc = app.agent("svc")
+
+        @svc.operation
+        async def work(call: sw.Call, x: int) -> int:
+            return x
+
+        @app.workflow(complete_within=WITHIN)
+        async def kid(ctx: sw.Context, x: int) -> int:
+            return int(await ctx.step(work, x))
+
+        @app.workflow(complete_within=WITHIN)
+        async def parent(ctx: sw.Context, x: int) -> int:
+            return int(await ctx.child(kid, x)) + 1
+
+        async with app, running(app):
+            task_id = await app.submit_async(parent, 1)
+            assert await app.result_async(task_id, timeout=30) == 2
+            spans = await finished(exporter, "run parent", 2)
+    submit = one(spans, "submit parent")
+    parent_runs = named(spans, "run parent")
+    [first] = [r for r in parent_runs if r.attr("stepwarden.task_attempt") == 1]
+    child_run = one(spans, "run kid")
+    assert child_run.attr("stepwarden.task_id") == f"{task_id}:1"
+    assert child_run.parent_id == first.span_id
+    assert {s.trace_id for s in (*parent_runs, child_run)} == {submit.trace_id}
+    assert one(spans, "call svc.work").trace_id == submit.trace_id
