@@ -33,6 +33,7 @@ from . import fanout as fanout_mod
 from . import recovery as recovery_mod
 from . import submit_rtt as rtt_mod
 from . import sweep as sweep_mod
+from . import tracing as tracing_mod
 from .common import (
     RESULTS,
     CpuMeter,
@@ -854,6 +855,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="steps of the fan-out task (ctx.gather) [10,000; quick 1,000]",
     )
     p.add_argument("--no-fanout", action="store_true", help="skip the fan-out measurement")
+    p.add_argument(
+        "--no-tracing",
+        action="store_true",
+        help="skip the tracing cost (W1 one at a time and W2 of stepwarden-postgres, traced "
+        "four ways: bench/tracing.py)",
+    )
     p.add_argument("--no-sweep", action="store_true", help="skip the sweep measurement")
     p.add_argument("--no-recovery", action="store_true", help="skip the recovery measurement")
     p.add_argument(
@@ -1039,6 +1046,43 @@ def run_fanout(
     return {n: fanout_mod.summarise(runs[n], idle.get(n), errors[n]) for n in names}
 
 
+def run_tracing(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
+    """The tracing cost (`bench/tracing.py`): for each run, each mode in another order, W1
+    one at a time then W2 on stepwarden-postgres, its workers and this client traced that
+    way; the client untraced again at the end."""
+    modes = list(tracing_mod.MODES)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    try:
+        for run in range(args.runs):
+            for mode in modes[run % len(modes) :] + modes[: run % len(modes)]:
+                system = Stepwarden(
+                    res, workers=args.workers, log_dir=log_dir, postgres=True, tracing=mode
+                )
+                tracing_mod.configure(mode)
+                one: dict[str, Any] = {"errors": []}
+                try:
+                    log(f"tracing {mode}: W1 one at a time run {run + 1}/{args.runs}, n={args.n}")
+                    one["w1"] = w1_phase(res, system, args.n, run, "single")
+                    log(f"tracing {mode}: W2 run {run + 1}/{args.runs}, n={args.latency_n}")
+                    one["w2"], _ = w2_phase(res, system, args.latency_n, run)
+                    log(
+                        f"tracing {mode}: W1 one at a time {one['w1']['wf_per_s']:,.1f} wf/s, "
+                        f"W2 p50 {percentile(one['w2'], 50) * 1000:.1f} ms"
+                    )
+                except Exception as exc:
+                    log(f"FAILED tracing {mode} run {run + 1}: {type(exc).__name__}: {exc}")
+                    traceback.print_exc(file=sys.stderr)
+                    one["errors"].append(f"run {run + 1}: {type(exc).__name__}: {exc}")
+                    with contextlib.suppress(Exception):
+                        system.cleanup()
+                finally:
+                    system.close_client()
+                runs[mode].append(one)
+    finally:
+        tracing_mod.configure("api")  # as the process started: the API, no SDK
+    return tracing_mod.summarise(runs)
+
+
 def run_recovery(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Any]:
     """Four recoveries: a SIGKILLed agent's step (`agent`), a SIGKILLed scheduler's tasks
     (`scheduler`), the tasks of the supervisor leader's own worker SIGKILLed (`leader`), and
@@ -1176,6 +1220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if not args.no_fanout:
             result["fanout"] = run_fanout(args, res, log_dir, outcomes)
+        if not args.no_tracing:
+            result["tracing"] = run_tracing(args, res, log_dir)
         if not args.no_recovery:
             result["recovery"] = run_recovery(args, res, log_dir)
         if not args.no_sweep:
@@ -1190,10 +1236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results(args, result)
         print()
         print(table(result))
+        if "tracing" in result:
+            print()
+            print(tracing_mod.table(result["tracing"]))
         failed = (
             [n for n, s in systems.items() if s.get("errors")]
             + [f"fanout/{n}" for n, v in result.get("fanout", {}).items() if v.get("errors")]
             + (["submit_rtt"] if result.get("submit_rtt", {}).get("errors") else [])
+            + [f"tracing/{n}" for n, v in result.get("tracing", {}).items() if v["errors"]]
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [
                 f"recovery/{n}/{kind}"

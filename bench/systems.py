@@ -272,9 +272,12 @@ class Stepwarden(System):
         log_dir: Path,
         postgres: bool,
         worker_args: Sequence[str] = (),
+        tracing: str | None = None,
     ) -> None:
         super().__init__(res, workers=workers, log_dir=log_dir)
         self.postgres = postgres
+        self.tracing = tracing
+        """How the workers trace (`bench.tracing.MODES`), None: as the engine defaults."""
         self.name = "stepwarden-postgres" if postgres else "stepwarden-sqlite"
         self.store = "PostgreSQL" if postgres else "SQLite"
         self.server = "postgresql" if postgres else None
@@ -328,6 +331,12 @@ class Stepwarden(System):
             self._runner.close()
             self._runner = None
             self._app = None
+
+    def worker_env(self) -> dict[str, str]:
+        env = super().worker_env()
+        if self.tracing is not None:
+            env["BENCH_TRACING"] = self.tracing  # read by bench.workload at import
+        return env
 
     def worker_command(self, i: int) -> list[str]:
         cmd = [

@@ -22,6 +22,9 @@ from typing import Any
 
 import stepwarden as sw
 
+from .tracing import configure_from_env
+
+configure_from_env()  # BENCH_TRACING: the tracing cost's workers (bench/tracing.py)
 app = sw.App("bench", store=os.environ.get("STEPWARDEN_STORE", "sqlite:///stepwarden-bench.db"))
 inventory = app.agent("inventory")
 payments = app.agent("payments")
