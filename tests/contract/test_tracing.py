@@ -323,3 +323,30 @@ async def test_a_child_task_is_traced_under_its_parents_run(store_url: str) -> N
     assert child_run.parent_id == first.span_id
     assert {s.trace_id for s in (*parent_runs, child_run)} == {submit.trace_id}
     assert one(spans, "call svc.work").trace_id == submit.trace_id
+
+
+async def test_a_cancelled_call_says_so_on_its_span(store_url: str) -> None:
+    with sdk() as (_, exporter):
+        app = sw.App("cancel", store=store_url)
+        svc = app.agent("svc", retry=sw.Retry(max_attempts=1))
+        started = asyncio.Event()
+
+        @svc.operation
+        async def wait_long(call: sw.Call, x: int) -> int:
+            started.set()
+            await asyncio.Event().wait()  # until the cancel reaches the call
+            return x
+
+        @app.workflow(complete_within=timedelta(seconds=60))
+        async def long(ctx: sw.Context, x: int) -> int:
+            return int(await ctx.step(wait_long, x))
+
+        async with app, running(app):
+            task_id = await app.submit_async(long, 1)
+            async with asyncio.timeout(20):
+                await started.wait()
+            assert await app.cancel_async(task_id, reason="not needed") == sw.TaskState.CANCELLED
+            spans = await finished(exporter, "call svc.wait_long", 1)
+    call = one(spans, "call svc.wait_long")
+    assert call.attr("stepwarden.outcome") == "cancelled"
+    assert call.events == ["stepwarden.cancelled"]
