@@ -48,10 +48,11 @@ async def _submit_in_a_request(store_url: str, provider: TracerProvider) -> str:
 
 
 def _written(path: Path) -> list[Rec]:
+    """The spans the workers have written so far (a line still being written is left out)."""
     if not path.exists():
         return []
     spans = []
-    for line in path.read_bytes().splitlines():
+    for line in path.read_bytes().split(b"\n")[:-1]:
         s = orjson.loads(line)
         spans.append(
             Rec(
@@ -99,10 +100,16 @@ def test_one_trace_from_a_web_request_through_two_workers_a_kill_a_retry_and_a_s
         assert result == [a.pid, b.pid, b.pid]
 
         def last_run_written() -> list[Rec] | None:
+            """Every span the assertions read: the last run's, and the sweeps' of the kill."""
             written = _written(spans_file)
             ended = [s.attr("stepwarden.outcome") for s in named(written, "run ")]
+            released = named(written, f"release {task_id}")
+            reassigned = named(written, "reassigned step 2")
+            sweeps = {s.span_id for s in named(written, "supervisor sweep")}
             done = "processed" in ended and named(written, "call svc.third")
-            return written if done and named(written, f"release {task_id}") else None
+            swept = released and reassigned
+            kept = all(s.parent_id in sweeps for s in released + reassigned)
+            return written if done and swept and kept else None
 
         spans = cluster.wait_until(
             last_run_written, "worker-b's spans of the last run", task_ids=(task_id,)
