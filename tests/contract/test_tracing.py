@@ -103,7 +103,7 @@ async def test_a_task_is_one_trace_from_its_submit_through_its_runs_dispatches_a
         assert run.parent_id == submit.span_id
         assert run.attr("stepwarden.workflow") == "flow"
         assert run.attr("stepwarden.version") == 1
-    assert first_run.attr("stepwarden.outcome") == "parked"
+    assert first_run.attr("stepwarden.outcome") == "waiting"
     assert second_run.attr("stepwarden.outcome") == "processed"
     assert first_run.links == []
     assert second_run.links == [(trace_id, first_run.span_id)]
@@ -221,7 +221,7 @@ async def test_a_failed_task_is_compensated_under_its_trace(store_url: str) -> N
     assert {s.trace_id for s in spans} == {submit.trace_id}
     assert run.parent_id == undo.parent_id == submit.span_id
     assert undo.links == [(run.trace_id, run.span_id)]
-    assert run.attr("stepwarden.outcome") == "error"  # then compensating, by on_failure
+    assert run.attr("stepwarden.outcome") == "failed"  # then compensating, by on_failure
     assert run.status == "ERROR"
     assert undo.attr("stepwarden.outcome") == "compensated"
     failed = one(spans, "call svc.charge")

@@ -156,7 +156,7 @@ def test_one_trace_from_a_web_request_through_two_workers_a_kill_a_retry_and_a_s
         assert run.links == [(trace_id, previous)]
         previous = run.span_id
     assert runs[-1].attr("stepwarden.outcome") == "processed"
-    assert "parked" in [r.attr("stepwarden.outcome") for r in runs]
+    assert "waiting" in [r.attr("stepwarden.outcome") for r in runs]
     assert _span_id(task.run_trace) == runs[-1].span_id
 
     # The second step retried in worker-b (attempt 2, the same idempotency key), under a
