@@ -209,7 +209,8 @@ WHERE (task_id, seq) IN (
     LIMIT :limit)
   AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, trace_context, complete_by - :now AS remaining, :now - dispatched_at AS queued,
+          ranked_at, compensates, trace_context, complete_by - :now AS remaining,
+          :now - dispatched_at AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t
            WHERE t.task_id = stepwarden_steps.task_id) AS workflow
 
