@@ -38,9 +38,14 @@ lint: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-# What the other tests need from Debian's packages: PgBouncer (the store behind a pooler).
+# What the other tests need from Debian's packages: PgBouncer (the store behind a pooler);
+# NATS, Redis and RabbitMQ (the status messages' relay: the tests start instances of their
+# own, on their own ports).
 packages: chromium
 	@command -v pgbouncer >/dev/null || (apt-get update -q && apt-get install -y -q pgbouncer)
+	@command -v nats-server >/dev/null || (apt-get update -q && apt-get install -y -q nats-server)
+	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
+	@command -v rabbitmq-server >/dev/null || (apt-get update -q && apt-get install -y -q rabbitmq-server)
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test module in one of them
 # (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one.

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import _check, _json, rules, tracing
+from . import _check, _json, relay, rules, tracing
 from ._batch import Batcher
 from .agent import Agent
 from .alerts import AlertSink, LogSink
@@ -508,6 +508,8 @@ class App:
         _check.integer("priority", priority, -_check.MAX_INT - 1)
         if reply_to is not None and not _check.name("reply_to", reply_to).strip():
             raise ConfigurationError("reply_to must be a non-empty channel name")
+        if reply_to is not None and relay.is_destination(reply_to):
+            relay.destination(reply_to)  # a broker's: checked, never with credentials
         return NewTask(
             task_id=task_id,
             workflow=wf.name,

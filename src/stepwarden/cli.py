@@ -628,6 +628,29 @@ def schedulers(obj: _Ctx, as_json: bool) -> None:
         _echo_record(s, as_json, line)
 
 
+@cli.command()
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_obj
+def relay(obj: _Ctx, as_json: bool) -> None:
+    """Status messages for brokers not yet delivered, per destination (reply_to amqp://,
+    nats://, redis://): how many, the delivery lag (the oldest one's age), how many failed
+    and are tried again (a task's later messages wait for its failed one), the most tries of
+    one, the next try and the newest error. Nothing listed: all delivered."""
+    found = _run(_read_store(obj, lambda store: store.relay_backlog()))
+    if not as_json and not found:
+        _echo("every status message for a broker is delivered")
+    elif not as_json:
+        _echo(f"{'DESTINATION':<40} {'PENDING':>7} {'LAG':>9} {'FAILING':>7} {'TRIES':>5}  "
+              f"{'NEXT TRY':>8}  ERROR")  # fmt: skip
+    for b in found:
+        retry = "-" if b.retry_in is None else f"{b.retry_in:.1f}s"
+        line = (
+            f"{b.destination:<40} {b.pending:>7} {b.lag:>8.1f}s {b.failing:>7} "
+            f"{b.attempts:>5}  {retry:>8}  {b.error or ''}"
+        )
+        _echo_record(b, as_json, line)
+
+
 def _runs(versions: Sequence[tuple[str, int]]) -> str:
     """(workflow, version) pairs as `name@1,2 other@1`."""
     by_name: dict[str, list[int]] = {}

@@ -503,6 +503,22 @@ class OutboxMessage:
     delivered_to: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RelayBacklog:
+    """The status messages of one broker destination not yet delivered by the relay: how
+    many, the oldest one's age (the delivery lag, seconds), how many were tried and failed,
+    the most tries of one, when the next try comes (seconds, None when none failed) and the
+    newest error (without credentials)."""
+
+    destination: str
+    pending: int
+    lag: float
+    failing: int
+    attempts: int
+    retry_in: float | None
+    error: str | None
+
+
 OperatorVerb = Literal["retry", "skip", "pause", "resume", "cancel", "compensate"]
 
 

@@ -28,6 +28,7 @@ from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
 from .records import Expired, Released, ScheduleSpec, StepSwept, Woke
+from .relay import Relay
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
 from .store import Store
@@ -55,6 +56,7 @@ class Supervisor:
         batch: int = 500,
         backoff: Backoff | None = None,
         alerts: AlertDeliverer | None = None,
+        relay: Relay | None = None,
         retention: float | None = DEFAULT_RETENTION,
         purge_batch: int = 200,
         gone_grace: float = 5.0,
@@ -80,6 +82,9 @@ class Supervisor:
         self.batch = batch
         self.backoff = backoff or Backoff()
         self.alerts = alerts
+        self.relay = relay
+        """Status messages for brokers, delivered by the leader beside its sweep (one relay
+        at a time keeps each task's messages in order)."""
         self.retention = retention
         self.purge_batch = purge_batch
         self.term: int | None = None
@@ -90,6 +95,11 @@ class Supervisor:
             # Beside the sweep, never in it: a slow alert sink cannot hold recovery up.
             delivering = asyncio.create_task(
                 self.alerts.run(stop, lambda: self.term is not None, self.interval)
+            )
+        relaying = None
+        if self.relay is not None:
+            relaying = asyncio.create_task(
+                self.relay.run(stop, lambda: self.term is not None, min(self.interval, 0.2))
             )
         try:
             while not stop.is_set():
@@ -104,10 +114,11 @@ class Supervisor:
                     logger.exception("supervisor: the tick failed")
                 await sleep_unless(stop, pause)
         finally:
-            if delivering is not None:  # a delivery under way is abandoned: sent again later
-                delivering.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await delivering
+            for delivery in (delivering, relaying):
+                if delivery is not None:  # a delivery under way is abandoned: sent again later
+                    delivery.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await delivery
             if self.term is not None:
                 try:
                     await self.store.release_lease(LEASE, self.instance)

@@ -17,6 +17,7 @@ from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import ConfigurationError, UnknownNameError
 from .metrics import Metrics, serve
+from .relay import Brokers, Relay
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
@@ -68,6 +69,9 @@ class WorkerOptions:
     """Serve the worker's metrics (`Worker.metrics`) at http://HOST:PORT/metrics (0: a free
     port, said in the log); None serves none (they are counted all the same)."""
     metrics_host: str = "127.0.0.1"
+    brokers: Brokers | None = None
+    """The credentials of the brokers status messages are relayed to (`relay.py`); None
+    reads the file `STEPWARDEN_BROKERS` names, if any."""
 
     def __post_init__(self) -> None:
         for spec in self.alert_webhooks:
@@ -195,6 +199,7 @@ class Worker:
                 lease_ttl=opts.lease_ttl,
                 backoff=opts.backoff,
                 alerts=AlertDeliverer(store, sinks) if sinks else None,
+                relay=Relay(store, opts.brokers or Brokers.from_env(), backoff=opts.backoff),
                 retention=opts.retention,
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
                 schedules=list(self.app.schedule_specs.values()),

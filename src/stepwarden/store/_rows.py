@@ -21,6 +21,7 @@ from ..records import (
     Expired,
     LeaseRecord,
     OutboxMessage,
+    RelayBacklog,
     Released,
     Request,
     ScheduleRecord,
@@ -158,6 +159,18 @@ def message(row: Row) -> OutboxMessage:
         # A sink stored by an earlier version under a webhook's whole URL is read under the
         # name the sink now has, without the URL's credentials and query.
         delivered_to=tuple(stored_name(n) for n in loads(row["delivered_to"])),
+    )
+
+
+def relay_backlog(row: Row) -> RelayBacklog:
+    return RelayBacklog(
+        destination=row["channel"],
+        pending=int(row["pending"]),
+        lag=max(0.0, float(row["lag"] or 0.0)),
+        failing=int(row["failing"] or 0),
+        attempts=int(row["attempts"] or 0),
+        retry_in=None if row["retry_in"] is None else max(0.0, float(row["retry_in"])),
+        error=row["error"],
     )
 
 

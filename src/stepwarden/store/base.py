@@ -44,6 +44,7 @@ from ..records import (
     OpLimit,
     OutboxMessage,
     ParkRequest,
+    RelayBacklog,
     Released,
     Request,
     RequestHandback,
@@ -421,6 +422,38 @@ class Store(abc.ABC):
         """After a delivery round: the sinks reached so far; done, or due again in
         `retry_in` seconds."""
         await self._write_one(policy.record_delivery(message_id, delivered_to, done, retry_in))
+
+    # -- the relay of status messages to brokers (relay.py) ------------------------------
+    async def relay_fence(self, safe: int) -> tuple[int, int | None]:
+        """The newest undelivered status message for a broker, and a fence when it is above
+        `safe`: once `relay_passed(fence)`, no message up to it is still to be committed."""
+        [row] = await self._read_one("relay_fence", safe=safe)
+        return int(row["upto"]), None if row["fence"] is None else int(row["fence"])
+
+    async def relay_passed(self, fence: int) -> bool:
+        """Whether every transaction of the database older than `fence` has ended."""
+        [row] = await self._read_one("relay_passed", fence=fence)
+        return bool(row["passed"])
+
+    async def relay_due(self, *, upto: int, tasks: int, limit: int) -> list[OutboxMessage]:
+        """Status messages for brokers to deliver now, in id order: those up to `upto` of at
+        most `tasks` tasks whose first undelivered message is due."""
+        rows = await self._read_one("relay_due", upto=upto, tasks=tasks, limit=limit)
+        return [_rows.message(r) for r in rows]
+
+    async def relay_delivered(self, message_ids: Sequence[int]) -> None:
+        """Record that a broker acknowledged these status messages."""
+        if message_ids:
+            await self._write_one(policy.relay_delivered(message_ids))
+
+    async def relay_failed(self, message_id: int, error: str, retry_in: float) -> None:
+        """Record a failed delivery: the error, and the next try in `retry_in` seconds (the
+        task's later messages wait for it)."""
+        await self._write_one(policy.relay_failed(message_id, error, retry_in))
+
+    async def relay_backlog(self) -> list[RelayBacklog]:
+        """Per broker destination, what the relay has yet to deliver."""
+        return [_rows.relay_backlog(r) for r in await self._read_one("relay_backlog")]
 
     # -- retention ------------------------------------------------------------------------
     async def purge(self, older_than: float, limit: int) -> int:

@@ -174,6 +174,16 @@ def record_delivery(
     return Query("outbox_delivered", params)
 
 
+def relay_delivered(message_ids: Sequence[int]) -> Query:
+    """Status messages a broker acknowledged: delivered."""
+    return Query("relay_delivered", each=[{"id": i} for i in message_ids])
+
+
+def relay_failed(message_id: int, error: str, retry_in: float) -> Query:
+    """A status message a broker did not take: its error, and its next try."""
+    return Query("relay_failed", {"id": message_id, "error": error, "retry_in": float(retry_in)})
+
+
 def purge(older_than: float, limit: int) -> Query:
     return Query("purge", {"older_than": float(older_than), "limit": limit})
 

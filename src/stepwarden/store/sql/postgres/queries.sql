@@ -1243,7 +1243,7 @@ LIMIT %(limit)s
 -- name: outbox_due
 -- Alerts due for delivery, oldest first.
 SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to FROM stepwarden_outbox
-WHERE next_at <= now()
+WHERE next_at <= now() AND channel = 'alerts'
 ORDER BY next_at, id
 LIMIT %(limit)s
 
@@ -1255,6 +1255,73 @@ SET delivered_to = %(delivered_to)s::json, attempts = attempts + 1,
                    ELSE now() + make_interval(secs => %(retry_in)s::float8) END,
     delivered_at = CASE WHEN %(done)s THEN now() END
 WHERE id = %(id)s AND next_at IS NOT NULL
+
+-- name: relay_due
+-- The relay's due status messages (for a broker), in id order: of the tasks whose first
+-- undelivered message is due and at most :upto (the ids no transaction still running can
+-- come before), their messages up to :upto. A task whose first message waits for its next
+-- try holds back the others.
+WITH heads AS (
+    SELECT DISTINCT ON (task_id) task_id, id, next_at FROM stepwarden_outbox
+    WHERE next_at IS NOT NULL AND channel <> 'alerts'
+    ORDER BY task_id, id
+), due AS (
+    SELECT task_id FROM heads WHERE next_at <= now() AND id <= %(upto)s
+    ORDER BY next_at, id
+    LIMIT %(tasks)s
+)
+SELECT o.id, o.channel, o.task_id, o.kind, o.detail, o.at, o.attempts, o.delivered_to
+FROM stepwarden_outbox o JOIN due ON o.task_id = due.task_id
+WHERE o.next_at IS NOT NULL AND o.channel <> 'alerts' AND o.id <= %(upto)s
+ORDER BY o.id
+LIMIT %(limit)s
+
+-- name: relay_fence
+-- The newest undelivered status message for a broker (`upto`) and, when it is above :safe,
+-- a fence: a new transaction id. Every message up to `upto` was given its id by a
+-- transaction that began before the fence's, so once no transaction of this database
+-- older than the fence runs (relay_passed), no message up to `upto` is still to come.
+SELECT m.upto, CASE WHEN m.upto > %(safe)s THEN pg_current_xact_id()::text::bigint END AS fence
+FROM (SELECT coalesce(max(id), 0) AS upto FROM stepwarden_outbox
+      WHERE next_at IS NOT NULL AND channel <> 'alerts') AS m
+
+-- name: relay_passed
+-- Whether every transaction of this database that began before the fence has ended (xids
+-- compared modulo 2^32, as PostgreSQL does).
+SELECT NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity
+    WHERE datname = current_database() AND backend_xid IS NOT NULL
+      AND mod(mod(%(fence)s::bigint - backend_xid::text::bigint, 4294967296) + 4294967296,
+              4294967296) < 2147483648
+) AS passed
+
+-- name: relay_delivered
+-- Status messages the broker acknowledged: delivered.
+UPDATE stepwarden_outbox o
+SET next_at = NULL, attempts = o.attempts + 1, delivered_at = now(), error = NULL,
+    delivered_to = '["relay"]'
+FROM unnest(%(id)s::bigint[]) AS d(id)
+WHERE o.id = d.id AND o.next_at IS NOT NULL
+
+-- name: relay_failed
+-- A status message the broker did not take: tried again in :retry_in seconds.
+UPDATE stepwarden_outbox
+SET attempts = attempts + 1, error = %(error)s,
+    next_at = now() + make_interval(secs => %(retry_in)s::float8)
+WHERE id = %(id)s AND next_at IS NOT NULL
+
+-- name: relay_backlog
+-- Per broker destination: status messages not yet delivered, the oldest one's age, those
+-- tried and failed, the next try and the newest error.
+SELECT channel, count(*) AS pending, extract(epoch FROM now() - min(at))::float8 AS lag,
+       count(*) FILTER (WHERE attempts > 0) AS failing, max(attempts) AS attempts,
+       extract(epoch FROM min(next_at) FILTER (WHERE attempts > 0) - now())::float8
+           AS retry_in,
+       (array_agg(error ORDER BY id DESC) FILTER (WHERE error IS NOT NULL))[1] AS error
+FROM stepwarden_outbox
+WHERE next_at IS NOT NULL AND channel <> 'alerts'
+GROUP BY channel
+ORDER BY channel
 
 -- name: purge
 -- Delete finished tasks (processed, compensated, cancelled) older than the retention, oldest

@@ -917,7 +917,7 @@ LIMIT :limit
 -- Alerts due for delivery, oldest first.
 SELECT id, channel, task_id, kind, detail, at, attempts, delivered_to
 FROM stepwarden_outbox INDEXED BY stepwarden_outbox_due
-WHERE next_at <= :now
+WHERE next_at <= :now AND channel = 'alerts'
 ORDER BY next_at, id
 LIMIT :limit
 
@@ -928,6 +928,63 @@ SET delivered_to = :delivered_to, attempts = attempts + 1,
     next_at = CASE WHEN :done THEN NULL ELSE :now + :retry_in END,
     delivered_at = CASE WHEN :done THEN :now END
 WHERE id = :id AND next_at IS NOT NULL
+
+-- name: relay_due
+-- The relay's due status messages (for a broker), in id order: of the tasks whose first
+-- undelivered message is due and at most :upto, their messages up to :upto. A task whose
+-- first message waits for its next try holds back the others. (SQLite has one writer at a
+-- time: ids are given in the order of the commits, and :upto is the newest.)
+WITH heads AS (
+    SELECT task_id, min(id) AS id, next_at FROM stepwarden_outbox
+    WHERE next_at IS NOT NULL AND channel <> 'alerts'
+    GROUP BY task_id
+), due AS (
+    SELECT task_id FROM heads WHERE next_at <= :now AND id <= :upto
+    ORDER BY next_at, id
+    LIMIT :tasks
+)
+SELECT o.id, o.channel, o.task_id, o.kind, o.detail, o.at, o.attempts, o.delivered_to
+FROM stepwarden_outbox o JOIN due ON o.task_id = due.task_id
+WHERE o.next_at IS NOT NULL AND o.channel <> 'alerts' AND o.id <= :upto
+ORDER BY o.id
+LIMIT :limit
+
+-- name: relay_fence
+-- The newest undelivered status message for a broker (`upto`), and a fence when it is above
+-- :safe: always passed on SQLite, whose commits come in the order of the ids.
+SELECT coalesce(max(id), 0) AS upto, CASE WHEN coalesce(max(id), 0) > :safe THEN 0 END AS fence
+FROM stepwarden_outbox
+WHERE next_at IS NOT NULL AND channel <> 'alerts'
+
+-- name: relay_passed
+SELECT 1 AS passed
+
+-- name: relay_delivered
+-- Status messages the broker acknowledged: delivered (once per id).
+UPDATE stepwarden_outbox
+SET next_at = NULL, attempts = attempts + 1, delivered_at = :now, error = NULL,
+    delivered_to = '["relay"]'
+WHERE id = :id AND next_at IS NOT NULL
+
+-- name: relay_failed
+-- A status message the broker did not take: tried again in :retry_in seconds.
+UPDATE stepwarden_outbox
+SET attempts = attempts + 1, error = :error, next_at = :now + :retry_in
+WHERE id = :id AND next_at IS NOT NULL
+
+-- name: relay_backlog
+-- Per broker destination: status messages not yet delivered, the oldest one's age, those
+-- tried and failed, the next try and the newest error.
+SELECT o.channel, count(*) AS pending, :now - min(o.at) AS lag,
+       sum(o.attempts > 0) AS failing, max(o.attempts) AS attempts,
+       min(CASE WHEN o.attempts > 0 THEN o.next_at END) - :now AS retry_in,
+       (SELECT e.error FROM stepwarden_outbox e
+        WHERE e.channel = o.channel AND e.next_at IS NOT NULL AND e.error IS NOT NULL
+        ORDER BY e.id DESC LIMIT 1) AS error
+FROM stepwarden_outbox o
+WHERE o.next_at IS NOT NULL AND o.channel <> 'alerts'
+GROUP BY o.channel
+ORDER BY o.channel
 
 -- name: purge
 -- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,

@@ -1,0 +1,658 @@
+"""Status messages on the application's own broker: the relay from the outbox.
+
+A task submitted with `reply_to="amqp://host[:port]/queue"` (RabbitMQ), `"nats://host[:port]/
+subject"` (NATS JetStream) or `"redis://host[:port]/stream"` (a Redis stream) records only
+that destination. Its status messages are written to the outbox, as for any `reply_to`, in
+the transactions that make the changes they report, and are due at once there (`next_at`).
+The relay, run by the supervisor leader beside its sweep, delivers them:
+
+- at least once, each under a stable id, `TASK_ID:OUTBOX_ID` (the AMQP `message_id`, the
+  NATS `Nats-Msg-Id` header that JetStream de-duplicates by, a Redis stream entry's `id`
+  field), for the consumer to drop a duplicate;
+- in order per task: a task's messages go one after another, in outbox id order, each once
+  the broker acknowledged the one before it (a publisher confirm on RabbitMQ, JetStream's ack
+  on NATS, XADD's reply on Redis); a delivery that fails is tried again after a growing
+  backoff (`retry.Backoff`), and the task's later messages wait for it;
+- recorded only after the broker's acknowledgement: a relay killed between the two sends the
+  message again, under the same id; a broker down or restarting is an error tried again.
+
+Why the supervisor leader: there is one at a time (its lease), so that no two relays send a
+task's messages side by side, out of order, and the leader already delivers the outbox's
+alerts; a leader's successor takes up where the store says it stopped.
+
+On PostgreSQL, outbox ids are given when a row is written, not when its transaction commits:
+two transactions of one task (two parallel steps completing) may commit out of id order. The
+relay sends a message only once every transaction of the database that began before it took
+a fence has ended (`Store.relay_fence`, `relay_passed`), so that no message of a lower id can
+still appear. SQLite writes one transaction at a time: its ids come in commit order.
+
+Credentials are never part of a destination (a `reply_to` with a user or password is
+refused): each worker reads them from the JSON file that `STEPWARDEN_BROKERS` names, one entry
+per broker, `"amqp://host:5672": {"username": ..., "password": ..., "vhost": "/"}` (NATS:
+`username`, `password` or `token`; Redis: `username`, `password`, `db`; any: `"tls": true`).
+They are never stored, shown or logged: an error text has them masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from . import _json
+from ._aio import sleep_unless
+from .errors import ConfigurationError, TransientStoreError
+from .records import OutboxMessage
+from .retry import Backoff
+from .secret import MASK, Secret, public_url
+from .store import Store
+from .store._flow import CHANNEL_OUTBOX
+
+logger = logging.getLogger("stepwarden.relay")
+
+SCHEMES = {"amqp": 5672, "nats": 4222, "redis": 6379}
+"""The brokers a `reply_to` may name, and their default ports. (Migration 0017's SQL names
+the same schemes: a message for one of these is due at once.)"""
+ENV = "STEPWARDEN_BROKERS"
+"""The environment variable that names the workers' file of broker credentials."""
+DEADLINE = 10.0
+"""Seconds one delivery may take, connecting included."""
+REFUSED_FOR = 1.0
+"""Seconds a broker that refused a connection is taken for unreachable without another try
+(the tasks a round serves side by side do not each try)."""
+MAX_ERROR = 1000
+"""Characters of a failed delivery's error that are stored."""
+_ACCESS_FIELDS = {"username", "password", "token", "vhost", "db", "tls"}
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a task's status messages go: a queue, a subject or a stream of one broker."""
+
+    scheme: str
+    host: str
+    port: int
+    name: str
+
+    @property
+    def broker(self) -> str:
+        """The broker, as the credentials file names it: `scheme://host:port`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def is_destination(reply_to: str) -> bool:
+    """Whether a `reply_to` names a broker destination rather than a plain channel."""
+    return "://" in reply_to
+
+
+def destination(reply_to: str) -> Destination:
+    """The broker destination a `reply_to` names; ConfigurationError (never showing a user or
+    password) when it is not one that can be relayed to."""
+    scheme, _, _ = reply_to.partition("://")
+    shown = public_url(reply_to)
+    if scheme not in SCHEMES:
+        raise ConfigurationError(
+            f"reply_to {shown!r} names no broker that status messages go to: "
+            "amqp://host[:port]/queue, nats://host[:port]/subject or "
+            "redis://host[:port]/stream (or a channel name without '://')"
+        )
+    parts = urlsplit(reply_to)
+    if "@" in parts.netloc:
+        raise ConfigurationError(
+            f"reply_to {shown!r} carries credentials: a task records only the destination; "
+            f"give the workers the broker's credentials in the file ${ENV} names"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"reply_to {shown!r} has a bad port") from None
+    if not parts.hostname:
+        raise ConfigurationError(f"reply_to {shown!r} names no host")
+    if parts.query or parts.fragment or "?" in reply_to or "#" in reply_to:
+        raise ConfigurationError(f"reply_to {shown!r}: a destination has no query or fragment")
+    name = unquote(parts.path[1:])
+    what = {"amqp": "queue", "nats": "subject", "redis": "stream"}[scheme]
+    if not name:
+        raise ConfigurationError(f"reply_to {shown!r} names no {what}: {scheme}://host/{what}")
+    if scheme == "nats" and (any(c.isspace() or c in "*>" for c in name) or "" in name.split(".")):
+        raise ConfigurationError(
+            f"reply_to {reply_to!r}: a NATS subject is dot-separated tokens, without "
+            "spaces or wildcards"
+        )
+    if scheme == "amqp" and len(name.encode()) > 255:
+        raise ConfigurationError(f"reply_to {reply_to!r}: a queue name is at most 255 bytes")
+    return Destination(scheme, parts.hostname, port or SCHEMES[scheme], name)
+
+
+# -- credentials ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BrokerAccess:
+    """How a worker connects to one broker. Secrets print as `***`."""
+
+    username: str | None = None
+    password: Secret[str] | None = None
+    token: Secret[str] | None = None
+    vhost: str = "/"
+    db: int = 0
+    tls: bool = False
+
+
+@dataclass(frozen=True)
+class Brokers:
+    """The workers' credentials, per broker (`scheme://host:port`)."""
+
+    access: Mapping[str, BrokerAccess] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Brokers:
+        """From the file `STEPWARDEN_BROKERS` names; none when it is unset."""
+        path = (os.environ if environ is None else environ).get(ENV)
+        return cls.from_file(path) if path else cls()
+
+    @classmethod
+    def from_file(cls, path: str) -> Brokers:
+        """From a JSON object of `"scheme://host[:port]": {fields}`. A file its group or
+        others may read or write is refused (`chmod 600`), as is an unknown field (named,
+        never its value)."""
+        try:
+            mode = os.stat(path).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise ConfigurationError(
+                    f"{ENV}: {path} may be read or written by others than its owner: "
+                    f"chmod 600 {path}"
+                )
+            with open(path, "rb") as file:
+                raw = _json.loads(file.read(), what=f"{ENV} file {path}")
+        except OSError as exc:
+            raise ConfigurationError(f"{ENV}: cannot read {path}: {exc.strerror}") from None
+        if not isinstance(raw, dict):
+            raise ConfigurationError(f"{ENV}: {path} must hold a JSON object")
+        access = {}
+        for key, entry in raw.items():
+            broker = _broker_key(key)
+            if not isinstance(entry, dict) or set(entry) - _ACCESS_FIELDS:
+                unknown = sorted(set(entry) - _ACCESS_FIELDS) if isinstance(entry, dict) else []
+                raise ConfigurationError(
+                    f"{ENV}: the entry of {broker} must be an object of "
+                    f"{sorted(_ACCESS_FIELDS)}" + (f" (unknown: {unknown})" if unknown else "")
+                )
+            try:
+                access[broker] = BrokerAccess(
+                    username=_text_or_none(entry.get("username")),
+                    password=_secret(entry.get("password")),
+                    token=_secret(entry.get("token")),
+                    vhost=str(entry.get("vhost", "/")),
+                    db=int(entry.get("db", 0)),
+                    tls=bool(entry.get("tls", False)),
+                )
+            except (TypeError, ValueError):
+                raise ConfigurationError(f"{ENV}: a bad field in the entry of {broker}") from None
+        return cls(access)
+
+    def __post_init__(self) -> None:
+        for access in self.access.values():
+            _SHOWN_NEVER.update(
+                s
+                for s in (
+                    access.username,
+                    *(x.reveal() for x in (access.password, access.token) if x),
+                )
+                if s
+            )
+
+    def of(self, dest: Destination) -> BrokerAccess:
+        return self.access.get(dest.broker, BrokerAccess())
+
+    def secrets(self) -> list[str]:
+        """Every password and token: masked in any error text."""
+        found = []
+        for a in self.access.values():
+            found += [s.reveal() for s in (a.password, a.token) if s is not None and s.reveal()]
+        return found
+
+
+def _broker_key(key: str) -> str:
+    parts = urlsplit(key if isinstance(key, str) else "")
+    port: int | None
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (
+        parts.scheme not in SCHEMES
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.path not in ("", "/")
+        or port == -1
+    ):
+        raise ConfigurationError(
+            f"{ENV}: {public_url(str(key))!r} is not a broker: scheme://host[:port] with "
+            f"scheme one of {sorted(SCHEMES)}, without a user, password or path"
+        )
+    return Destination(parts.scheme, parts.hostname, port or SCHEMES[parts.scheme], "-").broker
+
+
+def _text_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+def _secret(value: Any) -> Secret[str] | None:
+    text = _text_or_none(value)
+    return None if text is None else Secret(text)
+
+
+class _HideCredentials(logging.Filter):
+    """The brokers' clients log their connections (aiormq: its URL, with the user): the
+    configured users, passwords and tokens are shown as `***`, whoever configured the
+    logging."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SHOWN_NEVER:
+            text = record.getMessage()
+            for hidden in _SHOWN_NEVER:
+                text = text.replace(hidden, MASK)
+            record.msg, record.args = text, ()
+        return True
+
+
+_SHOWN_NEVER: set[str] = set()
+"""The credentials of the brokers configured in this process."""
+_CLIENT_LOGGERS = ("aiormq.connection", "aio_pika.connection", "nats.aio.client", "redis")
+for _name in _CLIENT_LOGGERS:
+    logging.getLogger(_name).addFilter(_HideCredentials())
+
+
+# -- publishers: one per broker, connected when first used ---------------------------------
+class Unreachable(Exception):
+    """The broker could not be reached: every message for it waits this round."""
+
+
+class Publisher(Protocol):
+    async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
+        """Return once the broker acknowledged the message; raise otherwise."""
+
+    async def close(self) -> None: ...
+
+
+class AmqpPublisher:
+    """RabbitMQ through aio-pika: to the default exchange, routed to the queue, persistent
+    and mandatory (a queue that does not exist is a failed delivery), with publisher
+    confirms."""
+
+    def __init__(self, dest: Destination, access: BrokerAccess) -> None:
+        self.dest = dest
+        self.access = access
+        self._connection: Any = None
+        self._channel: Any = None
+        self._opening = asyncio.Lock()  # the tasks served side by side share one connection
+        self._refused: tuple[float, str] | None = None
+
+    async def _open(self) -> Any:
+        async with self._opening:
+            if self._refused is not None and time.monotonic() - self._refused[0] < REFUSED_FOR:
+                raise Unreachable(self._refused[1])
+            try:
+                return await self._open_alone()
+            except Unreachable as exc:
+                self._refused = (time.monotonic(), str(exc))
+                raise
+
+    async def _open_alone(self) -> Any:
+        import aio_pika
+
+        if self._channel is not None and not self._channel.is_closed:
+            return self._channel
+        await self.close()
+        try:
+            self._connection = await aio_pika.connect(
+                host=self.dest.host,
+                port=self.dest.port,
+                login=self.access.username or "guest",
+                password=self.access.password.reveal() if self.access.password else "guest",
+                virtualhost=self.access.vhost,
+                ssl=self.access.tls,
+                timeout=DEADLINE,
+            )
+            self._channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+        except Exception as exc:
+            await self.close()
+            raise Unreachable(_describe(exc)) from None
+        return self._channel
+
+    async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
+        import aio_pika
+
+        channel = await self._open()
+        message = aio_pika.Message(
+            body,
+            message_id=message_id,
+            type=kind,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        try:
+            await channel.default_exchange.publish(message, routing_key=dest.name, mandatory=True)
+        except Exception:
+            if channel.is_closed:
+                await self.close()
+            raise
+
+    async def close(self) -> None:
+        connection, channel = self._connection, self._channel
+        self._connection = self._channel = None
+        # The channel first: closed with its connection, its close callback would run in a
+        # task of its own that nobody waits for.
+        for closing in (channel, connection):
+            if closing is not None:
+                try:
+                    await closing.close()
+                except Exception as exc:
+                    logger.debug("relay: closing %s: %s", self.dest.broker, exc)
+
+
+class NatsPublisher:
+    """NATS JetStream through nats-py: a JetStream publish to the subject (a stream must
+    capture it), with the `Nats-Msg-Id` header, returning once JetStream acknowledged it."""
+
+    def __init__(self, dest: Destination, access: BrokerAccess) -> None:
+        self.dest = dest
+        self.access = access
+        self._client: Any = None
+        self._opening = asyncio.Lock()  # the tasks served side by side share one connection
+        self._refused: tuple[float, str] | None = None
+
+    async def _open(self) -> Any:
+        async with self._opening:
+            if self._refused is not None and time.monotonic() - self._refused[0] < REFUSED_FOR:
+                raise Unreachable(self._refused[1])
+            try:
+                return await self._open_alone()
+            except Unreachable as exc:
+                self._refused = (time.monotonic(), str(exc))
+                raise
+
+    async def _open_alone(self) -> Any:
+        import nats
+
+        if self._client is not None and self._client.is_connected:
+            return self._client.jetstream(timeout=DEADLINE)
+        await self.close()
+
+        async def quiet(*_: Any) -> None:  # errors surface where a publish fails
+            return None
+
+        scheme = "tls" if self.access.tls else "nats"
+        host = f"[{self.dest.host}]" if ":" in self.dest.host else self.dest.host
+        try:
+            self._client = await nats.connect(
+                servers=[f"{scheme}://{host}:{self.dest.port}"],
+                user=self.access.username,
+                password=self.access.password.reveal() if self.access.password else None,
+                token=self.access.token.reveal() if self.access.token else None,
+                allow_reconnect=False,
+                connect_timeout=DEADLINE,
+                max_reconnect_attempts=0,
+                error_cb=quiet,
+                disconnected_cb=quiet,
+                closed_cb=quiet,
+            )
+        except Exception as exc:
+            await self.close()
+            raise Unreachable(_describe(exc)) from None
+        return self._client.jetstream(timeout=DEADLINE)
+
+    async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
+        stream = await self._open()
+        try:
+            await stream.publish(
+                dest.name, body, headers={"Nats-Msg-Id": message_id, "Stepwarden-Kind": kind}
+            )
+        except Exception:
+            if not self._client.is_connected:
+                await self.close()
+            raise
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and not client.is_closed:
+            try:
+                await client.close()
+            except Exception as exc:
+                logger.debug("relay: closing %s: %s", self.dest.broker, exc)
+
+
+class RedisPublisher:
+    """A Redis stream through redis-py's asyncio client: XADD of an entry with the fields
+    `id`, `kind` and `message` (the JSON body); XADD's reply is the acknowledgement."""
+
+    def __init__(self, dest: Destination, access: BrokerAccess) -> None:
+        from redis import asyncio as aioredis
+
+        self.dest = dest
+        self._client = aioredis.Redis(
+            host=dest.host,
+            port=dest.port,
+            username=access.username,
+            password=access.password.reveal() if access.password else None,
+            db=access.db,
+            ssl=access.tls,
+            socket_connect_timeout=DEADLINE,
+            socket_timeout=DEADLINE,
+        )
+
+    async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        try:
+            await self._client.xadd(dest.name, {"id": message_id, "kind": kind, "message": body})
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # A refused AUTH leaves its connection open: every one is closed, opened again at
+            # the next try.
+            await self._client.connection_pool.disconnect()
+            raise Unreachable(_describe(exc)) from None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+_PUBLISHERS: dict[str, Callable[[Destination, BrokerAccess], Publisher]] = {
+    "amqp": AmqpPublisher,
+    "nats": NatsPublisher,
+    "redis": RedisPublisher,
+}
+
+
+def message_id(message: OutboxMessage) -> str:
+    """A status message's id on every broker: its task's id and its outbox id."""
+    return f"{message.task_id}:{message.id}"
+
+
+def message_body(message: OutboxMessage) -> bytes:
+    """What a broker is sent: JSON of the id, the outbox id, the task, the kind, the detail
+    (secrets as `***`) and when it was written."""
+    return _json.display(
+        {
+            "id": message_id(message),
+            "outbox_id": message.id,
+            "task_id": message.task_id,
+            "kind": message.kind,
+            "detail": message.detail,
+            "at": message.at.isoformat(),
+        }
+    ).encode()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# -- the relay ------------------------------------------------------------------------------
+class Relay:
+    """Delivers the outbox's status messages for brokers, in order per task, at least once.
+
+    Each round takes up to `tasks` tasks whose first undelivered message is due (up to
+    `batch` messages), and sends each task's messages one after another, at most
+    `concurrency` tasks at once. A broker that cannot be reached fails every message for it
+    in that round without another try."""
+
+    def __init__(
+        self,
+        store: Store,
+        brokers: Brokers | None = None,
+        *,
+        backoff: Backoff | None = None,
+        tasks: int = 200,
+        batch: int = 2000,
+        concurrency: int = 16,
+        deadline: float = DEADLINE,
+    ) -> None:
+        self.store = store
+        self.brokers = brokers or Brokers()
+        self.backoff = backoff or Backoff(initial=0.5, maximum=30.0)
+        self.tasks = tasks
+        self.batch = batch
+        self.deadline = deadline
+        self._room = asyncio.Semaphore(concurrency)
+        self._publishers: dict[str, Publisher] = {}
+        self._safe = 0
+        """Messages up to this id can no longer be preceded by one still to commit."""
+        self._fence: tuple[int, int] | None = None
+
+    async def run(self, stop: asyncio.Event, leading: Callable[[], bool], poll: float) -> None:
+        """Deliver while `leading()` says this process leads, until `stop` is set: a round at
+        each outbox wake-up, else every `poll` seconds."""
+        woken = self.store.subscribe(CHANNEL_OUTBOX)
+        try:
+            while not stop.is_set():
+                again = False
+                if leading():
+                    try:
+                        again = await self.deliver_due() > 0 or self._fence is not None
+                    except TransientStoreError as exc:
+                        logger.warning("relay: %s", exc)
+                    except Exception:
+                        logger.exception("relay: the round failed")
+                else:
+                    self._safe, self._fence = 0, None  # a later term starts afresh
+                if again:
+                    await sleep_unless(stop, min(poll, 0.02))
+                else:
+                    await woken.wait(poll)
+        finally:
+            self.store.unsubscribe(CHANNEL_OUTBOX, woken)
+            await self.close()
+
+    async def close(self) -> None:
+        publishers, self._publishers = self._publishers, {}
+        for publisher in publishers.values():
+            await publisher.close()
+
+    async def deliver_due(self) -> int:
+        """One round; the number of messages delivered."""
+        await self._settle()
+        due = await self.store.relay_due(upto=self._safe, tasks=self.tasks, limit=self.batch)
+        if not due:
+            return 0
+        by_task: dict[str | None, list[OutboxMessage]] = {}
+        for message in due:
+            by_task.setdefault(message.task_id, []).append(message)
+        delivered: list[int] = []
+        unreachable: dict[str, str] = {}
+        failed: dict[str, list[str]] = {}
+
+        async def serve(messages: list[OutboxMessage]) -> None:
+            async with self._room:
+                for message in messages:
+                    error = await self._send(message, unreachable)
+                    if error is not None:
+                        failed.setdefault(message.channel, []).append(error)
+                        await self.store.relay_failed(
+                            message.id, error, self.backoff.delay(message.attempts + 1)
+                        )
+                        return
+                    delivered.append(message.id)
+
+        try:
+            await asyncio.gather(*(serve(m) for m in by_task.values()))
+        finally:
+            await self.store.relay_delivered(delivered)
+        for channel, errors in failed.items():
+            logger.warning(
+                "relay: %d status message(s) for %s not delivered, tried again later: %s",
+                len(errors),
+                channel,
+                errors[-1],
+            )
+        return len(delivered)
+
+    async def _settle(self) -> None:
+        """Move `_safe` on once no transaction that began before the fence runs."""
+        if self._fence is not None:
+            waited, settled = self._fence
+            if not await self.store.relay_passed(waited):
+                return
+            self._safe, self._fence = max(self._safe, settled), None
+        upto, fence = await self.store.relay_fence(self._safe)
+        if fence is None:
+            return
+        if await self.store.relay_passed(fence):
+            self._safe = max(self._safe, upto)
+        else:
+            self._fence = (fence, upto)
+
+    async def _send(self, message: OutboxMessage, unreachable: dict[str, str]) -> str | None:
+        """None once the broker acknowledged the message, else the error (credentials
+        masked)."""
+        try:
+            dest = destination(message.channel)
+        except ConfigurationError as exc:
+            return self._scrub(str(exc))
+        if dest.broker in unreachable:
+            return unreachable[dest.broker]
+        started = time.monotonic()
+        try:
+            publisher = self._publishers.get(dest.broker)
+            if publisher is None:
+                make = _PUBLISHERS[dest.scheme]
+                publisher = self._publishers[dest.broker] = make(dest, self.brokers.of(dest))
+            async with asyncio.timeout(self.deadline):
+                await publisher.publish(
+                    dest, message_id(message), message.kind, message_body(message)
+                )
+            return None
+        except Unreachable as exc:
+            unreachable[dest.broker] = error = self._scrub(f"{dest.broker} unreachable: {exc}")
+            return error
+        except TimeoutError:
+            error = f"no acknowledgement within {self.deadline} s"
+            await self._drop(dest.broker)
+        except Exception as exc:
+            error = _describe(exc)
+        logger.debug("relay: %s after %.3f s: %s", message_id(message),
+                     time.monotonic() - started, self._scrub(error))  # fmt: skip
+        return self._scrub(error)
+
+    async def _drop(self, broker: str) -> None:
+        publisher = self._publishers.pop(broker, None)
+        if publisher is not None:
+            await publisher.close()
+
+    def _scrub(self, text: str) -> str:
+        for secret in self.brokers.secrets():
+            text = text.replace(secret, MASK)
+        return text[:MAX_ERROR]

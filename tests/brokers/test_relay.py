@@ -1,0 +1,221 @@
+"""Status messages relayed to the application's own broker, on brokers of the test's own:
+each task's messages arrive in order, under stable ids, at least once, across a restart of
+the broker; credentials come from the workers' file and are never shown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import stepwarden as sw
+from stepwarden.records import OutboxMessage, RelayBacklog
+from stepwarden.relay import Brokers
+
+from ..cli.helpers import assert_ok, invoke
+from ..conftest import unique
+from ..contract.test_engine import FAST, running
+from .own import OwnBroker, OwnRedis, make
+
+T = TypeVar("T")
+KINDS = ["received", "step_completed", "step_completed", "step_completed", "processed"]
+
+
+@pytest.fixture(scope="module", params=["amqp", "nats", "redis"])
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OwnBroker]:
+    own = make(request.param, tmp_path_factory.mktemp(f"broker-{request.param}"))
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def build(store_url: str) -> sw.App:
+    """Tasks of three steps: one, then two side by side (their completions may commit in
+    either order, from two transactions)."""
+    app = sw.App("relayed", store=store_url)
+    svc = app.agent("svc")
+
+    @svc.operation
+    async def act(call: sw.Call, n: int) -> int:
+        return n
+
+    @app.workflow(complete_within=timedelta(seconds=30))
+    async def three(ctx: sw.Context, x: int) -> list[int]:
+        first = await ctx.step(act, x)
+        return [first, *await ctx.gather(ctx.step(act, x + 1), ctx.step(act, x + 2))]
+
+    return app
+
+
+async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 60) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def all_processed(broker: OwnBroker, name: str, task_ids: list[str]) -> list[dict[str, Any]]:
+    async def check() -> list[dict[str, Any]] | None:
+        found = await broker.received(name)
+        done = {m["task_id"] for m in found if m["kind"] == "processed"}
+        return found if done >= set(task_ids) else None
+
+    return await until(check, f"the processed message of {len(task_ids)} task(s) on {name}")
+
+
+async def outbox_of(app: sw.App, task_ids: list[str]) -> dict[str, list[OutboxMessage]]:
+    store = await app.store()
+    return {t: await store.outbox(task_id=t) for t in task_ids}
+
+
+def assert_delivered(
+    received: list[dict[str, Any]],
+    outbox: dict[str, list[OutboxMessage]],
+    kinds: list[str] | None = KINDS,
+) -> int:
+    """Every outbox message arrived; each task's in outbox order (a duplicate only under the
+    same id, with the same body); the number of duplicates."""
+    first: dict[str, dict[str, Any]] = {}
+    order: dict[str, list[int]] = {}
+    duplicates = 0
+    for body in received:
+        if body["id"] in first:
+            assert body == first[body["id"]]
+            duplicates += 1
+            continue
+        first[body["id"]] = body
+        order.setdefault(body["task_id"], []).append(body["outbox_id"])
+    for task_id, messages in outbox.items():
+        if kinds is not None:
+            assert [m.kind for m in messages] == kinds
+        assert order.get(task_id) == [m.id for m in messages], task_id
+        for m in messages:
+            body = first[f"{task_id}:{m.id}"]
+            assert (body["kind"], body["task_id"]) == (m.kind, task_id)
+            assert body["detail"]["task_id"] == task_id
+    return duplicates
+
+
+async def test_each_tasks_messages_arrive_in_order_under_stable_ids(
+    store_url: str, broker: OwnBroker
+) -> None:
+    name = unique("orders").replace("-", "_")
+    await broker.prepare(name)
+    app = build(store_url)
+    async with app, running(app):
+        task_ids = [await app.submit_async("three", n, reply_to=broker.url(name)) for n in range(8)]
+        received = await all_processed(broker, name, task_ids)
+        assert assert_delivered(received, await outbox_of(app, task_ids)) == 0
+        store = await app.store()
+        await until(lambda: _none_pending(store), "the relay's backlog to empty")
+
+
+async def _none_pending(store: Any) -> bool:
+    return not await store.relay_backlog()
+
+
+async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
+    store_url: str, broker: OwnBroker
+) -> None:
+    name = unique("restart").replace("-", "_")
+    await broker.prepare(name)
+    app = build(store_url)
+    async with app, running(app):
+        before = [await app.submit_async("three", n, reply_to=broker.url(name)) for n in range(3)]
+        await all_processed(broker, name, before)
+        await asyncio.to_thread(broker.stop)
+        # Submitted while the broker is down: their messages are due, and fail.
+        during = [await app.submit_async("three", n, reply_to=broker.url(name)) for n in range(4)]
+        for n, task_id in enumerate(during):
+            assert await app.result_async(task_id, timeout=30) == [n, n + 1, n + 2]
+        store = await app.store()
+
+        async def failing() -> list[RelayBacklog] | None:
+            found = [b for b in await store.relay_backlog() if b.destination == broker.url(name)]
+            return found if found and found[0].failing and found[0].error else None
+
+        [backlog] = await until(failing, "the relay to fail while the broker is down")
+        assert backlog.pending >= len(during) * len(KINDS)
+        shown = assert_ok(await asyncio.to_thread(invoke, "--store", store_url, "relay"))
+        assert broker.url(name) in shown and (backlog.error or "")[:40] in shown
+        listed = assert_ok(
+            await asyncio.to_thread(invoke, "--store", store_url, "relay", "--json")
+        ).splitlines()
+        [line] = [json.loads(s) for s in listed if broker.url(name) in s]
+        assert line["failing"] >= 1 and line["lag"] > 0
+
+        await asyncio.to_thread(broker.start)
+        received = await all_processed(broker, name, before + during)
+        assert_delivered(received, await outbox_of(app, before + during))
+        await until(lambda: _none_pending(store), "the relay's backlog to empty")
+    shown = assert_ok(await asyncio.to_thread(invoke, "--store", store_url, "relay"))
+    assert "every status message for a broker is delivered" in shown
+
+
+async def test_credentials_come_from_the_workers_file_and_are_never_shown(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "s3cret-of-the-broker-9f2"
+    redis = OwnRedis(tmp_path / "redis", password=secret)
+    redis.start()
+    try:
+        name = unique("auth")
+        wrong = tmp_path / "wrong.json"
+        broker = f"redis://127.0.0.1:{redis.port}"
+        wrong.write_text(json.dumps({broker: {"password": "n0t-" + secret}}))
+        os.chmod(wrong, 0o600)
+        app = build(store_url)
+        options = dataclasses.replace(FAST, brokers=Brokers.from_file(str(wrong)))
+        async with app, running(app, options):
+            task_id = await app.submit_async("three", 1, reply_to=redis.url(name))
+            store = await app.store()
+
+            async def refused() -> list[RelayBacklog] | None:
+                found = await store.relay_backlog()
+                return found if found and found[0].error else None
+
+            [backlog] = await until(refused, "the broker to refuse the wrong password")
+            assert secret not in (backlog.error or "")
+        assert secret not in repr(Brokers.from_file(str(wrong)))
+        task = await app.status_async(task_id)
+        assert task.reply_to == redis.url(name)  # the destination alone
+
+        right = tmp_path / "brokers.json"
+        right.write_text(json.dumps({broker: {"password": secret}}))
+        right.chmod(0o644)
+        with pytest.raises(sw.ConfigurationError, match="chmod 600"):
+            Brokers.from_file(str(right))
+        right.chmod(0o600)
+        os.environ["STEPWARDEN_BROKERS"] = str(right)
+        try:
+            async with app, running(app):
+                received = await all_processed(redis, name, [task_id])
+                assert_delivered(received, await outbox_of(app, [task_id]))
+        finally:
+            del os.environ["STEPWARDEN_BROKERS"]
+        assert secret not in caplog.text
+    finally:
+        redis.close()
+
+
+def test_a_task_records_no_credentials(store_url: str) -> None:
+    app = build(store_url)
+    with app, pytest.raises(sw.ConfigurationError, match="credentials") as refused:
+        app.submit("three", 1, reply_to="amqp://me:pa55word@127.0.0.1/orders")
+    assert "pa55word" not in str(refused.value)

@@ -1,0 +1,60 @@
+"""The relay of status messages to a broker in a worker process SIGKILLed mid-delivery: the
+worker that takes over delivers what it had not recorded, none lost, each task's in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from stepwarden.records import OutboxMessage
+
+from ..brokers.own import OwnRedis
+from ..brokers.test_relay import KINDS, assert_delivered
+from ..conftest import unique
+from .harness import PROCESSED, Cluster
+
+TASKS = 40
+
+
+def test_a_worker_killed_mid_delivery_loses_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    redis = OwnRedis(tmp_path / "redis")
+    redis.start()
+    try:
+        name = unique("killed")
+        first = cluster.start("w1")
+        steps = [{"async": True, "work": 0.05}] * 3
+        task_ids = [
+            cluster.app.submit("steps", {"steps": steps}, task_id=f"k{i}", reply_to=redis.url(name))
+            for i in range(TASKS)
+        ]
+
+        def received() -> list[dict[str, Any]]:
+            return asyncio.run(redis.received(name))
+
+        cluster.wait_until(lambda: len(received()) >= 20, "the first messages on the stream")
+        cluster.kill(first)
+        before = received()
+        assert len(before) < TASKS * len(KINDS), "the relay had already delivered everything"
+
+        cluster.start("w2")
+        for task_id in task_ids:
+            assert cluster.wait_finished(task_id, timeout=60).process_state == PROCESSED
+
+        def all_processed() -> list[dict[str, Any]] | None:
+            found = received()
+            done = {m["task_id"] for m in found if m["kind"] == "processed"}
+            return found if done >= set(task_ids) else None
+
+        after = cluster.wait_until(all_processed, "every task's processed message", timeout=60)
+        outbox = asyncio.run(_outbox(cluster, task_ids))
+        assert after[: len(before)] == before
+        assert_delivered(after, outbox)
+    finally:
+        redis.close()
+
+
+async def _outbox(cluster: Cluster, task_ids: list[str]) -> dict[str, list[OutboxMessage]]:
+    async with cluster.app:
+        store = await cluster.app.store()
+        return {t: await store.outbox(task_id=t) for t in task_ids}
