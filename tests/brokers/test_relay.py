@@ -9,7 +9,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -70,7 +70,9 @@ async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: fl
         await asyncio.sleep(0.05)
 
 
-async def all_processed(broker: OwnBroker, name: str, task_ids: list[str]) -> list[dict[str, Any]]:
+async def all_processed(
+    broker: OwnBroker, name: str, task_ids: Sequence[str]
+) -> list[dict[str, Any]]:
     async def check() -> list[dict[str, Any]] | None:
         found = await broker.received(name)
         done = {m["task_id"] for m in found if m["kind"] == "processed"}
@@ -79,7 +81,7 @@ async def all_processed(broker: OwnBroker, name: str, task_ids: list[str]) -> li
     return await until(check, f"the processed message of {len(task_ids)} task(s) on {name}")
 
 
-async def outbox_of(app: sw.App, task_ids: list[str]) -> dict[str, list[OutboxMessage]]:
+async def outbox_of(app: sw.App, task_ids: Sequence[str]) -> dict[str, list[OutboxMessage]]:
     store = await app.store()
     return {t: await store.outbox(task_id=t) for t in task_ids}
 

@@ -4,6 +4,7 @@ worker that takes over delivers what it had not recorded, none lost, each task's
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def test_a_worker_killed_mid_delivery_loses_nothing(cluster: Cluster, tmp_path: 
         redis.close()
 
 
-async def _outbox(cluster: Cluster, task_ids: list[str]) -> dict[str, list[OutboxMessage]]:
+async def _outbox(cluster: Cluster, task_ids: Sequence[str]) -> dict[str, list[OutboxMessage]]:
     async with cluster.app:
         store = await cluster.app.store()
         return {t: await store.outbox(task_id=t) for t in task_ids}

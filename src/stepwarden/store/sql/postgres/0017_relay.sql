@@ -1,8 +1,7 @@
 -- Status messages for a broker: a task whose reply_to names one (amqp://, nats://, redis://:
 -- `relay.SCHEMES`) has its status messages written due (next_at), and the supervisor
 -- leader's relay delivers them in id order per task, recording each delivery once the broker
--- acknowledged it; a failed one is due again later (next_at), with its error. (The
--- migration is 0017: 0016 is another change's.)
+-- acknowledged it; a failed one is due again later (next_at), with its error.
 ALTER TABLE stepwarden_outbox ADD COLUMN error text;
 -- The relay's messages not yet delivered, by task (alerts have their own index, by next_at).
 CREATE INDEX stepwarden_outbox_relay ON stepwarden_outbox (task_id, id)
