@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import pytest
 
 import stepwarden as sw
+from stepwarden.dashboard._data import Reader
+from stepwarden.dashboard._models import Overview
 from stepwarden.records import OutboxMessage, RelayBacklog
 from stepwarden.relay import Brokers
 
@@ -161,6 +163,9 @@ async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
         ).splitlines()
         [line] = [json.loads(s) for s in listed if broker.url(name) in s]
         assert line["failing"] >= 1 and line["lag"] > 0
+        overview = Overview.model_validate(await Reader(app).overview())
+        [shown_there] = [d for d in overview.relay if d.destination == broker.url(name)]
+        assert shown_there.failing >= 1 and shown_there.error
 
         await asyncio.to_thread(broker.start)
         received = await all_processed(broker, name, before + during)

@@ -3,6 +3,7 @@ is, the pages render it. Payloads keep their `Secret`s, which every rendering ma
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -212,6 +213,7 @@ class Reader:
             "failed_tasks": [task_summary(t) for t in failed[:10]],
             "alerts": [alert_dict(m) for m in await store.newest_outbox(channel=ALERTS, limit=5)],
             "unrunnable": [backlog_dict(b) for b in stranded],
+            "relay": [dataclasses.asdict(b) for b in await store.relay_backlog()],
         }
 
     async def tasks(

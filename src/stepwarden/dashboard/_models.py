@@ -321,6 +321,18 @@ class UnrunnableVersion(_Closed):
     oldest_created_at: datetime = Field(description="When the oldest of them was submitted.")
 
 
+class RelayDestination(_Closed):
+    """Status messages for one broker destination that the relay has yet to deliver."""
+
+    destination: str = Field(description="The reply_to: amqp://, nats:// or redis://.")
+    pending: int = Field(ge=0)
+    lag: float = Field(ge=0, description="Seconds since the oldest of them was written.")
+    failing: int = Field(ge=0, description="Tried and failed; their tasks' later ones wait.")
+    attempts: int = Field(ge=0, description="The most tries of one.")
+    retry_in: Annotated[float, Field(ge=0)] | None
+    error: str | None = Field(description="The newest error, without credentials.")
+
+
 class Overview(_Closed):
     counts: Counts  # type: ignore[valid-type]
     oldest_pending_age: Annotated[float, Field(ge=0)] | None
@@ -331,6 +343,11 @@ class Overview(_Closed):
     unrunnable: list[UnrunnableVersion] = Field(
         description="The tasks waiting for a scheduler, by workflow and version, that no "
         "alive scheduler runs (none alive: every one waiting)."
+    )
+    relay: list[RelayDestination] = Field(
+        default_factory=list,
+        description="Per broker destination, the status messages not yet delivered "
+        "(none listed: all delivered).",
     )
 
 
