@@ -1,11 +1,12 @@
-# make demo: the order-processing demo on SQLite.  make test: lint, types and the test suite.
+# make demo: the order-processing demo on SQLite.  make test: lint, types and the test suite
+# (the docs site's strict build and its samples included).  make docs: the docs site.
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo test lint clean bench chromium packages
+.PHONY: demo test lint clean bench chromium packages docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +26,17 @@ $(BENCH_STAMP): pyproject.toml
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
+# make docs: the documentation site (mkdocs.yml, docs/) built into site/. make test builds it
+# strictly, offline, and runs every Python sample of the docs (tests/docs/).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 demo: $(STAMP)
 	$(PY) -m examples.orders.demo $(DEMO_ARGS)
 
 # ruff, mypy (strict, over the package, its tests and the example), and the package's layers.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
@@ -54,4 +60,4 @@ test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -1,5 +1,5 @@
 """Every option also reads an environment variable, `--help` names it, and setting it has the
-option's effect (README: "`stepwarden COMMAND --help` names each one")."""
+option's effect (docs/howto/operating.md: "`stepwarden COMMAND --help` names each one")."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_every_option_has_an_environment_variable_named_in_its_help() -> None:
         text = helps[tuple(words)]
         assert name in text and f"env var: {option.envvar}" in text, (words, name)
         seen.setdefault(option.envvar, []).append(name)
-    # The walk did find the options (README names these two), and one variable is never
+    # The walk did find the options (the docs name these two), and one variable is never
     # shared by two different options.
     assert {"STEPWARDEN_STORE", "STEPWARDEN_ROLES"} <= set(seen)
     assert all(len(set(names)) == 1 for names in seen.values()), seen
@@ -153,7 +153,7 @@ def test_the_application_store_is_used_unless_a_store_is_named(
     store_url: str, tmp_path: Path
 ) -> None:
     """`--app` alone uses the application's own store; `--store` or STEPWARDEN_STORE
-    overrides it (README: "The store URL, overriding the application's")."""
+    overrides it (its help: "The store URL, overriding the application's")."""
     own = f"sqlite:///{tmp_path / 'own.db'}"
     env = {cli_app.APP_STORE_ENV: own, "STEPWARDEN_APP": APP}
     assert_ok(invoke("--store", store_url, "migrate"))

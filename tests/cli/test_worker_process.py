@@ -130,7 +130,7 @@ def test_a_scheduler_only_worker_holds_the_task_and_drains_on_sigterm(
 def test_a_full_worker_runs_a_submitted_task_and_exits_0_on_sigterm(
     migrated_url: str, start_worker: StartWorker
 ) -> None:
-    # The application as README writes it (`stepwarden worker shop:app`), the rest from the
+    # The application as the README writes it (`stepwarden worker shop:app`), the rest from the
     # environment.
     proc = start_worker({"STEPWARDEN_STORE": migrated_url, "STEPWARDEN_POLL_INTERVAL": "0.02"}, APP)
     _submit(migrated_url, "w-2", '{"n": 3}')

@@ -151,9 +151,9 @@ async def test_bulk_by_filter_with_a_dry_run_first(store_url: str) -> None:
 
 
 async def test_skip_on_a_task_in_error_leaves_it_in_error_until_retry(store_url: str) -> None:
-    """README: `skip` marks the step completed with the operator's result and leaves the
-    task where it is; a task in error stays in error until `retry`, which then goes on past
-    the skipped step."""
+    """docs/howto/operating.md: `skip` marks the step completed with the operator's result
+    and leaves the task where it is; a task in error stays in error until `retry`, which
+    then goes on past the skipped step."""
     saga = Saga(store_url, on_failure="stop")
     saga.fail["charge"] = sw.PermanentError("card declined")
     async with running(saga.app):

@@ -1,5 +1,6 @@
-"""Screenshots of the dashboard's main pages for the README (docs/dashboard-*.png), taken in
-headless Chromium from a real dashboard, worker and SQLite store.
+"""Screenshots of the dashboard's main pages for the docs (docs/dashboard-*.png, shown by
+docs/howto/dashboard.md and the tutorial), taken in headless Chromium from a real dashboard,
+worker and SQLite store.
 
     .venv/bin/python -m tests.dashboard.screenshots [--out docs]
 """

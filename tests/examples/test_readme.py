@@ -25,7 +25,8 @@ class payment_api:  # the payment service the example calls, answering at once
 def first_example() -> str:
     """The code of the README's section "A workflow in plain Python"."""
     section = (ROOT / "README.md").read_text().split("## A workflow in plain Python", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    # The fence names its file (```python title="shop.py"```): the code starts on the next line.
+    return section.split("```python", 1)[1].split("\n", 1)[1].split("```", 1)[0]
 
 
 def test_the_first_example_gets_its_result_and_ends_cleanly_on_postgres(

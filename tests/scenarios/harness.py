@@ -132,8 +132,8 @@ class Cluster:
         """SIGSTOP: the process is frozen mid-whatever, as by a long GC pause or a VM stall;
         on SQLite, between two of its writes. SQLite has one writer at a time: a process
         frozen holding the file's write lock keeps every other process from writing until
-        it thaws (README, "Stores"), which is not what a test of a frozen process is about,
-        so a freeze that caught it mid-write is thawed and tried again."""
+        it thaws (docs/concepts/stores.md), which is not what a test of a frozen process is
+        about, so a freeze that caught it mid-write is thawed and tried again."""
         deadline = time.monotonic() + 30
         while True:
             os.kill(proc.pid, signal.SIGSTOP)

@@ -383,11 +383,11 @@ def test_sigterm_drains_the_work_under_way_and_exits_0(cluster: Cluster) -> None
 def test_sigterm_past_the_drain_timeout_leaves_the_step_to_another_worker(
     cluster: Cluster, kind: str
 ) -> None:
-    """The call under way outlasts the drain timeout: the worker still exits 0 (README: it
-    "lets the work under way finish (up to --drain-timeout), records the outcomes and exits"),
-    and the step is dispatched again to another worker once its complete_by has passed. A
-    sync operation runs in a thread that cannot be cancelled: the worker must not wait for it.
-    """
+    """The call under way outlasts the drain timeout: the worker still exits 0
+    (docs/howto/operating.md: it "lets the work under way finish (up to --drain-timeout),
+    records the outcomes and exits"), and the step is dispatched again to another worker once
+    its complete_by has passed. A sync operation runs in a thread that cannot be cancelled:
+    the worker must not wait for it."""
     c = cluster
     never = c.workdir / "never"  # the first call blocks (20 s at most)
     first = c.start("worker-1", "--drain-timeout", "0.5")
