@@ -7,6 +7,7 @@ API) are checked for what they are generated from."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,11 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-5000:]
     assert "WARNING" not in done.stderr, done.stderr[-5000:]
     html = {p: p.read_text() for p in site.rglob("*.html")}
-    assert not any("fonts.googleapis.com" in text for text in html.values())
+    # The pages load nothing from outside: no web fonts, no script or style from a CDN.
+    for page, text in html.items():
+        assert "fonts.googleapis.com" not in text, page
+        assert not re.search(r'<(script|img)[^>]* src="(https?:)?//', text), page
+        assert not re.search(r'<link[^>]* href="(https?:)?//', text), page
     configuration = (site / "reference" / "configuration" / "index.html").read_text()
     for name in _envvars(cli):
         assert name in configuration, name
@@ -61,5 +66,5 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     for command in cli.commands:
         assert f"stepwarden {command}" in commands, command
     # The old paths of the docs still lead to their pages.
-    for page in ("RELIABILITY", "PERFORMANCE", "OPERATIONS"):
-        assert (site / page / "index.html").exists(), page
+    for old in ("RELIABILITY", "PERFORMANCE", "OPERATIONS"):
+        assert (site / old / "index.html").exists(), old
