@@ -68,3 +68,13 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     # The old paths of the docs still lead to their pages.
     for old in ("RELIABILITY", "PERFORMANCE", "OPERATIONS"):
         assert (site / old / "index.html").exists(), old
+
+
+def test_the_readme_stays_short_and_leads_to_the_docs() -> None:
+    """What it is, the two commands first, a first workflow, where the docs are: the rest is
+    in the site's pages."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    assert readme.index("make demo") < readme.index("make test") < readme.index("## ")
+    assert "## A workflow in plain Python" in readme
+    assert "make docs" in readme and "(docs/index.md)" in readme
