@@ -80,7 +80,18 @@ def configuration_page() -> str:
         commands = ", ".join(f"`{c}`" for c in row["commands"])
         options = ", ".join(f"`{o}`" for o in row["options"])
         lines.append(f"| `{name}` | {options} | {commands} | {_cell(row['help'])} |")
+    from stepwarden import relay
+
     lines += [
+        "",
+        "Read by the workers, beside their options:",
+        "",
+        "| variable | what it sets |",
+        "|---|---|",
+        f"| `{relay.ENV}` | the JSON file of the brokers' credentials, for status messages "
+        "relayed to the application's own broker (`reply_to` `amqp://`, `nats://`, "
+        "`redis://`): only its owner may read it ([status messages on a broker]"
+        "(../howto/observing.md#status-messages)) |",
         "",
         "From Python, an application is configured by its arguments:",
         "[`App`](api.md#stepwarden.App), [`WorkerOptions`](api.md#stepwarden.WorkerOptions),",

@@ -52,6 +52,10 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     configuration = (site / "reference" / "configuration" / "index.html").read_text()
     for name in _envvars(cli):
         assert name in configuration, name
+    # Every variable the package reads is on the page, options' or not.
+    package = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
+    for name in set(re.findall(r"\bSTEPWARDEN_[A-Z_]*[A-Z]\b", package)):
+        assert name in configuration, name
     api = (site / "reference" / "http-api" / "index.html").read_text()
     for path in ("/api/overview", "/api/tasks/{task_id}", "/api/schedules"):
         assert path in api, path
