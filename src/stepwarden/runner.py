@@ -213,6 +213,9 @@ class AgentRunner:
         A claim committed but not yet answered shows its steps held by this instance and not
         called: `take_up` acts on a look that no claim overlapped, or it would call them twice."""
         self._claiming = 0
+        self._looking = asyncio.Lock()
+        """Held by a look at the steps held (`take_up`): no claim begins meanwhile, so that
+        a look is not always overlapped by a claim (both loops may beat at one period)."""
         self._queue_empty = False
         """The last claim found fewer queued requests than it had room for: a step handed
         over passes none that waits (until a wake-up says some may, and a claim looks)."""
@@ -346,11 +349,14 @@ class AgentRunner:
         their complete_by as any step). How many it took up."""
         if not self._accepting or self._claiming:
             return 0
-        claims = self._claims
-        ended = set(self._ended)
-        held = await self.store.held_steps(self.instance, self.agent.name)
-        if self._claiming or self._claims != claims:
-            return 0  # a claim overlapped the look: its steps may be in `held`, unstarted
+        async with self._looking:
+            if self._claiming:
+                return 0
+            claims = self._claims
+            ended = set(self._ended)
+            held = await self.store.held_steps(self.instance, self.agent.name)
+            if self._claiming or self._claims != claims:
+                return 0  # a claim overlapped the look: its steps may be in `held`, unstarted
         self._ended -= ended - {(r.task_id, r.seq, r.attempt) for r in held}
         taken = 0
         for request in held:
@@ -463,6 +469,9 @@ class AgentRunner:
                         waits.append(asyncio.sleep(reopens))
                     await first(*waits)
                     continue
+                if self._looking.locked():
+                    async with self._looking:  # a look under way: begin after it
+                        pass
                 self._claims += 1
                 self._claiming += 1
                 delay: float | None = None
