@@ -40,7 +40,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -285,6 +285,26 @@ class Publisher(Protocol):
     async def close(self) -> None: ...
 
 
+class _Opening:
+    """One connection for the tasks served side by side: opened by one of them at a time,
+    and, once refused, not tried again for REFUSED_FOR seconds (each waiting task gets the
+    same refusal)."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._refused: tuple[float, str] | None = None
+
+    async def run(self, open_alone: Callable[[], Awaitable[Any]]) -> Any:
+        async with self._lock:
+            if self._refused is not None and time.monotonic() - self._refused[0] < REFUSED_FOR:
+                raise Unreachable(self._refused[1])
+            try:
+                return await open_alone()
+            except Unreachable as exc:
+                self._refused = (time.monotonic(), str(exc))
+                raise
+
+
 class AmqpPublisher:
     """RabbitMQ through aio-pika: to the default exchange, routed to the queue, persistent
     and mandatory (a queue that does not exist is a failed delivery), with publisher
@@ -295,18 +315,10 @@ class AmqpPublisher:
         self.access = access
         self._connection: Any = None
         self._channel: Any = None
-        self._opening = asyncio.Lock()  # the tasks served side by side share one connection
-        self._refused: tuple[float, str] | None = None
+        self._opening = _Opening()
 
     async def _open(self) -> Any:
-        async with self._opening:
-            if self._refused is not None and time.monotonic() - self._refused[0] < REFUSED_FOR:
-                raise Unreachable(self._refused[1])
-            try:
-                return await self._open_alone()
-            except Unreachable as exc:
-                self._refused = (time.monotonic(), str(exc))
-                raise
+        return await self._opening.run(self._open_alone)
 
     async def _open_alone(self) -> Any:
         import aio_pika
@@ -371,18 +383,10 @@ class NatsPublisher:
         self.dest = dest
         self.access = access
         self._client: Any = None
-        self._opening = asyncio.Lock()  # the tasks served side by side share one connection
-        self._refused: tuple[float, str] | None = None
+        self._opening = _Opening()
 
     async def _open(self) -> Any:
-        async with self._opening:
-            if self._refused is not None and time.monotonic() - self._refused[0] < REFUSED_FOR:
-                raise Unreachable(self._refused[1])
-            try:
-                return await self._open_alone()
-            except Unreachable as exc:
-                self._refused = (time.monotonic(), str(exc))
-                raise
+        return await self._opening.run(self._open_alone)
 
     async def _open_alone(self) -> Any:
         import nats
