@@ -142,19 +142,25 @@ def test_the_supervisor_leaders_own_worker_killed_its_tasks_are_taken_over_in_ti
     leader = c.start("leader", *LEADER_ARGS)
     leader_name = f"supervisor-{leader.instance()}"
     c.wait_until(lambda: (c.lease() or ("",))[0] == leader_name, "the first worker to lead")
-    standby = c.start("standby", *LEADER_ARGS)
     gate = tmp_path / "gate"
     ids = [f"l1-{i:02d}" for i in range(20)]
-    for task_id in ids:
-        c.submit(task_id, [{"block_until": str(gate), "idempotent": True}])
     doomed = f"scheduler-{leader.instance()}"
 
     def leader_holds() -> list[str]:
         return [t.task_id for t in c.app.tasks(limit=100) if t.locked_by == doomed]
 
-    # How the twenty tasks split between the two workers is up to which claims first; the
+    # The first half is submitted while the leader's worker runs alone, so that it holds some
+    # tasks; how the second half splits between the two is up to which claims first. The
     # promise is about every task the leader's worker held, however many.
+    for task_id in ids[:10]:
+        c.submit(task_id, [{"block_until": str(gate), "idempotent": True}])
     c.wait_until(leader_holds, "the leader's worker to hold tasks")
+    standby = c.start("standby", *LEADER_ARGS)
+    for task_id in ids[10:]:
+        c.submit(task_id, [{"block_until": str(gate), "idempotent": True}])
+    c.wait_until(
+        lambda: len({r["task_id"] for r in c.calls()}) >= len(ids), "every task's step to run"
+    )
     held = leader_holds()
     survivor = f"scheduler-{standby.instance()}"
 
