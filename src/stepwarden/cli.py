@@ -26,7 +26,7 @@ from . import _check, _json
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
-from .errors import StepwardenError
+from .errors import ConfigurationError, StepwardenError
 from .records import (
     DEFAULT_MAX_EVENT_PAYLOAD,
     DEFAULT_MAX_EVENTS_PER_TASK,
@@ -40,8 +40,9 @@ from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .states import COMPENSATION_STATES, TaskState
-from .store import Store, open_store, shown_url
+from .store import ShardedStore, Store, open_store, shown_url
 from .supervisor import DEFAULT_RETENTION
+from .supervisor import LEASE as SUPERVISOR_LEASE
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
 from .workflow import MAX_WAIT
 
@@ -347,6 +348,14 @@ def cli(
     help="The address --metrics-port listens on (0.0.0.0 for every IPv4 address: the metrics "
     "have no access control).",
 )
+@_opt(
+    "--shards",
+    envvar="STEPWARDEN_SHARDS",
+    default=None,
+    metavar="S1,S2",
+    help="With a store of shards: serve only these (their names in the shard map, as "
+    "`stepwarden shards` shows them) [default: every shard].",
+)
 @click.pass_obj
 def worker(
     obj: _Ctx,
@@ -371,8 +380,10 @@ def worker(
     alert_webhook_file: IO[str] | None,
     metrics_port: int | None,
     metrics_host: str,
+    shards: str | None,
 ) -> None:
-    """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM."""
+    """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM. With a
+    store of shards, the roles run on each shard served, apart."""
     if alert_webhook_file is not None:
         lines = (line.strip() for line in alert_webhook_file.read().splitlines())
         alert_webhooks += tuple(line for line in lines if line and not line.startswith("#"))
@@ -397,6 +408,9 @@ def worker(
             alert_webhooks=alert_webhooks,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            shards=frozenset(x.strip() for x in shards.split(",") if x.strip())
+            if shards
+            else None,
         )
         Worker(app, options).run_forever()
     except StepwardenError as exc:
@@ -659,6 +673,71 @@ def _runs(versions: Sequence[tuple[str, int]]) -> str:
     return " ".join(
         f"{name}@{','.join(str(v) for v in sorted(vs))}" for name, vs in sorted(by_name.items())
     )
+
+
+@cli.group(invoke_without_command=True)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_context
+def shards(ctx: click.Context, as_json: bool) -> None:
+    """A store of shards (--store names several PostgreSQL URLs, separated by spaces): each
+    shard's name in the map, its database, the slots it owns in the map's newest generation,
+    the tasks it holds and its supervisor leader (each shard has its own)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    obj: _Ctx = ctx.obj
+
+    async def read(store: Store) -> list[dict[str, Any]]:
+        if not isinstance(store, ShardedStore) or store.shard_map is None:
+            raise ConfigurationError("the store is one database, not shards")
+        counts = store.shard_map.current.counts()
+        found = []
+        for name in store.names:
+            part = store.part(name)
+            lease = await part.read_lease(SUPERVISOR_LEASE)
+            found.append(
+                {
+                    "shard": name,
+                    "database": shown_url(part.url),
+                    "generation": store.shard_map.generation,
+                    "slots": counts.get(name, 0),
+                    "tasks": sum((await part.count_tasks()).values()),
+                    "leader": None if lease is None else lease.holder,
+                    "term": None if lease is None else lease.term,
+                }
+            )
+        return found
+
+    rows = _run(_read_store(obj, read))
+    if not as_json:
+        _echo(f"{'SHARD':<6} {'SLOTS':>5} {'TASKS':>9}  {'LEADER (TERM)':<40}  DATABASE")
+    for row in rows:
+        if as_json:
+            _echo_json(_json.display(row))
+            continue
+        leader = "-" if row["leader"] is None else f"{row['leader']} ({row['term']})"
+        _echo(
+            f"{row['shard']:<6} {row['slots']:>5} {row['tasks']:>9}  {leader:<40}  "
+            f"{row['database']}"
+        )
+
+
+@shards.command("add")
+@click.argument("url")
+@click.pass_obj
+def shards_add(obj: _Ctx, url: str) -> None:
+    """Add the PostgreSQL database at URL (migrated here; it must hold no task) as a shard:
+    a new generation of the map gives it an even share of the slots and moves no task. Run
+    it once, then give every process the store's URL with URL added. Safe to run again."""
+
+    async def add(store: Store) -> str:
+        if not isinstance(store, ShardedStore):
+            raise ConfigurationError(
+                "the store is one database: name two or more to make a store of shards"
+            )
+        return await store.add_shard(url)
+
+    name = _run(_read_store(obj, add))
+    _echo(f"added shard {name}: give every process the store's URL with it added")
 
 
 async def _read_store(obj: _Ctx, read: Callable[[Store], Awaitable[T]]) -> T:

@@ -7,6 +7,7 @@ for the tasks and steps this process has claimed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import uuid
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
-from .errors import ConfigurationError, UnknownNameError
+from .errors import ConfigurationError, StoreError, UnknownNameError
 from .metrics import Metrics, serve
 from .relay import Brokers, Relay
 from .retry import Backoff
@@ -23,7 +24,7 @@ from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .scheduler import Scheduler
-from .store import Store, open_store
+from .store import ShardedStore, Store, open_store
 from .supervisor import DEFAULT_RETENTION, Supervisor
 
 logger = logging.getLogger("stepwarden.worker")
@@ -72,6 +73,10 @@ class WorkerOptions:
     brokers: Brokers | None = None
     """The credentials of the brokers status messages are relayed to (`relay.py`); None
     reads the file `STEPWARDEN_BROKERS` names, if any."""
+    shards: frozenset[str] | None = None
+    """With a store of shards: the shards this worker serves (their names in the map: s1,
+    s2, ...); None serves every one. Its roles run on each shard apart: a scheduler, the
+    agents and a supervisor per shard, each with the concurrency given here."""
 
     def __post_init__(self) -> None:
         for spec in self.alert_webhooks:
@@ -133,14 +138,38 @@ class Worker:
         try:
             await store.open(migrate=opts.migrate)
             try:
-                await store.listen()
-                await self._run_roles(store)
+                if isinstance(store, ShardedStore):
+                    await self._run_shards(store)
+                else:
+                    if opts.shards is not None:
+                        raise ConfigurationError("--shards: the store is one database")
+                    await store.listen()
+                    await self._run_roles(store)
             finally:
                 await store.close()
         finally:
             if server is not None:
                 server.close()
                 await server.wait_closed()
+
+    async def _run_shards(self, store: ShardedStore) -> None:
+        """The roles on each shard served, each on its shard's own store: a shard out of
+        reach stops none of the others."""
+        served = store.names if self.options.shards is None else sorted(self.options.shards)
+        unknown = set(served) - set(store.names)
+        if unknown:
+            raise ConfigurationError(
+                f"--shards: no shard {', '.join(sorted(unknown))} in the store "
+                f"(its shards: {', '.join(store.names)})"
+            )
+        logger.info("worker %s serving shards %s", self.instance, ", ".join(served))
+
+        async def serve(part: Store) -> None:
+            with contextlib.suppress(StoreError):  # out of reach: it polls until it is back
+                await part.listen()
+            await self._run_roles(part)
+
+        await asyncio.gather(*(serve(store.part(name)) for name in served))
 
     async def _run_roles(self, store: Store) -> None:
         # On stop the scheduler drains first, while this process's agents keep serving the

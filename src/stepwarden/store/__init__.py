@@ -16,14 +16,18 @@ from ._flow import (
     CHANNEL_TASKS,
 )
 from .base import Store, Subscription, Transaction
+from .sharded import ShardedStore
 
 
 def open_store(url: str) -> Store:
-    """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..."""
+    """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..., or
+    several postgresql://... URLs separated by whitespace: a store of shards (`sharded.py`)."""
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a store URL must be a non-empty string, not {url!r}")
     if "\x00" in url:
         raise ConfigurationError(f"invalid store URL {_masked(url)!r}: it holds a NUL character")
+    if len(url.split()) > 1:  # several databases, separated by whitespace: shards
+        return ShardedStore(url)
     try:
         scheme = urlsplit(url).scheme
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host
@@ -74,6 +78,7 @@ __all__ = [
     "CHANNEL_RESULTS",
     "CHANNEL_TASKS",
     "CHANNEL_TASK_DONE",
+    "ShardedStore",
     "Store",
     "Subscription",
     "Transaction",

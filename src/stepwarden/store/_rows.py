@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._json import loads
+from ..placement import Generation
 from ..records import (
     DURATION_BUCKETS,
     Activity,
@@ -331,3 +332,8 @@ def version_backlog(row: Row) -> VersionBacklog:
         compensating=int(row["compensating"]),
         oldest=at(row["oldest"]),
     )
+
+
+def generations(rows: Sequence[Row]) -> list[Generation]:
+    """The shard map's generations as stored (JSON text on both dialects), oldest first."""
+    return [Generation.decoded(int(r["generation"]), r["shards"], r["slots"]) for r in rows]

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from .. import _json
 from .._json import loads
 from ..errors import ConfigurationError, PermanentStoreError
+from ..placement import Generation, ShardMap
 from ..records import (
     ActionOutcome,
     Adopt,
@@ -151,6 +152,51 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     if any(c and not _delayed(t) for c, t in zip(created, tasks, strict=True)):
         wake.tasks()
     return created
+
+
+def submit_fenced(
+    generation: int, tasks: Sequence[NewTask], wake: Wakeups
+) -> Flow[list[bool] | None]:
+    """`submit` on a shard, where the shard map's newest generation is `generation` (the one
+    the submitter placed the tasks by); None, and nothing written, where it is not. The read
+    holds the map's table until the commit (`lock_shard_map` waits for it)."""
+    [rows] = yield [Query("shard_generation")]
+    if int(rows[0]["generation"]) != generation:
+        return None
+    return (yield from submit(tasks, wake))
+
+
+def shard_state(wake: Wakeups) -> Flow[tuple[str | None, list[Generation]]]:
+    """This database's name in the shard map (None when it is not a shard) and the map's
+    generations as stored, oldest first."""
+    named, stored = yield [Query("shard_name"), Query("shard_map")]
+    return (named[0]["name"] if named else None), _rows.generations(stored)
+
+
+def write_shard_map(
+    name: str, shard_map: ShardMap, previous: int, added: bool, wake: Wakeups
+) -> Flow[str | None]:
+    """With the map's table locked until the commit: name this database `name` and store the
+    generations of `shard_map` it lacks. Refused (the reason returned, nothing written) when
+    the database is another shard, when its newest generation is not `previous` (the map
+    changed since it was read), or when it is `added` and holds tasks."""
+    yield [Query("lock_shard_map")]
+    named, stored, tasks = yield [Query("shard_name"), Query("shard_map"), Query("any_task")]
+    if named and named[0]["name"] != name:
+        return f"the database is shard {named[0]['name']!r} already, not {name!r}"
+    newest = max((int(r["generation"]) for r in stored), default=0)
+    if newest != previous:
+        return f"the shard map changed meanwhile (generation {newest}, read {previous})"
+    if added and tasks[0]["present"]:
+        return "the database holds tasks already: a shard added must hold none"
+    writes = [Query("name_shard", {"name": name})]
+    for gen in shard_map.generations:
+        if gen.number > newest:
+            shards, slots = gen.encoded()
+            params = {"generation": gen.number, "shards": shards, "slots": slots}
+            writes.append(Query("put_shard_generation", params))
+    yield writes
+    return None
 
 
 def _delayed(task: NewTask) -> bool:

@@ -1510,3 +1510,37 @@ ORDER BY workflow, version
 -- Scheduler instances gone for a while leave the registry.
 DELETE FROM stepwarden_schedulers
 WHERE expires_at < now() - make_interval(secs => %(forget_after)s::float8)
+
+-- name: shard_name
+-- This database's name in the shard map (placement.py); no row when it is not a shard.
+SELECT name FROM stepwarden_shard_name
+
+-- name: shard_map
+-- Every generation of the shard map, oldest first.
+SELECT generation, shards::text AS shards, slots::text AS slots
+FROM stepwarden_shard_map ORDER BY generation
+
+-- name: shard_generation
+-- The newest generation of the shard map, 0 when none. Read in a submit's transaction: the
+-- table's ACCESS SHARE lock, held until the commit, orders the submit before any new
+-- generation (lock_shard_map).
+SELECT coalesce(max(generation), 0) AS generation FROM stepwarden_shard_map
+
+-- name: lock_shard_map
+-- Hold the shard map until the commit, against submits too (ACCESS EXCLUSIVE): what writes
+-- a generation waits for the submits under the older one to end, and the next ones wait.
+LOCK TABLE stepwarden_shard_map IN ACCESS EXCLUSIVE MODE
+
+-- name: name_shard
+-- Name this database in the shard map, once.
+INSERT INTO stepwarden_shard_name (name) VALUES (%(name)s) ON CONFLICT (only_one) DO NOTHING
+
+-- name: put_shard_generation
+-- Store one generation of the shard map (the same on every shard); one already stored stays.
+INSERT INTO stepwarden_shard_map (generation, shards, slots)
+VALUES (%(generation)s, %(shards)s::jsonb, %(slots)s::jsonb)
+ON CONFLICT (generation) DO NOTHING
+
+-- name: any_task
+-- Whether the database holds any task (a database added as a shard must hold none).
+SELECT EXISTS (SELECT 1 FROM stepwarden_tasks) AS present

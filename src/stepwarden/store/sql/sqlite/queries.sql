@@ -1152,3 +1152,28 @@ ORDER BY workflow, version
 -- name: forget_schedulers
 -- Scheduler instances gone for a while leave the registry.
 DELETE FROM stepwarden_schedulers WHERE expires_at < :now - :forget_after
+
+-- name: shard_name
+-- Shards are PostgreSQL's (placement.py): on SQLite these read and write empty tables.
+SELECT name FROM stepwarden_shard_name
+
+-- name: shard_map
+SELECT generation, shards, slots FROM stepwarden_shard_map ORDER BY generation
+
+-- name: shard_generation
+SELECT coalesce(max(generation), 0) AS generation FROM stepwarden_shard_map
+
+-- name: lock_shard_map
+-- A write transaction of SQLite's holds the whole database already.
+SELECT 1 AS locked
+
+-- name: name_shard
+INSERT INTO stepwarden_shard_name (name) VALUES (:name) ON CONFLICT (only_one) DO NOTHING
+
+-- name: put_shard_generation
+INSERT INTO stepwarden_shard_map (generation, shards, slots, created_at)
+VALUES (:generation, :shards, :slots, :now)
+ON CONFLICT (generation) DO NOTHING
+
+-- name: any_task
+SELECT EXISTS (SELECT 1 FROM stepwarden_tasks) AS present

@@ -1,0 +1,551 @@
+"""A store of several PostgreSQL databases, the shards: each task lives on one, with its steps,
+waits, events, children and status messages; where is placement's rule (`placement.py`).
+
+This store is the application's and the operator's view: it submits (placed by the map),
+finds a task from its id, sends events, applies operator actions, and reads across the shards
+(lists merged). The actors do not use it: a worker given several stores runs its roles on
+each shard's own store (`parts`), so that each shard has its own schedulers, agents and
+supervisor leader, and its limits are counted per shard. Anything else asked of this store
+is refused (ConfigurationError), never answered from one shard as if it were all.
+
+The URL is the shards' URLs separated by whitespace. On first open the map is written to
+every shard (generation 1: the slots dealt over the shards in the URL's order, named s1,
+s2, ...); `add_shard` adds one later (`stepwarden shards add`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import NoReturn, TypeVar
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError, TransientStoreError
+from ..placement import Generation, ShardMap
+from ..records import (
+    ActionOutcome,
+    Activity,
+    ActivityBucket,
+    AgentInstance,
+    EventBeyond,
+    EventBounds,
+    EventPage,
+    EventRecord,
+    LeaseRecord,
+    NewTask,
+    OperatorAction,
+    OutboxMessage,
+    RelayBacklog,
+    ScheduleRecord,
+    SchedulerInstance,
+    SendOutcome,
+    StepRecord,
+    StepStats,
+    TaskRecord,
+    VersionBacklog,
+    WaitRecord,
+)
+from ..states import TaskState
+from . import _rows, policy
+from ._flow import FlowFn, Query, Rows
+from .base import Store, Transaction
+
+T = TypeVar("T")
+logger = logging.getLogger("stepwarden.store")
+
+SETTLE_WITHIN = 5.0
+"""Seconds an open waits for shards whose maps disagree (a shard being added) to agree."""
+LOCATED = 10_000
+"""Task ids whose shard this process remembers (the newest found)."""
+
+
+def shard_urls(url: str) -> list[str]:
+    """The URLs of a sharded store's URL (separated by whitespace); one URL: a list of one."""
+    return url.split()
+
+
+class ShardedStore(Store):
+    """Several PostgreSQL databases as one store for the application (see the module)."""
+
+    dialect = "postgresql"
+    default_poll_interval = 0.5  # PostgresStore's
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        urls = shard_urls(url)
+        if len(urls) < 2:
+            raise ConfigurationError("a sharded store names two PostgreSQL databases or more")
+        for u in urls:
+            if urlsplit(u).scheme not in ("postgresql", "postgres"):
+                raise ConfigurationError(
+                    "shards are PostgreSQL databases: every URL of a sharded store is "
+                    f"postgresql://..., not {u.split(':', 1)[0]}:..."
+                )
+        if len(set(urls)) != len(urls):
+            raise ConfigurationError("a sharded store names each database once")
+        self.parts: list[Store] = [_postgres(u) for u in urls]
+        """Each shard's own store, in the URL's order."""
+        for part in self.parts:
+            part.notifier = self.notifier  # every shard's wake-ups reach this store's waiters
+        self.shard_map: ShardMap | None = None
+        self.names: list[str] = []
+        """Each part's name in the map, in the URL's order (once open)."""
+        self._by_name: dict[str, Store] = {}
+        self._located: OrderedDict[str, Store] = OrderedDict()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def open(self, *, migrate: bool = True) -> None:
+        opened: list[Store] = []
+        try:
+            for part in self.parts:
+                part.write_observer = self.write_observer
+                await part.open(migrate=migrate)
+                opened.append(part)
+            await self._read_map(first=migrate)
+        except BaseException:
+            for part in opened:
+                await part.close()
+            raise
+
+    async def close(self) -> None:
+        for part in self.parts:
+            await part.close()
+
+    async def migrate(self) -> int:
+        return min([await part.migrate() for part in self.parts])
+
+    async def schema_version(self) -> int:
+        return min([await part.schema_version() for part in self.parts])
+
+    async def listen(self) -> None:
+        """Listen on every shard; a shard out of reach is polled (and the first failure
+        raised once the others listen)."""
+        failed: BaseException | None = None
+        for part in self.parts:
+            try:
+                await part.listen()
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    def part(self, name: str) -> Store:
+        """The store of the shard `name`."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigurationError(f"no shard {name!r} in this store") from None
+
+    # -- the map --------------------------------------------------------------------------
+    async def _states(self, parts: Sequence[Store]) -> list[tuple[str | None, list[Generation]]]:
+        states = []
+        for part in parts:
+            named = await part._read_one("shard_name")
+            stored = await part._read_one("shard_map")
+            states.append((named[0]["name"] if named else None, _rows.generations(stored)))
+        return states
+
+    async def _read_map(self, *, first: bool) -> None:
+        """Read the map from every shard: the same everywhere (waited for while a shard is
+        being added), naming exactly these shards. Writes generation 1 when `first` and no
+        shard has a map yet."""
+        deadline = asyncio.get_running_loop().time() + SETTLE_WITHIN
+        while True:
+            states = await self._states(self.parts)
+            names = [name for name, _ in states]
+            newest = [gens[-1].number if gens else 0 for _, gens in states]
+            if not any(names) and not any(newest):
+                if not first:
+                    raise ConfigurationError(
+                        "these databases are not shards yet: open the store with migrations "
+                        "on (the default) to set them up"
+                    )
+                shard_map = ShardMap.first([f"s{i + 1}" for i in range(len(self.parts))])
+                named = list(zip(self.parts, shard_map.shards, strict=True))
+                await self._write_map(shard_map, named, {})
+                continue
+            if len(set(newest)) == 1 and all(names):
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                shown = ", ".join(
+                    f"{_shown(p.url)}: {n or 'no name'} at generation {g}"
+                    for p, n, g in zip(self.parts, names, newest, strict=True)
+                )
+                raise ConfigurationError(
+                    f"the shards do not agree on the shard map ({shown}): name every shard "
+                    "of the store, and finish adding one with `stepwarden shards add`"
+                )
+            await asyncio.sleep(0.2)
+        shard_map = ShardMap(tuple(states[0][1]))
+        given = [str(n) for n in names]
+        if sorted(given) != sorted(shard_map.shards) or len(set(given)) != len(given):
+            raise ConfigurationError(
+                f"the shard map names {', '.join(shard_map.shards)}; the store's URL gives "
+                f"{', '.join(given)}: name each shard once, every one of them"
+            )
+        self.shard_map = shard_map
+        self.names = given
+        self._by_name = dict(zip(given, self.parts, strict=True))
+        self._located.clear()
+
+    async def _write_map(
+        self, shard_map: ShardMap, named: Sequence[tuple[Store, str]], added: dict[str, bool]
+    ) -> None:
+        """Write `shard_map` to each (store, name) of `named`, all in transactions open
+        together (each with its map locked) and committed when every one accepted it."""
+        states = await self._states([store for store, _ in named])
+        async with contextlib.AsyncExitStack() as stack:
+            for (store, name), (_, gens) in zip(named, states, strict=True):
+                tx = await stack.enter_async_context(store.transaction())
+                flow = partial(
+                    policy.write_shard_map,
+                    name,
+                    shard_map,
+                    gens[-1].number if gens else 0,
+                    added.get(name, False),
+                )
+                refused = await tx._run(flow)
+                if refused is not None:
+                    raise ConfigurationError(f"{_shown(store.url)}: {refused}")
+
+    async def add_shard(self, url: str) -> str:
+        """Add the database at `url` (migrated here; it must hold no task) as a new shard: a
+        new generation of the map gives it an even share of the slots, moving no task. Its
+        name is returned. Safe to run again after a failure: shards left behind get the
+        newest map first."""
+        if self.shard_map is None:
+            raise ConfigurationError("open the store before adding a shard")
+        new = _postgres(url)
+        await new.open(migrate=True)
+        try:
+            everyone = [*self.parts, new]
+            states = await self._states(everyone)
+            newest = max(everyone, key=lambda s: len(states[everyone.index(s)][1]))
+            best = ShardMap(tuple(states[everyone.index(newest)][1]))
+            new_name = states[-1][0]
+            if new_name is not None and new_name in best.shards:
+                # Added already (maybe not everywhere): settle every shard on the newest map.
+                named = [*zip(self.parts, self.names, strict=True), (new, new_name)]
+                await self._write_map(best, named, {})
+                return new_name
+            if any(len(gens) != len(states[0][1]) for _, gens in states[:-1]):
+                await self._write_map(best, list(zip(self.parts, self.names, strict=True)), {})
+            name = best.next_name()
+            bigger = best.with_shard(name)
+            named = [*zip(self.parts, self.names, strict=True), (new, name)]
+            await self._write_map(bigger, named, {name: True})
+            logger.info(
+                "shard %s added (%s): generation %d, %d of %d slots",
+                name,
+                _shown(url),
+                bigger.generation,
+                bigger.current.counts()[name],
+                sum(bigger.current.counts().values()),
+            )
+            return name
+        finally:
+            await new.close()
+
+    # -- placement ------------------------------------------------------------------------
+    def _map(self) -> ShardMap:
+        if self.shard_map is None:
+            raise ConfigurationError("the sharded store is not open")
+        return self.shard_map
+
+    def _candidates(self, task_id: str) -> list[Store]:
+        """Where a task may be: the owners of its slot, newest first, then the other shards
+        (a child lives on its parent's shard, whatever its slot)."""
+        owners = [self._by_name[n] for n in self._map().owners(task_id)]
+        return owners + [p for p in self.parts if p not in owners]
+
+    async def _find(self, task_id: str) -> tuple[Store, TaskRecord] | None:
+        known = self._located.get(task_id)
+        order = self._candidates(task_id)
+        if known is not None:
+            order = [known, *(p for p in order if p is not known)]
+        for part in order:
+            task = await part.get_task(task_id)
+            if task is not None:
+                self._located[task_id] = part
+                self._located.move_to_end(task_id)
+                while len(self._located) > LOCATED:
+                    self._located.popitem(last=False)
+                return part, task
+        return None
+
+    async def _shard_of(self, task_id: str) -> Store:
+        """The task's shard, or its home when no shard holds it (which then answers as a
+        single store does of an unknown task)."""
+        found = await self._find(task_id)
+        return found[0] if found else self._by_name[self._map().home(task_id)]
+
+    # -- submits --------------------------------------------------------------------------
+    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+        """Each task created at its id's home, unless a shard that owned its slot before
+        holds it already; tried again with the map read anew when a shard holds a newer
+        generation than this process read."""
+        created: dict[int, bool] = {}
+        for _ in range(5):
+            shard_map = self._map()
+            todo = [i for i in range(len(tasks)) if i not in created]
+            groups: dict[str, list[int]] = {}
+            for i in todo:
+                owners = shard_map.owners(tasks[i].task_id)
+                for older in owners[1:]:
+                    if await self._by_name[older].get_task(tasks[i].task_id) is not None:
+                        created[i] = False
+                        break
+                else:
+                    groups.setdefault(owners[0], []).append(i)
+
+            async def one(name: str, indexes: list[int], shard_map: ShardMap = shard_map) -> bool:
+                part = self._by_name[name]
+                batch = [tasks[i] for i in indexes]
+                flow = partial(policy.submit_fenced, shard_map.generation, batch)
+                got = await part._again_if_transient(lambda: part._write(flow))
+                if got is None:
+                    return False
+                created.update(zip(indexes, got, strict=True))
+                return True
+
+            fresh = await asyncio.gather(*(one(n, ix) for n, ix in groups.items()))
+            if all(fresh):
+                return [created[i] for i in range(len(tasks))]
+            await self._read_map(first=False)
+        raise TransientStoreError("the shard map kept changing while tasks were submitted")
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
+        _refuse("a transaction of the application's", "open it on one shard's database")
+
+    # -- one task -------------------------------------------------------------------------
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        found = await self._find(task_id)
+        return found[1] if found else None
+
+    async def await_task(self, task_id: str) -> TaskRecord | None:
+        found = await self._find(task_id)
+        return None if found is None else await found[0].await_task(task_id)
+
+    async def get_steps(self, task_id: str) -> list[StepRecord]:
+        return await (await self._shard_of(task_id)).get_steps(task_id)
+
+    async def waits(self, task_id: str) -> list[WaitRecord]:
+        return await (await self._shard_of(task_id)).waits(task_id)
+
+    async def children(self, task_id: str, *, limit: int = 1000) -> list[TaskRecord]:
+        return await (await self._shard_of(task_id)).children(task_id, limit=limit)
+
+    async def history(
+        self, task_id: str, *, limit: int = 100, before: int | None = None
+    ) -> EventPage:
+        return await (await self._shard_of(task_id)).history(task_id, limit=limit, before=before)
+
+    async def send_event(
+        self,
+        task_id: str,
+        name: str,
+        payload: str,
+        event_id: str,
+        bounds: EventBounds | None = None,
+    ) -> SendOutcome | TaskState | EventBeyond | None:
+        part = await self._shard_of(task_id)
+        return await part.send_event(task_id, name, payload, event_id, bounds)
+
+    async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
+        """Each shard's actions in one transaction of that shard's."""
+        groups: dict[int, list[int]] = {}
+        for i, action in enumerate(actions):
+            groups.setdefault(self.parts.index(await self._shard_of(action.task_id)), []).append(i)
+        outcomes: dict[int, ActionOutcome] = {}
+        for index, positions in groups.items():
+            done = await self.parts[index].operate([actions[i] for i in positions])
+            outcomes.update(zip(positions, done, strict=True))
+        return [outcomes[i] for i in range(len(actions))]
+
+    async def outbox(
+        self,
+        *,
+        channel: str | None = None,
+        task_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[OutboxMessage]:
+        """A task's messages (its shard's): message ids are each shard's own, so that
+        reading a channel from an id on is one task's, or one shard's (`part`)."""
+        if task_id is None:
+            _refuse("a channel's status messages across shards", "follow one task's")
+        part = await self._shard_of(task_id)
+        return await part.outbox(channel=channel, task_id=task_id, after=after, limit=limit)
+
+    # -- across the shards ----------------------------------------------------------------
+    async def _each(self, read: Callable[[Store], Awaitable[T]]) -> list[T]:
+        return list(await asyncio.gather(*(read(p) for p in self.parts)))
+
+    async def list_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        version: int | None = None,
+    ) -> list[TaskRecord]:
+        found = await self._each(
+            lambda p: p.list_tasks(state=state, workflow=workflow, limit=limit, version=version)
+        )
+        merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
+        return list(itertools.islice(merged, limit))
+
+    async def find_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        workflow: str | None = None,
+        search: str | None = None,
+        limit: int = 100,
+        version: int | None = None,
+    ) -> list[TaskRecord]:
+        found = await self._each(
+            lambda p: p.find_tasks(
+                state=state, workflow=workflow, search=search, limit=limit, version=version
+            )
+        )
+        merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id), reverse=True)
+        return list(itertools.islice(merged, limit))
+
+    async def count_tasks(self) -> dict[TaskState, int]:
+        counts = {s: 0 for s in TaskState}
+        for each in await self._each(lambda p: p.count_tasks()):
+            for state, n in each.items():
+                counts[state] += n
+        return counts
+
+    async def events(
+        self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]:
+        if task_id is not None:
+            part = await self._shard_of(task_id)
+            return await part.events(task_id=task_id, kind=kind, limit=limit)
+        found = await self._each(lambda p: p.events(kind=kind, limit=limit))
+        return list(itertools.islice(heapq.merge(*found, key=lambda e: e.at), limit))
+
+    async def count_events(self, kind: str) -> int:
+        return sum(await self._each(lambda p: p.count_events(kind)))
+
+    async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]:
+        found = await self._each(lambda p: p.newest_outbox(channel=channel, limit=limit))
+        merged = heapq.merge(*found, key=lambda m: m.at, reverse=True)
+        return list(itertools.islice(merged, limit))
+
+    async def oldest_pending_age(self) -> float | None:
+        ages = [a for a in await self._each(lambda p: p.oldest_pending_age()) if a is not None]
+        return max(ages) if ages else None
+
+    async def list_agents(self) -> list[AgentInstance]:
+        return [a for each in await self._each(lambda p: p.list_agents()) for a in each]
+
+    async def list_schedulers(self) -> list[SchedulerInstance]:
+        return [s for each in await self._each(lambda p: p.list_schedulers()) for s in each]
+
+    async def workflow_names(self) -> list[str]:
+        names = await self._each(lambda p: p.workflow_names())
+        return sorted({n for each in names for n in each})
+
+    async def version_backlog(self, workflows: Sequence[str] | None = None) -> list[VersionBacklog]:
+        merged: dict[tuple[str, int], VersionBacklog] = {}
+        for each in await self._each(lambda p: p.version_backlog(workflows)):
+            for b in each:
+                had = merged.get((b.workflow, b.version))
+                merged[(b.workflow, b.version)] = b if had is None else replace(
+                    had,
+                    pending=had.pending + b.pending,
+                    compensating=had.compensating + b.compensating,
+                    oldest=min(had.oldest, b.oldest),
+                )
+        return [merged[k] for k in sorted(merged)]
+
+    async def relay_backlog(self) -> list[RelayBacklog]:
+        return [b for each in await self._each(lambda p: p.relay_backlog()) for b in each]
+
+    async def step_stats(self) -> list[StepStats]:
+        merged: dict[tuple[str, str], StepStats] = {}
+        for each in await self._each(lambda p: p.step_stats()):
+            for s in each:
+                had = merged.get((s.agent, s.operation))
+                merged[(s.agent, s.operation)] = s if had is None else replace(
+                    had,
+                    started=had.started + s.started,
+                    completed=had.completed + s.completed,
+                    failed=had.failed + s.failed,
+                    reassignments=had.reassignments + s.reassignments,
+                    retried=had.retried + s.retried,
+                    duration_buckets=tuple(
+                        a + b for a, b in zip(had.duration_buckets, s.duration_buckets, strict=True)
+                    ),
+                    duration_sum=had.duration_sum + s.duration_sum,
+                )
+        return [merged[k] for k in sorted(merged)]
+
+    async def activity(self, *, window: float, bucket: float) -> Activity:
+        each = await self._each(lambda p: p.activity(window=window, bucket=bucket))
+        first = each[0]
+        buckets = [
+            ActivityBucket(
+                start=b.start,
+                processed=sum(a.buckets[i].processed for a in each if i < len(a.buckets)),
+                failed=sum(a.buckets[i].failed for a in each if i < len(a.buckets)),
+            )
+            for i, b in enumerate(first.buckets)
+        ]
+        return replace(first, buckets=buckets)
+
+    async def purge(self, older_than: float, limit: int) -> int:
+        return sum(await self._each(lambda p: p.purge(older_than, limit)))
+
+    # -- what lives on the first shard: schedules, and the lease shown -------------------
+    def _first(self) -> Store:
+        return self._by_name[self._map().shards[0]]
+
+    async def schedules(self) -> list[ScheduleRecord]:
+        """The schedules, kept on the map's first shard (s1), where their ticks' tasks live."""
+        return await self._first().schedules()
+
+    async def pause_schedule(self, name: str, paused: bool) -> bool:
+        return await self._first().pause_schedule(name, paused)
+
+    async def read_lease(self, name: str) -> LeaseRecord | None:
+        """The lease on the map's first shard (each shard has its own leader: `part`)."""
+        return await self._first().read_lease(name)
+
+    # -- the driver: nothing else is answered across shards -------------------------------
+    async def _fetch(self, query: Query) -> Rows:
+        _refuse(f"the query {query.name!r}", "run it on one shard's store")
+
+    async def _write(self, flow: FlowFn[T]) -> T:
+        _refuse("a write of the actors'", "run the worker's roles on each shard's store")
+
+
+def _postgres(url: str) -> Store:
+    """One shard's store (the postgres extra is needed for shards only)."""
+    from . import open_store
+
+    return open_store(url)
+
+
+def _refuse(what: str, instead: str) -> NoReturn:
+    raise ConfigurationError(f"{what} is not served by a sharded store: {instead}")
+
+
+def _shown(url: str) -> str:
+    """The host, port and database of a URL (never its user or password)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or ''}:{parts.port or 5432}{parts.path}"
+
+
+__all__ = ["ShardedStore", "shard_urls"]

@@ -1,0 +1,215 @@
+"""A store of shards (PostgreSQL databases named together): each task lives on the shard its
+id's slot maps to, and is found from its id; a worker runs its roles on each shard served;
+adding a shard moves no task and keeps submits idempotent; a process whose map is older
+than a shard's is refused rather than place a task where it does not belong."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import stepwarden as sw
+from stepwarden.placement import SLOTS, ShardMap, slot_of
+from stepwarden.store import ShardedStore, open_store
+
+from ..conftest import pg_database, unique
+from .test_engine import FAST, running
+
+
+@pytest.fixture
+def shard_urls(pg_template: str, request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Three fresh, migrated databases: two shards of a store, and one to add."""
+    test = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:30]
+    with (
+        pg_database(unique(f"sw_t_{test}_a"), pg_template) as a,
+        pg_database(unique(f"sw_t_{test}_b"), pg_template) as b,
+        pg_database(unique(f"sw_t_{test}_c"), pg_template) as c,
+    ):
+        yield [a, b, c]
+
+
+def ids_on(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT task_id FROM stepwarden_tasks")}
+
+
+def shop(store: str) -> sw.App:
+    app = sw.App("sharded", store=store)
+    svc = app.agent("svc")
+
+    @svc.operation
+    async def double(call: sw.Call, n: int) -> int:
+        return 2 * n
+
+    @app.workflow(name="twice")
+    async def twice(ctx: sw.Context, n: int) -> int:
+        once: int = await ctx.step(double, n)
+        twice: int = await ctx.step(double, once)
+        return twice
+
+    @app.workflow(name="parent")
+    async def parent(ctx: sw.Context, n: int) -> int:
+        child: int = await ctx.child("twice", n)
+        return 1 + child
+
+    return app
+
+
+@pytest.fixture
+async def sharded(shard_urls: list[str]) -> AsyncIterator[sw.App]:
+    async with shop(" ".join(shard_urls[:2])) as app:
+        yield app
+
+
+def test_the_placement_is_the_same_everywhere_and_adding_a_shard_moves_an_even_share() -> None:
+    # The slot is computed from the id alone (a digest, never Python's salted hash()).
+    assert slot_of("order-42") == 499 and 0 <= slot_of("") < SLOTS
+    two = ShardMap.first(["s1", "s2"])
+    assert two.current.counts() == {"s1": 512, "s2": 512}
+    three = two.with_shard("s3")
+    assert three.current.counts() == {"s1": 342, "s2": 341, "s3": 341}
+    moved = [s for s in range(SLOTS) if two.current.owner(s) != three.current.owner(s)]
+    assert len(moved) == 341 and all(three.current.owner(s) == "s3" for s in moved)
+    # A moved slot's tasks are looked for at its new owner, then where they were created.
+    task = next(f"t{i}" for i in range(100) if slot_of(f"t{i}") in moved)
+    assert three.owners(task) == ["s3", two.home(task)]
+    with pytest.raises(sw.ConfigurationError, match="in the map already"):
+        three.with_shard("s2")
+
+
+async def test_tasks_spread_over_the_shards_and_a_worker_serves_each(
+    sharded: sw.App, shard_urls: list[str]
+) -> None:
+    ids = [f"o-{i}" for i in range(40)]
+    for i, task_id in enumerate(ids):
+        await sharded.submit_async("twice", i, task_id=task_id)
+    store = await sharded.store()
+    assert isinstance(store, ShardedStore) and store.shard_map is not None
+    on = {name: ids_on(url) for name, url in zip(store.names, shard_urls, strict=False)}
+    # Each task on its home shard only, and both shards used.
+    assert all(t in on[store.shard_map.home(t)] for t in ids)
+    assert on["s1"].isdisjoint(on["s2"]) and on["s1"] and on["s2"]
+    async with running(sharded):
+        results = [await sharded.result_async(t, timeout=30) for t in ids]
+    assert results == [4 * i for i in range(40)]
+    # Reads across the shards: listed, counted, each found from its id.
+    assert {t.task_id for t in await sharded.tasks_async(limit=100)} == set(ids)
+    assert (await store.count_tasks())[sw.TaskState.PROCESSED] == 40
+    assert (await sharded.status_async(ids[7])).result == 28
+    # Each shard had its own supervisor leader.
+    for url in shard_urls[:2]:
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM stepwarden_leases").fetchone() == (1,)
+
+
+async def test_a_child_lives_on_its_parents_shard_and_is_found_from_its_id(
+    sharded: sw.App, shard_urls: list[str]
+) -> None:
+    store = await sharded.store()
+    assert isinstance(store, ShardedStore) and store.shard_map is not None
+    # A parent whose child's id has its slot on the other shard.
+    parent = next(
+        f"p-{i}"
+        for i in range(200)
+        if store.shard_map.home(f"p-{i}") != store.shard_map.home(f"p-{i}:1")
+    )
+    await sharded.submit_async("parent", 5, task_id=parent)
+    async with running(sharded):
+        assert await sharded.result_async(parent, timeout=30) == 21
+    [child] = await store.children(parent)
+    home = shard_urls[store.names.index(store.shard_map.home(parent))]
+    assert {parent, child.task_id} <= ids_on(home)
+    assert (await sharded.status_async(child.task_id)).result == 20
+
+
+async def test_a_worker_given_shards_serves_those_only(
+    sharded: sw.App, shard_urls: list[str]
+) -> None:
+    store = await sharded.store()
+    assert isinstance(store, ShardedStore) and store.shard_map is not None
+    ids = [f"w-{i}" for i in range(20)]
+    for task_id in ids:
+        await sharded.submit_async("twice", 1, task_id=task_id)
+    on_s1 = [t for t in ids if store.shard_map.home(t) == "s1"]
+    async with running(sharded, dataclasses.replace(FAST, shards=frozenset({"s1"}))):
+        for t in on_s1:
+            await sharded.result_async(t, timeout=30)
+    states = {t: (await sharded.status_async(t)).process_state for t in ids}
+    assert all(states[t] == sw.TaskState.PROCESSED for t in on_s1)
+    assert all(states[t] == sw.TaskState.PENDING for t in ids if t not in on_s1)
+    with pytest.raises(sw.ConfigurationError, match="no shard s9"):
+        await sw.Worker(sharded, dataclasses.replace(FAST, shards=frozenset({"s9"}))).run()
+
+
+async def test_adding_a_shard_moves_no_task_and_submits_stay_idempotent(
+    shard_urls: list[str],
+) -> None:
+    a, b, c = shard_urls
+    ids = [f"x-{i}" for i in range(300)]
+    async with shop(f"{a} {b}") as app:
+        assert all(await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids]))
+        before = {url: ids_on(url) for url in (a, b)}
+        store = await app.store()
+        assert isinstance(store, ShardedStore)
+        assert await store.add_shard(c) == "s3"
+        assert await store.add_shard(c) == "s3"  # again: nothing more to do
+    assert {url: ids_on(url) for url in (a, b)} == before and not ids_on(c)
+    async with shop(f"{a} {b} {c}") as app:
+        store = await app.store()
+        assert isinstance(store, ShardedStore) and store.shard_map is not None
+        assert store.shard_map.generation == 2
+        moved = [t for t in ids if store.shard_map.home(t) == "s3"]
+        assert len(moved) > 50
+        # The same ids again: none created, none copied to the new shard.
+        again = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids])
+        assert not any(again) and not ids_on(c)
+        for t in moved:
+            assert (await app.status_async(t)).task_id == t
+        # New ids go to their home, the new shard among them.
+        new = [f"y-{i}" for i in range(100)]
+        assert all(await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in new]))
+        assert ids_on(c) == {t for t in new if store.shard_map.home(t) == "s3"} != set()
+        async with running(app):
+            for t in [*moved[:5], *new[:5]]:
+                assert await app.result_async(t, timeout=30) == 4
+
+
+async def test_a_process_with_an_older_map_is_refused_not_misplaced(
+    shard_urls: list[str],
+) -> None:
+    a, b, c = shard_urls
+    async with shop(f"{a} {b}") as old:
+        await old.submit_async("twice", 1, task_id="first")
+        async with shop(f"{a} {b}") as adder:
+            store = await adder.store()
+            assert isinstance(store, ShardedStore)
+            await store.add_shard(c)
+            assert store.shard_map is not None
+        bigger = ShardMap.first(["s1", "s2"]).with_shard("s3")
+        moved = next(f"m-{i}" for i in range(100) if bigger.home(f"m-{i}") == "s3")
+        # The old process's map sends it to s1 or s2: the shard's newer generation refuses
+        # the submit, and the map read anew names a shard this process was not given.
+        with pytest.raises(sw.ConfigurationError, match="the shard map names s1, s2, s3"):
+            await old.submit_async("twice", 1, task_id=moved)
+    assert moved not in ids_on(a) | ids_on(b) | ids_on(c)
+
+
+async def test_what_a_sharded_store_refuses(sharded: sw.App, tmp_path: Any) -> None:
+    with pytest.raises(sw.ConfigurationError, match="shards are PostgreSQL databases"):
+        sw.App("x", store=f"sqlite:///{tmp_path}/a.db sqlite:///{tmp_path}/b.db")
+    url = sharded.store_url.split()[0]
+    with pytest.raises(sw.ConfigurationError, match="each database once"):
+        open_store(f"{url} {url}")
+    with pytest.raises(sw.ConfigurationError, match="not served by a sharded store"):
+        async with sharded.transaction():
+            pass
+    with pytest.raises(sw.ConfigurationError, match="the store is one database"):
+        app = shop(url)
+        await sw.Worker(app, dataclasses.replace(FAST, shards=frozenset({"s1"}))).run()
+    await asyncio.sleep(0)
