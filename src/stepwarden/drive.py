@@ -646,11 +646,18 @@ class TaskDrive:
         return await recorded
 
     def _record_alone(self) -> None:
-        """Write the outcomes that no write of its workflow took along."""
-        if self._unrecorded:
+        """Write the outcomes that no write of its workflow took along: one writer at a time
+        (while the store is out of reach, it tries again at its own pace, carrying what
+        came meanwhile), and another after it if outcomes are left."""
+        if self._unrecorded and not self._recording:
             writing = asyncio.create_task(self._outcomes_alone())
             self._recording.add(writing)
-            writing.add_done_callback(self._recording.discard)
+            writing.add_done_callback(self._recorded_alone)
+
+    def _recorded_alone(self, writing: asyncio.Task[bool]) -> None:
+        self._recording.discard(writing)
+        if self._unrecorded:
+            asyncio.get_running_loop().call_later(RECORD_WITHIN, self._record_alone)
 
     async def _outcomes_first(self) -> None:
         """Before a write that cannot carry them (a wait, a park): record the outcomes its
@@ -707,7 +714,8 @@ class TaskDrive:
         with the drive's next write, or alone, whichever comes first."""
         fresh = [u for u in carried if u.outcome not in self._refused]
         self._unrecorded[:0] = fresh
-        asyncio.get_running_loop().call_later(RECORD_WITHIN, self._record_alone)
+        if not self._recording:  # else the writer under way takes them with its next try
+            asyncio.get_running_loop().call_later(RECORD_WITHIN, self._record_alone)
 
     def answered(self, carried: Unrecorded, recorded: bool) -> None:
         """The store's word on an outcome carried: recorded, or refused (then carried again
