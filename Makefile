@@ -21,7 +21,8 @@ $(BENCH_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-# make bench: stepwarden (SQLite, PostgreSQL) against DBOS, Celery and procrastinate
+# make bench: stepwarden (SQLite with its wake-ups and polling only, PostgreSQL) against
+# DBOS, Celery and procrastinate
 # (bench/README.md). make bench BENCH_ARGS="--quick" for a smoke check.
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)

@@ -56,7 +56,7 @@ class _Reader:
         if self.postgres:
             self._pg = psycopg.connect(system.url, autocommit=True)
         else:
-            self._lite = sqlite3.connect(system.url.removeprefix("sqlite:///"), timeout=30)
+            self._lite = sqlite3.connect(system.path, timeout=30)
 
     def epoch(self, column: str) -> str:
         """A timestamp column as seconds since the epoch."""

@@ -1,6 +1,6 @@
-"""The benchmark: stepwarden (SQLite, PostgreSQL), DBOS, Celery and procrastinate on the same
-"order" workload, in the same run, so that the figures are read as ratios; then stepwarden's
-fan-out, recoveries and sweep.
+"""The benchmark: stepwarden (SQLite with its wake-ups and polling only, PostgreSQL), DBOS,
+Celery and procrastinate on the same "order" workload, in the same run, so that the figures
+are read as ratios; then stepwarden's fan-out, recoveries and sweep.
 
     python -m bench [--quick] [--only stepwarden-postgres,celery] [--n 2000] [--runs 3]
 
@@ -61,9 +61,19 @@ from .systems import (
     Throughput,
 )
 
-SYSTEMS = ("stepwarden-sqlite", "stepwarden-postgres", "dbos", "celery", "procrastinate")
+SYSTEMS = (
+    "stepwarden-sqlite",
+    "stepwarden-sqlite-poll",
+    "stepwarden-postgres",
+    "dbos",
+    "celery",
+    "procrastinate",
+)
 BASE = "stepwarden-postgres"
-PEERS = ("stepwarden-sqlite", "dbos", "celery", "procrastinate")
+PEERS = ("stepwarden-sqlite", "stepwarden-sqlite-poll", "dbos", "celery", "procrastinate")
+WAKE, POLL = "stepwarden-sqlite", "stepwarden-sqlite-poll"
+"""SQLite with its wake-ups between processes (datagrams, the default) and with polling only
+(`?wake=off`): W1 and W2 of both, side by side in `sqlite_wakeups`."""
 
 GOAL: dict[str, tuple[str, float]] = {
     "wf_per_s": (">=", 1000.0),
@@ -497,6 +507,63 @@ def goal_check(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
+def sqlite_wakeups(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """SQLite with its wake-ups (stepwarden-sqlite) beside SQLite polling only
+    (stepwarden-sqlite-poll): W2's p50 and p99, and the wf/s of each W1 variant run, with
+    wake-ups / polling only (None: a side did not run or failed)."""
+    wake, poll = systems.get(WAKE), systems.get(POLL)
+    if wake is None or poll is None:
+        return None
+    figures = {
+        "w2_p50_ms": ("w2", "p50_ms"),
+        "w2_p99_ms": ("w2", "p99_ms"),
+        **{f"{key}_wf_per_s": (key, "wf_per_s") for key in VARIANT_KEY.values()},
+    }
+    out: dict[str, Any] = {}
+    for name, (part, key) in figures.items():
+        a, b = ((s.get(part) or {}).get(key) for s in (wake, poll))
+        if a is None and b is None:
+            continue
+        out[name] = {
+            "wake_ups": a,
+            "poll_only": b,
+            "wake_ups_x_poll_only": round(a / b, 3) if a is not None and b else None,
+        }
+    return out
+
+
+SQLITE_WAKEUPS_LABEL = {
+    "w2_p50_ms": "W2 p50 ms",
+    "w2_p99_ms": "W2 p99 ms",
+    "w1_wf_per_s": "W1 batched wf/s",
+    "w1_single_wf_per_s": "W1 one at a time wf/s",
+    "w1_concurrent_wf_per_s": "W1 {submitters} submitters wf/s",
+}
+
+
+def sqlite_wakeups_lines(result: dict[str, Any]) -> list[str]:
+    """SQLite's wake-ups against polling only, side by side."""
+    rows = result.get("sqlite_wakeups")
+    if not rows:
+        return []
+    submitters = result.get("settings", {}).get("submitters", SUBMITTERS)
+    lines = [
+        "",
+        f"SQLite: wake-ups between processes ({WAKE}) against polling only every 0.05 s "
+        f"({POLL}, ?wake=off); ms: <1 is less with wake-ups, wf/s: >1 is faster",
+    ]
+    head = f"{'':<26} {'wake-ups':>10} {'poll only':>10} {'wake-ups / poll only':>21}"
+    lines += [head, "-" * len(head)]
+    for key, r in rows.items():
+        label = SQLITE_WAKEUPS_LABEL.get(key, key).format(submitters=submitters)
+        fmt = "{:,.2f}" if key.startswith("w2_") else "{:,.1f}"
+        lines.append(
+            f"{label:<26} {_f(r['wake_ups'], fmt):>10} {_f(r['poll_only'], fmt):>10} "
+            f"{_f(r['wake_ups_x_poll_only'], 'x{:.2f}'):>21}"
+        )
+    return lines
+
+
 # -- the table ----------------------------------------------------------------------------
 def _f(value: Any, fmt: str = "{:,.1f}") -> str:
     if value is None:
@@ -508,14 +575,14 @@ def table(result: dict[str, Any]) -> str:
     systems = result["systems"]
     lines = []
     head = (
-        f"{'system':<20} {'store':<11} {'W1 wf/s':>9} {'(runs)':<22} {'W2 p50 ms':>9} "
+        f"{'system':<22} {'store':<11} {'W1 wf/s':>9} {'(runs)':<22} {'W2 p50 ms':>9} "
         f"{'p99 ms':>8} {'commits/wf':>10} {'RSS MB':>8}"
     )
     lines += [head, "-" * len(head)]
     for name, s in systems.items():
         runs = s.get("w1", {}).get("wf_per_s_runs")
         lines.append(
-            f"{name:<20} {s['store']:<11} {_f(_fig(s, 'wf_per_s')):>9} "
+            f"{name:<22} {s['store']:<11} {_f(_fig(s, 'wf_per_s')):>9} "
             f"{'(' + ', '.join(f'{r:,.0f}' for r in runs) + ')' if runs else '':<22} "
             f"{_f(_fig(s, 'p50_ms')):>9} {_f(_fig(s, 'p99_ms')):>8} "
             f"{_f(s.get('commits_per_wf'), '{:.2f}'):>10} "
@@ -525,7 +592,7 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", f"{BASE} / peer (wf/s: >1 is faster; ms, commits, RSS: <1 is less)"]
         for name, r in result["ratios"].items():
             lines.append(
-                f"  vs {name:<18} wf/s x{_f(r['wf_per_s'], '{:.2f}')}   "
+                f"  vs {name:<22} wf/s x{_f(r['wf_per_s'], '{:.2f}')}   "
                 f"p50 x{_f(r['p50_ms'], '{:.2f}')}   p99 x{_f(r['p99_ms'], '{:.2f}')}   "
                 f"commits x{_f(r['commits_per_wf'], '{:.2f}')}   "
                 f"RSS x{_f(r['peak_rss_workers_mb'], '{:.2f}')}"
@@ -547,6 +614,7 @@ def table(result: dict[str, Any]) -> str:
                 f"  {key:<24} {_f(g['measured'], '{:,.2f}'):>10}  ({way} {g['goal']:g}: {mark})"
             )
     lines += variants_table_lines(result)
+    lines += sqlite_wakeups_lines(result)
     if result.get("submit_rtt"):
         lines += rtt_mod.table_lines(result["submit_rtt"])
     if result.get("fanout"):
@@ -640,7 +708,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
         "PostgreSQL (less the idle phase); submit p50: one submit call, ms",
     ]
     head = (
-        f"{'system':<20} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} {'workers':>8} "
+        f"{'system':<22} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} {'workers':>8} "
         f"{'client':>7} {'server (own db)':>16} {'total':>7} {'commits/wf':>10} "
         f"{'submit p50':>10}"
     )
@@ -653,11 +721,11 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
             who = name if first else ""
             first = False
             if not v:
-                lines.append(f"{who:<20} {label:<14} {'-':>8}")
+                lines.append(f"{who:<22} {label:<14} {'-':>8}")
                 continue
             failed = "   FAILED: " + "; ".join(v["errors"]) if v.get("errors") else ""
             if "wf_per_s" not in v:
-                lines.append(f"{who:<20} {label:<14} {'-':>8}{failed}")
+                lines.append(f"{who:<22} {label:<14} {'-':>8}{failed}")
                 continue
             cpu = v["cpu_s_per_wf"]
             runs = "(" + ", ".join(f"{r:,.0f}" for r in v["wf_per_s_runs"]) + ")"
@@ -666,7 +734,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
                 server += f" ({_ms(cpu['server_db_backends_s'])})"
             call = v.get("submit_call", {}).get("p50_ms")
             lines.append(
-                f"{who:<20} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} "
+                f"{who:<22} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} "
                 f"{_ms(cpu['workers_s']):>8} {_ms(cpu['client_s']):>7} {server:>16} "
                 f"{_ms(cpu['total_s']):>7} {_f(v.get('commits_per_wf'), '{:.2f}'):>10} "
                 f"{_f(call, '{:.2f}'):>10}{failed}"
@@ -694,7 +762,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
                 if r.get("commits_per_wf") is not None:
                     part += f", commits x{r['commits_per_wf']:.2f}"
                 parts.append(part)
-            lines.append(f"  vs {peer:<18} " + " | ".join(parts))
+            lines.append(f"  vs {peer:<22} " + " | ".join(parts))
     return lines
 
 
@@ -802,7 +870,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--only",
         default=",".join(SYSTEMS),
         help=f"comma-separated systems (default: all): {', '.join(SYSTEMS)}; "
-        "'stepwarden' means both stepwarden stores",
+        "'stepwarden' means every stepwarden one (both stores, and SQLite polling only)",
     )
     p.add_argument("--n", type=int, default=None, help="W1 workflows per run [2000; quick 200]")
     p.add_argument(
@@ -924,6 +992,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def make_system(name: str, res: Resources, workers: int, log_dir: Path) -> System:
     if name == "stepwarden-sqlite":
         return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=False)
+    if name == "stepwarden-sqlite-poll":
+        return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=False, wake=False)
     if name == "stepwarden-postgres":
         return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=True)
     if name == "dbos":
@@ -1213,6 +1283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["ratios"] = ratios(systems)
         result["variant_ratios"] = variant_ratios(systems)
         result["goal"] = goal_check(systems)
+        wakeups = sqlite_wakeups(systems)
+        if wakeups is not None:
+            result["sqlite_wakeups"] = wakeups
         result["reference"] = {k: v for k, v in REFERENCE.items() if k in systems}
         if not args.no_submit_rtt and BASE in args.systems:
             result["submit_rtt"] = rtt_mod.run(

@@ -273,12 +273,21 @@ class Stepwarden(System):
         postgres: bool,
         worker_args: Sequence[str] = (),
         tracing: str | None = None,
+        wake: bool = True,
     ) -> None:
         super().__init__(res, workers=workers, log_dir=log_dir)
         self.postgres = postgres
         self.tracing = tracing
         """How the workers trace (`bench.tracing.MODES`), None: as the engine defaults."""
-        self.name = "stepwarden-postgres" if postgres else "stepwarden-sqlite"
+        if postgres and not wake:
+            raise ValueError("wake-ups can be turned off on SQLite only (?wake=off)")
+        self.wake = wake
+        """SQLite: whether the processes on the file wake each other by datagrams (the
+        default), or only poll (`?wake=off` in the URL of the workers and the client)."""
+        if postgres:
+            self.name = "stepwarden-postgres"
+        else:
+            self.name = "stepwarden-sqlite" if wake else "stepwarden-sqlite-poll"
         self.store = "PostgreSQL" if postgres else "SQLite"
         self.server = "postgresql" if postgres else None
         self.concurrency = "asyncio tasks sharing one App, " + (
@@ -288,11 +297,15 @@ class Stepwarden(System):
         )
         self.worker_args = list(worker_args)
         extra = "; " + " ".join(worker_args) if worker_args else ""
+        if not wake:
+            extra += "; ?wake=off: no wake-ups between processes, each polls every 0.05 s"
         self.worker_mode = (
             f"{workers} x `stepwarden worker bench.workload:app` (scheduler, agents and "
             f"supervisor in each; engine defaults{extra})"
         )
         self.url = ""
+        self.path = ""
+        """SQLite: the database file the harness reads (the URL may carry options)."""
         self._dir: Path | None = None
         self._runner: asyncio.Runner | None = None
         self._app: Any = None
@@ -301,8 +314,10 @@ class Stepwarden(System):
         if self.postgres:
             self.url = self.db_url = self.res.create_database(f"sw{run}")
         else:
-            self._dir = self.res.temp_dir(f"sw-sqlite-{run}")
-            self.url = f"sqlite:///{self._dir / 'store.db'}"
+            tag = "sqlite" if self.wake else "sqlite-poll"
+            self._dir = self.res.temp_dir(f"sw-{tag}-{run}")
+            self.path = str(self._dir / "store.db")
+            self.url = f"sqlite:///{self.path}" + ("" if self.wake else "?wake=off")
         self._client()  # opens the store: migrates it before anything is counted
 
     def _client(self) -> Any:
@@ -416,7 +431,7 @@ class Stepwarden(System):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
                     time.sleep(COMPLETION_POLL)
-        db = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30)
+        db = sqlite3.connect(self.path, timeout=30)
         try:
             while True:
                 row = db.execute(
@@ -485,7 +500,7 @@ class Stepwarden(System):
                     sql(lambda c: c if c == "s.seq" else f"extract(epoch FROM {c})::float8")
                 ).fetchall()
         else:
-            db = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=30)
+            db = sqlite3.connect(self.path, timeout=30)
             try:
                 rows = db.execute(sql(lambda c: c)).fetchall()
             finally:

@@ -81,6 +81,7 @@ BAD_URLS = [
     ("nonsense", "invalid store URL 'nonsense'"),
     ("sqlite://host/x.db", "invalid SQLite store URL 'sqlite://host/x.db'"),
     ("sqlite:///x.db?sync=off", "unknown SQLite store option(s): sync"),
+    ("sqlite:///x.db?wake=no", "wake must be one of on, off, not 'no'"),
 ]
 
 

@@ -1,11 +1,13 @@
 """Processes that share an SQLite file wake each other: a commit in one reaches the others'
 subscriptions through their Unix datagram sockets (`store/_wake.py`), not only at their next
-poll. A lost wake-up costs a poll; a socket left by a dead process is removed."""
+poll. A lost wake-up costs a poll; a socket left by a dead process is removed. With
+`?wake=off` a process uses no socket at all, and finds the work by polling."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sys
 import textwrap
@@ -17,6 +19,8 @@ from stepwarden.records import step_key
 from stepwarden.store import CHANNEL_TASKS, open_store
 from stepwarden.store._flow import Wakeups
 from stepwarden.store._wake import DATAGRAM_LIMIT, SOCKET_SUFFIX, WakeChannel, datagrams, wake_dir
+
+from ..cli import cli_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +122,58 @@ async def test_a_folder_not_the_users_own_is_not_used_and_no_write_fails(
         assert await store.acquire_lease("supervisor", "a", 30) == 1
     finally:
         await store.close()
+
+
+async def test_with_wake_off_no_socket_is_used_and_the_work_is_found_by_polling(
+    sqlite_url: str,
+) -> None:
+    """`?wake=off`: a listening store binds no socket and no folder is made; a commit of
+    another process reaches it only through its polls. A worker and a client on such URLs
+    still see each task through: the worker's poll finds the task, the client's the result."""
+    url = sqlite_url + "?wake=off"
+    folder = wake_dir(str(_path(sqlite_url)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    store = open_store(url)
+    await store.open()
+    try:
+        await store.listen()
+        tasks = store.subscribe(CHANNEL_TASKS)
+        # Another process, wake-ups on (the default): it finds nobody to wake.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SUBMIT, sqlite_url, "t1", env=env
+        )
+        assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+        assert await tasks.wait(timeout=0.5) is None
+        assert not folder.exists()
+    finally:
+        await store.close()
+
+    app = cli_app.build(url)
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "stepwarden",
+        "--app",
+        "tests.cli.cli_app:app",
+        "--store",
+        url,
+        "worker",
+        cwd=ROOT,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        for i in range(3):
+            await app.submit_async("process", {"n": i}, task_id=f"p-{i}")
+            assert await app.result_async(f"p-{i}", timeout=30) == {
+                "stamped": {"n": i},
+                "key": f"p-{i}/1",
+            }
+        assert not folder.exists()
+    finally:
+        await app.aclose()
+        if worker.returncode is None:
+            worker.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(worker.communicate(), timeout=60)
+    assert worker.returncode == 0, err.decode()
+    assert not folder.exists()

@@ -8,7 +8,8 @@ once for each row of the batch. A query of several statements in queries.sql run
 statement, then the others once for each row the first returned, with that row's columns
 added to the parameters: the rows of the query are those of the first statement. Times are
 seconds since the epoch, from this machine's clock (`:now`, one reading per transaction).
-Wake-ups reach the other processes by their polling.
+Wake-ups reach the other processes on the file by Unix datagrams (`_wake.py`), and by their
+polling when one is lost; `?wake=off` in the URL leaves a process to polling alone.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
+_WAKE = {"on": True, "off": False}
+"""`?wake=`: whether this process wakes the others on the file and is woken by them through
+datagrams (`on`, the default), or neither, each finding new work at its poll (`off`)."""
 _TRANSIENT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 """Result codes (primary) of a call that may succeed when tried again: another process holds
 the database lock longer than the busy timeout."""
@@ -154,21 +158,23 @@ def _drive(conn: sqlite3.Connection, flow: Flow[T], now: float) -> T:
 
 class SQLiteStore(Store):
     """Other processes on the file are woken through Unix datagram sockets (`_wake`); a
-    wake-up lost costs a poll interval, which is short."""
+    wake-up lost costs a poll interval, which is short. With `?wake=off` this store sends
+    and receives none: it and the processes it would wake wait for their polls."""
 
     dialect = "sqlite"
     default_poll_interval = 0.05
 
     def __init__(self, url: str) -> None:
-        self.path, self.synchronous = self._parse(url)
+        self.path, self.synchronous, wake = self._parse(url)
         super().__init__(url)
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._lock = asyncio.Lock()
-        self._wake = WakeChannel(self.path) if self.path != ":memory:" else None
+        self._wake = WakeChannel(self.path) if wake and self.path != ":memory:" else None
 
     @staticmethod
-    def _parse(url: str) -> tuple[str, str]:
+    def _parse(url: str) -> tuple[str, str, bool]:
+        """The database's path, its `synchronous` setting and whether it wakes by datagrams."""
         parts = urlsplit(url)
         if parts.scheme != "sqlite" or parts.netloc not in ("", "localhost"):
             raise ConfigurationError(
@@ -179,7 +185,7 @@ class SQLiteStore(Store):
         if not path:
             raise ConfigurationError(f"invalid SQLite store URL {url!r}: no database path")
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        unknown = set(options) - {"synchronous"}
+        unknown = set(options) - {"synchronous", "wake"}
         if unknown:
             raise ConfigurationError(
                 f"unknown SQLite store option(s): {', '.join(sorted(unknown))}"
@@ -187,7 +193,12 @@ class SQLiteStore(Store):
         sync = options.get("synchronous", "full").lower()
         if sync not in _SYNCHRONOUS:
             raise ConfigurationError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}")
-        return path, _SYNCHRONOUS[sync]
+        wake = options.get("wake", "on").lower()
+        if wake not in _WAKE:
+            raise ConfigurationError(
+                f"wake must be one of {', '.join(_WAKE)}, not {options['wake']!r}"
+            )
+        return path, _SYNCHRONOUS[sync], _WAKE[wake]
 
     # -- the driver -----------------------------------------------------------------------
     def _connect(self, create: bool) -> sqlite3.Connection:
