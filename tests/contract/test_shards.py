@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 import stepwarden as sw
+from stepwarden.cli import cli as main_cli
+from stepwarden.dashboard import create_app
 from stepwarden.placement import SLOTS, ShardMap, slot_of
 from stepwarden.store import ShardedStore, open_store
 
@@ -212,4 +217,41 @@ async def test_what_a_sharded_store_refuses(sharded: sw.App, tmp_path: Any) -> N
     with pytest.raises(sw.ConfigurationError, match="the store is one database"):
         app = shop(url)
         await sw.Worker(app, dataclasses.replace(FAST, shards=frozenset({"s1"}))).run()
-    await asyncio.sleep(0)
+
+
+async def test_the_cli_and_the_dashboard_read_across_the_shards(
+    sharded: sw.App, shard_urls: list[str]
+) -> None:
+    store = await sharded.store()
+    assert isinstance(store, ShardedStore) and store.shard_map is not None
+    ids = [f"r-{i}" for i in range(12)]
+    for task_id in ids:
+        await sharded.submit_async("twice", 1, task_id=task_id)
+    one_each = [next(t for t in ids if store.shard_map.home(t) == s) for s in ("s1", "s2")]
+    web = create_app(sharded, token="t" * 20)
+    transport = httpx.ASGITransport(app=web)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        listed = (await client.get("/api/tasks", params={"limit": 100})).json()
+        assert {t["task_id"] for t in listed["tasks"]} == set(ids)
+        for task_id in one_each:
+            assert (await client.get(f"/api/tasks/{task_id}")).status_code == 200
+            assert task_id in (await client.get(f"/tasks/{task_id}")).text
+        for page in ("/", "/tasks", "/agents", "/alerts", "/schedules", "/metrics"):
+            assert (await client.get(page)).status_code == 200, page
+
+    async def cli(*args: str) -> str:
+        command = ["--store", sharded.store_url, *args]
+        done = await asyncio.to_thread(CliRunner().invoke, main_cli, command)
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    lines = (await cli("tasks", "--json")).splitlines()
+    listed_ids = {json.loads(line)["task_id"] for line in lines}
+    assert listed_ids == set(ids)
+    for task_id in one_each:
+        assert json.loads(await cli("show", task_id, "--json"))["task_id"] == task_id
+    shown = [json.loads(line) for line in (await cli("shards", "--json")).splitlines()]
+    assert [(s["shard"], s["tasks"]) for s in shown] == [
+        ("s1", len(ids_on(shard_urls[0]))),
+        ("s2", len(ids_on(shard_urls[1]))),
+    ]
