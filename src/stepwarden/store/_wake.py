@@ -57,6 +57,10 @@ def _own_dir(path: Path) -> bool:
         found = os.lstat(path)
     except OSError:
         return False
+    return _own_mode(found)
+
+
+def _own_mode(found: os.stat_result) -> bool:
     return (
         stat.S_ISDIR(found.st_mode)
         and found.st_uid == os.geteuid()
@@ -94,6 +98,9 @@ class WakeChannel:
         self._receiver: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own: str | None = None
+        self._peers_at: int | None = None
+        """The folder's mtime (ns) when `_peer_paths` was read from it."""
+        self._peer_paths: list[str] = []
 
     # -- sending --------------------------------------------------------------------------
     def send(self, wake: Wakeups) -> None:
@@ -105,16 +112,28 @@ class WakeChannel:
         except OSError as exc:  # the others poll: a wake-up is never worth a failed write
             logger.debug("wake-ups not sent: %s", exc)
 
+    def _peers(self) -> list[str]:
+        """The other processes' sockets: read from the folder when it changed (a socket
+        made or removed changes its mtime), else those read last: one stat a send."""
+        try:
+            found = os.lstat(self.dir)
+        except OSError:
+            return []  # nobody listens yet
+        if not _own_mode(found):
+            return []  # not this user's own folder: the processes poll
+        if found.st_mtime_ns != self._peers_at:
+            self._peers_at = found.st_mtime_ns
+            self._peer_paths = [
+                e.path
+                for e in os.scandir(self.dir)
+                if e.name.endswith(SOCKET_SUFFIX)
+                and e.path != self._own
+                and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)
+            ]
+        return self._peer_paths
+
     def _send(self, wake: Wakeups) -> None:
-        if not _own_dir(self.dir):
-            return  # nobody listens yet, or the folder is not this user's own
-        peers = [
-            e.path
-            for e in os.scandir(self.dir)
-            if e.name.endswith(SOCKET_SUFFIX)
-            and e.path != self._own
-            and stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)
-        ]
+        peers = self._peers()
         if not peers:
             return
         if self._sender is None:
