@@ -44,6 +44,13 @@ def ids_on(url: str) -> set[str]:
         return {r[0] for r in conn.execute("SELECT task_id FROM stepwarden_tasks")}
 
 
+def newest_generation(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT max(generation) FROM stepwarden_shard_map").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def shop(store: str) -> sw.App:
     app = sw.App("sharded", store=store)
     svc = app.agent("svc")
@@ -255,3 +262,36 @@ async def test_the_cli_and_the_dashboard_read_across_the_shards(
         ("s1", len(ids_on(shard_urls[0]))),
         ("s2", len(ids_on(shard_urls[1]))),
     ]
+
+
+async def test_a_new_generation_waits_for_the_submits_under_the_older_one(
+    shard_urls: list[str],
+) -> None:
+    a, b, c = shard_urls
+    async with shop(f"{a} {b}") as app:
+        store = await app.store()
+        assert isinstance(store, ShardedStore)
+        with psycopg.connect(a) as submit:
+            # A submit's transaction on s1 that has read the map's generation, not committed.
+            submit.execute("SELECT coalesce(max(generation), 0) FROM stepwarden_shard_map")
+            adding = asyncio.create_task(store.add_shard(c))
+
+            def add_waits() -> bool:
+                with psycopg.connect(a) as look:
+                    row = look.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                        " AND mode = 'AccessExclusiveLock'"
+                        " AND relation = 'stepwarden_shard_map'::regclass"
+                    ).fetchone()
+                return row is not None and row[0] == 1
+
+            async with asyncio.timeout(10):
+                while not add_waits():
+                    assert not adding.done(), adding
+                    await asyncio.sleep(0.01)
+            # The new generation is not written while the submit is open...
+            assert not adding.done()
+            assert newest_generation(b) == 1
+            submit.commit()  # ...and is once it commits.
+        assert await adding == "s3"
+    assert [newest_generation(url) for url in (a, b, c)] == [2, 2, 2]
