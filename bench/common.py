@@ -564,12 +564,13 @@ def postgres_server(admin_url: str, db_url: str | None = None) -> Server | None:
     process of this machine."""
     with psycopg.connect(admin_url, autocommit=True) as admin:
         row = admin.execute("SELECT pg_backend_pid()").fetchone()
-    if not row or not _is(int(row[0]), "postgres"):
-        return None
-    try:
-        postmaster = psutil.Process(int(row[0])).ppid()
-    except psutil.Error:
-        return None
+        # While the connection is open: its backend exits once it is closed.
+        if not row or not _is(int(row[0]), "postgres"):
+            return None
+        try:
+            postmaster = psutil.Process(int(row[0])).ppid()
+        except psutil.Error:
+            return None
     if not _is(postmaster, "postgres"):
         return None
 
