@@ -1,15 +1,18 @@
-"""What every system's measurement shares: child processes, databases, temporary files and
-the Redis database, always cleaned up (also on Ctrl-C, SIGTERM and failure); peak RSS and CPU
-time sampling, PostgreSQL commit counts, and small statistics."""
+"""What every system's measurement shares: child processes, databases, PostgreSQL servers of
+the benchmark's own, temporary files and the Redis database, always cleaned up (also on
+Ctrl-C, SIGTERM and failure); peak RSS and CPU time sampling, PostgreSQL commit counts, and
+small statistics."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,28 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TMP = RESULTS / "tmp"
 DB_PREFIX = "swbench"
+PG_VERSION = "15"
+"""The PostgreSQL version of the servers the benchmark makes (Debian's pg_createcluster)."""
+CLUSTER_PREFIX = "swbsh"
+"""The names of the benchmark's own PostgreSQL servers: swbsh<pid>x<index>."""
+COPIED_SETTINGS = (
+    "max_connections",
+    "shared_buffers",
+    "work_mem",
+    "effective_cache_size",
+    "wal_level",
+    "wal_buffers",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "max_wal_size",
+    "min_wal_size",
+    "checkpoint_timeout",
+    "autovacuum",
+    "jit",
+)
+"""The settings of the shared server (--admin-url) that the benchmark's own servers take, so
+that a figure measured on one of those compares with one measured on the shared server."""
 
 
 class Interrupted(BaseException):
@@ -67,12 +92,59 @@ class Child:
 
 
 @dataclass
+class Cluster:
+    """A PostgreSQL server of the benchmark's own: a cluster made with pg_createcluster on a
+    free port of 127.0.0.1 (trust authentication), dropped when the benchmark is done with
+    it."""
+
+    name: str
+    port: int
+    settings: dict[str, str]
+
+    @property
+    def admin_url(self) -> str:
+        """Its `postgres` database, from which the benchmark creates and drops its own."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def cannot_make_clusters() -> str | None:
+    """Why this process cannot make PostgreSQL servers of its own (None: it can): Debian's
+    pg_createcluster is needed, run as root."""
+    if shutil.which("pg_createcluster") is None:
+        return "no pg_createcluster (Debian's postgresql-common) on this machine"
+    if os.geteuid() != 0:
+        return "pg_createcluster needs root"
+    if not Path(f"/usr/lib/postgresql/{PG_VERSION}/bin/postgres").exists():
+        return f"no PostgreSQL {PG_VERSION} server binaries"
+    return None
+
+
+def server_settings(admin_url: str) -> dict[str, str]:
+    """The shared server's values of COPIED_SETTINGS (with their units: 128MB)."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)"
+            " ORDER BY name",
+            (list(COPIED_SETTINGS),),
+        ).fetchall()
+    return {str(name): str(value) for name, value in rows}
+
+
+@dataclass
 class Resources:
     """Everything the benchmark creates; `close()` removes all of it, whatever happened."""
 
     admin_url: str
     children: list[Child] = field(default_factory=list)
     databases: list[str] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)
+    """The PostgreSQL servers of the benchmark's own (`own_cluster`), by index."""
     paths: list[Path] = field(default_factory=list)
     redis_url: str = "redis://127.0.0.1:6379/13"
     """A Redis database (number) given to the benchmark alone: it is flushed (FLUSHDB)
@@ -133,22 +205,28 @@ class Resources:
             self.stop(child, timeout=max(0.1, deadline - time.monotonic()))
 
     # -- databases ------------------------------------------------------------------------
-    def create_database(self, tag: str, *, template: str | None = None) -> str:
-        """A new empty database (or a file copy of `template`); returns its URL."""
+    def create_database(
+        self, tag: str, *, template: str | None = None, admin_url: str | None = None
+    ) -> str:
+        """A new empty database (or a file copy of `template`); returns its URL. On the
+        shared server, or on the server of `admin_url` (one of `clusters`: its databases go
+        with it)."""
         name = f"{DB_PREFIX}_{os.getpid()}_{tag}_{uuid.uuid4().hex[:8]}"
         sql = f'CREATE DATABASE "{name}"'
         if template is not None:
             sql += f' TEMPLATE "{template}" STRATEGY FILE_COPY'
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+        admin_url = admin_url or self.admin_url
+        with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(sql)
-        self.databases.append(name)
-        return with_database(self.admin_url, name)
+        if admin_url == self.admin_url:
+            self.databases.append(name)
+        return with_database(admin_url, name)
 
-    def drop_database(self, url_or_name: str) -> None:
+    def drop_database(self, url_or_name: str, *, admin_url: str | None = None) -> None:
         name = database_name(url_or_name)
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+        with psycopg.connect(admin_url or self.admin_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if name in self.databases:
+        if name in self.databases and (admin_url or self.admin_url) == self.admin_url:
             self.databases.remove(name)
 
     def drop_stale_databases(self) -> list[str]:
@@ -163,6 +241,62 @@ class Resources:
                 if m and not psutil.pid_exists(int(m.group(1))):
                     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                     dropped.append(name)
+        return dropped
+
+    # -- PostgreSQL servers of the benchmark's own -----------------------------------------
+    def own_cluster(self, index: int) -> Cluster:
+        """The benchmark's own PostgreSQL server number `index` (0, 1, ...), made on first
+        use (pg_createcluster, a free port, trust authentication on 127.0.0.1) with the
+        shared server's COPIED_SETTINGS, so that every one of them is the same kind of
+        server; the ones before it are made first. Dropped by `drop_clusters` or `close`."""
+        while len(self.clusters) <= index:
+            why = cannot_make_clusters()
+            if why is not None:
+                raise RuntimeError(f"cannot make a PostgreSQL server of the benchmark's own: {why}")
+            settings = server_settings(self.admin_url)
+            name = f"{CLUSTER_PREFIX}{os.getpid()}x{len(self.clusters)}"
+            port = _free_port()
+            options = [x for k, v in settings.items() for x in ("-o", f"{k}={v}")]
+            log(f"making PostgreSQL server {name} on port {port}")
+            subprocess.run(
+                ["pg_createcluster", PG_VERSION, name, "-p", str(port), "--start", *options,
+                 "--", "--auth-host=trust", "--auth-local=trust"],
+                check=True, capture_output=True, timeout=180,
+            )  # fmt: skip
+            cluster = Cluster(name, port, settings)
+            self.clusters.append(cluster)
+            wait_for(
+                functools.partial(_accepts, cluster.admin_url),
+                timeout=60,
+                what=f"PostgreSQL server {name} to accept connections",
+            )
+        return self.clusters[index]
+
+    def drop_clusters(self) -> None:
+        """Drop every PostgreSQL server of the benchmark's own (stopped first)."""
+        while self.clusters:
+            cluster = self.clusters.pop()
+            result = subprocess.run(
+                ["pg_dropcluster", PG_VERSION, cluster.name, "--stop"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            if result.returncode != 0:
+                log(f"cannot drop PostgreSQL server {cluster.name}: {result.stderr.strip()}")
+
+    def drop_stale_clusters(self) -> list[str]:
+        """Drop the servers left by an earlier benchmark process that no longer runs (one
+        killed with SIGKILL); only names this benchmark gives, with a dead pid."""
+        dropped = []
+        pattern = re.compile(rf"^{CLUSTER_PREFIX}(\d+)x\d+$")
+        with contextlib.suppress(OSError):
+            for entry in Path(f"/etc/postgresql/{PG_VERSION}").iterdir():
+                m = pattern.match(entry.name)
+                if m and not psutil.pid_exists(int(m.group(1))):
+                    subprocess.run(
+                        ["pg_dropcluster", PG_VERSION, entry.name, "--stop"],
+                        capture_output=True, timeout=120,
+                    )  # fmt: skip
+                    dropped.append(entry.name)
         return dropped
 
     # -- files ----------------------------------------------------------------------------
@@ -207,12 +341,21 @@ class Resources:
                     self.drop_redis()
                 except Exception as exc:
                     log(f"cannot flush {self.redis_url}: {exc}")
+            self.drop_clusters()
             for path in list(self.paths):
                 self.remove_path(path)
             with contextlib.suppress(OSError):
                 TMP.rmdir()  # only when empty
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _accepts(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
 
 
 def flush_redis(url: str) -> None:
@@ -269,6 +412,14 @@ def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def log_lines(child: Child, text: str) -> int:
+    """How many lines of the child's log hold `text`."""
+    try:
+        return sum(text in line for line in child.log_path.read_text(errors="replace").splitlines())
+    except OSError:
+        return 0
 
 
 def log_contains(child: Child, text: str) -> bool:
@@ -369,6 +520,35 @@ class Server:
     pids: Callable[[], list[int]]
     db_backends: Callable[[], list[int]] | None = None
     """PostgreSQL: the backends connected to the system's database now."""
+    parts: list[Server] = field(default_factory=list)
+    """When the store is on several servers (shards on servers of their own): each one,
+    whose CPU is also given apart (`server_parts_s`)."""
+
+
+def servers(parts: Sequence[Server]) -> Server | None:
+    """Several servers' processes as one (each process counted once: shards that are
+    databases of one server share its processes), each part kept; None for none, the one
+    itself for one."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    kinds = {p.kind for p in parts}
+
+    def pids() -> list[int]:
+        return list(dict.fromkeys(pid for p in parts for pid in p.pids()))
+
+    def db_backends() -> list[int]:
+        return list(dict.fromkeys(pid for p in parts if p.db_backends for pid in p.db_backends()))
+
+    postmasters = [p.pids()[:1] for p in parts]
+    apart = len({pid for first in postmasters for pid in first}) == len(parts)
+    return Server(
+        kinds.pop() if len(kinds) == 1 else "mixed",
+        pids,
+        db_backends if any(p.db_backends for p in parts) else None,
+        list(parts) if apart else [],  # databases of one server: no part of its own
+    )
 
 
 def _is(pid: int, name: str) -> bool:
@@ -384,12 +564,13 @@ def postgres_server(admin_url: str, db_url: str | None = None) -> Server | None:
     process of this machine."""
     with psycopg.connect(admin_url, autocommit=True) as admin:
         row = admin.execute("SELECT pg_backend_pid()").fetchone()
-    if not row or not _is(int(row[0]), "postgres"):
-        return None
-    try:
-        postmaster = psutil.Process(int(row[0])).ppid()
-    except psutil.Error:
-        return None
+        # While the connection is open: its backend exits once it is closed.
+        if not row or not _is(int(row[0]), "postgres"):
+            return None
+        try:
+            postmaster = psutil.Process(int(row[0])).ppid()
+        except psutil.Error:
+            return None
     if not _is(postmaster, "postgres"):
         return None
 
@@ -473,10 +654,15 @@ class CpuMeter:
             "workers_s": _delta(self._workers, _tree_cpu(self.worker_pids)),
             "client_s": client - harness,
         }
+        parts: list[float] = []
         if self.server is not None:
             backends = self.server.db_backends() if self.server.db_backends else None
             after = _cpu_of(self.server.pids())
             figures["server_s"] = _delta(self._server, after)
+            parts = [
+                round(_delta(self._server, {p: after[p] for p in part.pids() if p in after}), 3)
+                for part in self.server.parts
+            ]
             if backends is not None:
                 own = set(backends)
                 figures["server_db_backends_s"] = _delta(
@@ -487,6 +673,8 @@ class CpuMeter:
         self.figures = {k: round(v, 3) for k, v in figures.items()}
         if self.server is not None:
             self.figures["server"] = self.server.kind
+            if parts:
+                self.figures["server_parts_s"] = parts
         return self.figures
 
 

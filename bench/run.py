@@ -1,6 +1,7 @@
-"""The benchmark: stepwarden (SQLite with its wake-ups and polling only, PostgreSQL), DBOS,
-Celery and procrastinate on the same "order" workload, in the same run, so that the figures
-are read as ratios; then stepwarden's fan-out, recoveries and sweep.
+"""The benchmark: stepwarden (SQLite with its wake-ups and polling only, PostgreSQL, and
+on one or two shards of servers of its own), DBOS, Celery and procrastinate on the same
+"order" workload, in the same run, so that the figures are read as ratios; then
+stepwarden's fan-out, recoveries and sweep.
 
     python -m bench [--quick] [--only stepwarden-postgres,celery] [--n 2000] [--runs 3]
 
@@ -41,12 +42,14 @@ from .common import (
     Resources,
     RssSampler,
     Server,
+    cannot_make_clusters,
     install_signal_handlers,
     log,
     median,
     percentile,
     postgres_server,
     redis_server,
+    servers,
     wait_no_backends,
     xact_commit,
 )
@@ -57,14 +60,20 @@ from .systems import (
     Dbos,
     Procrastinate,
     Stepwarden,
+    StepwardenShards,
     System,
     Throughput,
+    shard_system_name,
 )
 
+SHARD_SYSTEMS = (shard_system_name(1), shard_system_name(2))
+"""stepwarden on servers of the benchmark's own: a store of one database, a store of two
+shards (`StepwardenShards`); compared with each other (`shards`), not with the peers."""
 SYSTEMS = (
     "stepwarden-sqlite",
     "stepwarden-sqlite-poll",
     "stepwarden-postgres",
+    *SHARD_SYSTEMS,
     "dbos",
     "celery",
     "procrastinate",
@@ -141,6 +150,8 @@ class Outcome:
     w2: list[list[float]] = field(default_factory=list)
     w2_rss: list[dict[str, Any]] = field(default_factory=list)
     idle: dict[str, Any] | None = None
+    idle_rate: dict[str, Any] | None = None
+    """The shard systems: what idle workers cost per second (`idle_rate_phase`)."""
     errors: list[str] = field(default_factory=list)
     failed: dict[str, list[str]] = field(default_factory=dict)
     """The errors by phase ("w1", "w1_single", "w1_concurrent", "w2", "idle"): a phase that
@@ -152,20 +163,30 @@ class Outcome:
 
 
 # -- the phases ---------------------------------------------------------------------------
-def _commits_before(res: Resources, system: System) -> int | None:
+def _commits_before(res: Resources, system: System) -> list[int] | None:
+    """The commit count of each of the system's PostgreSQL databases (None: it has none)."""
     system.close_client()
-    if not system.postgres or system.db_url is None:
+    databases = system.postgres_databases()
+    if not databases:
         return None
-    wait_no_backends(res.admin_url, system.db_url)
-    return xact_commit(res.admin_url, system.db_url)
+    counts = []
+    for admin_url, db_url in databases:
+        wait_no_backends(admin_url, db_url)
+        counts.append(xact_commit(admin_url, db_url))
+    return counts
 
 
-def _commits_after(res: Resources, system: System, before: int | None) -> int | None:
+def _commits_after(res: Resources, system: System, before: list[int] | None) -> list[int] | None:
+    """The commits of each database since `before`."""
     system.close_client()
-    if before is None or system.db_url is None:
+    databases = system.postgres_databases()
+    if before is None or len(databases) != len(before):
         return None
-    wait_no_backends(res.admin_url, system.db_url)
-    return xact_commit(res.admin_url, system.db_url) - before
+    counts = []
+    for (admin_url, db_url), was in zip(databases, before, strict=True):
+        wait_no_backends(admin_url, db_url)
+        counts.append(xact_commit(admin_url, db_url) - was)
+    return counts
 
 
 def _mb(value: float) -> float:
@@ -184,16 +205,81 @@ def idle_phase(res: Resources, system: System) -> dict[str, Any]:
         finally:
             system.stop_workers(children)
         commits = _commits_after(res, system, before)
-        return {"commits": commits}
+        out: dict[str, Any] = {"commits": None if commits is None else sum(commits)}
+        if commits is not None and len(commits) > 1:
+            out["commits_by_database"] = commits
+        return out
     finally:
         system.cleanup()
+
+
+IDLE_SECONDS = 10.0
+"""How long the idle-rate phase (`idle_rate_phase`) lets the workers run with nothing to do."""
+
+
+def idle_rate_phase(
+    res: Resources, system: System, seconds: float = IDLE_SECONDS
+) -> dict[str, Any]:
+    """What running workers cost with nothing to do, per second: started, the client
+    connected, `seconds` of waiting, stopped; the commits of that phase less the idle
+    phase's (started and stopped at once), divided by `seconds`, for the whole store and
+    each database (shard); the server CPU over the wait (each server's too)."""
+    system.prepare(-2)
+    try:
+        before = _commits_before(res, system)
+        server = server_of(res, system)
+        children = system.start_workers("idlerate")
+        try:
+            system.open_client()
+            meter = CpuMeter([c.pid for c in children], server=server)
+            meter.start()
+            time.sleep(seconds)
+            cpu = meter.stop()
+        finally:
+            system.stop_workers(children)
+        commits = _commits_after(res, system, before)
+        return {"seconds": seconds, "commits": commits, "cpu_s": cpu}
+    finally:
+        system.cleanup()
+
+
+def _idle_rate(idle: dict[str, Any] | None, rate: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Commits per second of idle workers (less the commits of starting and stopping), and
+    the server's CPU per second, for the store and each database."""
+    if not rate or not rate.get("commits"):
+        return None
+    seconds = rate["seconds"]
+    idle = idle or {}
+    base = idle.get("commits_by_database") or [idle.get("commits") or 0]
+    if len(base) != len(rate["commits"]):
+        return None
+    each = [round((c - b) / seconds, 1) for c, b in zip(rate["commits"], base, strict=True)]
+    cpu = rate["cpu_s"]
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "commits_per_s": round(sum(each), 1),
+        "workers_cpu_ms_per_s": round(cpu["workers_s"] / seconds * 1000, 1),
+    }
+    if len(each) > 1:
+        out["commits_per_s_by_database"] = each
+    if "server_s" in cpu:
+        out["server_cpu_ms_per_s"] = round(cpu["server_s"] / seconds * 1000, 1)
+    if "server_parts_s" in cpu:
+        out["server_cpu_ms_per_s_by_server"] = [
+            round(x / seconds * 1000, 1) for x in cpu["server_parts_s"]
+        ]
+    return out
 
 
 def server_of(res: Resources, system: System) -> Server | None:
     """The system's store server, for its CPU time (None: SQLite, or not on this machine)."""
     try:
         if system.server == "postgresql":
-            return postgres_server(res.admin_url, system.db_url)
+            # Each server once: shards on servers of their own are several.
+            found = [postgres_server(admin, db) for admin, db in system.postgres_databases()]
+            if any(s is None for s in found):
+                return None
+            return servers([s for s in found if s is not None])
         if system.server == "redis" and isinstance(system, Celery):
             return redis_server(system.redis_url)
     except Exception as exc:
@@ -260,8 +346,10 @@ def w1_phase(
             out["submit_call"] = latency_stats(tp.submit_latencies)
             out["_submit_latencies"] = tp.submit_latencies  # pooled in the summary, not saved
         if raw is not None:
-            out["commits_raw"] = raw
+            out["commits_raw"] = sum(raw)
             out["harness_queries"] = tp.harness_queries
+            if len(raw) > 1:
+                out["commits_raw_by_database"] = raw
         return out
     finally:
         system.cleanup()
@@ -316,6 +404,20 @@ def _commits_per_wf(run: dict[str, Any], idle: dict[str, Any] | None) -> float |
     return round((run["commits_raw"] - run["harness_queries"] - idle_commits) / run["n"], 2)
 
 
+def _commits_per_wf_by_database(
+    run: dict[str, Any], idle: dict[str, Any] | None
+) -> list[float] | None:
+    """A store on several databases (shards): each one's commits per workflow of the whole
+    run (less its share of the harness's queries, which poll every database alike, and less
+    its idle phase's commits)."""
+    raw = run.get("commits_raw_by_database")
+    if not raw:
+        return None
+    idle_each = (idle or {}).get("commits_by_database") or [0] * len(raw)
+    share = run["harness_queries"] / len(raw)
+    return [round((c - share - i) / run["n"], 2) for c, i in zip(raw, idle_each, strict=True)]
+
+
 CPU_PARTS = ("workers", "client", "server", "server_db_backends")
 """The parts of CPU per workflow (`<part>_s` in a run's cpu_s); "total" is workers + client +
 server (the store's server, where it has one: not SQLite)."""
@@ -329,6 +431,12 @@ def _cpu_per_wf(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r["cpu_s"][f"{part}_s"] / r["n"] for r in runs if f"{part}_s" in r["cpu_s"]]
         out[f"{part}_s"] = round(median(values), 6) if values else None
     out["total_s"] = round(sum(out[f"{p}_s"] or 0.0 for p in ("workers", "client", "server")), 6)
+    with_parts = [r for r in runs if "server_parts_s" in r["cpu_s"]]
+    if with_parts:  # each server of a store on several (shards): its own median
+        out["server_parts_s"] = [
+            round(median([r["cpu_s"]["server_parts_s"][i] / r["n"] for r in with_parts]), 6)
+            for i in range(len(with_parts[0]["cpu_s"]["server_parts_s"]))
+        ]
     kinds = {r["cpu_s"].get("server") for r in runs}
     out["server"] = kinds.pop() if len(kinds) == 1 else None
     return out
@@ -348,6 +456,9 @@ def summarise_variant(
         per_wf = _commits_per_wf(run, idle)
         if per_wf is not None:
             run["commits_per_wf"] = per_wf
+        each_db = _commits_per_wf_by_database(run, idle)
+        if each_db is not None:
+            run["commits_per_wf_by_database"] = each_db
         pooled += run.pop("_submit_latencies", [])
     rates = [r["wf_per_s"] for r in runs]
     out.update(
@@ -363,6 +474,13 @@ def summarise_variant(
     per_wf_runs = [r["commits_per_wf"] for r in runs if "commits_per_wf" in r]
     if per_wf_runs:
         out["commits_per_wf"] = round(median(per_wf_runs), 2)
+    by_database = [
+        r["commits_per_wf_by_database"] for r in runs if "commits_per_wf_by_database" in r
+    ]
+    if by_database:
+        out["commits_per_wf_by_database"] = [
+            round(median([b[i] for b in by_database]), 2) for i in range(len(by_database[0]))
+        ]
     if pooled:
         out["submit_call"] = latency_stats(pooled)
     out["runs"] = runs
@@ -385,6 +503,9 @@ def summarise(outcome: Outcome) -> dict[str, Any]:
             out["commits_per_wf"] = round(median(per_wf_runs), 2)
     if outcome.idle is not None:
         out["commits_idle_phase"] = outcome.idle.get("commits")
+    rate = _idle_rate(outcome.idle, outcome.idle_rate)
+    if rate is not None:
+        out["idle_workers"] = rate
     if outcome.w2:
         pooled = [x for run in outcome.w2 for x in run]
         out["w2"] = {
@@ -431,7 +552,7 @@ def ratios(systems: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
     if base is None:
         return out
     for name, peer in systems.items():
-        if name == BASE:
+        if name == BASE or name in SHARD_SYSTEMS:
             continue
         row: dict[str, float | None] = {}
         for key in ("wf_per_s", "p50_ms", "p99_ms", "commits_per_wf", "peak_rss_workers_mb"):
@@ -457,7 +578,7 @@ def variant_ratios(
         rows: dict[str, dict[str, float | None]] = {}
         for name, peer in systems.items():
             theirs = peer.get(key)
-            if name == BASE or not theirs or "wf_per_s" not in theirs:
+            if name in (BASE, *SHARD_SYSTEMS) or not theirs or "wf_per_s" not in theirs:
                 continue
             pairs = {
                 "wf_per_s": (mine["wf_per_s"], theirs["wf_per_s"]),
@@ -472,6 +593,112 @@ def variant_ratios(
             }
         out[key] = rows
     return out
+
+
+def shards_summary(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Two shards against one, on servers of the benchmark's own alike: for each W1 variant,
+    the two-shard figure divided by the one-shard one (wf/s, commits and CPU per workflow:
+    total and the servers')."""
+    one, two = (systems.get(n) for n in SHARD_SYSTEMS)
+    if not one or not two:
+        return None
+    out: dict[str, Any] = {"placement": {n: systems[n].get("placement") for n in SHARD_SYSTEMS}}
+    for variant, key in VARIANT_KEY.items():
+        a, b = one.get(key) or {}, two.get(key) or {}
+        if "wf_per_s" not in a or "wf_per_s" not in b:
+            continue
+
+        def ratio(x: float | None, y: float | None) -> float | None:
+            return round(x / y, 3) if x is not None and y else None
+
+        out[variant] = {
+            "wf_per_s_x": ratio(b["wf_per_s"], a["wf_per_s"]),
+            "commits_per_wf_x": ratio(b.get("commits_per_wf"), a.get("commits_per_wf")),
+            "cpu_total_per_wf_x": ratio(
+                b["cpu_s_per_wf"]["total_s"], a["cpu_s_per_wf"]["total_s"]
+            ),
+            "cpu_server_per_wf_x": ratio(
+                b["cpu_s_per_wf"]["server_s"], a["cpu_s_per_wf"]["server_s"]
+            ),
+        }
+    return out
+
+
+def _each(values: Sequence[float] | None) -> str:
+    """Each database's (server's) figure in brackets: " (1.2 + 3.4)"; "" for none."""
+    return " (" + " + ".join(f"{v:.1f}" for v in values) + ")" if values else ""
+
+
+def shards_table_lines(result: dict[str, Any]) -> list[str]:
+    """One shard and two on servers of the benchmark's own, stepwarden-postgres beside them."""
+    summary = result.get("shards")
+    if not summary:
+        return []
+    settings = result.get("settings", {})
+    systems = result["systems"]
+    lines = [
+        "",
+        f"Shards: W1 ({settings.get('w1_n')} workflows, median of {settings.get('runs')} "
+        f"run(s)) with {settings.get('workers_per_system')} worker processes on "
+        + "; ".join(f"{n}: {summary['placement'][n]}" for n in SHARD_SYSTEMS)
+        + f". {BASE} (the shared server) beside them. commits/wf and server CPU ms/wf: the "
+        "whole store's, and each shard's (its server's) in brackets",
+    ]
+    head = (
+        f"{'system':<28} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} "
+        f"{'commits/wf':<18} {'server ms/wf':<20} {'total ms/wf':>11}"
+    )
+    lines += [head, "-" * len(head)]
+    for name in (BASE, *SHARD_SYSTEMS):
+        s = systems.get(name)
+        if not s:
+            continue
+        first = True
+        for variant in settings.get("w1_variants", ["batch"]):
+            v = s.get(VARIANT_KEY[variant]) or {}
+            who = name if first else ""
+            first = False
+            label = variant_label(variant, settings.get("submitters", SUBMITTERS))
+            if "wf_per_s" not in v:
+                lines.append(f"{who:<28} {label:<14} {'-':>8}")
+                continue
+            cpu = v["cpu_s_per_wf"]
+            runs = "(" + ", ".join(f"{r:,.0f}" for r in v["wf_per_s_runs"]) + ")"
+            commits = _f(v.get("commits_per_wf"), "{:.2f}")
+            by_database = v.get("commits_per_wf_by_database")
+            if by_database:
+                commits += " (" + " + ".join(f"{c:.2f}" for c in by_database) + ")"
+            server = _ms(cpu.get("server_s"))
+            if cpu.get("server_parts_s"):
+                server += " (" + " + ".join(_ms(c) for c in cpu["server_parts_s"]) + ")"
+            lines.append(
+                f"{who:<28} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} {commits:<18} "
+                f"{server:<20} {_ms(cpu['total_s']):>11}"
+            )
+    for name in SHARD_SYSTEMS:
+        idle = (systems.get(name) or {}).get("idle_workers")
+        if not idle:
+            continue
+        commits = f"{idle['commits_per_s']:.1f}" + _each(idle.get("commits_per_s_by_database"))
+        server = _f(idle.get("server_cpu_ms_per_s")) + _each(
+            idle.get("server_cpu_ms_per_s_by_server")
+        )
+        lines.append(
+            f"  {name}, workers idle {idle['seconds']:g} s: {commits} commits/s, server CPU "
+            f"{server} ms/s, workers' CPU {idle['workers_cpu_ms_per_s']:.1f} ms/s"
+        )
+    for variant in settings.get("w1_variants", ["batch"]):
+        r = summary.get(variant)
+        if not r:
+            continue
+        lines.append(
+            f"  2 shards / 1, {variant_label(variant, settings.get('submitters', SUBMITTERS))}: "
+            f"wf/s x{_f(r['wf_per_s_x'], '{:.2f}')}, commits/wf "
+            f"x{_f(r['commits_per_wf_x'], '{:.2f}')}, server CPU/wf "
+            f"x{_f(r['cpu_server_per_wf_x'], '{:.2f}')}, total CPU/wf "
+            f"x{_f(r['cpu_total_per_wf_x'], '{:.2f}')}"
+        )
+    return lines
 
 
 def _goal_figure(systems: dict[str, dict[str, Any]], key: str) -> float | None:
@@ -575,14 +802,14 @@ def table(result: dict[str, Any]) -> str:
     systems = result["systems"]
     lines = []
     head = (
-        f"{'system':<22} {'store':<11} {'W1 wf/s':>9} {'(runs)':<22} {'W2 p50 ms':>9} "
+        f"{'system':<28} {'store':<11} {'W1 wf/s':>9} {'(runs)':<22} {'W2 p50 ms':>9} "
         f"{'p99 ms':>8} {'commits/wf':>10} {'RSS MB':>8}"
     )
     lines += [head, "-" * len(head)]
     for name, s in systems.items():
         runs = s.get("w1", {}).get("wf_per_s_runs")
         lines.append(
-            f"{name:<22} {s['store']:<11} {_f(_fig(s, 'wf_per_s')):>9} "
+            f"{name:<28} {s['store']:<11} {_f(_fig(s, 'wf_per_s')):>9} "
             f"{'(' + ', '.join(f'{r:,.0f}' for r in runs) + ')' if runs else '':<22} "
             f"{_f(_fig(s, 'p50_ms')):>9} {_f(_fig(s, 'p99_ms')):>8} "
             f"{_f(s.get('commits_per_wf'), '{:.2f}'):>10} "
@@ -615,6 +842,7 @@ def table(result: dict[str, Any]) -> str:
             )
     lines += variants_table_lines(result)
     lines += sqlite_wakeups_lines(result)
+    lines += shards_table_lines(result)
     if result.get("submit_rtt"):
         lines += rtt_mod.table_lines(result["submit_rtt"])
     if result.get("fanout"):
@@ -708,7 +936,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
         "PostgreSQL (less the idle phase); submit p50: one submit call, ms",
     ]
     head = (
-        f"{'system':<22} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} {'workers':>8} "
+        f"{'system':<28} {'submitting':<14} {'wf/s':>8} {'(runs)':<22} {'workers':>8} "
         f"{'client':>7} {'server (own db)':>16} {'total':>7} {'commits/wf':>10} "
         f"{'submit p50':>10}"
     )
@@ -721,11 +949,11 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
             who = name if first else ""
             first = False
             if not v:
-                lines.append(f"{who:<22} {label:<14} {'-':>8}")
+                lines.append(f"{who:<28} {label:<14} {'-':>8}")
                 continue
             failed = "   FAILED: " + "; ".join(v["errors"]) if v.get("errors") else ""
             if "wf_per_s" not in v:
-                lines.append(f"{who:<22} {label:<14} {'-':>8}{failed}")
+                lines.append(f"{who:<28} {label:<14} {'-':>8}{failed}")
                 continue
             cpu = v["cpu_s_per_wf"]
             runs = "(" + ", ".join(f"{r:,.0f}" for r in v["wf_per_s_runs"]) + ")"
@@ -734,7 +962,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
                 server += f" ({_ms(cpu['server_db_backends_s'])})"
             call = v.get("submit_call", {}).get("p50_ms")
             lines.append(
-                f"{who:<22} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} "
+                f"{who:<28} {label:<14} {v['wf_per_s']:>8,.1f} {runs:<22} "
                 f"{_ms(cpu['workers_s']):>8} {_ms(cpu['client_s']):>7} {server:>16} "
                 f"{_ms(cpu['total_s']):>7} {_f(v.get('commits_per_wf'), '{:.2f}'):>10} "
                 f"{_f(call, '{:.2f}'):>10}{failed}"
@@ -746,7 +974,7 @@ def variants_table_lines(result: dict[str, Any]) -> list[str]:
             f"{BASE} / peer by way of submitting (wf/s: >1 is faster; CPU per workflow "
             "(total) and commits/wf: <1 is less)",
         ]
-        peers = [n for n in result["systems"] if n != BASE]
+        peers = [n for n in result["systems"] if n not in (BASE, *SHARD_SYSTEMS)]
         for peer in peers:
             parts = []
             for variant in variants:
@@ -958,6 +1186,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a Redis database given to the benchmark alone: it is FLUSHed "
         "[$BENCH_REDIS_URL or redis://127.0.0.1:6379/13]",
     )
+    p.add_argument(
+        "--shard-servers",
+        choices=["auto", "own", "shared"],
+        default="auto",
+        help=f"where {' and '.join(SHARD_SYSTEMS)} keep their databases: own (PostgreSQL "
+        "servers the benchmark makes with pg_createcluster, one per shard, each with the "
+        "shared server's settings; needs root and Debian's postgresql-common), shared "
+        "(databases of the --admin-url server), auto (own where it can) [auto]",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="where results are written")
     args = p.parse_args(argv)
     chosen: list[str] = []
@@ -986,10 +1223,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.runs = args.runs or (1 if args.quick else 3)
     args.sweep_finished = args.sweep_finished or (100_000 if args.quick else 1_000_000)
     args.fanout_n = args.fanout_n or (1_000 if args.quick else 10_000)
+    why = cannot_make_clusters()
+    if args.shard_servers == "own" and why is not None:
+        p.error(f"--shard-servers own: {why}")
+    args.own_shard_servers = args.shard_servers == "own" or (
+        args.shard_servers == "auto" and why is None
+    )
+    if args.shard_servers == "auto" and why is not None and set(SHARD_SYSTEMS) & set(chosen):
+        log(f"the shards are databases of the shared server: {why}")
     return args
 
 
-def make_system(name: str, res: Resources, workers: int, log_dir: Path) -> System:
+def make_system(
+    name: str, res: Resources, workers: int, log_dir: Path, *, own_servers: bool = True
+) -> System:
+    if name in SHARD_SYSTEMS:
+        return StepwardenShards(
+            res,
+            workers=workers,
+            log_dir=log_dir,
+            shards=SHARD_SYSTEMS.index(name) + 1,
+            own_servers=own_servers,
+        )
     if name == "stepwarden-sqlite":
         return Stepwarden(res, workers=workers, log_dir=log_dir, postgres=False)
     if name == "stepwarden-sqlite-poll":
@@ -1007,14 +1262,34 @@ def make_system(name: str, res: Resources, workers: int, log_dir: Path) -> Syste
 
 def measure(args: argparse.Namespace, res: Resources, log_dir: Path) -> dict[str, Outcome]:
     outcomes = {
-        name: Outcome(make_system(name, res, args.workers, log_dir)) for name in args.systems
+        name: Outcome(
+            make_system(name, res, args.workers, log_dir, own_servers=args.own_shard_servers)
+        )
+        for name in args.systems
     }
+    try:
+        return _measure(args, res, outcomes)
+    finally:
+        res.drop_clusters()  # the shard systems' servers: done with them
+
+
+def _measure(
+    args: argparse.Namespace, res: Resources, outcomes: dict[str, Outcome]
+) -> dict[str, Outcome]:
     for name, outcome in outcomes.items():
         if outcome.system.postgres:
             log(f"{name}: idle phase (the commits of starting and stopping)")
             outcome.idle = _guarded(
                 outcome, "idle phase", lambda o=outcome: idle_phase(res, o.system), "idle"
             )
+            if name in SHARD_SYSTEMS and outcome.idle is not None:
+                log(f"{name}: the workers idle for {IDLE_SECONDS:g} s (commits and CPU per second)")
+                outcome.idle_rate = _guarded(
+                    outcome,
+                    "idle rate",
+                    lambda o=outcome: idle_rate_phase(res, o.system),
+                    "idle_rate",
+                )
     for run in range(args.runs):
         # Each run takes the systems in another order, so that none is always first or last.
         names = list(outcomes)
@@ -1250,6 +1525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in res.drop_stale_databases():
             log(f"dropped {name}, left by an earlier benchmark that was killed")
+        for name in res.drop_stale_clusters():
+            log(f"dropped PostgreSQL server {name}, left by an earlier benchmark that was killed")
         m = machine(args.admin_url)
         commit, src_at_start = git_commit(), src_digest()
         log(
@@ -1277,6 +1554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "submitters": args.submitters,
                 "submit_rtt_n": None if args.no_submit_rtt else args.rtt_n,
                 "fanout_n": None if args.no_fanout else args.fanout_n,
+                "shard_servers": "own" if args.own_shard_servers else "shared",
             },
             "systems": systems,
         }
@@ -1286,6 +1564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wakeups = sqlite_wakeups(systems)
         if wakeups is not None:
             result["sqlite_wakeups"] = wakeups
+        result["shards"] = shards_summary(systems)
         result["reference"] = {k: v for k, v in REFERENCE.items() if k in systems}
         if not args.no_submit_rtt and BASE in args.systems:
             result["submit_rtt"] = rtt_mod.run(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ from .common import (
     Child,
     Resources,
     log_contains,
+    log_lines,
     median,
     wait_for,
 )
@@ -243,6 +245,13 @@ class System(abc.ABC):
             "server": self.server,
         }
 
+    def postgres_databases(self) -> list[tuple[str, str]]:
+        """(admin URL, database URL) of each PostgreSQL database of the system's store: W1
+        counts the commits of each and the CPU of their servers."""
+        if not self.postgres or self.db_url is None:
+            return []
+        return [(self.res.admin_url, self.db_url)]
+
     def worker_env(self) -> dict[str, str]:
         # The workers import bench.peers.* / bench.workload from the project's directory.
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -353,6 +362,10 @@ class Stepwarden(System):
             env["BENCH_TRACING"] = self.tracing  # read by bench.workload at import
         return env
 
+    def task_databases(self) -> list[str]:
+        """The PostgreSQL databases holding the tasks (one; a store of shards: each shard)."""
+        return [self.url]
+
     def worker_command(self, i: int) -> list[str]:
         cmd = [
             _bin("stepwarden"),
@@ -376,8 +389,12 @@ class Stepwarden(System):
             )
             for i in range(self.workers)
         ]
-        _wait_ready(children, lambda c: log_contains(c, " running "), "stepwarden workers")
+        _wait_ready(children, self._ready, "stepwarden workers")
         return children
+
+    def _ready(self, child: Child) -> bool:
+        """The worker runs its roles (on every shard it serves: one line each)."""
+        return log_lines(child, " running ") >= len(self.task_databases())
 
     # W1
     def batch_submitter(self, n: int) -> Callable[[], None]:
@@ -411,25 +428,35 @@ class Stepwarden(System):
         like = prefix + "%"
         deadline = time.monotonic() + W1_TIMEOUT
         if self.postgres:
-            with psycopg.connect(self.url, autocommit=True) as db:
+            with contextlib.ExitStack() as stack:
+                dbs = [
+                    stack.enter_context(psycopg.connect(url, autocommit=True))
+                    for url in self.task_databases()
+                ]
                 while True:
-                    queries += 1
-                    row = db.execute(
-                        "SELECT count(*) FILTER (WHERE process_state = 'processed'),"
-                        " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
-                        " 'compensation_failed', 'cancelled')),"
-                        " extract(epoch FROM max(finished_at))::float8"
-                        " FROM stepwarden_tasks WHERE task_id LIKE %s",
-                        (like,),
-                    ).fetchone()
-                    assert row is not None
-                    if row[1]:
-                        raise RuntimeError(f"{row[1]} workflow(s) did not succeed")
-                    if row[0] >= n:
-                        return int(row[0]), float(row[2]), queries
+                    done = failed = 0
+                    last: float | None = None
+                    for conn in dbs:  # each shard's count (one database: the store's)
+                        queries += 1
+                        row = conn.execute(
+                            "SELECT count(*) FILTER (WHERE process_state = 'processed'),"
+                            " count(*) FILTER (WHERE process_state IN ('error', 'compensated',"
+                            " 'compensation_failed', 'cancelled')),"
+                            " extract(epoch FROM max(finished_at))::float8"
+                            " FROM stepwarden_tasks WHERE task_id LIKE %s",
+                            (like,),
+                        ).fetchone()
+                        assert row is not None
+                        done, failed = done + int(row[0]), failed + int(row[1])
+                        if row[2] is not None:
+                            last = float(row[2]) if last is None else max(last, float(row[2]))
+                    if failed:
+                        raise RuntimeError(f"{failed} workflow(s) did not succeed")
+                    if done >= n and last is not None:
+                        return done, last, queries
                     self._check_workers()
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"{row[0]}/{n} done after {W1_TIMEOUT}s")
+                        raise TimeoutError(f"{done}/{n} done after {W1_TIMEOUT}s")
                     time.sleep(COMPLETION_POLL)
         db = sqlite3.connect(self.path, timeout=30)
         try:
@@ -495,10 +522,12 @@ class Stepwarden(System):
             )
 
         if self.postgres:
-            with psycopg.connect(self.url, autocommit=True) as db:
-                rows = db.execute(
-                    sql(lambda c: c if c == "s.seq" else f"extract(epoch FROM {c})::float8")
-                ).fetchall()
+            rows = []
+            for url in self.task_databases():
+                with psycopg.connect(url, autocommit=True) as conn:
+                    rows += conn.execute(
+                        sql(lambda c: c if c == "s.seq" else f"extract(epoch FROM {c})::float8")
+                    ).fetchall()
         else:
             db = sqlite3.connect(self.path, timeout=30)
             try:
@@ -534,6 +563,92 @@ class Stepwarden(System):
             self.res.remove_path(self._dir)
         self.db_url = None
         self._dir = None
+
+
+class StepwardenShards(Stepwarden):
+    """stepwarden on PostgreSQL servers of the benchmark's own (`Resources.own_cluster`, each
+    with the shared server's settings): `shards` 1 is a store of one database on one of them,
+    the twin of stepwarden-postgres on a server of its own; 2 or more, a store of shards, one
+    database on each server (their URLs separated by a space). The same workers and client
+    as stepwarden-postgres: `stepwarden worker` runs a scheduler, the agents and a supervisor
+    on each shard. With `own_servers` False (no pg_createcluster here), the shards are
+    databases of the shared server."""
+
+    def __init__(
+        self,
+        res: Resources,
+        *,
+        workers: int,
+        log_dir: Path,
+        shards: int,
+        own_servers: bool = True,
+    ) -> None:
+        super().__init__(res, workers=workers, log_dir=log_dir, postgres=True)
+        self.shards = shards
+        self.own_servers = own_servers
+        self.name = shard_system_name(shards)
+        self.store = "PostgreSQL" if shards == 1 else f"{shards} shards"
+        if shards == 1:
+            self.placement = "one database on " + (
+                "a PostgreSQL server of the benchmark's own" if own_servers else "the shared server"
+            )
+        elif own_servers:
+            self.placement = f"{shards} shards, each a database on a server of the benchmark's own"
+        else:
+            self.placement = f"{shards} shards, each a database on the shared server"
+        self.worker_mode = (
+            f"{workers} x `stepwarden worker bench.workload:app` (scheduler, agents and "
+            "supervisor in each" + (", on each shard" if shards > 1 else "") + "; engine "
+            "defaults)"
+        )
+        self.concurrency = (
+            "asyncio tasks sharing one App, whose store has a pool of up to 10 connections "
+            "(the default)" + (" per shard" if shards > 1 else "")
+        )
+        self._dbs: list[tuple[str, str]] = []
+        self._settings: dict[str, str] | None = None
+
+    def _admin_urls(self) -> list[str]:
+        if not self.own_servers:
+            return [self.res.admin_url] * self.shards
+        clusters = [self.res.own_cluster(i) for i in range(self.shards)]
+        self._settings = clusters[0].settings  # every one's (`Resources.own_cluster`)
+        return [c.admin_url for c in clusters]
+
+    def prepare(self, run: int) -> None:
+        self._dbs = []
+        for i, admin in enumerate(self._admin_urls()):
+            db = self.res.create_database(f"sh{run}s{i + 1}", admin_url=admin)
+            self._dbs.append((admin, db))
+        self.url = " ".join(db for _, db in self._dbs)
+        self.db_url = self._dbs[0][1]
+        self._client()  # opens the store: migrates each shard, writes the map
+
+    def task_databases(self) -> list[str]:
+        return [db for _, db in self._dbs]
+
+    def postgres_databases(self) -> list[tuple[str, str]]:
+        return list(self._dbs)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["placement"] = self.placement
+        if self._settings is not None:
+            out["own_servers_settings"] = self._settings
+        return out
+
+    def cleanup(self) -> None:
+        self.close_client()
+        for admin, db in self._dbs:
+            self.res.drop_database(db, admin_url=admin)
+        self._dbs = []
+        self.url = ""
+        self.db_url = None
+
+
+def shard_system_name(shards: int) -> str:
+    """stepwarden-postgres-1shard, stepwarden-postgres-2shards, ..."""
+    return f"stepwarden-postgres-{shards}shard" + ("s" if shards > 1 else "")
 
 
 # -- DBOS ---------------------------------------------------------------------------------
