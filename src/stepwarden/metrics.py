@@ -199,7 +199,7 @@ class Metrics:
 
     # -- what is true now: read from the actors at each scrape ----------------------------
     def watch_agent(self, agent: str, gauges: AgentGauges) -> None:
-        self._live.agents[agent] = gauges
+        self._live.agents.setdefault(agent, []).append(gauges)
 
     def watch_scheduler(self, gauges: SchedulerGauges) -> None:
         self._live.schedulers.append(gauges)
@@ -285,7 +285,8 @@ class _Live(Collector):
     """The gauges read from the actors at a scrape."""
 
     def __init__(self) -> None:
-        self.agents: dict[str, AgentGauges] = {}
+        self.agents: dict[str, list[AgentGauges]] = {}
+        """Each agent's runners in this worker: one, or one per shard served."""
         self.schedulers: list[SchedulerGauges] = []
         self.supervisors: list[SupervisorGauges] = []
         self.info: dict[str, str] | None = None
@@ -305,15 +306,16 @@ class _Live(Collector):
         breaker = GaugeMetricFamily(
             "stepwarden_agent_breaker",
             "1 for the state this worker's circuit breaker of each agent is in, 0 for the "
-            "others (closed, open, half_open).",
+            "others (closed, open, half_open); with a store of shards, how many of its "
+            "breakers (one per shard served) are in each.",
             labels=["agent", "state"],
         )
-        for name, agent in sorted(self.agents.items()):
-            inflight.add_metric([name], agent.calls_in_flight())
-            free.add_metric([name], agent.slots_free())
-            now = agent.breaker_state()
+        for name, runners in sorted(self.agents.items()):
+            inflight.add_metric([name], sum(r.calls_in_flight() for r in runners))
+            free.add_metric([name], sum(r.slots_free() for r in runners))
+            states = [r.breaker_state() for r in runners]
             for state in BREAKER_STATES:
-                breaker.add_metric([name, state], float(state == now))
+                breaker.add_metric([name, state], float(states.count(state)))
         yield from (inflight, free, breaker)
         if self.schedulers:
             yield GaugeMetricFamily(

@@ -164,14 +164,17 @@ class Worker:
             )
         logger.info("worker %s serving shards %s", self.instance, ", ".join(served))
 
-        async def serve(part: Store) -> None:
+        async def serve(name: str) -> None:
+            part = store.part(name)
             with contextlib.suppress(StoreError):  # out of reach: it polls until it is back
                 await part.listen()
-            await self._run_roles(part)
+            await self._run_roles(part, schedules=name == store.schedules_shard)
 
-        await asyncio.gather(*(serve(store.part(name)) for name in served))
+        await asyncio.gather(*(serve(name) for name in served))
 
-    async def _run_roles(self, store: Store) -> None:
+    async def _run_roles(self, store: Store, *, schedules: bool = True) -> None:
+        """The roles on `store`; its supervisor ticks the App's schedules when `schedules`
+        (with a store of shards, only the shard that keeps them does)."""
         # On stop the scheduler drains first, while this process's agents keep serving the
         # steps its workflows still dispatch; then the agents and the supervisor stop.
         opts = self.options
@@ -231,7 +234,7 @@ class Worker:
                 relay=Relay(store, opts.brokers or Brokers.from_env(), backoff=opts.backoff),
                 retention=opts.retention,
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
-                schedules=list(self.app.schedule_specs.values()),
+                schedules=list(self.app.schedule_specs.values()) if schedules else [],
                 metrics=self.metrics,
             )
             other_roles.append(asyncio.create_task(supervisor.run(later)))

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ from stepwarden.store import ShardedStore, open_store
 
 from ..conftest import pg_database, unique
 from .test_engine import FAST, running
+from .test_outbox import until
 
 
 @pytest.fixture
@@ -46,7 +48,9 @@ def ids_on(url: str) -> set[str]:
 
 def newest_generation(url: str) -> int:
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT max(generation) FROM stepwarden_shard_map").fetchone()
+        row = conn.execute(
+            "SELECT coalesce(max(generation), 0) FROM stepwarden_shard_map"
+        ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -295,3 +299,53 @@ async def test_a_new_generation_waits_for_the_submits_under_the_older_one(
             submit.commit()  # ...and is once it commits.
         assert await adding == "s3"
     assert [newest_generation(url) for url in (a, b, c)] == [2, 2, 2]
+
+
+async def test_schedules_are_kept_and_ticked_on_the_first_shard_only(
+    shard_urls: list[str],
+) -> None:
+    a, b, _ = shard_urls
+    app = shop(f"{a} {b}")
+    app.schedule("every-second", "twice", every=timedelta(seconds=1), input=1)
+    async with app, running(app):
+
+        async def ticked_twice() -> bool:
+            return len(ids_on(a)) >= 2
+
+        await until(ticked_twice)
+        assert [s.name for s in await app.schedules_async()] == ["every-second"]
+        await app.pause_schedule_async("every-second")
+    with psycopg.connect(b) as conn:
+        assert conn.execute("SELECT count(*) FROM stepwarden_schedules").fetchone() == (0,)
+    assert not ids_on(b)
+    assert all(t.startswith("every-second@") for t in ids_on(a))
+    with psycopg.connect(a) as conn:
+        assert conn.execute("SELECT paused FROM stepwarden_schedules").fetchone() == (True,)
+
+
+async def test_a_database_with_tasks_becomes_the_first_shard_and_keeps_them(
+    shard_urls: list[str],
+) -> None:
+    a, b, c = shard_urls
+    ids = [f"old-{i}" for i in range(60)]
+    async with shop(b) as alone:  # a store of one database, used for a while
+        await alone.submit_many_async([alone.new_task("twice", 1, task_id=t) for t in ids])
+    async with shop(c) as other:
+        await other.submit_async("twice", 1, task_id="elsewhere")
+    # Two databases with tasks: refused, and nothing written to either.
+    with pytest.raises(sw.ConfigurationError, match="hold tasks already"):
+        async with shop(f"{b} {c}") as both:
+            await both.store()
+    assert newest_generation(b) == 0 == newest_generation(c)
+    async with shop(f"{a} {b}") as app:
+        store = await app.store()
+        assert isinstance(store, ShardedStore) and store.shard_map is not None
+        # b, which holds tasks, is s1 and owned every slot in generation 1; a was added.
+        assert store.names == ["s2", "s1"] and store.shard_map.generation == 2
+        again = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids])
+        assert not any(again) and ids_on(b) == set(ids) and not ids_on(a)
+        for t in ids[:5]:
+            assert (await app.status_async(t)).task_id == t
+        new = [f"new-{i}" for i in range(40)]
+        await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in new])
+        assert ids_on(a) and ids_on(a) <= set(new)

@@ -111,8 +111,9 @@ class Notifier:
     def __init__(self) -> None:
         self._subscribers: dict[str, list[Subscription]] = {}
 
-    def subscribe(self, channel: str) -> Subscription:
-        sub = Subscription()
+    def subscribe(self, channel: str, sub: Subscription | None = None) -> Subscription:
+        """A new subscription to `channel`, or `sub` (one that other notifiers feed too)."""
+        sub = sub or Subscription()
         self._subscribers.setdefault(channel, []).append(sub)
         return sub
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .. import _json
@@ -173,22 +173,32 @@ def shard_state(wake: Wakeups) -> Flow[tuple[str | None, list[Generation]]]:
     return (named[0]["name"] if named else None), _rows.generations(stored)
 
 
+@dataclass(frozen=True, slots=True)
+class MapRefused:
+    """Why a shard map was not written: `changed` when another process wrote one since it
+    was read (read it again), else what is wrong with the database."""
+
+    reason: str
+    changed: bool = False
+
+
 def write_shard_map(
     name: str, shard_map: ShardMap, previous: int, added: bool, wake: Wakeups
-) -> Flow[str | None]:
+) -> Flow[MapRefused | None]:
     """With the map's table locked until the commit: name this database `name` and store the
-    generations of `shard_map` it lacks. Refused (the reason returned, nothing written) when
-    the database is another shard, when its newest generation is not `previous` (the map
-    changed since it was read), or when it is `added` and holds tasks."""
+    generations of `shard_map` it lacks. Refused (nothing written) when the database is
+    another shard, when its newest generation is not `previous` (the map changed since it
+    was read), or when it is `added` and holds tasks."""
     yield [Query("lock_shard_map")]
     named, stored, tasks = yield [Query("shard_name"), Query("shard_map"), Query("any_task")]
-    if named and named[0]["name"] != name:
-        return f"the database is shard {named[0]['name']!r} already, not {name!r}"
     newest = max((int(r["generation"]) for r in stored), default=0)
     if newest != previous:
-        return f"the shard map changed meanwhile (generation {newest}, read {previous})"
+        reason = f"the shard map changed meanwhile (generation {newest}, read {previous})"
+        return MapRefused(reason, changed=True)
+    if named and named[0]["name"] != name:
+        return MapRefused(f"the database is shard {named[0]['name']!r} already, not {name!r}")
     if added and tasks[0]["present"]:
-        return "the database holds tasks already: a shard added must hold none"
+        return MapRefused("the database holds tasks already: a shard added must hold none")
     writes = [Query("name_shard", {"name": name})]
     for gen in shard_map.generations:
         if gen.number > newest:

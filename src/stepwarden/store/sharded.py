@@ -55,7 +55,7 @@ from ..records import (
 from ..states import TaskState
 from . import _rows, policy
 from ._flow import FlowFn, Query, Rows
-from .base import Store, Transaction
+from .base import Store, Subscription, Transaction
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwarden.store")
@@ -64,6 +64,10 @@ SETTLE_WITHIN = 5.0
 """Seconds an open waits for shards whose maps disagree (a shard being added) to agree."""
 LOCATED = 10_000
 """Task ids whose shard this process remembers (the newest found)."""
+
+
+class MapChanged(ConfigurationError):
+    """A shard map was written by another process since this one read it."""
 
 
 def shard_urls(url: str) -> list[str]:
@@ -91,9 +95,8 @@ class ShardedStore(Store):
         if len(set(urls)) != len(urls):
             raise ConfigurationError("a sharded store names each database once")
         self.parts: list[Store] = [_postgres(u) for u in urls]
-        """Each shard's own store, in the URL's order."""
-        for part in self.parts:
-            part.notifier = self.notifier  # every shard's wake-ups reach this store's waiters
+        """Each shard's own store, in the URL's order, each with its own wake-ups (a
+        subscription of this store's is fed by every shard's: `subscribe`)."""
         self.shard_map: ShardMap | None = None
         self.names: list[str] = []
         """Each part's name in the map, in the URL's order (once open)."""
@@ -136,6 +139,24 @@ class ShardedStore(Store):
         if failed is not None:
             raise failed
 
+    def subscribe(self, channel: str) -> Subscription:
+        """Wake-ups of `channel` from every shard."""
+        sub = self.notifier.subscribe(channel)
+        for part in self.parts:
+            part.notifier.subscribe(channel, sub)
+        return sub
+
+    def unsubscribe(self, channel: str, sub: Subscription) -> None:
+        self.notifier.unsubscribe(channel, sub)
+        for part in self.parts:
+            part.notifier.unsubscribe(channel, sub)
+
+    @property
+    def schedules_shard(self) -> str:
+        """The shard that keeps the schedules (the map's first): its supervisor ticks them,
+        and their ticks' tasks live there."""
+        return self._map().shards[0]
+
     def part(self, name: str) -> Store:
         """The store of the shard `name`."""
         try:
@@ -167,9 +188,8 @@ class ShardedStore(Store):
                         "these databases are not shards yet: open the store with migrations "
                         "on (the default) to set them up"
                     )
-                shard_map = ShardMap.first([f"s{i + 1}" for i in range(len(self.parts))])
-                named = list(zip(self.parts, shard_map.shards, strict=True))
-                await self._write_map(shard_map, named, {})
+                with contextlib.suppress(MapChanged):  # another process wrote it first
+                    await self._first_map()
                 continue
             if len(set(newest)) == 1 and all(names):
                 break
@@ -195,6 +215,29 @@ class ShardedStore(Store):
         self._by_name = dict(zip(given, self.parts, strict=True))
         self._located.clear()
 
+    async def _first_map(self) -> None:
+        """Generation 1, written to every shard: the slots dealt evenly over empty
+        databases. A database that holds tasks already becomes s1 and keeps every slot in
+        generation 1; each other one is then added (a generation each) as `add_shard` does,
+        so that its tasks are found, and their ids stay theirs, wherever their slots go.
+        More than one database with tasks is refused."""
+        holding = [p for p in self.parts if (await p._read_one("any_task"))[0]["present"]]
+        if len(holding) > 1:
+            shown = ", ".join(_shown(p.url) for p in holding)
+            raise ConfigurationError(
+                f"these databases hold tasks already: {shown}; a store of shards may start "
+                "from one database with tasks (it becomes s1), the others empty"
+            )
+        order = holding + [p for p in self.parts if p not in holding]
+        names = [f"s{i + 1}" for i in range(len(order))]
+        if holding:
+            shard_map = ShardMap.first(names[:1])
+            for name in names[1:]:
+                shard_map = shard_map.with_shard(name)
+        else:
+            shard_map = ShardMap.first(names)
+        await self._write_map(shard_map, list(zip(order, names, strict=True)), {})
+
     async def _write_map(
         self, shard_map: ShardMap, named: Sequence[tuple[Store, str]], added: dict[str, bool]
     ) -> None:
@@ -213,7 +256,8 @@ class ShardedStore(Store):
                 )
                 refused = await tx._run(flow)
                 if refused is not None:
-                    raise ConfigurationError(f"{_shown(store.url)}: {refused}")
+                    error = MapChanged if refused.changed else ConfigurationError
+                    raise error(f"{_shown(store.url)}: {refused.reason}")
 
     async def add_shard(self, url: str) -> str:
         """Add the database at `url` (migrated here; it must hold no task) as a new shard: a
@@ -322,7 +366,11 @@ class ShardedStore(Store):
         raise TransientStoreError("the shard map kept changing while tasks were submitted")
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
-        _refuse("a transaction of the application's", "open it on one shard's database")
+        _refuse(
+            "a transaction of the application's",
+            "its writes and its submits would commit on one database, and a submit made in it "
+            "would not be placed by the shard map",
+        )
 
     # -- one task -------------------------------------------------------------------------
     async def get_task(self, task_id: str) -> TaskRecord | None:
@@ -510,7 +558,7 @@ class ShardedStore(Store):
 
     # -- what lives on the first shard: schedules, and the lease shown -------------------
     def _first(self) -> Store:
-        return self._by_name[self._map().shards[0]]
+        return self._by_name[self.schedules_shard]
 
     async def schedules(self) -> list[ScheduleRecord]:
         """The schedules, kept on the map's first shard (s1), where their ticks' tasks live."""
