@@ -25,6 +25,10 @@ STORE = Path(store_package.__file__).parent
 DIALECTS = ("postgres", "sqlite")
 
 ONE_DIALECT = {
+    "insert_tasks_fenced": (
+        "postgres",
+        "a submit on a shard, fenced by the shard map's generation: shards are PostgreSQL's",
+    ),
     "any_pending": (
         "sqlite",
         "read before a claim only where writes wait for each other (Store._worth_writing: "

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .. import _json
 from .._json import loads
 from ..errors import ConfigurationError, PermanentStoreError
-from ..placement import Generation, ShardMap
+from ..placement import ShardMap
 from ..records import (
     ActionOutcome,
     Adopt,
@@ -123,7 +123,28 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     created once, by its first occurrence."""
     if not tasks:
         return []
-    each = [
+    [rows] = yield [Query("insert_tasks", each=_task_params(tasks))]
+    return _created(tasks, rows, wake)
+
+
+def submit_fenced(
+    generation: int, tasks: Sequence[NewTask], wake: Wakeups
+) -> Flow[list[bool] | None]:
+    """`submit` on a shard, where the shard map's newest generation is `generation` (the one
+    the submitter placed the tasks by); None, and nothing written, where it is not. One
+    statement: the map's read holds its table until the commit (`lock_shard_map` waits)."""
+    if not tasks:
+        return []
+    query = Query("insert_tasks_fenced", {"generation": generation}, each=_task_params(tasks))
+    [rows] = yield [query]
+    found = next(int(r["generation"]) for r in rows if r["generation"] is not None)
+    if found != generation:
+        return None
+    return _created(tasks, [r for r in rows if r["task_id"] is not None], wake)
+
+
+def _task_params(tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
+    return [
         {
             "task_id": t.task_id,
             "workflow": t.workflow,
@@ -143,7 +164,11 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
         }
         for t in tasks
     ]
-    [rows] = yield [Query("insert_tasks", each=each)]
+
+
+def _created(tasks: Sequence[NewTask], rows: Rows, wake: Wakeups) -> list[bool]:
+    """Which of `tasks` the insert's rows say were created (a task_id given twice, by its
+    first occurrence); the schedulers woken when one of them is pending now."""
     inserted = {r["task_id"] for r in rows}
     created = []
     for t in tasks:
@@ -152,25 +177,6 @@ def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
     if any(c and not _delayed(t) for c, t in zip(created, tasks, strict=True)):
         wake.tasks()
     return created
-
-
-def submit_fenced(
-    generation: int, tasks: Sequence[NewTask], wake: Wakeups
-) -> Flow[list[bool] | None]:
-    """`submit` on a shard, where the shard map's newest generation is `generation` (the one
-    the submitter placed the tasks by); None, and nothing written, where it is not. The read
-    holds the map's table until the commit (`lock_shard_map` waits for it)."""
-    [rows] = yield [Query("shard_generation")]
-    if int(rows[0]["generation"]) != generation:
-        return None
-    return (yield from submit(tasks, wake))
-
-
-def shard_state(wake: Wakeups) -> Flow[tuple[str | None, list[Generation]]]:
-    """This database's name in the shard map (None when it is not a shard) and the map's
-    generations as stored, oldest first."""
-    named, stored = yield [Query("shard_name"), Query("shard_map")]
-    return (named[0]["name"] if named else None), _rows.generations(stored)
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,7 +353,7 @@ class ShardedStore(Store):
                 part = self._by_name[name]
                 batch = [tasks[i] for i in indexes]
                 flow = partial(policy.submit_fenced, shard_map.generation, batch)
-                got = await part._again_if_transient(lambda: part._write(flow))
+                got = await part._again_if_transient(lambda: part._write_alone(flow))
                 if got is None:
                     return False
                 created.update(zip(indexes, got, strict=True))

@@ -58,6 +58,47 @@ RETURNING task_id, process_state
 )
 SELECT task_id, (SELECT count(*) FROM woken) AS woken FROM ins
 
+-- name: insert_tasks_fenced
+-- insert_tasks on a shard (store/sharded.py), only where the shard map's newest generation is
+-- the one the submitter placed the tasks by: a first row gives the generation found, the
+-- others the tasks created (none when it differs). Reading the map takes its table's ACCESS
+-- SHARE lock, held until this statement commits (alone, in autocommit): a new generation
+-- (lock_shard_map) waits for it, and a submit after it sees the new one.
+WITH gen AS (
+    SELECT coalesce(max(generation), 0) AS generation FROM stepwarden_shard_map
+), ins AS (
+INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
+                              on_failure, reply_to, eligible_at, created_at, updated_at,
+                              process_state, wake_at, waiting_for, version, parent_id,
+                              parent_position, ranked_at, trace_context)
+SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
+       d.on_failure, d.reply_to, now(), now(), now(),
+       CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
+       CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
+                                         now() + make_interval(secs => d.start_after)) END,
+       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
+       now() - make_interval(secs => d.head_start), d.trace_context
+FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
+      FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
+                  %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
+                  %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
+                  %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
+                  %(parent_position)s::text[], %(head_start)s::float8[],
+                  %(trace_context)s::text[])
+           AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
+                reply_to, start_at, start_after, version, parent_id, parent_position,
+                head_start, trace_context)) AS d
+WHERE (SELECT generation FROM gen) = %(generation)s
+ON CONFLICT (task_id) DO NOTHING
+RETURNING task_id, process_state
+), woken AS (
+    SELECT pg_notify('stepwarden_tasks', '') FROM ins WHERE process_state = 'pending' LIMIT 1
+)
+SELECT (SELECT generation FROM gen) AS generation, NULL::text AS task_id, 0::bigint AS woken
+UNION ALL
+SELECT NULL, task_id, (SELECT count(*) FROM woken) FROM ins
+
+
 -- name: notify
 -- Wake other processes: one notification per (channel, payload), delivered on commit.
 SELECT pg_notify(n.channel, n.payload)
@@ -1519,12 +1560,6 @@ SELECT name FROM stepwarden_shard_name
 -- Every generation of the shard map, oldest first.
 SELECT generation, shards::text AS shards, slots::text AS slots
 FROM stepwarden_shard_map ORDER BY generation
-
--- name: shard_generation
--- The newest generation of the shard map, 0 when none. Read in a submit's transaction: the
--- table's ACCESS SHARE lock, held until the commit, orders the submit before any new
--- generation (lock_shard_map).
-SELECT coalesce(max(generation), 0) AS generation FROM stepwarden_shard_map
 
 -- name: lock_shard_map
 -- Hold the shard map until the commit, against submits too (ACCESS EXCLUSIVE): what writes

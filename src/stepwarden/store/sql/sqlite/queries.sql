@@ -1160,9 +1160,6 @@ SELECT name FROM stepwarden_shard_name
 -- name: shard_map
 SELECT generation, shards, slots FROM stepwarden_shard_map ORDER BY generation
 
--- name: shard_generation
-SELECT coalesce(max(generation), 0) AS generation FROM stepwarden_shard_map
-
 -- name: lock_shard_map
 -- A write transaction of SQLite's holds the whole database already.
 SELECT 1 AS locked
