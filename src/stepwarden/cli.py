@@ -1384,7 +1384,7 @@ def dashboard(
     metavar="SCOPE",
     help="What the client may do (repeatable; the variable is space-separated): submit "
     "(tasks), read (their status, result and status messages), events (send them events), "
-    "cancel (them).",
+    "cancel (them); agent:NAME is reserved for the agents' protocol and grants nothing yet.",
 )
 @_opt(
     "--append",
