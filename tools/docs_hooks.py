@@ -3,8 +3,9 @@
 - `reference/configuration.md`: every environment variable, from the click options of
   `stepwarden.cli:cli` that read one (their `envvar`), with the options and commands that
   read it and the option's help.
-- `reference/http-api.md`: the dashboard's JSON API, from the OpenAPI document of
-  `stepwarden.dashboard.create_app(...)` (its paths, parameters, bodies, answers and models).
+- `reference/http-api.md`: the dashboard's JSON API and the application API (/api/v1), from
+  the OpenAPI document of `stepwarden.dashboard.create_app(...)` (its paths, parameters,
+  bodies, answers and models).
 
 Nothing is kept by hand: a new option or route shows on the next build.
 """
@@ -171,6 +172,12 @@ def http_api_page() -> str:
         "and its CSRF token (see [the dashboard](../howto/dashboard.md)). An API mounted",
         "with `create_app(app, auth=DEPENDENCY)` has the same paths under its mount. A",
         'request the models refuse is answered 400 with `{"error": ...}`.',
+        "",
+        "The application API, the paths under `/api/v1` (its own document:",
+        "`/api/v1/openapi.json`), needs a client's token with each route's scope (the",
+        "operation's `client` security requirement) and answers an invalid request 422: see",
+        "[calling from other services](../howto/http-api.md). Its submit's `workflow` is one",
+        "of those the served App declares (none here: the page is made without one).",
         "",
     ]
     for path, operations in document["paths"].items():

@@ -577,17 +577,24 @@ class App:
         return await self._submit(task)
 
     async def _submit(self, task: NewTask) -> TaskId[Any]:
+        await self.submit_one_async(task)
+        return TaskId(task.task_id)
+
+    async def submit_one_async(self, task: NewTask) -> bool:
+        """Submit a task built with `new_task`, in the group commit that `submit_async`'s
+        callers share: True when it was created, False when its task_id was submitted
+        before (that task is left as it is)."""
         loop = asyncio.get_running_loop()
         submits = self._submits.get(loop)
         if submits is None:
             submits = self._submits[loop] = Batcher((await self.store()).submit)
         if not tracing.active():
-            await submits.submit(task)
-            return TaskId(task.task_id)
+            return await submits.submit(task)
         with _submit_span(task.workflow, [task]) as span:
             task = dataclasses.replace(task, trace_context=tracing.stored(span))
-            _created(span, await submits.submit(task))
-        return TaskId(task.task_id)
+            created = await submits.submit(task)
+            _created(span, created)
+        return created
 
     @overload
     def submit(
@@ -827,15 +834,30 @@ class App:
         return self._call(self.scheduler_instances_async())
 
     # -- status messages ------------------------------------------------------------------
-    async def watch(self, task_id: str) -> AsyncIterator[OutboxMessage]:
+    async def watch(self, task_id: str, *, after: int = 0) -> AsyncIterator[OutboxMessage]:
         """Every status message of a task submitted with `reply_to`, in order, from the
-        first ("received"); the iteration ends after the message of a finished state."""
+        first ("received"), or those after the message id `after` (the last one handled);
+        the iteration ends after the message of a finished state, or at once when the task
+        had finished and no message comes after `after`."""
+        _check.integer("after", after, 0, _check.MAX_BIGINT)
         task = await self.status_async(task_id)
         if task.reply_to is None:
             raise ConfigurationError(
                 f"task {task_id!r} was submitted without reply_to: it has no status messages"
             )
-        async for message in self._follow(channel=task.reply_to, task_id=task_id):
+        if task.process_state in FINISHED_TASK_STATES:
+            # Its messages are written with its states, in their transactions: all are kept.
+            store = await self.store()
+            while True:
+                batch = await store.outbox(
+                    channel=task.reply_to, task_id=task_id, after=after, limit=500
+                )
+                for message in batch:
+                    yield message
+                    after = message.id
+                if len(batch) < 500:
+                    return
+        async for message in self._follow(channel=task.reply_to, task_id=task_id, after=after):
             yield message
             if message.kind in FINISHED_TASK_STATES:
                 return

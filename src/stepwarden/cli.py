@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 import click
 import orjson
 
-from . import _check, _json
+from . import _check, _json, _tokens
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
@@ -1287,6 +1287,17 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     "[default: on, unless --host is a loopback address, where only a request that came "
     "through a proxy (Forwarded, X-Forwarded-For) needs them].",
 )
+@_opt(
+    "--api-tokens",
+    envvar="STEPWARDEN_API_TOKENS",
+    default=None,
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The application API's clients (/api/v1): one `NAME SCOPES SHA256` line each, as "
+    "`stepwarden api-token` makes them (scopes submit, read, events, cancel, separated by "
+    "commas; only the token's SHA-256 digest is kept). Read at start. Without it, every "
+    "request of the application API is refused. A file others may write is refused.",
+)
 @_event_bound_options
 @click.pass_obj
 def dashboard(
@@ -1298,10 +1309,13 @@ def dashboard(
     token_file: str | None,
     allowed_hosts: tuple[str, ...],
     auth_reads: bool | None,
+    api_tokens: str | None,
     max_events_per_task: int | None,
     max_event_payload: int | None,
 ) -> None:
-    """Serve the operator's dashboard: pages, a JSON API (/openapi.json) and /metrics."""
+    """Serve the operator's dashboard: pages, a JSON API (/openapi.json) and /metrics; and
+    the application API that services call with their clients' tokens (/api/v1: submit,
+    status, result, status messages, events, cancel; /api/v1/openapi.json)."""
     try:
         from . import dashboard as web
     except ImportError as exc:
@@ -1309,6 +1323,12 @@ def dashboard(
             f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
         ) from exc
     token = _dashboard_token(token, token_file)
+    clients = None
+    if api_tokens is not None:
+        try:
+            clients = _tokens.read(api_tokens)
+        except StepwardenError as exc:
+            raise click.BadParameter(_one_line(exc), param_hint="--api-tokens") from exc
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
     else:  # no App of its own: named by the store it serves
@@ -1325,6 +1345,8 @@ def dashboard(
         auth_reads = True
     if auth_reads:
         click.echo("reads need the API token or a signed-in session (--auth-reads)")
+    if clients is not None:
+        _echo(f"application API (/api/v1): {len(clients)} client(s) of {api_tokens}")
     written = None
     if token is None:
         try:
@@ -1337,11 +1359,74 @@ def dashboard(
         click.echo(f"API token (for operator actions) written to {escape(str(written))}")
     try:
         with _removed_at_exit(written):
-            web.serve(app, sock, token=token, allowed_hosts=allowed_hosts, auth_reads=auth_reads)
+            web.serve(
+                app,
+                sock,
+                token=token,
+                allowed_hosts=allowed_hosts,
+                auth_reads=auth_reads,
+                api_tokens=api_tokens,
+            )
     except StepwardenError as exc:
         raise click.ClickException(_one_line(exc)) from exc
     finally:
         sock.close()
+
+
+@cli.command("api-token")
+@click.argument("name")
+@_opt(
+    "--scope",
+    "scopes",
+    envvar="STEPWARDEN_API_TOKEN_SCOPE",
+    multiple=True,
+    required=True,
+    metavar="SCOPE",
+    help="What the client may do (repeatable; the variable is space-separated): submit "
+    "(tasks), read (their status, result and status messages), events (send them events), "
+    "cancel (them); agent:NAME is reserved for the agents' protocol and grants nothing yet.",
+)
+@_opt(
+    "--append",
+    envvar="STEPWARDEN_API_TOKEN_APPEND",
+    default=None,
+    metavar="FILE",
+    help="Append the client's line to this tokens file (made, 0600, when missing) instead of "
+    "printing it; a name the file has already is refused.",
+)
+def api_token(name: str, scopes: tuple[str, ...], append: str | None) -> None:
+    """Make a client of the application API: a new token, printed once (only its SHA-256
+    digest is kept), and the client's line for the tokens file (`stepwarden dashboard
+    --api-tokens FILE`), which takes effect when the dashboard starts."""
+    try:
+        token, client = _tokens.new_client(name, scopes)
+    except StepwardenError as exc:
+        raise click.BadParameter(_one_line(exc), param_hint="NAME or --scope") from exc
+    if append is not None:
+        _append_client(Path(append), client)
+    click.echo(f"the token of {client.name} (shown once; give it to the client):")
+    click.echo(token)
+    if append is None:
+        click.echo("its line for the tokens file (--api-tokens FILE):")
+        click.echo(client.line())
+    else:
+        _echo(f"its line is added to {append}: restart the dashboard to take it up")
+
+
+def _append_client(path: Path, client: _tokens.Client) -> None:
+    """Add the client's line to the tokens file at `path`, checked with it."""
+    try:
+        text = path.read_text() if path.exists() else ""
+        _tokens.parse(text + "\n" + client.line(), repr(str(path)))
+        if path.exists():
+            _tokens.read(path)  # its mode, as the dashboard checks it
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as file:
+            file.write(("" if not text or text.endswith("\n") else "\n") + client.line() + "\n")
+    except OSError as exc:
+        raise click.ClickException(f"cannot add the client to {path}: {exc}") from exc
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
 
 
 class _Terminated(BaseException):

@@ -57,7 +57,13 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     for name in set(re.findall(r"\bSTEPWARDEN_[A-Z_]*[A-Z]\b", package)):
         assert name in configuration, name
     api = (site / "reference" / "http-api" / "index.html").read_text()
-    for path in ("/api/overview", "/api/tasks/{task_id}", "/api/schedules"):
+    for path in (
+        "/api/overview",
+        "/api/tasks/{task_id}",
+        "/api/schedules",
+        "/api/v1/tasks",
+        "/api/v1/messages/{task_id}",
+    ):
         assert path in api, path
     reference = (site / "reference" / "api" / "index.html").read_text()
     import stepwarden

@@ -1,5 +1,7 @@
 """The operator's dashboard: web pages, a JSON API (/api, described at /openapi.json) and
-Prometheus metrics (/metrics), served from one process by `stepwarden dashboard`.
+Prometheus metrics (/metrics), served from one process by `stepwarden dashboard`, beside the
+application API (/api/v1, described at /api/v1/openapi.json) that services call with their
+clients' tokens (`--api-tokens FILE`).
 
     stepwarden dashboard shop:app --port 8080         # http://127.0.0.1:8080/
 
@@ -8,19 +10,26 @@ otherwise), but for a request that came through a proxy, and need the API token 
 signed-in session on any other address (`auth_reads`);
 operator actions are POSTs that need the API token, or a signed-in session and its CSRF
 token. Requests addressed to a host it does not serve are refused, on every address. Values
-marked secret are shown as `***`.
+marked secret are shown as `***`. Every request of the application API needs a client's
+token with the scope of its route (submit, read, events, cancel), on every address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from .. import _tokens
 from ..app import App
 from ._auth import check_token, new_token, read_token_file, state_directory, write_new_token
 from ._server import create_app
+
+if TYPE_CHECKING:
+    import uvicorn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -70,33 +79,60 @@ def serve(
     token: str,
     allowed_hosts: Sequence[str] = (),
     auth_reads: bool | None = None,
+    api_tokens: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve the dashboard of `app` on `sock` until interrupted (SIGINT, SIGTERM). It answers
     only requests addressed to a host of `served_hosts` (whatever the address it is bound
     to); reads need the token unless bound to a loopback address, where those of a request
-    that came through a proxy still do (or as `auth_reads` says). A store that cannot be
-    opened raises its error (StoreError, SchemaVersionError) before serving."""
+    that came through a proxy still do (or as `auth_reads` says). The application API's
+    clients are those of the tokens file `api_tokens`. A store that cannot be opened raises
+    its error (StoreError, SchemaVersionError) before serving."""
     import uvicorn
 
     if auth_reads is None and not is_loopback(str(sock.getsockname()[0])):
         auth_reads = True
-    config = uvicorn.Config(
-        create_app(
-            app, token=token, hosts=served_hosts(sock, allowed_hosts), auth_reads=auth_reads
-        ),
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
+    web = create_app(
+        app,
+        token=token,
+        hosts=served_hosts(sock, allowed_hosts),
+        auth_reads=auth_reads,
+        api_tokens=api_tokens,
     )
+    config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
 
     async def run() -> None:
         try:
             await app.store()  # opened on the server's event loop, and its errors shown plainly
-            await uvicorn.Server(config).serve(sockets=[sock])
+            await server(config, web.state.stopping).serve(sockets=[sock])
         finally:
             await app.aclose()
 
     asyncio.run(run())
+
+
+def new_api_client(name: str, scopes: Iterable[str]) -> tuple[str, str]:
+    """A new client of the application API, as `stepwarden api-token` makes it: its token
+    (give it to the client; it is kept nowhere else) and its line for the tokens file,
+    `NAME SCOPES SHA256`, which holds the token's SHA-256 digest. `scopes`: among submit,
+    read, events and cancel (`agent:NAME` is reserved). ConfigurationError for a bad name
+    or scope."""
+    token, client = _tokens.new_client(name, scopes)
+    return token, client.line()
+
+
+def server(config: uvicorn.Config, stopping: asyncio.Event) -> uvicorn.Server:
+    """A uvicorn server that sets `stopping` (the `state.stopping` of `create_app`'s
+    application) when it begins to shut down: the application API's long polls then answer
+    and its streams end, instead of holding the shutdown for as long as their clients stay
+    (their clients ask again elsewhere, a stream's with Last-Event-ID)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            stopping.set()
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 __all__ = [
@@ -106,10 +142,12 @@ __all__ = [
     "check_token",
     "create_app",
     "is_loopback",
+    "new_api_client",
     "new_token",
     "read_token_file",
     "serve",
     "served_hosts",
+    "server",
     "state_directory",
     "write_new_token",
 ]

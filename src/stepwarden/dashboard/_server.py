@@ -1,9 +1,12 @@
 """The dashboard's web application: the pages, the JSON API (`_api.py`, with its generated
-OpenAPI document at /openapi.json), /metrics, and the guards in front of them all."""
+OpenAPI document at /openapi.json), the application API (`_app_api.py`, under /api/v1, with
+its own document at /api/v1/openapi.json), /metrics, and the guards in front of them all."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -22,10 +25,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__, _check
+from .. import __version__, _check, _tokens
 from ..app import App
 from ..errors import ConfigurationError, PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
+from . import _app_api
 from ._api import (
     EVENT_PAGE,
     BadRequest,
@@ -78,12 +82,15 @@ DESCRIPTION = (
     "or a signed-in session and its CSRF token, checked before the body is read (401, 403). "
     f"An address that sends {MAX_FAILURES} wrong API tokens within a minute is refused (429, "
     "Retry-After) for a minute, whatever token it sends. A body over 2 MiB is refused (413) "
-    'before it is read. Values marked secret are shown as "***".'
+    'before it is read. Values marked secret are shown as "***". The application API, under '
+    "/api/v1 (its own document: /api/v1/openapi.json), needs a client's token instead, with "
+    "the scope of each route, and answers an invalid request 422."
 )
 SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer"},
     "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE},
     "csrf": {"type": "apiKey", "in": "header", "name": "X-CSRF-Token"},
+    **_app_api.SECURITY_SCHEMES,
 }
 
 
@@ -154,6 +161,7 @@ def create_app(
     hosts: Sequence[str] | None = None,
     auth_reads: bool | None = None,
     auth: Callable[..., Any] | None = None,
+    api_tokens: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The dashboard of `app` (its store), as an ASGI application. State-changing requests
     need `token` (at least 16 characters), or a signed-in session and its CSRF token; with
@@ -163,6 +171,12 @@ def create_app(
     host (`Host` header) are refused: a web page whose name was pointed at this machine's
     address (DNS rebinding) cannot read the dashboard through the browser. Every request
     body is limited before it is read (64 KiB for a form, 2 MiB for the API).
+
+    The application API (`/api/v1/...`: submit, status, result, status messages, events,
+    cancel) needs a client's token from the tokens file `api_tokens` (`NAME SCOPES SHA256`
+    lines, `stepwarden api-token`), with the scope of each route; without the file, every
+    request to it is refused (401). Its long polls and streams end when the server that
+    `serve` runs stops (`web.state.stopping` set).
 
     `auth`, instead of `token`, is for the API mounted in the application's own FastAPI
     service (`service.mount("/ops", create_app(app, auth=staff))`): a FastAPI dependency of
@@ -177,10 +191,16 @@ def create_app(
     if auth is not None:
         if auth_reads is not None:
             raise ConfigurationError("auth guards every request: auth_reads is the token's")
+        if api_tokens is not None:
+            raise ConfigurationError("the application API is served with the token, not auth")
         return _mounted_api(app, auth, hosts)
     assert token is not None
     guard = Guard(token)
     reader = Reader(app)
+    clients = None if api_tokens is None else _tokens.read(api_tokens)
+    stopping = asyncio.Event()
+    application = _app_api.router(app, stopping)
+    clients_guard = _app_api.ClientGuard(clients, application.routes, guard.throttle)
 
     def page(
         request: Request, template: str, live: str, status: int = 200, **context: Any
@@ -342,14 +362,21 @@ def create_app(
 
     # -- errors -----------------------------------------------------------------------------
     async def on_bad_request(request: Request, exc: Exception) -> Response:
-        if _route_path(request.scope).startswith("/api/"):
+        path = _route_path(request.scope)
+        if path.startswith(_app_api.PREFIX + "/"):
+            return error(422, str(exc))
+        if path.startswith("/api/"):
             return error(400, str(exc))
         return html_error(request, 400, str(exc))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         headers = dict(exc.headers or {})
-        if _route_path(request.scope).startswith("/api/"):
+        path = _route_path(request.scope)
+        if path.startswith(_app_api.PREFIX + "/") and exc.status_code == 400:
+            # FastAPI's answer to a body it cannot read (not UTF-8): an invalid request.
+            return error(422, f"the body is not JSON text (UTF-8): {exc.detail}")
+        if path.startswith("/api/"):
             return json_response({"error": exc.detail}, exc.status_code, headers or None)
         response = html_error(request, exc.status_code, exc.detail)
         response.headers.update(headers)
@@ -357,7 +384,8 @@ def create_app(
 
     async def on_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return error(400, _first_problem(exc))
+        application_api = _route_path(request.scope).startswith(_app_api.PREFIX + "/")
+        return error(422 if application_api else 400, _first_problem(exc))
 
     async def on_store_error(request: Request, exc: Exception) -> Response:
         message = f"the store is unavailable: {' '.join(str(exc).split())}"
@@ -398,7 +426,7 @@ def create_app(
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
             Middleware(_BodyLimit),
-            Middleware(_Access, guard=guard, auth_reads=auth_reads),
+            Middleware(_Access, guard=guard, auth_reads=auth_reads, clients=clients_guard),
         ],
         lifespan=lifespan,
         exception_handlers={
@@ -410,7 +438,17 @@ def create_app(
         },
     )
     web.include_router(router(app, reader, token_actor(guard)))
+    web.include_router(application)
+    web.state.stopping = stopping
     _document(web, SECURITY_SCHEMES)
+    application_document: dict[str, Any] = {}
+
+    async def application_openapi(request: Request) -> Response:
+        if not application_document:
+            application_document.update(_app_api.document(application.routes))
+        return json_response(application_document)
+
+    web.add_route(_app_api.DOCUMENT, application_openapi, include_in_schema=False)
     return web
 
 
@@ -469,7 +507,7 @@ def _document(web: FastAPI, schemes: dict[str, Any] | None) -> None:
 def _openapi_document(web: FastAPI, schemes: dict[str, Any] | None) -> dict[str, Any]:
     """The document FastAPI generates from the routes and models, with the API's security
     schemes (the token's; none when the mounting service guards it), and without the 422
-    answers it would add: a refused request is a 400."""
+    answers it would add: a refused request is a 400 (but for the application API's)."""
     doc = get_openapi(
         title=web.title,
         version=web.version,
@@ -477,7 +515,9 @@ def _openapi_document(web: FastAPI, schemes: dict[str, Any] | None) -> dict[str,
         description=web.description,
         routes=web.routes,
     )
-    for operations in doc.get("paths", {}).values():
+    for path, operations in doc.get("paths", {}).items():
+        if path.startswith(_app_api.PREFIX + "/"):
+            continue
         for operation in operations.values():
             operation.get("responses", {}).pop("422", None)
             if schemes is None:
@@ -487,6 +527,7 @@ def _openapi_document(web: FastAPI, schemes: dict[str, Any] | None) -> dict[str,
     schemas.pop("ValidationError", None)
     if schemes is not None:
         doc["components"]["securitySchemes"] = schemes
+        _app_api.complete(doc)
     return doc
 
 
@@ -494,6 +535,9 @@ def _first_problem(exc: RequestValidationError) -> str:
     """What a refused request got wrong, on one line: where, and why."""
     problems = []
     for e in exc.errors()[:3]:
+        if e.get("type") == "json_invalid":
+            problems.append(f"the body is not JSON: {e.get('ctx', {}).get('error', 'invalid')}")
+            continue
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "the body"
         problems.append(f"{where}: {e.get('msg', 'invalid')}")
     return "; ".join(problems)
@@ -610,13 +654,15 @@ class _BodyLimit:
             await _refuse(scope, send, 413, too_big)
             return
         seen = 0
+        exceeded = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
+                    exceeded = True
                     raise _TooBig
             return message
 
@@ -624,21 +670,22 @@ class _BodyLimit:
 
         async def watched(message: Message) -> None:
             nonlocal started
+            if exceeded:  # whatever the application answers (FastAPI: a body it cannot parse)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooBig):
             await self.inner(scope, counted, watched)
-        except _TooBig:
-            if not started:
-                await _refuse(scope, send, 413, too_big)
+        if exceeded and not started:
+            await _refuse(scope, send, 413, too_big)
 
 
 class _TooBig(Exception):
     pass
 
 
-_OPEN_PATHS = ("/login", "/openapi.json")
+_OPEN_PATHS = ("/login", "/openapi.json", _app_api.DOCUMENT)
 
 
 class _Access:
@@ -647,12 +694,21 @@ class _Access:
     CSRF token; every other request but the sign-in page, the static files and the API's
     document needs the token or a session when reads are closed (`auth_reads`, or, with
     `auth_reads` None, for a request that came through a proxy), and a page asks to sign
-    in."""
+    in. A request of the application API (under /api/v1, but its document) needs a client's
+    token with the route's scope (`_app_api.ClientGuard`), whatever the address, and the
+    route learns the client's name from the request's state."""
 
-    def __init__(self, inner: ASGIApp, guard: Guard, auth_reads: bool | None) -> None:
+    def __init__(
+        self,
+        inner: ASGIApp,
+        guard: Guard,
+        auth_reads: bool | None,
+        clients: _app_api.ClientGuard,
+    ) -> None:
         self.inner = inner
         self.guard = guard
         self.auth_reads = auth_reads
+        self.clients = clients
 
     def _reads_closed(self, request: Request) -> bool:
         if self.auth_reads is None:
@@ -665,7 +721,11 @@ class _Access:
             return
         path = _route_path(scope)
         request = Request(scope)
-        if scope["method"] == "POST" and path.startswith("/api/"):
+        if self.clients.guards(path):  # the application API: a client's token, its scope
+            verdict = self.clients.check(request)
+            if verdict.allowed:
+                scope.setdefault("state", {})[_app_api.CLIENT_KEY] = verdict.identity
+        elif scope["method"] == "POST" and path.startswith("/api/"):
             verdict = self.guard.check(request)
         elif path in _OPEN_PATHS or path.startswith("/static/") or not self._reads_closed(request):
             await self.inner(scope, receive, send)
