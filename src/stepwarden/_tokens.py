@@ -31,8 +31,8 @@ SCOPES = ("submit", "read", "events", "cancel")
 """What a client may do with the application API: submit tasks; read their status, result
 and status messages; send them events; cancel them."""
 AGENT_SCOPE = "agent:"
-"""`agent:NAME`: reserved for the agents' protocol (an agent served over HTTP), accepted in
-the file, and granting nothing yet."""
+"""`agent:NAME`: the agent protocol's routes of the agent NAME (`/api/v1/agents/NAME/...`):
+serving it over HTTP, from a process without a database connection."""
 TOKEN_PREFIX = "sw_"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 """A client's name: what an action of its records as who acted."""

@@ -349,6 +349,22 @@ def cli(
     "have no access control).",
 )
 @_opt(
+    "--agent-url",
+    envvar="STEPWARDEN_AGENT_URL",
+    default=None,
+    metavar="URL",
+    help="Serve the agents over HTTP, from the agent protocol of the stepwarden server at URL "
+    "(`stepwarden dashboard --api-tokens`): no store is opened, and only the agents role "
+    "runs. The client's token is read from STEPWARDEN_AGENT_TOKEN or --agent-token-file.",
+)
+@_opt(
+    "--agent-token-file",
+    envvar="STEPWARDEN_AGENT_TOKEN_FILE",
+    default=None,
+    type=click.File("r", encoding="utf-8"),
+    help="Read the token of --agent-url from this file (or standard input with -).",
+)
+@_opt(
     "--shards",
     envvar="STEPWARDEN_SHARDS",
     default=None,
@@ -380,6 +396,8 @@ def worker(
     alert_webhook_file: IO[str] | None,
     metrics_port: int | None,
     metrics_host: str,
+    agent_url: str | None,
+    agent_token_file: IO[str] | None,
     shards: str | None,
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM. With a
@@ -388,6 +406,20 @@ def worker(
         lines = (line.strip() for line in alert_webhook_file.read().splitlines())
         alert_webhooks += tuple(line for line in lines if line and not line.startswith("#"))
     app = obj.app(app_ref)
+    agent_token = None
+    if agent_url is not None:
+        agent_token = (
+            agent_token_file.read().strip()
+            if agent_token_file is not None
+            else os.environ.get("STEPWARDEN_AGENT_TOKEN", "").strip()
+        )
+        if not agent_token:
+            raise click.UsageError(
+                "--agent-url needs the client's token: STEPWARDEN_AGENT_TOKEN or "
+                "--agent-token-file"
+            )
+        if roles == ",".join(ROLES):  # the default: an agent server serves the agents only
+            roles = "agents"
     try:
         options = WorkerOptions(
             roles=parse_roles(roles.split(",")),
@@ -408,6 +440,8 @@ def worker(
             alert_webhooks=alert_webhooks,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            agent_url=agent_url,
+            agent_token=agent_token,
             shards=frozenset(x.strip() for x in shards.split(",") if x.strip())
             if shards
             else None,

@@ -123,6 +123,20 @@ class RemoteAgentPort:
             waits.append(stop.wait())
         await first(*waits)
 
+    async def whoami(self) -> tuple[str, list[str]]:
+        """The client the token names, and the agents it may serve."""
+        try:
+            answer = await self._client.get(f"{PREFIX}/whoami")
+        except httpx.HTTPError as exc:
+            raise TransientStoreError(f"the agent server at {self.url}: {exc!r}") from exc
+        if answer.status_code != 200:
+            raise ConfigurationError(
+                f"the agent server at {self.url} refused the token ({answer.status_code}): "
+                f"{_said(answer)}"
+            )
+        body = answer.json()
+        return str(body["client"]), [str(a) for a in body["agents"]]
+
     # -- the registry ---------------------------------------------------------------------
     async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
         for b in beats:
@@ -290,12 +304,13 @@ class RemoteAgentPort:
                         )
                         return
                     event = ""
-                    async for line in answer.aiter_lines():
+                    async for line in answer.aiter_lines():  # until the server ends it
                         if line.startswith("event:"):
                             event = line[6:].strip()
                         elif line.startswith("data:") and event in _CHANNELS:
                             payloads = json.loads(line[5:])
                             self.notifier.publish(_CHANNELS[event], payloads)
+                continue  # it ended in time: opened again at once
             except httpx.HTTPError as exc:
                 logger.debug("agent %s: the wake-up stream ended: %r", agent, exc)
             await asyncio.sleep(RECONNECT)
@@ -324,8 +339,8 @@ def _request(row: Mapping[str, Any]) -> Request:
 def _said(answer: httpx.Response) -> str:
     with contextlib.suppress(ValueError):
         body = answer.json()
-        if isinstance(body, dict) and "detail" in body:
-            return str(body["detail"])
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            return str(body["error"])
     return answer.text[:300]
 
 

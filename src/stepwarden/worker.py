@@ -19,6 +19,7 @@ from .app import App
 from .errors import ConfigurationError, StoreError, UnknownNameError
 from .metrics import Metrics, serve
 from .relay import Brokers, Relay
+from .remote import RemoteAgentPort
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
@@ -73,6 +74,11 @@ class WorkerOptions:
     brokers: Brokers | None = None
     """The credentials of the brokers status messages are relayed to (`relay.py`); None
     reads the file `STEPWARDEN_BROKERS` names, if any."""
+    agent_url: str | None = None
+    """Serve the agents over HTTP, from the agent protocol of the stepwarden server at this
+    URL (`stepwarden dashboard` with a tokens file), with `agent_token`: the worker opens no
+    store, and runs the agents role only."""
+    agent_token: str | None = None
     shards: frozenset[str] | None = None
     """With a store of shards: the shards this worker serves (their names in the map: s1,
     s2, ...); None serves every one. Its roles run on each shard apart: a scheduler, the
@@ -120,6 +126,9 @@ class Worker:
     async def run(self) -> None:
         """Run the roles until `stop` is set (or SIGTERM/SIGINT when run by `run_forever`)."""
         opts = self.options
+        if opts.agent_url is not None:
+            await self._run_remote_agents(opts.agent_url, opts.agent_token or "")
+            return
         store: Store = open_store(opts.store_url or self.app.store_url)
         store.write_observer = self.metrics.observe_write
         self.metrics.describe_worker(self.instance, opts.roles)
@@ -151,6 +160,68 @@ class Worker:
             if server is not None:
                 server.close()
                 await server.wait_closed()
+
+    async def _run_remote_agents(self, url: str, token: str) -> None:
+        """The agents, served over HTTP (`remote.RemoteAgentPort`), as instances named after
+        the token's client; until `stop`, then drained as in `_run_roles`."""
+        opts = self.options
+        if opts.roles != frozenset({"agents"}):
+            raise ConfigurationError("an agent server's URL serves the agents role alone")
+        port = RemoteAgentPort(url, token)
+        try:
+            client, allowed = await port.whoami()
+            # The agents named (--agents), each one the token may serve; by default, those
+            # of the App's agents it may serve.
+            wanted = set(self.app.agents) & set(allowed) if opts.agents is None else opts.agents
+            served = sorted(wanted)
+            refused = sorted(set(served) - set(allowed))
+            if refused or not served:
+                raise ConfigurationError(
+                    f"the token of client {client!r} may not serve agent(s) "
+                    f"{', '.join(refused or sorted(self.app.agents))} "
+                    f"(its agents: {', '.join(allowed) or 'none'})"
+                )
+            runners = [
+                AgentRunner(
+                    port,
+                    self.app.agents[name],
+                    instance=f"{client}/agent-{self.instance}",
+                    concurrency=opts.agent_concurrency,
+                    poll_interval=opts.poll_interval,
+                    heartbeat=opts.agent_heartbeat,
+                    gone_after=opts.agent_gone_after,
+                    metrics=self.metrics,
+                )
+                for name in served
+            ]
+            logger.info(
+                "worker %s serving agent(s) %s over %s as %s",
+                self.instance,
+                ", ".join(served),
+                url,
+                client,
+            )
+            logger.info("worker %s running agents", self.instance)
+            roles = [asyncio.create_task(r.run(self.stop)) for r in runners]
+            try:
+                await asyncio.wait(
+                    [asyncio.create_task(self.stop.wait()), *roles],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                crashed = [r for r in roles if r.done() and not r.cancelled() and r.exception()]
+                self.stop.set()
+                if crashed:
+                    raise crashed[0].exception()  # type: ignore[misc]
+                await asyncio.gather(*roles)
+            finally:
+                for runner in runners:
+                    await runner.drain(opts.drain_timeout)
+                for role in roles:
+                    role.cancel()
+                await asyncio.gather(*roles, return_exceptions=True)
+        finally:
+            await port.aclose()
+        logger.info("worker %s stopped", self.instance)
 
     async def _run_shards(self, store: ShardedStore) -> None:
         """The roles on each shard served, each on its shard's own store: a shard out of

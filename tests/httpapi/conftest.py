@@ -35,7 +35,7 @@ FAST = sw.WorkerOptions(
     drain_timeout=5,
 )
 CLIENTS = {
-    "billing": ("submit", "read", "events", "cancel"),
+    "billing": ("submit", "read", "events", "cancel", "agent:desk"),
     "reader": ("read",),
     "submitter": ("submit",),
 }

@@ -21,6 +21,7 @@ UNCHECKED: list[schemathesis.CheckFunction] = [positive_data_acceptance]
 """Every check but that each valid request is accepted: the engine refuses what a JSON schema
 does not say (a version another workflow has, an integer beyond 64 bits), with 422."""
 LONG_POLL = "GET /api/v1/results/{task_id}"
+WAKEUPS = "GET /api/v1/agents/{agent}/wakeups"
 
 
 def test_the_application_api_matches_its_openapi_document(
@@ -42,6 +43,13 @@ def test_the_application_api_matches_its_openapi_document(
             "GET /api/v1/messages/{task_id}",
             "POST /api/v1/events/{task_id}",
             "POST /api/v1/cancel/{task_id}",
+            "GET /api/v1/agents/whoami",
+            WAKEUPS,
+            *(
+                f"POST /api/v1/agents/{{agent}}/{route}"
+                for route in ("beat", "leave", "breaker", "claim", "held", "lost", "heartbeat",
+                              "complete", "hand-back", "stopped")
+            ),
         }
         # The submits last: the reads before them meet no task of theirs that has not ended.
         operations.sort(key=lambda op: op.label == "POST /api/v1/tasks")
@@ -60,13 +68,18 @@ def test_the_application_api_matches_its_openapi_document(
                 def check(case: schemathesis.Case[Operation]) -> None:
                     if case.operation.label == LONG_POLL:
                         _shorten(case)
+                    if case.operation.label == WAKEUPS:  # a stream ends after `seconds`
+                        case.query = {**(case.query or {})}
+                        case.query.setdefault("seconds", 0.2)
+                        _shorten(case, "seconds", 3600)
                     case.call_and_validate(headers=headers, excluded_checks=UNCHECKED, timeout=30)
 
                 check()
 
 
-def _shorten(case: schemathesis.Case[Operation]) -> None:
-    """A long poll's valid timeout made short: its answer is the same, sooner."""
-    timeout = (case.query or {}).get("timeout")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout <= 60:
-        case.query = {**(case.query or {}), "timeout": min(timeout, 0.2)}
+def _shorten(case: schemathesis.Case[Operation], name: str = "timeout", most: float = 60) -> None:
+    """A long poll's (or a stream's) valid duration made short: its answer is the same,
+    sooner."""
+    value = (case.query or {}).get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= most:
+        case.query = {**(case.query or {}), name: min(value, 0.2)}

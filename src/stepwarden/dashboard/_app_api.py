@@ -62,6 +62,10 @@ SCHEME = "client"
 CLIENT_TOKEN = "client-token"
 """How a client's action was authenticated, recorded beside its name (`authenticated`)."""
 CLIENT_KEY = "stepwarden_client"
+SCOPES_KEY = "stepwarden_client_scopes"
+"""Where the request's state keeps its client's scopes."""
+ANY_AGENT = "agent:*"
+"""The scope of a route any agent's token may call (`agent:NAME`, whatever the name)."""
 """Where the guard leaves the name of the request's client (the request's state)."""
 MAX_POLL = 60.0
 """The longest a result's long poll waits, in seconds (proxies end idle requests at 60 s)."""
@@ -163,11 +167,15 @@ class ClientGuard:
         return path.startswith(PREFIX + "/") and path != DOCUMENT
 
     def needed(self, scope: Scope) -> str | None:
-        """The scope the route that serves the request needs (None: no route serves it)."""
+        """The scope the route that serves the request needs (None: no route serves it):
+        an agent's route needs the scope of the agent its path names (`agent:{agent}`)."""
         for route in self.routes:
-            match, _ = route.matches(scope)
+            match, child = route.matches(scope)
             if match is Match.FULL:
-                return route_scope(route)
+                needed = route_scope(route)
+                if needed is not None and "{agent}" in needed:
+                    needed = needed.replace("{agent}", str(child["path_params"]["agent"]))
+                return needed
         return None
 
     def check(self, request: Request) -> Verdict:
@@ -191,6 +199,9 @@ class ClientGuard:
             self.throttle.failed(address)
             return Verdict(False, 401, "the client's token is wrong")
         needed = self.needed(request.scope)
+        request.scope.setdefault("state", {})[SCOPES_KEY] = tuple(sorted(client.scopes))
+        if needed == ANY_AGENT and any(s.startswith(_tokens.AGENT_SCOPE) for s in client.scopes):
+            needed = None
         if needed is not None and needed not in client.scopes:
             return Verdict(
                 False,

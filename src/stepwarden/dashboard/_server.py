@@ -29,7 +29,7 @@ from .. import __version__, _check, _tokens
 from ..app import App
 from ..errors import ConfigurationError, PayloadError, StepwardenError, StoreError
 from ..states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, TaskState
-from . import _app_api
+from . import _agent_api, _app_api
 from ._api import (
     EVENT_PAGE,
     BadRequest,
@@ -200,7 +200,9 @@ def create_app(
     clients = None if api_tokens is None else _tokens.read(api_tokens)
     stopping = asyncio.Event()
     application = _app_api.router(app, stopping)
-    clients_guard = _app_api.ClientGuard(clients, application.routes, guard.throttle)
+    agents = _agent_api.router(app, stopping)
+    served_routes = [*application.routes, *agents.routes]
+    clients_guard = _app_api.ClientGuard(clients, served_routes, guard.throttle)
 
     def page(
         request: Request, template: str, live: str, status: int = 200, **context: Any
@@ -439,13 +441,14 @@ def create_app(
     )
     web.include_router(router(app, reader, token_actor(guard)))
     web.include_router(application)
+    web.include_router(agents)
     web.state.stopping = stopping
     _document(web, SECURITY_SCHEMES)
     application_document: dict[str, Any] = {}
 
     async def application_openapi(request: Request) -> Response:
         if not application_document:
-            application_document.update(_app_api.document(application.routes))
+            application_document.update(_app_api.document(served_routes))
         return json_response(application_document)
 
     web.add_route(_app_api.DOCUMENT, application_openapi, include_in_schema=False)

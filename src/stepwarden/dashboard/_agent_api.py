@@ -1,0 +1,466 @@
+"""The agent protocol: an agent served over HTTP, by a process in any language that holds no
+database connection (`remote.RemoteAgentPort` is its Python client). Its routes, under
+`/api/v1/agents/{agent}/`, are what an agent runner asks of the store, asked of this server:
+register and beat, claim requests (a long poll), beat a call, complete or fail it, hand it
+back, say it stopped, and a stream of wake-ups.
+
+A client's token serves the agents its scopes name (`agent:NAME`, 403 otherwise), and its
+instances are named after it (`CLIENT/...`, 403 otherwise): every write about a step names
+the fencing token its claim gave (task_id, seq, attempt, instance), and the store applies it
+only while the step is held so (`Store.complete_steps`, `heartbeat_step`, ...). A late or
+zombie remote agent changes nothing, exactly as one in a worker's process; and a client can
+only ever touch the steps its own instances claimed, for the agents it may serve.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations.
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.responses import Response, StreamingResponse
+
+from .. import _json
+from ..app import App
+from ..errors import StoreError
+from ..records import (
+    AgentBeat,
+    CallStop,
+    OpLimit,
+    RequestHandback,
+    StepOutcome,
+)
+from ..records import (
+    Request as StepRequest,
+)
+from ..states import StepState
+from ..store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
+from ._agent_models import (
+    AppliedAnswer,
+    BeatRequest,
+    BreakerRequest,
+    ClaimRequest,
+    CompleteRequest,
+    HandbackRequest,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    InstanceRequest,
+    LostAnswer,
+    LostRequest,
+    RequestsAnswer,
+    WhoAmI,
+)
+from ._api import error, json_response
+from ._app_api import (
+    ANY_AGENT,
+    INVALID,
+    PREFIX,
+    SCOPES_KEY,
+    TOO_BIG,
+    ClientName,
+    _answers,
+    _as_json,
+    _scoped,
+)
+
+AGENTS = f"{PREFIX}/agents"
+KEEPALIVE = 15.0
+"""Seconds of silence after which the wake-up stream sends a comment (proxies keep it)."""
+
+FORBIDDEN_INSTANCE = (
+    "an instance of this client is named CLIENT/...: {instance!r} is not {client}'s"
+)
+
+
+def _mine(client: str, instance: str) -> Response | None:
+    """403 when `instance` is not named after `client`."""
+    if not instance.startswith(client + "/"):
+        return error(403, FORBIDDEN_INSTANCE.format(instance=instance, client=client))
+    return None
+
+
+def _request_dict(r: StepRequest) -> dict[str, Any]:
+    return {
+        "task_id": r.task_id,
+        "seq": r.seq,
+        "attempt": r.attempt,
+        "agent": r.agent,
+        "operation": r.operation,
+        "input": r.input,
+        "idempotency_key": r.idempotency_key,
+        "complete_by": r.complete_by,
+        "remaining": r.remaining,
+        "compensates": r.compensates,
+        "queued": r.queued,
+        "workflow": r.workflow,
+        "trace_context": r.trace_context,
+    }
+
+
+def _requests(found: list[StepRequest]) -> Response:
+    return json_response({"requests": [_request_dict(r) for r in found]})
+
+
+def router(app: App, stopping: asyncio.Event) -> APIRouter:
+    """The agent protocol's routes, each under the scope of the agent its path names; the
+    claims' long polls and the wake-up streams end when `stopping` is set."""
+    api = APIRouter()
+    scoped = _scoped("agent:{agent}")
+    names: Any = Literal[tuple(sorted(app.agents))] if app.agents else str
+    AgentName = Annotated[names, Path(description="An agent the App declares.")]
+
+    async def store() -> Store:
+        return await app.store()
+
+    Db = Annotated[Store, Depends(store)]
+
+    @api.get(
+        f"{AGENTS}/whoami",
+        operation_id="agentWhoAmI",
+        summary="The client this token names, and the agents it may serve.",
+        openapi_extra=_scoped(ANY_AGENT),
+        responses=_answers(r200=(WhoAmI, "The client.")),
+    )
+    async def whoami(request: Request, client: ClientName) -> Response:
+        scopes = request.scope.get("state", {}).get(SCOPES_KEY, ())
+        agents = sorted(s.removeprefix("agent:") for s in scopes if s.startswith("agent:"))
+        return json_response({"client": client, "agents": agents})
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/beat",
+        operation_id="agentBeat",
+        summary="Register or refresh an agent instance (its operations, capacity, breaker).",
+        status_code=204,
+        openapi_extra=scoped,
+        responses=_answers(r413=TOO_BIG, r422=INVALID),
+    )
+    async def beat(agent: AgentName, body: BeatRequest, client: ClientName, db: Db) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        await db.beat(
+            [
+                AgentBeat(
+                    instance=body.instance,
+                    agent=agent,
+                    operations=tuple(sorted(set(body.operations))),
+                    capacity=body.capacity,
+                    inflight=body.inflight,
+                    breaker=body.breaker,
+                    breaker_detail=body.breaker_detail,
+                )
+            ],
+            body.ttl,
+        )
+        return Response(status_code=204)
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/leave",
+        operation_id="agentLeave",
+        summary="An instance stopping: it leaves the registry, its running steps go to others.",
+        status_code=204,
+        openapi_extra=scoped,
+        responses=_answers(r422=INVALID),
+    )
+    async def leave(
+        agent: AgentName, body: InstanceRequest, client: ClientName, db: Db
+    ) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        await db.leave(body.instance, [agent])
+        return Response(status_code=204)
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/breaker",
+        operation_id="agentBreaker",
+        summary="Record a transition of the instance's circuit breaker.",
+        status_code=204,
+        openapi_extra=scoped,
+        responses=_answers(r422=INVALID),
+    )
+    async def breaker(
+        agent: AgentName, body: BreakerRequest, client: ClientName, db: Db
+    ) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        detail = {"instance": body.instance, "agent": agent, "state": body.state}
+        await db.record_events([(None, "breaker", detail)])
+        return Response(status_code=204)
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/claim",
+        operation_id="agentClaim",
+        summary="Claim queued requests of these operations, by priority (a long poll with "
+        "`wait`): each is a step to call, with the fencing token of its writes.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(RequestsAnswer, "The requests claimed (maybe none)."),
+                           r413=TOO_BIG, r422=INVALID),
+    )
+    async def claim(
+        agent: AgentName, body: ClaimRequest, client: ClientName, db: Db
+    ) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        limits = {
+            op: OpLimit(concurrency=x.concurrency, rate=x.rate, per=x.per, room=x.room)
+            for op, x in body.limits.items()
+        }
+
+        async def take() -> list[StepRequest]:
+            return await db.claim_requests(
+                body.instance, agent, body.operations, body.limit, limits
+            )
+
+        if body.wait <= 0:
+            return _requests(await take())
+        sub = db.subscribe(CHANNEL_REQUESTS)
+        try:
+            with contextlib.suppress(StoreError):
+                await db.listen()
+            loop = asyncio.get_running_loop()
+            until = loop.time() + body.wait
+            while True:
+                found = await take()
+                left = until - loop.time()
+                if found or left <= 0 or stopping.is_set():
+                    return _requests(found)
+                await _woken(sub, agent, left, stopping)
+        finally:
+            db.unsubscribe(CHANNEL_REQUESTS, sub)
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/held",
+        operation_id="agentHeld",
+        summary="The steps of this agent the instance holds (a claim whose answer was lost "
+        "leaves them so): call those it is not calling.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(RequestsAnswer, "The steps held."), r422=INVALID),
+    )
+    async def held(
+        agent: AgentName, body: InstanceRequest, client: ClientName, db: Db
+    ) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        return _requests(await db.held_steps(body.instance, agent))
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/lost",
+        operation_id="agentLost",
+        summary="Which of these calls of the instance no longer hold their step (its task "
+        "cancelled, paused or compensating, the step reassigned...): stop them.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(LostAnswer, "The calls to stop, each with why."),
+                           r413=TOO_BIG, r422=INVALID),
+    )
+    async def lost(agent: AgentName, body: LostRequest, client: ClientName, db: Db) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        keys = [(c.task_id, c.seq, c.attempt) for c in body.calls]
+        found = await db.lost_calls(body.instance, keys)
+        return json_response(
+            {
+                "lost": [
+                    {"task_id": t, "seq": s, "attempt": a, "why": why}
+                    for (t, s, a), why in found.items()
+                ]
+            }
+        )
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/heartbeat",
+        operation_id="agentHeartbeat",
+        summary="A running call's heartbeat: its step's complete_by moves on, never past its "
+        "task's nor its total timeout.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(HeartbeatAnswer, "The seconds left, or null: stop."),
+                           r422=INVALID),
+    )
+    async def heartbeat(
+        agent: AgentName, body: HeartbeatRequest, client: ClientName, db: Db
+    ) -> Response:
+        refused = _mine(client, body.instance)
+        if refused is not None:
+            return refused
+        detail = None if body.detail is None else _json.dumps(body.detail, what="the detail")
+        remaining = await db.heartbeat_step(
+            body.task_id, body.seq, body.attempt, body.instance, detail
+        )
+        return json_response({"remaining": remaining})
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/complete",
+        operation_id="agentComplete",
+        summary="Record calls' outcomes (completed with a result, or failed with an error): "
+        "each only while its step is held by its attempt and instance, before complete_by.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(AppliedAnswer, "Which were recorded."), r413=TOO_BIG,
+                           r422=INVALID),
+    )
+    async def complete(
+        agent: AgentName, body: CompleteRequest, client: ClientName, db: Db
+    ) -> Response:
+        for item in body.items:
+            refused = _mine(client, item.instance)
+            if refused is not None:
+                return refused
+        outcomes = [
+            StepOutcome(
+                task_id=o.task_id,
+                seq=o.seq,
+                attempt=o.attempt,
+                agent_instance=o.instance,
+                state=StepState.COMPLETED if o.state == "completed" else StepState.FAILED,
+                result=None
+                if o.state == "failed"
+                else _json.dumps(o.result, what=f"the result of {o.task_id}/{o.seq}"),
+                error=o.error if o.state == "failed" else None,
+                tries=o.tries,
+            )
+            for o in body.items
+        ]
+        return json_response({"applied": await db.complete_steps(outcomes)})
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/hand-back",
+        operation_id="agentHandBack",
+        summary="Put claimed requests back in the queue for another instance (its breaker "
+        "opened, it is stopping): each only while held by its attempt and instance.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(AppliedAnswer, "Which were handed back."), r422=INVALID),
+    )
+    async def hand_back(
+        agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
+    ) -> Response:
+        for item in body.items:
+            refused = _mine(client, item.instance)
+            if refused is not None:
+                return refused
+        batch = [
+            RequestHandback(
+                task_id=h.task_id,
+                seq=h.seq,
+                attempt=h.attempt,
+                agent_instance=h.instance,
+                reason=h.reason,
+            )
+            for h in body.items
+        ]
+        return json_response({"applied": await db.hand_back(batch)})
+
+    @api.post(
+        f"{AGENTS}/{{agent}}/stopped",
+        operation_id="agentStopped",
+        summary="Say that calls of steps the instance no longer holds have stopped.",
+        openapi_extra=scoped,
+        responses=_answers(r200=(AppliedAnswer, "Which were recorded."), r422=INVALID),
+    )
+    async def stopped(
+        agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
+    ) -> Response:
+        for item in body.items:
+            refused = _mine(client, item.instance)
+            if refused is not None:
+                return refused
+        batch = [
+            CallStop(
+                task_id=s.task_id,
+                seq=s.seq,
+                attempt=s.attempt,
+                agent_instance=s.instance,
+                reason=s.reason,
+            )
+            for s in body.items
+        ]
+        return json_response({"applied": await db.stop_calls(batch)})
+
+    @api.get(
+        f"{AGENTS}/{{agent}}/wakeups",
+        operation_id="agentWakeups",
+        summary="Wake-ups as server-sent events: `requests` (requests queued for the agent) "
+        "and `calls` (tasks whose calls may have to stop: ask `lost`). A lost one costs a poll.",
+        openapi_extra=scoped,
+        response_class=Response,
+        responses=_as_json(_answers(r422=INVALID)) | {200: {
+            "description": "The stream (text/event-stream).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }},
+    )
+    async def wakeups(
+        agent: AgentName,
+        client: ClientName,
+        db: Db,
+        instance: Annotated[str, Query(min_length=3, max_length=200)],
+        seconds: Annotated[
+            float,
+            Query(ge=0, le=3600, description="Seconds after which the stream ends (the "
+                  "client opens it again)."),
+        ] = 300,
+    ) -> Response:
+        refused = _mine(client, instance)
+        if refused is not None:
+            return refused
+        with contextlib.suppress(StoreError):
+            await db.listen()
+        return StreamingResponse(
+            _wakeup_stream(db, agent, stopping, seconds),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    return api
+
+
+async def _woken(sub: Any, agent: str, timeout: float, stopping: asyncio.Event) -> None:
+    """Wait until a wake-up names `agent`, `timeout` passes or the server stops."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while not stopping.is_set():
+        left = until - loop.time()
+        if left <= 0:
+            return
+        payloads = await sub.wait(min(left, 1.0))
+        if payloads is not None and agent in payloads:
+            return
+
+
+async def _wakeup_stream(
+    db: Store, agent: str, stopping: asyncio.Event, seconds: float
+) -> AsyncIterator[str]:
+    """`requests` when requests are queued for `agent`, `calls` with the tasks whose calls
+    may have to stop, a comment after KEEPALIVE seconds of neither; until the server stops
+    (or the client goes)."""
+    requests = db.subscribe(CHANNEL_REQUESTS)
+    calls = db.subscribe(CHANNEL_CALLS)
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + seconds
+    try:
+        yield ": wake-ups\n\n"
+        while not stopping.is_set() and loop.time() < ends:
+            quiet = max(0.0, min(KEEPALIVE, ends - loop.time()))
+            woken = asyncio.create_task(requests.wait(quiet))
+            told = asyncio.create_task(calls.wait(quiet))
+            stop = asyncio.create_task(stopping.wait())
+            done, pending = await asyncio.wait(
+                {woken, told, stop}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:  # a payload it was waiting for stays for the next wait
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            named = woken.result() if woken in done else None
+            tasks = told.result() if told in done else None
+            if named is not None and agent in named:
+                yield f"event: requests\ndata: {_json.dumps([agent])}\n\n"
+            if tasks:
+                yield f"event: calls\ndata: {_json.dumps(sorted(set(tasks)))}\n\n"
+            if named is None and tasks is None and not stopping.is_set():
+                yield ": keepalive\n\n"
+    finally:
+        db.unsubscribe(CHANNEL_REQUESTS, requests)
+        db.unsubscribe(CHANNEL_CALLS, calls)

@@ -1,0 +1,270 @@
+"""The agent protocol: an agent served over HTTP by a worker that holds no store connection
+(`stepwarden worker --agent-url`), beside the in-process agents of another worker. Its steps
+are called with their idempotency key and recorded; a token serves only the agents its
+scopes name, as instances named after its client; every write is fenced by the claim's
+token (a late or wrong one changes nothing); a cancel reaches the remote call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+import stepwarden as sw
+from stepwarden import _tokens
+from stepwarden.dashboard import bind, create_app, server
+
+from .conftest import DASHBOARD_TOKEN, FAST, TIMEOUT, until, wait_for
+
+AGENTS = "/api/v1/agents"
+
+
+class Remote:
+    """The App: `local.double` in the worker's process, `remote.ship` served over HTTP."""
+
+    def __init__(self, store_url: str) -> None:
+        self.app = sw.App("remote", store=store_url)
+        self.calls: list[tuple[str, str]] = []
+        self.started = asyncio.Event()
+        self.gate: asyncio.Event | None = None
+        self.cancelled: list[str] = []
+        local = self.app.agent("local")
+        remote = self.app.agent("remote")
+
+        @local.operation
+        async def double(call: sw.Call, n: int) -> int:
+            return 2 * n
+
+        @remote.operation
+        async def ship(call: sw.Call, n: int) -> dict[str, Any]:
+            self.calls.append((call.idempotency_key, call.task_id))
+            self.started.set()
+            if self.gate is not None:
+                try:
+                    await self.gate.wait()
+                except asyncio.CancelledError:
+                    self.cancelled.append(call.task_id)
+                    raise
+            return {"shipped": n}
+
+        @self.app.workflow(name="order")
+        async def order(ctx: sw.Context, n: int) -> dict[str, Any]:
+            doubled: int = await ctx.step(double, n)
+            shipped: dict[str, Any] = await ctx.step(ship, doubled)
+            return shipped
+
+
+@dataclasses.dataclass
+class Server:
+    url: str
+    tokens: dict[str, str]
+
+    def auth(self, client: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[client]}"}
+
+
+CLIENTS = {"shipper": ("agent:remote",), "other": ("agent:local",), "billing": ("read",)}
+
+
+@contextlib.contextmanager
+def serving(store_url: str, tmp_path: Path) -> Iterator[Server]:
+    """The dashboard's server with the clients' tokens, and a worker that runs the workflow
+    and the local agent (not the remote one), in a thread of their own."""
+    made = {name: _tokens.new_client(name, scopes) for name, scopes in CLIENTS.items()}
+    path = tmp_path / "api-tokens"
+    path.write_text("".join(client.line() + "\n" for _, client in made.values()))
+    path.chmod(0o600)
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    found = Server(url, {name: token for name, (token, _) in made.items()})
+    holder: dict[str, Any] = {}
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        app = Remote(store_url).app
+        web = create_app(app, token=DASHBOARD_TOKEN, api_tokens=path)
+        config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
+        holder["server"] = uvicorn_server = server(config, web.state.stopping)
+        worker_app = Remote(store_url).app
+        worker = sw.Worker(worker_app, dataclasses.replace(FAST, agents=frozenset({"local"})))
+        work = asyncio.create_task(worker.run())
+        try:
+            await uvicorn_server.serve(sockets=[sock])
+        finally:
+            worker.stop.set()
+            await asyncio.wait_for(work, 30)
+            await worker_app.aclose()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name="agent-server", daemon=True)
+    thread.start()
+    try:
+        wait_for("the server to start", lambda: holder.get("server") and holder["server"].started)
+        yield found
+    finally:
+        if "server" in holder:
+            holder["server"].should_exit = True
+        thread.join(30)
+        if failure:
+            raise failure[0]
+
+
+@pytest.fixture
+def served(store_url: str, tmp_path: Path) -> Iterator[Server]:
+    with serving(store_url, tmp_path) as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def remote_worker(
+    remote: Remote, server: Server, client: str = "shipper"
+) -> AsyncIterator[sw.Worker]:
+    options = dataclasses.replace(
+        FAST,
+        roles=frozenset({"agents"}),
+        agent_url=server.url,
+        agent_token=server.tokens[client],
+        agent_heartbeat=0.2,
+        agent_gone_after=1.0,
+    )
+    worker = sw.Worker(remote.app, options)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_a_step_served_over_http_is_called_once_with_its_key_and_recorded(
+    store_url: str, served: Server
+) -> None:
+    remote = Remote(store_url)
+    async with remote.app:
+        ids = [await remote.app.submit_async("order", n, task_id=f"o-{n}") for n in range(5)]
+        async with remote_worker(remote, served):
+            results = [await remote.app.result_async(t, timeout=TIMEOUT) for t in ids]
+        assert results == [{"shipped": 2 * n} for n in range(5)]
+        assert sorted(t for _, t in remote.calls) == sorted(ids)
+        for key, task_id in remote.calls:
+            [step] = [s for s in await (await remote.app.store()).get_steps(task_id) if s.seq == 2]
+            assert key == step.idempotency_key and step.state == sw.StepState.COMPLETED
+            assert step.locked_by is not None and step.locked_by.startswith("shipper/")
+        agents = await remote.app.agent_instances_async()
+        assert any(a.agent == "remote" and a.instance.startswith("shipper/") for a in agents)
+
+
+async def test_a_token_serves_only_its_agents_as_instances_of_its_client(
+    store_url: str, served: Server
+) -> None:
+    async with httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        claim = {"instance": "other/x", "operations": ["ship"], "limit": 5}
+        answer = await http.post(
+            f"{AGENTS}/remote/claim", json=claim, headers=served.auth("other")
+        )
+        assert answer.status_code == 403 and "agent:remote" in answer.json()["error"]
+        claim["instance"] = "other/x"
+        answer = await http.post(
+            f"{AGENTS}/remote/claim", json=claim, headers=served.auth("shipper")
+        )
+        assert answer.status_code == 403 and "named CLIENT/" in answer.json()["error"]
+        answer = await http.post(
+            f"{AGENTS}/remote/claim", json=claim, headers=served.auth("billing")
+        )
+        assert answer.status_code == 403
+        answer = await http.get(f"{AGENTS}/whoami", headers=served.auth("shipper"))
+        assert answer.json() == {"client": "shipper", "agents": ["remote"]}
+        answer = await http.get(f"{AGENTS}/whoami", headers=served.auth("billing"))
+        assert answer.status_code == 403
+        answer = await http.post(f"{AGENTS}/remote/claim", json=claim)
+        assert answer.status_code == 401
+    remote = Remote(store_url)
+    async with remote.app:
+        with pytest.raises(sw.ConfigurationError, match="'billing' may not do this"):
+            async with remote_worker(remote, served, client="billing"):
+                pass
+
+
+async def test_every_write_is_fenced_by_the_claims_token(store_url: str, served: Server) -> None:
+    remote = Remote(store_url)
+    async with remote.app, httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        await remote.app.submit_async("order", 3, task_id="fenced")
+        me = "shipper/by-hand"
+        beat = {"instance": me, "operations": ["ship"], "capacity": 1, "ttl": 30}
+        auth = served.auth("shipper")
+        answer = await http.post(f"{AGENTS}/remote/beat", json=beat, headers=auth)
+        assert answer.status_code == 204
+
+        async def claimed() -> list[dict[str, Any]]:
+            claim = {"instance": me, "operations": ["ship"], "limit": 1, "wait": 1}
+            answer = await http.post(f"{AGENTS}/remote/claim", json=claim, headers=auth)
+            assert answer.status_code == 200, answer.text
+            found: list[dict[str, Any]] = answer.json()["requests"]
+            return found
+
+        [request] = await until("the remote step to be queued", claimed)
+        assert request["input"] == [6] and request["idempotency_key"] == "fenced/2"
+        fence = {"task_id": "fenced", "seq": request["seq"], "instance": me}
+        done = {"state": "completed", "result": {"shipped": 6}}
+
+        async def complete(**changes: Any) -> Any:
+            item = {**fence, "attempt": request["attempt"], **done, **changes}
+            body = {"items": [item]}
+            answer = await http.post(f"{AGENTS}/remote/complete", json=body, headers=auth)
+            return answer.status_code, answer.json()
+
+        # Another attempt's, another instance's of this client: refused by the store.
+        assert await complete(attempt=request["attempt"] + 1) == (200, {"applied": [False]})
+        assert await complete(instance="shipper/zombie") == (200, {"applied": [False]})
+        # Another client's instance: refused by the server.
+        status, _ = await complete(instance="other/x")
+        assert status == 403
+        beat_again = {
+            "task_id": "fenced",
+            "seq": request["seq"],
+            "attempt": request["attempt"],
+            "instance": me,
+        }
+        answer = await http.post(f"{AGENTS}/remote/heartbeat", json=beat_again, headers=auth)
+        assert answer.status_code == 200 and answer.json()["remaining"] > 0
+        assert await complete() == (200, {"applied": [True]})
+        # The same outcome again (its answer lost, say) is the one recorded: said applied,
+        # nothing changes; another outcome is refused.
+        assert await complete() == (200, {"applied": [True]})
+        failed = {"state": "failed", "error": "too late", "result": None}
+        assert await complete(**failed) == (200, {"applied": [False]})
+        answer = await http.post(f"{AGENTS}/remote/heartbeat", json=beat_again, headers=auth)
+        assert answer.json() == {"remaining": None}  # not held any more: stop
+        assert await remote.app.result_async("fenced", timeout=TIMEOUT) == {"shipped": 6}
+
+
+async def test_a_cancel_reaches_the_remote_call(store_url: str, served: Server) -> None:
+    remote = Remote(store_url)
+    remote.gate = asyncio.Event()
+    async with remote.app:
+        await remote.app.submit_async("order", 1, task_id="to-cancel")
+        async with remote_worker(remote, served):
+            await asyncio.wait_for(remote.started.wait(), TIMEOUT)
+            await remote.app.cancel_async("to-cancel", reason="changed my mind")
+
+            async def stopped() -> bool:
+                return remote.cancelled == ["to-cancel"]
+
+            await until("the remote call to be cancelled", stopped)
+        task = await remote.app.status_async("to-cancel")
+        assert task.process_state == sw.TaskState.CANCELLED
