@@ -262,6 +262,7 @@ class Scheduler:
                         if admitted <= 0:
                             continue
                         limit = admitted
+                    claimed_at = asyncio.get_running_loop().time()
                     claimed = await self.store.claim_tasks(self.instance, names, limit)
                     if self._room_left is not None:
                         self._room_left -= len(claimed)
@@ -278,6 +279,10 @@ class Scheduler:
                     self._start(TaskDrive(self, c))
                 if len(claimed) < limit:
                     await first(stop.wait(), sub.wait(self.poll_interval))
+                    if len(self._running) > 1:  # busy: let submits gather (Store.claim_gather)
+                        since = asyncio.get_running_loop().time() - claimed_at
+                        if since < self.store.claim_gather:
+                            await sleep_unless(stop, self.store.claim_gather - since)
         finally:
             self.store.unsubscribe(CHANNEL_TASKS, sub)
 

@@ -171,6 +171,13 @@ class Store(abc.ABC):
     dialect: str
     default_poll_interval: float
     """Seconds between two reads of a poller whose wake-up did not come."""
+    claim_gather: float = 0.0
+    """Seconds a scheduler that drives more than one task lets pass between two claims when
+    woken: the tasks submitted meanwhile are claimed, and their steps written, together.
+    Where every commit waits for the one writer (SQLite), claiming each task as its wake-up
+    comes would spend the writer on one task per transaction (tasks submitted one at a time
+    went 0.6 times as fast as with polling alone); a scheduler with one task or none to
+    drive claims at once, so that a task submitted alone starts at once."""
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -163,6 +163,7 @@ class SQLiteStore(Store):
 
     dialect = "sqlite"
     default_poll_interval = 0.05
+    claim_gather = 0.05  # default_poll_interval: busy, it claims as often as it would poll
 
     def __init__(self, url: str) -> None:
         self.path, self.synchronous, wake = self._parse(url)
