@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from . import agent_http as agent_http_mod
 from . import fanout as fanout_mod
 from . import recovery as recovery_mod
 from . import submit_rtt as rtt_mod
@@ -845,6 +846,8 @@ def table(result: dict[str, Any]) -> str:
     lines += shards_table_lines(result)
     if result.get("submit_rtt"):
         lines += rtt_mod.table_lines(result["submit_rtt"])
+    if result.get("agent_http"):
+        lines += agent_http_mod.table_lines(result["agent_http"])
     if result.get("fanout"):
         settings = result.get("settings", {})
         lines += fanout_mod.table_lines(
@@ -1128,6 +1131,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-submit-rtt",
         action="store_true",
         help="skip the submit round trip (stepwarden-postgres with no worker, idle workers)",
+    )
+    p.add_argument(
+        "--no-agent-http",
+        action="store_true",
+        help="skip one agent call over HTTP against one in process (bench/agent_http.py)",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes per system [2]")
     p.add_argument(
@@ -1570,6 +1578,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             result["submit_rtt"] = rtt_mod.run(
                 res, args, log_dir, systems[BASE].get("w1_single", {}).get("submit_call")
             )
+        if not args.no_agent_http and BASE in args.systems:
+            result["agent_http"] = agent_http_mod.run(
+                res,
+                n=200 if args.quick else args.n,
+                n_latency=50 if args.quick else 200,
+                runs=1 if args.quick else args.runs,
+                log_dir=log_dir,
+            )
         if not args.no_fanout:
             result["fanout"] = run_fanout(args, res, log_dir, outcomes)
         if not args.no_tracing:
@@ -1595,6 +1611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [n for n, s in systems.items() if s.get("errors")]
             + [f"fanout/{n}" for n, v in result.get("fanout", {}).items() if v.get("errors")]
             + (["submit_rtt"] if result.get("submit_rtt", {}).get("errors") else [])
+            + (["agent_http"] if result.get("agent_http", {}).get("errors") else [])
             + [f"tracing/{n}" for n, v in result.get("tracing", {}).items() if v["errors"]]
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [
