@@ -83,6 +83,12 @@ class RemoteAgentPort:
         self._agents: dict[tuple[str, int], str] = {}
         """The agent of each step claimed (task id, seq), whose routes its writes take;
         forgotten once its outcome, stop or hand-back is written."""
+        self._spoken: dict[str, str] = {}
+        """For each instance, the last agent it beat or claimed for: the route of a write
+        about a step whose agent is not known here (forgotten after a refused outcome, say,
+        when the call then asks whether it lost its step and says it stopped). The server
+        fences every write by the step's instance and attempt, whichever of the instance's
+        agents the route names."""
 
     async def aclose(self) -> None:
         for task in self._streams.values():
@@ -150,6 +156,7 @@ class RemoteAgentPort:
                 "ttl": ttl,
             }
             await self._post(b.agent, "beat", body)
+            self._spoken[b.instance] = b.agent
             self._follow(b.agent, b.instance)
 
     async def leave(self, instance: str, agents: Sequence[str]) -> None:
@@ -185,17 +192,31 @@ class RemoteAgentPort:
             },
         }
         answer = await self._post(agent, "claim", body)
-        return self._claimed(agent, answer["requests"])
+        return self._claimed(instance, agent, answer["requests"])
 
     async def held_steps(self, instance: str, agent: str) -> list[Request]:
         answer = await self._post(agent, "held", {"instance": instance})
-        return self._claimed(agent, answer["requests"])
+        return self._claimed(instance, agent, answer["requests"])
 
-    def _claimed(self, agent: str, rows: Sequence[Mapping[str, Any]]) -> list[Request]:
+    def _claimed(
+        self, instance: str, agent: str, rows: Sequence[Mapping[str, Any]]
+    ) -> list[Request]:
+        self._spoken[instance] = agent
         requests = [_request(r) for r in rows]
         for r in requests:
             self._agents[(r.task_id, r.seq)] = agent
         return requests
+
+    def _agent_of(self, task_id: str, seq: int, instance: str) -> str:
+        """The agent whose route takes a write about step (task_id, seq) by `instance`: the
+        one it was claimed for, else the last one the instance spoke for."""
+        agent = self._agents.get((task_id, seq)) or self._spoken.get(instance)
+        if agent is None:
+            raise PermanentStoreError(
+                f"agent instance {instance!r} has neither beat nor claimed through this "
+                f"client of {self.url}: no agent to write about {task_id}/{seq} for"
+            )
+        return agent
 
     async def lost_calls(
         self, instance: str, calls: Sequence[tuple[str, int, int]]
@@ -203,7 +224,7 @@ class RemoteAgentPort:
         if not calls:
             return {}
         found: dict[tuple[str, int, int], str] = {}
-        for agent, group in self._by_agent(calls).items():
+        for agent, group in self._by_agent(instance, calls).items():
             body = {
                 "instance": instance,
                 "calls": [{"task_id": t, "seq": s, "attempt": a} for t, s, a in group],
@@ -213,11 +234,13 @@ class RemoteAgentPort:
                 found[(c["task_id"], c["seq"], c["attempt"])] = c["why"]
         return found
 
-    def _by_agent(self, calls: Sequence[tuple[str, int, int]]) -> dict[str, list[Any]]:
-        """Calls grouped by the agent whose request each answered (remembered at its claim)."""
+    def _by_agent(
+        self, instance: str, calls: Sequence[tuple[str, int, int]]
+    ) -> dict[str, list[Any]]:
+        """Calls grouped by the agent of their route (`_agent_of`)."""
         groups: dict[str, list[Any]] = {}
         for call in calls:
-            groups.setdefault(self._agents.get(call[:2], ""), []).append(call)
+            groups.setdefault(self._agent_of(call[0], call[1], instance), []).append(call)
         return groups
 
     # -- a step's calls -------------------------------------------------------------------
@@ -231,7 +254,7 @@ class RemoteAgentPort:
             "instance": instance,
             "detail": None if detail is None else json.loads(detail),
         }
-        answer = await self._post(self._agents.get((task_id, seq), ""), "heartbeat", body)
+        answer = await self._post(self._agent_of(task_id, seq, instance), "heartbeat", body)
         remaining = answer["remaining"]
         return None if remaining is None else float(remaining)
 
@@ -255,7 +278,8 @@ class RemoteAgentPort:
         answers: dict[int, bool] = {}
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(batch):
-            groups.setdefault(self._agents.get((item.task_id, item.seq), ""), []).append(i)
+            agent = self._agent_of(item.task_id, item.seq, item.agent_instance)
+            groups.setdefault(agent, []).append(i)
         for agent, indexes in groups.items():
             items = [
                 {
