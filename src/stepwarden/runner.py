@@ -316,19 +316,26 @@ class AgentRunner:
             transitions, self._transitions = self._transitions, []
             try:
                 await self.store.beat([self._beat()], self.gone_after)
-                if transitions:
-                    detail = {"instance": self.instance, "agent": self.agent.name}
-                    await self.store.record_events(
-                        [(None, "breaker", {**detail, "state": t}) for t in transitions]
-                    )
+                await self._record_transitions(transitions)
             except StoreError as exc:
                 self._transitions[:0] = transitions
                 logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
                 continue
+            except asyncio.CancelledError:  # stopping: the drain records them
+                self._transitions[:0] = transitions
+                raise
             try:
                 await self.take_up()
             except StoreError as exc:
                 logger.warning("agent %s: cannot read the steps it holds: %s", self.agent.name, exc)
+
+    async def _record_transitions(self, transitions: Sequence[str]) -> None:
+        """The breaker's transitions, as events of the history."""
+        if transitions:
+            detail = {"instance": self.instance, "agent": self.agent.name}
+            await self.store.record_events(
+                [(None, "breaker", {**detail, "state": t}) for t in transitions]
+            )
 
     # -- steps handed over by this process's scheduler ------------------------------------
     def take_local(self, operation: str, where: tuple[str, int]) -> bool:
@@ -545,8 +552,9 @@ class AgentRunner:
             self._queue_empty = False
 
     async def drain(self, timeout: float) -> None:
-        """Let the calls under way finish (up to `timeout` seconds), write their outcomes,
-        and leave the registry: the steps still running here go to other instances."""
+        """Let the calls under way finish (up to `timeout` seconds), write their outcomes
+        (and the breaker's changes since the last heartbeat), and leave the registry: the
+        steps still running here go to other instances."""
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=timeout)
         for task in set(self._inflight):
@@ -554,6 +562,13 @@ class AgentRunner:
         await self._completions.drain()
         await self._stops.drain()
         await self._stop_watching()
+        transitions, self._transitions = self._transitions, []
+        try:  # those of the breaker since the last heartbeat
+            await self._record_transitions(transitions)
+        except StoreError as exc:
+            logger.warning(
+                "agent %s: cannot record its breaker's changes: %s", self.agent.name, exc
+            )
         try:
             await self.store.leave(self.instance, [self.agent.name])
         except StoreError as exc:
