@@ -1,5 +1,11 @@
 """The Store contract of healthy, capable agents, on each store: the registry, requests handed
-back, step heartbeats, the supervisor's reassignments and timeouts, claims within limits."""
+back, step heartbeats, the supervisor's reassignments and timeouts, claims within limits.
+
+What an agent asks (`runner.AgentPort`: beat, leave, claim, heartbeat, complete, hand back)
+goes through the fixture `agents`, once to the store itself and once over HTTP to a server's
+agent protocol over the same store (`remote.RemoteAgentPort`); what the scheduler, the
+supervisor and the operator do goes to `store`. Agent instances are named `tester/...`, as
+the protocol's client `tester` names its own."""
 
 from __future__ import annotations
 
@@ -11,15 +17,18 @@ from typing import Any
 
 from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
 from stepwarden.retry import Backoff
+from stepwarden.runner import AgentPort
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 from stepwarden.store.sqlite import SQLiteStore
 
+from ..agentserver import CLIENT
 from ..dispatching import new_step
 from ..rawsql import sql
 from .test_store import dispatch, new_task, outcome
 
 LEASE = "supervisor"
+A1, A2, A3 = (f"{CLIENT}/a{n}" for n in (1, 2, 3))
 
 
 def beat(instance: str, *, agent: str = "pay", breaker: str = "closed") -> AgentBeat:
@@ -42,12 +51,14 @@ async def held_task(store: Store, task_id: str, *, within: float = 30) -> int:
     return claimed.task.attempt
 
 
-async def running_step(store: Store, task_id: str, instance: str = "a1", **kw: object) -> None:
-    """A held task whose step 1 is running, claimed by `instance`."""
+async def running_step(
+    store: Store, agents: AgentPort, task_id: str, instance: str = A1, **kw: object
+) -> None:
+    """A held task whose step 1 is running, claimed by `instance` (through `agents`)."""
     attempt = await held_task(store, task_id)
     [got] = await store.dispatch_steps([replace(dispatch(task_id, attempt), **kw)])  # type: ignore[arg-type]
     assert got is not None
-    [req] = await store.claim_requests(instance, "pay", ["charge"], 1)
+    [req] = await agents.claim_requests(instance, "pay", ["charge"], 1)
     assert req.task_id == task_id
 
 
@@ -68,28 +79,32 @@ async def sweep_until(store: Store, term: int, timeout: float = 10) -> list[Step
     raise AssertionError("nothing swept")
 
 
-async def test_the_registry_shows_each_instance_alive_until_it_leaves(store: Store) -> None:
-    await store.beat([beat("a1"), beat("a2", breaker="open")], ttl=30)
-    await store.beat([beat("a1", agent="ship")], ttl=30)
+async def test_the_registry_shows_each_instance_alive_until_it_leaves(
+    store: Store, agents: AgentPort
+) -> None:
+    await agents.beat([beat(A1), beat(A2, breaker="open")], ttl=30)
+    await agents.beat([beat(A1, agent="ship")], ttl=30)
     found = {(a.instance, a.agent): a for a in await store.list_agents()}
-    assert sorted(found) == [("a1", "pay"), ("a1", "ship"), ("a2", "pay")]
-    a2 = found[("a2", "pay")]
+    assert sorted(found) == [(A1, "pay"), (A1, "ship"), (A2, "pay")]
+    a2 = found[(A2, "pay")]
     assert (a2.alive, a2.breaker, a2.capacity, a2.inflight) == (True, "open", 10, 1)
     assert a2.operations == ("charge",) and a2.breaker_detail == {"failures": 0}
     assert a2.heartbeat_at >= a2.started_at
-    await store.leave("a2", ["pay"])
+    await agents.leave(A2, ["pay"])
     alive = {(a.instance, a.agent): a.alive for a in await store.list_agents()}
-    assert alive == {("a1", "pay"): True, ("a1", "ship"): True, ("a2", "pay"): False}
-    await store.beat([beat("a2")], ttl=30)  # back: a beat revives it, started_at kept
+    assert alive == {(A1, "pay"): True, (A1, "ship"): True, (A2, "pay"): False}
+    await agents.beat([beat(A2)], ttl=30)  # back: a beat revives it, started_at kept
     again = {(a.instance, a.agent): a for a in await store.list_agents()}
-    assert again[("a2", "pay")].alive and again[("a2", "pay")].started_at == a2.started_at
+    assert again[(A2, "pay")].alive and again[(A2, "pay")].started_at == a2.started_at
 
 
-async def test_a_request_handed_back_is_claimed_by_another_instance(store: Store) -> None:
-    await running_step(store, "t1")
-    refused = RequestHandback(task_id="t1", seq=1, attempt=1, agent_instance="a2", reason="x")
-    mine = replace(refused, agent_instance="a1", reason="breaker open")
-    assert await store.hand_back([refused, mine]) == [False, True]
+async def test_a_request_handed_back_is_claimed_by_another_instance(
+    store: Store, agents: AgentPort
+) -> None:
+    await running_step(store, agents, "t1")
+    refused = RequestHandback(task_id="t1", seq=1, attempt=1, agent_instance=A2, reason="x")
+    mine = replace(refused, agent_instance=A1, reason="breaker open")
+    assert await agents.hand_back([refused, mine]) == [False, True]
     [step] = await store.get_steps("t1")
     assert (step.state, step.attempt, step.locked_by, step.reassignments) == (
         StepState.NOT_STARTED,
@@ -97,37 +112,41 @@ async def test_a_request_handed_back_is_claimed_by_another_instance(store: Store
         None,
         1,
     )
-    assert await store.complete_steps([outcome("t1", 1, instance="a1")]) == [False]
-    [req] = await store.claim_requests("a2", "pay", ["charge"], 5)
+    assert await agents.complete_steps([outcome("t1", 1, instance=A1)]) == [False]
+    [req] = await agents.claim_requests(A2, "pay", ["charge"], 5)
     assert (req.task_id, req.attempt) == ("t1", 1)
-    assert await store.complete_steps([outcome("t1", 1, instance="a2")]) == [True]
+    assert await agents.complete_steps([outcome("t1", 1, instance=A2)]) == [True]
     [event] = [e for e in await store.events(task_id="t1") if e.kind == "handed_back"]
-    assert event.detail == {"seq": 1, "attempt": 1, "from": "a1", "reason": "breaker open"}
+    assert event.detail == {"seq": 1, "attempt": 1, "from": A1, "reason": "breaker open"}
 
 
-async def test_a_heartbeat_moves_complete_by_on_only_for_the_holder(store: Store) -> None:
-    await running_step(store, "t1")
+async def test_a_heartbeat_moves_complete_by_on_only_for_the_holder(
+    store: Store, agents: AgentPort
+) -> None:
+    await running_step(store, agents, "t1")
     before = await store.read_step("t1", 1)
     assert before is not None
-    left = await store.heartbeat_step("t1", 1, 1, "a1", '{"done": 3}')
+    left = await agents.heartbeat_step("t1", 1, 1, A1, '{"done": 3}')
     assert left is not None and 0 < left <= 10
     after = await store.read_step("t1", 1)
     assert after is not None
     assert after[0].complete_by >= before[0].complete_by
     assert after[0].heartbeat == {"done": 3} and after[0].heartbeat_at is not None
     # Another instance, or another attempt, holds nothing: refused, nothing written.
-    assert await store.heartbeat_step("t1", 1, 1, "a2", '{"x": 1}') is None
-    assert await store.heartbeat_step("t1", 1, 2, "a1", '{"x": 1}') is None
+    assert await agents.heartbeat_step("t1", 1, 1, A2, '{"x": 1}') is None
+    assert await agents.heartbeat_step("t1", 1, 2, A1, '{"x": 1}') is None
     assert (await store.get_steps("t1"))[0].heartbeat == {"done": 3}
 
 
-async def test_a_heartbeat_never_passes_the_tasks_complete_by(store: Store) -> None:
+async def test_a_heartbeat_never_passes_the_tasks_complete_by(
+    store: Store, agents: AgentPort
+) -> None:
     await store.submit([new_task("t1", within=3)])
     [claimed] = await store.claim_tasks("s1", ["wf"], 1)
     [got] = await store.dispatch_steps([dispatch("t1", claimed.task.attempt, within=60)])
     assert got is not None and got.remaining <= 3
-    await store.claim_requests("a1", "pay", ["charge"], 1)
-    left = await store.heartbeat_step("t1", 1, 1, "a1", None)
+    await agents.claim_requests(A1, "pay", ["charge"], 1)
+    left = await agents.heartbeat_step("t1", 1, 1, A1, None)
     assert left is not None and left <= 3
 
 
@@ -172,17 +191,17 @@ def _literal(value: float | None) -> str:
     return "NULL" if value is None else repr(value)
 
 
-async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store) -> None:
+async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store, agents: AgentPort) -> None:
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
-    await store.beat([beat("a1")], ttl=30)
-    await running_step(store, "t1")
+    await agents.beat([beat(A1)], ttl=30)
+    await running_step(store, agents, "t1")
     assert await sweep(store, term) == []  # a1 is alive
     assert await sweep(store, term + 1) == []  # not the lease's term: nothing
-    await store.leave("a1", ["pay"])
+    await agents.leave(A1, ["pay"])
     assert await sweep(store, term + 1) == []
     [swept] = await sweep(store, term)
-    assert (swept.task_id, swept.seq, swept.kind, swept.instance) == ("t1", 1, "reassigned", "a1")
+    assert (swept.task_id, swept.seq, swept.kind, swept.instance) == ("t1", 1, "reassigned", A1)
     [step] = await store.get_steps("t1")
     assert (step.state, step.attempt, step.reassignments, step.locked_by) == (
         StepState.NOT_STARTED,
@@ -201,15 +220,15 @@ async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store) -> None
     [adopted] = await store.dispatch_steps([adopt])
     assert adopted is not None and adopted.attempt == 2
     # The gone instance's late answer changes nothing; the next instance's counts.
-    assert await store.complete_steps([outcome("t1", 1, instance="a1")]) == [False]
-    [req] = await store.claim_requests("a2", "pay", ["charge"], 1)
+    assert await agents.complete_steps([outcome("t1", 1, instance=A1)]) == [False]
+    [req] = await agents.claim_requests(A2, "pay", ["charge"], 1)
     assert req.attempt == 2
-    assert await store.complete_steps([outcome("t1", 2, instance="a2")]) == [True]
+    assert await agents.complete_steps([outcome("t1", 2, instance=A2)]) == [True]
     [event] = [e for e in await store.events(task_id="t1") if e.kind == "reassigned"]
-    assert event.detail["from"] == "a1" and event.detail["attempt"] == 2
+    assert event.detail["from"] == A1 and event.detail["attempt"] == 2
 
 
-async def test_a_step_nobody_picks_up_in_time_fails(store: Store) -> None:
+async def test_a_step_nobody_picks_up_in_time_fails(store: Store, agents: AgentPort) -> None:
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
     attempt = await held_task(store, "t1")
@@ -219,15 +238,17 @@ async def test_a_step_nobody_picks_up_in_time_fails(store: Store) -> None:
     [step] = await store.get_steps("t1")
     assert step.state == StepState.FAILED
     assert step.error == "not picked up: no agent claimed the step within 0.2s"
-    assert await store.claim_requests("a1", "pay", ["charge"], 5) == []
+    assert await agents.claim_requests(A1, "pay", ["charge"], 5) == []
     assert [r.seq for r in await store.finished_steps([("t1", 1)])] == [1]
 
 
-async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(store: Store) -> None:
+async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(
+    store: Store, agents: AgentPort
+) -> None:
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
-    await store.beat([beat("a1")], ttl=30)
-    await running_step(store, "t1", total_within=0.3)
+    await agents.beat([beat(A1)], ttl=30)
+    await running_step(store, agents, "t1", total_within=0.3)
     attempt = await held_task(store, "t2")
     await store.dispatch_steps(
         [replace(new_step(dispatch("t2", attempt, agent="ship")), total_within=0.3)]
@@ -243,14 +264,16 @@ async def test_a_step_past_its_total_timeout_fails_abandoned_if_it_ran(store: St
     assert ran.state == queued.state == StepState.FAILED
 
 
-async def test_a_step_past_its_total_timeout_counts_no_expiry_of_its_task(store: Store) -> None:
+async def test_a_step_past_its_total_timeout_counts_no_expiry_of_its_task(
+    store: Store, agents: AgentPort
+) -> None:
     """A step's complete_by is capped by its total timeout, so both pass together: the
     expiry sweep leaves such a step to the step sweep, which fails it; its task counts no
     failure (else, at its last try, max_failures would end it in error instead)."""
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
-    await store.beat([beat("a1")], ttl=30)
-    await running_step(store, "t1", total_within=0.3)
+    await agents.beat([beat(A1)], ttl=30)
+    await running_step(store, agents, "t1", total_within=0.3)
     swept: list[StepSwept] = []
     end = time.monotonic() + 10
     while not swept:  # the expiry sweep first, as each tick of the supervisor ends with it
@@ -269,59 +292,65 @@ async def test_a_step_past_its_total_timeout_counts_no_expiry_of_its_task(store:
     assert task is not None and task.failure_count == 0
 
 
-async def test_claims_hold_the_concurrency_limit_across_instances(store: Store) -> None:
+async def test_claims_hold_the_concurrency_limit_across_instances(
+    store: Store, agents: AgentPort
+) -> None:
     for i in range(4):
         attempt = await held_task(store, f"t{i}")
         await store.dispatch_steps([dispatch(f"t{i}", attempt)])
     limits = {"charge": OpLimit(concurrency=2)}
-    first = await store.claim_requests("a1", "pay", ["charge"], 10, limits)
+    first = await agents.claim_requests(A1, "pay", ["charge"], 10, limits)
     assert [r.task_id for r in first] == ["t0", "t1"]
-    assert await store.claim_requests("a2", "pay", ["charge"], 10, limits) == []
-    assert await store.complete_steps([outcome("t0", 1, instance="a1")]) == [True]
-    [more] = await store.claim_requests("a2", "pay", ["charge"], 10, limits)
+    assert await agents.claim_requests(A2, "pay", ["charge"], 10, limits) == []
+    assert await agents.complete_steps([outcome("t0", 1, instance=A1)]) == [True]
+    [more] = await agents.claim_requests(A2, "pay", ["charge"], 10, limits)
     assert more.task_id == "t2"
     # Without limits, the rest is claimed at once.
-    assert [r.task_id for r in await store.claim_requests("a3", "pay", ["charge"], 10)] == ["t3"]
+    assert [r.task_id for r in await agents.claim_requests(A3, "pay", ["charge"], 10)] == ["t3"]
 
 
-async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(store: Store) -> None:
+async def test_claims_hold_limits_per_key_the_rate_and_the_instances_room(
+    store: Store, agents: AgentPort
+) -> None:
     keys = ["a", "a", "b", "b", "c"]
     for i, key in enumerate(keys):
         attempt = await held_task(store, f"t{i}")
         await store.dispatch_steps([replace(new_step(dispatch(f"t{i}", attempt)), limit_key=key)])
     per_key = {"charge": OpLimit(concurrency=1, rate=1, per=60)}
-    got = await store.claim_requests("a1", "pay", ["charge"], 10, per_key)
+    got = await agents.claim_requests(A1, "pay", ["charge"], 10, per_key)
     assert [r.task_id for r in got] == ["t0", "t2", "t4"]  # one per key
-    done = [outcome(r.task_id, 1, instance="a1") for r in got]
-    assert await store.complete_steps(done) == [True, True, True]
+    done = [outcome(r.task_id, 1, instance=A1) for r in got]
+    assert await agents.complete_steps(done) == [True, True, True]
     # Nothing runs now, but each key has had its one start of the minute.
-    assert await store.claim_requests("a2", "pay", ["charge"], 10, per_key) == []
+    assert await agents.claim_requests(A2, "pay", ["charge"], 10, per_key) == []
     # Two a minute per key, with room for one more call in this instance.
     roomy = {"charge": OpLimit(rate=2, per=60, room=1)}
-    [one] = await store.claim_requests("a1", "pay", ["charge"], 10, roomy)
+    [one] = await agents.claim_requests(A1, "pay", ["charge"], 10, roomy)
     assert one.task_id == "t1"
-    [two] = await store.claim_requests("a2", "pay", ["charge"], 10, roomy)
+    [two] = await agents.claim_requests(A2, "pay", ["charge"], 10, roomy)
     assert two.task_id == "t3"
-    assert await store.claim_requests("a2", "pay", ["charge"], 10, roomy) == []
+    assert await agents.claim_requests(A2, "pay", ["charge"], 10, roomy) == []
 
 
 async def test_starts_older_than_the_rate_period_are_forgotten(
-    store: Store, store_url: str
+    store: Store, agents: AgentPort, store_url: str
 ) -> None:
     for i in range(3):
         attempt = await held_task(store, f"t{i}")
         await store.dispatch_steps([dispatch(f"t{i}", attempt)])
     brief = {"charge": OpLimit(rate=1, per=0.2)}
-    [first] = await store.claim_requests("a1", "pay", ["charge"], 10, brief)
-    assert await store.claim_requests("a1", "pay", ["charge"], 10, brief) == []
+    [first] = await agents.claim_requests(A1, "pay", ["charge"], 10, brief)
+    assert await agents.claim_requests(A1, "pay", ["charge"], 10, brief) == []
     await asyncio.sleep(0.3)  # the rate's period passes
-    [second] = await store.claim_requests("a1", "pay", ["charge"], 10, brief)
+    [second] = await agents.claim_requests(A1, "pay", ["charge"], 10, brief)
     assert (first.task_id, second.task_id) == ("t0", "t1")
     # Only the start within the period is kept.
     assert sql(store_url, "SELECT count(*) FROM stepwarden_starts") == [(1,)]
 
 
-async def test_a_claim_never_takes_more_requests_than_its_limit(store: Store) -> None:
+async def test_a_claim_never_takes_more_requests_than_its_limit(
+    store: Store, agents: AgentPort
+) -> None:
     """An agent with one free slot claims one request, however many are queued (the pick
     of the rows to claim is made once, not again for each row updated)."""
     for i in range(10):
@@ -329,16 +358,18 @@ async def test_a_claim_never_takes_more_requests_than_its_limit(store: Store) ->
         await store.dispatch_steps([dispatch(f"t{i}", attempt)])
     seen: list[str] = []
     for _ in range(10):
-        got = await store.claim_requests("a1", "pay", ["charge"], 1)
+        got = await agents.claim_requests(A1, "pay", ["charge"], 1)
         assert len(got) == 1, [r.task_id for r in got]
         seen.append(got[0].task_id)
     assert seen == [f"t{i}" for i in range(10)]
-    assert await store.claim_requests("a1", "pay", ["charge"], 1) == []
+    assert await agents.claim_requests(A1, "pay", ["charge"], 1) == []
 
 
-async def test_agent_room_is_the_alive_capacity_less_what_takes_it_up(store: Store) -> None:
+async def test_agent_room_is_the_alive_capacity_less_what_takes_it_up(
+    store: Store, agents: AgentPort
+) -> None:
     assert await store.agent_room() is None  # no agent instance: no admission
-    await store.beat([replace(beat("a1"), capacity=4), replace(beat("a2"), capacity=3)], ttl=30)
+    await agents.beat([replace(beat(A1), capacity=4), replace(beat(A2), capacity=3)], ttl=30)
     assert await store.agent_room() == 7
     attempt = await held_task(store, "t1")
     await held_task(store, "t2")
@@ -346,8 +377,8 @@ async def test_agent_room_is_the_alive_capacity_less_what_takes_it_up(store: Sto
     for seq in (1, 2, 3):  # one task's steps run side by side: open steps outnumber tasks
         await store.dispatch_steps([dispatch("t1", attempt, seq)])
     assert await store.agent_room() == 4
-    await store.leave("a2", ["pay"])
+    await agents.leave(A2, ["pay"])
     assert await store.agent_room() == 1  # a gone instance has no capacity
-    await store.claim_requests("a1", "pay", ["charge"], 1)
-    assert await store.complete_steps([outcome("t1", 1)]) == [True]
+    await agents.claim_requests(A1, "pay", ["charge"], 1)
+    assert await agents.complete_steps([outcome("t1", 1, instance=A1)]) == [True]
     assert await store.agent_room() == 2

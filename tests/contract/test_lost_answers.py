@@ -2,7 +2,13 @@
 moment), on each store. The same outcome tried again is taken as recorded, and a group commit
 tried again goes on; a step that an agent instance holds but is not calling (its claim's or
 hand-over's answer lost) is called by that instance at its next heartbeat, once; a call of its
-own that ended without an outcome is not made again (its step waits for its complete_by)."""
+own that ended without an outcome is not made again (its step waits for its complete_by).
+
+The agent runner's tests run it over both of its transports (`agents`): on the store, and
+over HTTP through a server's agent protocol, where a lost claim is taken up from the steps
+the server says the instance holds. A step handed over at once by the scheduler of the
+agents' own process (`claimed_by`) is of the store alone: an agent served over HTTP shares
+no process with a scheduler, and is never handed one."""
 
 from __future__ import annotations
 
@@ -20,10 +26,11 @@ import stepwarden as sw
 from stepwarden.agent import Agent, Call
 from stepwarden.records import DispatchedStep, Request, StepOutcome
 from stepwarden.retry import Retry
-from stepwarden.runner import AgentRunner
+from stepwarden.runner import AgentPort, AgentRunner
 from stepwarden.states import StepState
 from stepwarden.store import Store
 
+from .test_agents_store import A1
 from .test_engine import RESUME
 from .test_local_calls import Shop, app_task, new_step
 from .test_outbox import until
@@ -97,9 +104,10 @@ class Service:
 
 
 @asynccontextmanager
-async def serving(store: Store, service: Service) -> AsyncIterator[AgentRunner]:
+async def serving(agents: AgentPort, service: Service) -> AsyncIterator[AgentRunner]:
+    """The runners of "svc" and "twin", as the instance A1, on `agents`."""
     runner, twin = (
-        AgentRunner(store, agent, instance="a1", heartbeat=0.05, poll_interval=0.05)
+        AgentRunner(agents, agent, instance=A1, heartbeat=0.05, poll_interval=0.05)
         for agent in (service.agent, service.twin)
     )
     stop = asyncio.Event()
@@ -113,15 +121,15 @@ async def serving(store: Store, service: Service) -> AsyncIterator[AgentRunner]:
 
 
 async def test_a_step_whose_claim_answer_was_lost_is_called_by_its_instance_once(
-    store: Store,
+    store: Store, agents: AgentPort
 ) -> None:
     service = Service()
     attempt = await held_task(store, "t")
     await store.dispatch_steps([new_step("t", attempt, 1)])
     # a1's claim is made, and its answer lost: a1 holds the step and does not know it.
-    [lost] = await store.claim_requests("a1", "svc", ["quick"], 1)
+    [lost] = await store.claim_requests(A1, "svc", ["quick"], 1)
     assert (lost.task_id, lost.seq) == ("t", 1)
-    async with serving(store, service):
+    async with serving(agents, service):
 
         async def called() -> bool:
             [step] = await store.get_steps("t")
@@ -129,12 +137,12 @@ async def test_a_step_whose_claim_answer_was_lost_is_called_by_its_instance_once
 
         await until(called)
     [step] = await store.get_steps("t")
-    assert (step.result, step.attempt, step.locked_by) == ("done x", 1, "a1")
+    assert (step.result, step.attempt, step.locked_by) == ("done x", 1, A1)
     assert service.calls == Counter({"t/1": 1})
 
 
 async def test_a_claim_answered_late_is_called_once_whatever_a_look_finds_meanwhile(
-    store: Store,
+    store: Store, agents: AgentPort
 ) -> None:
     """a1's claim is committed and its answer is slow to come (a loaded process, a slow
     network): meanwhile the store shows the step held by a1 and not called. A look at the
@@ -143,7 +151,7 @@ async def test_a_claim_answered_late_is_called_once_whatever_a_look_finds_meanwh
     service = Service()
     attempt = await held_task(store, "t")
     await store.dispatch_steps([new_step("t", attempt, 1)])
-    claim = store.claim_requests
+    claim = agents.claim_requests
     answered, release = asyncio.Event(), asyncio.Event()
 
     async def answered_late(*args: Any, **kwargs: Any) -> list[Request]:
@@ -153,11 +161,11 @@ async def test_a_claim_answered_late_is_called_once_whatever_a_look_finds_meanwh
             await release.wait()
         return requests
 
-    store.claim_requests = answered_late  # type: ignore[method-assign]
-    async with serving(store, service) as runner:
+    agents.claim_requests = answered_late  # type: ignore[method-assign]
+    async with serving(agents, service) as runner:
         await asyncio.wait_for(answered.wait(), 10)
         try:
-            assert [r.task_id for r in await store.held_steps("a1", "svc")] == ["t"]
+            assert [r.task_id for r in await agents.held_steps(A1, "svc")] == ["t"]
             took_up = await runner.take_up()
         finally:
             release.set()
@@ -173,7 +181,7 @@ async def test_a_claim_answered_late_is_called_once_whatever_a_look_finds_meanwh
 
 
 async def test_a_call_that_ended_without_an_outcome_is_not_made_again(
-    store: Store, caplog: pytest.LogCaptureFixture
+    store: Store, agents: AgentPort, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Out of tries, a call ends and reports nothing: its step, still held by the instance,
     waits for its complete_by (then the supervisor counts a failure and dispatches it
@@ -183,15 +191,15 @@ async def test_a_call_that_ended_without_an_outcome_is_not_made_again(
     attempt = await held_task(store, "t")
     flaky = replace(new_step("t", attempt, 1), name="svc.flaky", operation="flaky")
     await store.dispatch_steps([flaky])
-    async with serving(store, service) as runner:
+    async with serving(agents, service) as runner:
 
         async def gave_up() -> bool:
             return any("giving up after 1 tries" in m for m in caplog.messages)
 
         await until(gave_up)
         [step] = await store.get_steps("t")
-        assert (step.state, step.locked_by) == (StepState.RUNNING, "a1")
-        assert [r.task_id for r in await store.held_steps("a1", "svc")] == ["t"]
+        assert (step.state, step.locked_by) == (StepState.RUNNING, A1)
+        assert [r.task_id for r in await agents.held_steps(A1, "svc")] == ["t"]
         assert await runner.take_up() == 0
     assert service.calls == Counter({"t/1": 1})
 
@@ -235,7 +243,7 @@ async def test_a_step_taken_up_is_not_called_again_by_a_late_hand_over(store: St
     claimed step's, not through the hand-over."""
     service = Service()
     attempt = await held_task(store, "t")
-    [got] = await store.dispatch_steps([new_step("t", attempt, 1, claimed_by="a1")])
+    [got] = await store.dispatch_steps([new_step("t", attempt, 1, claimed_by=A1)])
     assert isinstance(got, DispatchedStep)
     reported: list[StepOutcome] = []
 
@@ -249,7 +257,7 @@ async def test_a_step_taken_up_is_not_called_again_by_a_late_hand_over(store: St
             return service.calls["t/1"] == 1
 
         await until(taken_up)
-        [request] = await store.held_steps("a1", "svc")
+        [request] = await store.held_steps(A1, "svc")
         runner.serve_local(request, report)
 
         async def recorded() -> bool:
