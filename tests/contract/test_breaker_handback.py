@@ -1,6 +1,10 @@
 """An agent instance whose circuit breaker opens hands back the request it holds, even when
 the failure that opened it was the request's last try: another instance may reach the
-service, and the step does not wait for its complete_by."""
+service, and the step does not wait for its complete_by.
+
+Run by one worker with every role, and by two (`workers`): the scheduler and the supervisor
+in one, the agent in another that serves it over HTTP, whose hand-back and breaker event
+go through the server's agent protocol."""
 
 from __future__ import annotations
 
@@ -10,11 +14,14 @@ from typing import Any
 
 import stepwarden as sw
 
-from .test_engine import FAST, running
+from ..agentserver import Workers
+from .test_engine import FAST
 from .test_outbox import until
 
 
-async def test_the_try_that_opens_the_breaker_hands_its_request_back(store_url: str) -> None:
+async def test_the_try_that_opens_the_breaker_hands_its_request_back(
+    store_url: str, workers: Workers
+) -> None:
     app = sw.App("edge", store=store_url)
     edge = app.agent(
         "edge",
@@ -39,11 +46,14 @@ async def test_the_try_that_opens_the_breaker_hands_its_request_back(store_url: 
     async def handed_back() -> bool:
         return bool(await store.events(task_id=task_id, kind="handed_back"))
 
-    async with running(app, dataclasses.replace(FAST, drain_timeout=0.5)):
+    async with workers(app, dataclasses.replace(FAST, drain_timeout=0.5)):
         await until(handed_back)
     assert tries == 2  # the last try opened the breaker; nothing more was tried here
     [back] = await store.events(task_id=task_id, kind="handed_back")
     assert "open" in back.detail["reason"]
+    # The breaker's opening is in the history, recorded at a heartbeat or by the drain.
+    opened = await store.events(kind="breaker")
+    assert {(e.detail["agent"], e.detail["state"]) for e in opened} == {("edge", "open")}
     [step] = await store.get_steps(task_id)
     assert step.state == sw.StepState.NOT_STARTED and step.reassignments == 1
     assert await store.events(task_id=task_id, kind="expired") == []

@@ -1,7 +1,12 @@
 """Cancellation that reaches the call, end to end in one process, on each store: an async
 operation whose task is cancelled, paused or compensated gets CancelledError, with
 `call.cancelled` saying why; a sync one sees `call.cancelled` and stops; nothing is reported
-for the call, and a compensation waits for it to stop (not for its complete_by)."""
+for the call, and a compensation waits for it to stop (not for its complete_by).
+
+Each runs in one worker with every role, and in two (`workers`): the scheduler and the
+supervisor in one, the agent in another that serves it over HTTP, which hears of the cancel
+from the server's wake-up stream (or its next poll), asks the server which calls lost their
+step, and says there that they stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import running
+from ..agentserver import Workers
 
 
 async def until(condition: Callable[[], Any], what: str, timeout: float = 20) -> None:
@@ -95,9 +100,11 @@ class Cancellable:
             return next(d for k, d in self.seen if k == kind)
 
 
-async def test_cancel_raises_cancelled_error_in_an_async_operation(store_url: str) -> None:
+async def test_cancel_raises_cancelled_error_in_an_async_operation(
+    store_url: str, workers: Workers
+) -> None:
     c = Cancellable(store_url)
-    async with running(c.app):
+    async with workers(c.app):
         await c.app.submit_async(c.workflow, {}, task_id="t1")
         await until(lambda: "started" in c.kinds(), "the call to start")
         assert await c.app.cancel_async("t1", reason="not needed") == sw.TaskState.CANCELLED
@@ -135,14 +142,14 @@ async def until_stopped(store: Any, task_id: str) -> None:
 
 
 async def test_a_result_returned_after_the_cancel_is_discarded_and_a_pause_lets_it_run_again(
-    store_url: str,
+    store_url: str, workers: Workers
 ) -> None:
     """The operation catches CancelledError and returns anyway: its result is discarded. The
     task was paused: the step waits, and runs again (a new attempt, the same key) when the
     task is resumed."""
     c = Cancellable(store_url)
     c.swallow = True
-    async with running(c.app):
+    async with workers(c.app):
         await c.app.submit_async(c.workflow, {}, task_id="t1")
         await until(lambda: "started" in c.kinds(), "the call to start")
         assert await c.app.pause_async("t1") == sw.TaskState.PAUSED
@@ -175,13 +182,13 @@ async def test_a_result_returned_after_the_cancel_is_discarded_and_a_pause_lets_
 
 @pytest.mark.parametrize("sync", [False, True])
 async def test_a_compensation_starts_once_the_cancelled_call_has_stopped(
-    store_url: str, sync: bool
+    store_url: str, sync: bool, workers: Workers
 ) -> None:
     """cancel --compensate of a task whose step is mid-call (60 s to complete): the call is
     stopped (a sync one sees call.cancelled, and its heartbeats are refused), then the step
     is undone, once, long before its complete_by."""
     c = Cancellable(store_url)
-    async with running(c.app):
+    async with workers(c.app):
         await c.app.submit_async(c.workflow, {"sync": sync}, task_id="t1")
         await until(lambda: "started" in c.kinds(), "the call to start")
         asked = time.monotonic()

@@ -1,4 +1,9 @@
-"""The engine end to end in one process, on each store: what a user of the App relies on."""
+"""The engine end to end in one process, on each store: what a user of the App relies on.
+
+What an agent's calls come to (one call per step, tries under one key, a permanent error
+recorded, tries run out leaving the step to the supervisor) is also run with the agents in a
+second worker served over HTTP (`workers`); the rest is the scheduler's and the
+supervisor's, or needs the agents in the scheduler's process, and runs in one worker."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.records import NewStep, StepOutcome
+
+from ..agentserver import Workers
 
 FAST = sw.WorkerOptions(
     poll_interval=0.01,
@@ -97,8 +104,8 @@ async def shop(store_url: str) -> AsyncIterator[Shop]:
     await s.app.aclose()
 
 
-async def test_an_order_runs_its_three_steps_once(shop: Shop) -> None:
-    async with running(shop.app):
+async def test_an_order_runs_its_three_steps_once(shop: Shop, workers: Workers) -> None:
+    async with workers(shop.app):
         task_id = await shop.app.submit_async(shop.process_order, {"id": 7}, task_id="order-7")
         result = await shop.app.result_async(task_id, timeout=20)
     assert result == {"receipt": {"receipt": "r-order-7/2", "attempt": 1}, "tracking": "track-7"}
@@ -133,9 +140,9 @@ async def test_many_orders_all_complete(shop: Shop) -> None:
     assert shop.calls == Counter(reserve=150, charge=150, ship=150)
 
 
-async def test_transient_errors_are_retried_with_the_same_key(shop: Shop) -> None:
+async def test_transient_errors_are_retried_with_the_same_key(shop: Shop, workers: Workers) -> None:
     shop.charge_failures["order-1"] = [ConnectionError("flaky"), TimeoutError("slow")]
-    async with running(shop.app):
+    async with workers(shop.app):
         await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
         await shop.app.result_async("order-1", timeout=20)
     charge = (await shop.app.show_async("order-1")).steps[1]
@@ -143,9 +150,9 @@ async def test_transient_errors_are_retried_with_the_same_key(shop: Shop) -> Non
     assert shop.keys["order-1"] == {"order-1/2"}
 
 
-async def test_a_permanent_error_sets_error_and_alerts(shop: Shop) -> None:
+async def test_a_permanent_error_sets_error_and_alerts(shop: Shop, workers: Workers) -> None:
     shop.charge_failures["order-1"] = [ValueError("card declined")]
-    async with running(shop.app):
+    async with workers(shop.app):
         await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
         with pytest.raises(sw.TaskFailed, match="card declined"):
             await shop.app.result_async("order-1", timeout=20)
@@ -165,11 +172,13 @@ async def test_permanent_error_class_is_permanent(shop: Shop) -> None:
     assert shop.calls["charge"] == 1
 
 
-async def test_exhausted_retries_leave_the_step_to_the_supervisor(store_url: str) -> None:
+async def test_exhausted_retries_leave_the_step_to_the_supervisor(
+    store_url: str, workers: Workers
+) -> None:
     shop = Shop(store_url, within=0.6, max_failures=2)
     shop.charge_failures["order-1"] = [ConnectionError("down")] * 100
     try:
-        async with running(shop.app):
+        async with workers(shop.app):
             await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
             with pytest.raises(sw.TaskFailed, match="max_failures"):
                 await shop.app.result_async("order-1", timeout=20)

@@ -1,7 +1,12 @@
 """What a hostile or runaway value cannot do to the store: an error text is stored cut to
 8 KiB wherever it is kept, a long history is read newest first, a page at a time, saying
 when older events exist, and a task keeps so many events sent to it, each so large, and no
-more, however many senders race. On both stores."""
+more, however many senders race. On both stores.
+
+The 20 MB error of a step is also raised by an agent served over HTTP, in a second worker
+(`workers`): its outcome is cut before it is sent, so the server takes it (its requests are
+bounded) and the store keeps it as it keeps any. The other tests are of the store and the
+App alone: no agent of theirs answers."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.rules import MAX_ERROR
+from tests.agentserver import Workers
 from tests.contract.test_engine import running
 from tests.rawsql import is_sqlite, sql, sqlite_path
 
@@ -49,13 +55,13 @@ def _app(store_url: str, **options: Any) -> sw.App:
     return app
 
 
-async def test_a_20_mb_error_is_stored_cut_everywhere(store_url: str) -> None:
+async def test_a_20_mb_error_is_stored_cut_everywhere(store_url: str, workers: Workers) -> None:
     """A 20 MB PermanentError of a step, and a 20 MB exception of a workflow: the task's
     error, the step's, their events and the alerts each hold at most MAX_ERROR characters,
     ending with a marker that says how long the error was; the SQLite file stays small."""
     app = _app(store_url)
     try:
-        async with running(app):
+        async with workers(app):
             await app.submit_async("runaway", HUGE, task_id="step-error")
             await app.submit_async("raising", HUGE, task_id="workflow-error")
             for task_id in ("step-error", "workflow-error"):

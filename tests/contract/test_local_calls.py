@@ -1,7 +1,13 @@
 """Steps called in the scheduler's own process, on each store: a worker that runs the
 scheduler and the agents hands a new step to its own agent instance at once (recorded running,
 held by that instance), and the step's outcome is recorded with the workflow's next write.
-The fences are those of any step: an outcome the store refuses records nothing after it."""
+The fences are those of any step: an outcome the store refuses records nothing after it.
+
+A hand-over happens only in the scheduler's own process, so these tests run on the store
+alone, but for the answer that comes after a cancel: that one also runs with the agents in a
+second worker served over HTTP (`workers`), where the step is claimed, not handed over, and
+the late outcome is refused by the server's fence, after which the call asks the server why
+and says there that it stopped."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import stepwarden as sw
 from stepwarden.records import DispatchedStep, NewStep, NewTask, StepOutcome, TaskOutcome
 from stepwarden.store import Store
 
+from ..agentserver import Workers
 from .test_engine import running
 from .test_outbox import until
 
@@ -81,13 +88,14 @@ async def test_a_worker_with_the_agents_hands_steps_to_them_at_once(shop: Shop) 
 
 
 async def test_an_answer_after_a_cancel_records_nothing_after_it(
-    shop: Shop, caplog: pytest.LogCaptureFixture
+    shop: Shop, workers: Workers, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The first step's sync call runs on after its task is cancelled, and answers: its
     agent either sees the cancel first and discards the answer, or reports it and the store
-    refuses it. Either way the step the workflow would go on to is never recorded."""
+    refuses it. Either way the step the workflow would go on to is never recorded, and the
+    store is told that the call stopped."""
     caplog.set_level(logging.INFO, logger="stepwarden.agent")
-    async with running(shop.app):
+    async with workers(shop.app):
         await shop.app.submit_async(shop.stalled, None, task_id="t")
         await asyncio.to_thread(shop.started.wait, 20)
         await shop.app.cancel_async("t", reason="changed my mind")
@@ -100,6 +108,12 @@ async def test_an_answer_after_a_cancel_records_nothing_after_it(
             )
 
         await until(call_ended)
+        store = await shop.app.store()
+
+        async def call_stopped() -> bool:
+            return any(s.call_stopped_at is not None for s in await store.get_steps("t"))
+
+        await until(call_stopped)
     view = await shop.app.show_async("t")
     assert view.task.process_state == sw.TaskState.CANCELLED
     assert [s.input for s in view.steps] == [["first"]]
