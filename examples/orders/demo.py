@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
 import random
@@ -244,13 +245,15 @@ def build_typescript(workdir: Path) -> Path:
     for tool in ("node", "npm"):
         if shutil.which(tool) is None:
             raise SystemExit(f"--ts-shipping needs Node 20+ and npm: {tool} is not installed")
-    if not (TYPESCRIPT / "node_modules" / ".bin" / "tsc").exists():
-        subprocess.run(
-            ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-            cwd=TYPESCRIPT,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+    with (TYPESCRIPT / ".install.lock").open("w") as lock:  # one install at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (TYPESCRIPT / "node_modules" / ".bin" / "tsc").exists():
+            subprocess.run(
+                ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+                cwd=TYPESCRIPT,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
     out = workdir / "typescript"
     tsc = TYPESCRIPT / "node_modules" / ".bin" / "tsc"
     subprocess.run([str(tsc), "-p", str(TYPESCRIPT), "--outDir", str(out)], check=True)

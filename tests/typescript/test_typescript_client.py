@@ -11,6 +11,7 @@ skipped."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -65,8 +66,12 @@ def test_the_typescript_library_compiles_and_its_tests_pass(tmp_path: Path) -> N
     version = _run([node, "--version"], cwd=PACKAGE, timeout=30).strip()
     major = re.match(r"v(\d+)\.", version)
     assert major and int(major[1]) >= NODE_MAJOR, f"Node {NODE_MAJOR}+ is needed, not {version}"
-    if not _installed():
-        _run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=PACKAGE, timeout=300)
+    # One install at a time (the orders demo's test may install them too).
+    with (PACKAGE / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _installed():
+            install = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
+            _run(install, cwd=PACKAGE, timeout=300)
     out = tmp_path / "dist"
     tsc = str(PACKAGE / "node_modules" / ".bin" / "tsc")
     _run([tsc, "-p", str(PACKAGE), "--outDir", str(out)], cwd=ROOT, timeout=120)
