@@ -625,7 +625,8 @@ export class Agent {
 
   #track(write: Promise<unknown>): void {
     this.#writes.add(write);
-    void write.finally(() => this.#writes.delete(write));
+    const done = (): void => void this.#writes.delete(write);
+    write.then(done, done);
   }
 
   async #handBack(requests: ClaimedRequest[], reason: string): Promise<void> {

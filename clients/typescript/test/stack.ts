@@ -58,6 +58,8 @@ export interface Stack {
   worker: ChildProcess;
   /** The end of the processes' logs (for a failure's message). */
   logs(): string;
+  /** Stop the dashboard (SIGTERM) and start another on its port; once it answers. */
+  restartDashboard(): Promise<void>;
   /** SIGTERM both, wait for them to end; the folder is removed. */
   stop(): Promise<void>;
 }
@@ -83,6 +85,14 @@ function ended(child: ChildProcess, ms: number): Promise<boolean> {
   });
 }
 
+async function terminate(child: ChildProcess): Promise<void> {
+  child.kill("SIGTERM");
+  if (!(await ended(child, 15_000))) {
+    child.kill("SIGKILL");
+    await ended(child, 5_000);
+  }
+}
+
 /** Start the server and the worker, with these clients (name: scopes). */
 export async function startStack(clients: Record<string, string[]>): Promise<Stack> {
   const dir = await mkdtemp(join(tmpdir(), "stepwarden-ts-"));
@@ -94,7 +104,7 @@ export async function startStack(clients: Record<string, string[]>): Promise<Sta
   await writeFile(join(dir, "api-tokens"), lines.join(""), { mode: 0o600 });
   const store = `sqlite:///${join(dir, "store.db")}`;
   const logPath = (name: string): string => join(dir, `${name}.log`);
-  const children: ChildProcess[] = [];
+  const children = new Set<ChildProcess>();
   const start = (name: string, args: string[], stdout: "pipe" | "log"): ChildProcess => {
     const log = openSync(logPath(name), "a");
     const child = spawn(python(), ["-m", "stepwarden", "--store", store, ...args], {
@@ -103,7 +113,7 @@ export async function startStack(clients: Record<string, string[]>): Promise<Sta
       stdio: ["ignore", stdout === "pipe" ? "pipe" : log, log],
     });
     closeSync(log);
-    children.push(child);
+    children.add(child);
     return child;
   };
   const logs = (): string =>
@@ -114,30 +124,16 @@ export async function startStack(clients: Record<string, string[]>): Promise<Sta
       })
       .join("\n");
   const stop = async (): Promise<void> => {
-    for (const child of children) child.kill("SIGTERM");
-    for (const child of children) {
-      if (!(await ended(child, 15_000))) {
-        child.kill("SIGKILL");
-        await ended(child, 5_000);
-      }
-    }
+    await Promise.all([...children].map(terminate));
     if (process.env.STEPWARDEN_TEST_KEEP) console.error(`kept ${dir}`);
     else await rm(dir, { recursive: true, force: true });
   };
-  try {
+  /** The dashboard on `port` (0: a free one), and its URL once it answers. */
+  const serve = async (port: number): Promise<[ChildProcess, string]> => {
     const dashboard = start(
       "dashboard",
-      ["dashboard", APP, "--port", "0", "--token", DASHBOARD_TOKEN, "--api-tokens", join(dir, "api-tokens")],
+      ["dashboard", APP, "--port", String(port), "--token", DASHBOARD_TOKEN, "--api-tokens", join(dir, "api-tokens")],
       "pipe",
-    );
-    const worker = start(
-      "worker",
-      [
-        "worker", APP, "--agents", "local",
-        "--poll-interval", "0.05", "--supervisor-interval", "0.2",
-        "--agent-heartbeat", "0.2", "--drain-timeout", "5",
-      ],
-      "log",
     );
     const url = await new Promise<string>((resolve, reject) => {
       const lines = createInterface({ input: dashboard.stdout! });
@@ -162,7 +158,34 @@ export async function startStack(clients: Record<string, string[]>): Promise<Sta
       if (performance.now() > until) throw new Error(`the dashboard did not answer\n${logs()}`);
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
-    return { url, tokens, dir, dashboard, worker, logs, stop };
+    return [dashboard, url];
+  };
+  try {
+    const worker = start(
+      "worker",
+      [
+        "worker", APP, "--agents", "local",
+        "--poll-interval", "0.05", "--supervisor-interval", "0.2",
+        "--agent-heartbeat", "0.2", "--drain-timeout", "5",
+      ],
+      "log",
+    );
+    const [dashboard, url] = await serve(0);
+    const stack: Stack = {
+      url,
+      tokens,
+      dir,
+      dashboard,
+      worker,
+      logs,
+      stop,
+      restartDashboard: async () => {
+        await terminate(stack.dashboard);
+        children.delete(stack.dashboard);
+        [stack.dashboard] = await serve(Number(new URL(url).port));
+      },
+    };
+    return stack;
   } catch (error) {
     await stop();
     throw error;

@@ -1,9 +1,10 @@
 /**
  * The client and the agent runner against a real server and worker (`stack.ts`): a task
  * submitted by the client runs a step in the Python worker and a step served by the
- * TypeScript agent; its result's long poll; its status messages in order, resumed; a cancel
- * reaching the TypeScript call's signal; retries and a permanent error; the tokens' scopes;
- * a graceful stop; the example agent stopped by SIGTERM.
+ * TypeScript agent; its result's long poll; its status messages in order, resumed, also
+ * across a restart of the server; a cancel reaching the TypeScript call's signal; retries
+ * and a permanent error; the tokens' scopes; a step held but not called; a graceful stop;
+ * the example agent stopped by SIGTERM, and the example client.
  */
 
 import assert from "node:assert/strict";
@@ -84,7 +85,7 @@ function newAgent(token: string): Agent {
     agent: "shipping",
     concurrency: 4,
     heartbeatSeconds: 0.2,
-    goneAfterSeconds: 2,
+    goneAfterSeconds: 10, // a restart of the server is not the instance gone
     pollSeconds: 0.5,
     claimWaitSeconds: 5,
     drainSeconds: 15,
@@ -239,6 +240,37 @@ test("the status messages stream in order as they come, and resume after an id",
   // A task without reply_to has no status messages.
   const stream = client.messages("order-1");
   await assert.rejects(stream.next(), (error: unknown) => error instanceof StepwardenError && error.status === 409);
+});
+
+test("across a restart of the server, the stream resumes after the last message and the long poll goes on", async () => {
+  gate = { started: deferred(), open: deferred() };
+  await client.submit("order", { id: "o-r", n: 5 }, { taskId: "restarted", replyTo: "orders" });
+  const followed: StatusMessage[] = [];
+  const first = deferred<void>();
+  const following = (async () => {
+    for await (const message of client.messages("restarted")) {
+      followed.push(message);
+      first.resolve();
+    }
+  })();
+  const waiting = client.result("restarted", { timeout: TIMEOUT / 1000 });
+  await first.promise;
+  await gate.started.promise;
+  const before = followed.length;
+  await stack.restartDashboard(); // its stream ends, its long poll answers 202; then refused
+  gate.open.resolve();
+  gate = null;
+  const done = await waiting;
+  await following;
+  assert.equal(done.state, "processed");
+  assert.ok(before >= 1 && before < followed.length, `${before} of ${followed.length} before the restart`);
+  assert.deepEqual(
+    followed.map((m) => m.kind),
+    ["received", "step_completed", "step_completed", "processed"],
+  );
+  const ids = followed.map((m) => m.id);
+  assert.deepEqual([...ids].sort((a, b) => a - b), ids);
+  assert.equal(new Set(ids).size, ids.length);
 });
 
 test("a cancel aborts the TypeScript call's signal, and the call's stop is recorded", async () => {
