@@ -6,7 +6,8 @@ bodies are never called (no worker of the tests serves `shipping` in Python).
 - `order`: doubles `n` (local), then ships the order with the doubled count (shipping);
 - `haul`: one shipping step that runs until its call is stopped (the tests cancel it);
 - `flaky`: one shipping step that fails `fails` times before it succeeds;
-- `refused`: one shipping step that fails for good; the task stops in error.
+- `refused`: one shipping step that fails for good; the task stops in error;
+- `approved`: waits for the event `approve`, then ships the order.
 
 Run as `stepwarden --store URL dashboard|worker tests.typescript.ts_app:app`.
 """
@@ -72,3 +73,10 @@ async def flaky(ctx: sw.Context, fails: int) -> dict[str, Any]:
 @app.workflow(complete_within=timedelta(seconds=60), on_failure="stop")
 async def refused(ctx: sw.Context, reason: str) -> None:
     await ctx.step(refuse, reason)
+
+
+@app.workflow(complete_within=timedelta(seconds=60))
+async def approved(ctx: sw.Context, order: dict[str, Any]) -> dict[str, Any]:
+    approver = await ctx.wait_for_event("approve", timeout=timedelta(minutes=5))
+    shipped = await ctx.step(ship, {"id": order["id"], "n": int(order["n"])})
+    return {"approved_by": approver, "shipped": shipped}

@@ -2,9 +2,9 @@
  * The client and the agent runner against a real server and worker (`stack.ts`): a task
  * submitted by the client runs a step in the Python worker and a step served by the
  * TypeScript agent; its result's long poll; its status messages in order, resumed, also
- * across a restart of the server; a cancel reaching the TypeScript call's signal; retries
- * and a permanent error; the tokens' scopes; a step held but not called; a graceful stop;
- * the example agent stopped by SIGTERM, and the example client.
+ * across a restart of the server; an event; a cancel reaching the TypeScript call's signal;
+ * retries and a permanent error; the tokens' scopes; a step held but not called; a graceful
+ * stop; the example agent stopped by SIGTERM, and the example client.
  */
 
 import assert from "node:assert/strict";
@@ -271,6 +271,26 @@ test("across a restart of the server, the stream resumes after the last message 
   const ids = followed.map((m) => m.id);
   assert.deepEqual([...ids].sort((a, b) => a - b), ids);
   assert.equal(new Set(ids).size, ids.length);
+});
+
+test("an event sent to a task that waits for it wakes it, once per event id", async () => {
+  await client.submit("approved", { id: "o-e", n: 2 }, { taskId: "approval-1" });
+  await until("the task to wait for its approval", async () => {
+    return (await client.status("approval-1")).waiting_for === "event:approve";
+  });
+  gate = { started: deferred(), open: deferred() };
+  assert.deepEqual(await client.sendEvent("approval-1", "approve", "ann", "approval-1-ann"), { sent: true, woke: true });
+  await gate.started.promise; // approved: it ships (until the gate opens)
+  // Sent again (its answer lost, say): kept once.
+  assert.deepEqual(await client.sendEvent("approval-1", "approve", "ann", "approval-1-ann"), { sent: false, woke: false });
+  gate.open.resolve();
+  gate = null;
+  const done = await result("approval-1");
+  assert.deepEqual(done.result, { approved_by: "ann", shipped: { tracking: "T-approval-1/2", items: 2 } });
+  // A finished task takes no event, and cannot be cancelled.
+  for (const refused of [() => client.sendEvent("approval-1", "approve", "bob"), () => client.cancel("approval-1")]) {
+    await assert.rejects(refused(), (error: unknown) => error instanceof StepwardenError && error.status === 409);
+  }
 });
 
 test("a cancel aborts the TypeScript call's signal, and the call's stop is recorded", async () => {
