@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo test lint clean bench chromium packages docs
+.PHONY: demo demo-ts test lint clean bench chromium packages docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ docs: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m examples.orders.demo $(DEMO_ARGS)
+
+# make demo-ts: the same, its shipping agent served by the TypeScript library's agent runner
+# (clients/typescript; Node 20+ and npm) over the agent protocol.
+demo-ts: $(STAMP)
+	$(PY) -m examples.orders.demo --ts-shipping $(DEMO_ARGS)
 
 # ruff, mypy (strict, over the package, its tests and the example), and the package's layers.
 lint: $(STAMP)

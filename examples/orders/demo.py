@@ -16,16 +16,25 @@ What it does:
    and duplicate effects applied. It exits 1 if an order was lost, an effect applied twice,
    or an order left charged without being processed.
 
-    python -m examples.orders.demo [--orders 300] [--workers 3] [--json]
+With --ts-shipping, the shipping agent is served by the TypeScript library's example agent
+(clients/typescript/examples/shipping.ts, compiled into the workdir; Node 20+ and npm needed)
+over the agent protocol of a `stepwarden dashboard` the demo starts, and the workers serve
+inventory and payments only; the TypeScript agent is killed with SIGKILL beside the worker,
+and replaced.
+
+    python -m examples.orders.demo [--orders 300] [--workers 3] [--ts-shipping] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
 import random
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,6 +53,7 @@ from stepwarden import TaskState
 from stepwarden.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
+TYPESCRIPT = ROOT / "clients" / "typescript"
 ITEMS = ["book", "lamp", "mug", "pen", "shirt", "tea"]
 FINISHED = (
     TaskState.PROCESSED,
@@ -84,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-kill", action="store_true", help="kill no worker")
     p.add_argument("--no-faults", action="store_true", help="a payment service without faults")
+    p.add_argument(
+        "--ts-shipping",
+        action="store_true",
+        help="serve the shipping agent with the TypeScript agent runner (Node 20+)",
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -111,6 +126,11 @@ class Processes:
     service_restarts: int = 0
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers_killed: int = 0
+    agents: list[str] | None = None
+    """The agents the workers serve (None: all of them)."""
+    shipping: TypeScriptShipping | None = None
+    shipping_agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    shipping_agents_killed: int = 0
     _logs: list[Any] = field(default_factory=list)
 
     def _log(self, name: str) -> Any:
@@ -148,6 +168,8 @@ class Processes:
             "--backoff-max",
             "2",
         ]
+        if self.agents is not None:
+            cmd += ["--agents", ",".join(self.agents)]
         log = self._log(f"worker-{n}-{roles.replace(',', '+')}")
         worker = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=log)
         self.workers.append(worker)
@@ -160,21 +182,123 @@ class Processes:
         self.workers_killed += 1
         return victim.pid
 
+    def start_shipping_agent(self) -> None:
+        """The TypeScript shipping agent (its steps are served by no worker)."""
+        assert self.shipping is not None
+        n = len(self.shipping_agents) + 1
+        env = {
+            **self.env,
+            "STEPWARDEN_URL": self.shipping.url,
+            "STEPWARDEN_AGENT_TOKEN": self.shipping.token,
+        }
+        log = self._log(f"shipping-ts-{n}")
+        self.shipping_agents.append(
+            subprocess.Popen(
+                ["node", str(self.shipping.script)], cwd=ROOT, env=env, stdout=log, stderr=log
+            )
+        )
+
+    def kill_shipping_agent(self) -> int:
+        victim = next(a for a in self.shipping_agents if a.poll() is None)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        self.shipping_agents_killed += 1
+        return victim.pid
+
     def stop(self) -> None:
-        for w in self.workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        # The TypeScript agents first: they leave the registry through the server.
+        self._terminate(self.shipping_agents)
+        self._terminate([*self.workers, *([self.shipping.server] if self.shipping else [])])
         if self.service is not None and self.service.poll() is None:
             self.service.terminate()
             self.service.wait()
         for f in self._logs:
             f.close()
+
+    @staticmethod
+    def _terminate(children: list[subprocess.Popen[bytes]]) -> None:
+        for w in children:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in children:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+
+
+@dataclass
+class TypeScriptShipping:
+    """The agent protocol's server (`stepwarden dashboard` with a client's token that serves
+    `shipping`), and the compiled TypeScript agent that serves it."""
+
+    server: subprocess.Popen[bytes]
+    url: str
+    token: str
+    script: Path
+
+
+def build_typescript(workdir: Path) -> Path:
+    """Compile the TypeScript library and its examples into the workdir (its dependencies
+    installed with `npm ci` first, when they are not); the example shipping agent's path."""
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"--ts-shipping needs Node 20+ and npm: {tool} is not installed")
+    with (TYPESCRIPT / ".install.lock").open("w") as lock:  # one install at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (TYPESCRIPT / "node_modules" / ".bin" / "tsc").exists():
+            subprocess.run(
+                ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+                cwd=TYPESCRIPT,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+    out = workdir / "typescript"
+    tsc = TYPESCRIPT / "node_modules" / ".bin" / "tsc"
+    subprocess.run([str(tsc), "-p", str(TYPESCRIPT), "--outDir", str(out)], check=True)
+    (out / "package.json").write_text('{"type": "module"}\n')
+    return out / "examples" / "shipping.js"
+
+
+def serve_agent_protocol(procs: Processes, script: Path) -> TypeScriptShipping:
+    """Start `stepwarden dashboard` with a tokens file naming one client, `shipper`, whose
+    token serves the agent `shipping`; wait until it answers."""
+    from stepwarden import dashboard
+
+    token, line = dashboard.new_api_client("shipper", ["agent:shipping"])
+    tokens = procs.workdir / "api-tokens"
+    tokens.write_text(line + "\n")
+    tokens.chmod(0o600)
+    port = free_port()
+    env = {**procs.env, "STEPWARDEN_DASHBOARD_TOKEN": secrets.token_urlsafe(24)}
+    cmd = [
+        sys.executable,
+        "-c",
+        "from stepwarden.cli import main; main()",
+        "--app",
+        "examples.orders.shop:app",
+        "dashboard",
+        "--port",
+        str(port),
+        "--api-tokens",
+        str(tokens),
+    ]
+    log = procs._log("dashboard")
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    with httpx.Client() as client:
+        while True:
+            try:
+                if client.get(f"{url}/api/v1/openapi.json", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the dashboard did not start: see {procs.workdir}")
+            time.sleep(0.05)
+    return TypeScriptShipping(server=server, url=url, token=token, script=script)
 
 
 def make_orders(
@@ -225,6 +349,8 @@ class Summary(TypedDict):
     approved: int
     approval_timeouts: int
     workers_killed: int
+    shipping_agent: str
+    shipping_agents_killed: int
     payment_service_crashes: int
     seconds: float
     workdir: str
@@ -246,6 +372,8 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
         await shop.create_orders_table()
         for _ in range(args.workers):
             procs.start_worker()
+        if procs.shipping is not None:
+            procs.start_shipping_agent()
 
         started = time.monotonic()
         task_ids: list[str] = []
@@ -283,6 +411,14 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
                     file=sys.stderr,
                 )
                 procs.start_worker()
+                if procs.shipping is not None:
+                    killed_agent = procs.kill_shipping_agent()
+                    bar.write(
+                        f"killed the TypeScript shipping agent pid {killed_agent} with "
+                        "SIGKILL; started a replacement",
+                        file=sys.stderr,
+                    )
+                    procs.start_shipping_agent()
             if time.monotonic() - started > args.timeout:
                 bar.write(f"gave up after {args.timeout:.0f}s", file=sys.stderr)
                 break
@@ -330,6 +466,8 @@ async def summarise(
         "approved": approved,
         "approval_timeouts": waits.count("timed_out"),
         "workers_killed": procs.workers_killed,
+        "shipping_agent": "typescript" if procs.shipping is not None else "python",
+        "shipping_agents_killed": procs.shipping_agents_killed,
         "payment_service_crashes": procs.service_restarts,
         "seconds": round(elapsed, 1),
         "workdir": str(procs.workdir),
@@ -377,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = Processes(workdir=workdir, env=env, service_args=service_args, seed=args.seed)
     try:
+        if args.ts_shipping:
+            script = build_typescript(workdir)
+            procs.agents = ["inventory", "payments"]
+            procs.shipping = serve_agent_protocol(procs, script)
         procs.start_service()
         asyncio.run(wait_for_service(url, procs))
         summary = asyncio.run(run(args, procs, url))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.rawsql import sql
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,3 +50,39 @@ def test_demo_loses_nothing_and_applies_nothing_twice(store_url: str, tmp_path: 
     assert summary["awaiting_approval"] >= 1 and summary["approved"] >= 1
     assert summary["approval_timeouts"] <= summary["compensated"]
     assert summary["approved"] + summary["approval_timeouts"] >= summary["awaiting_approval"]
+
+
+@pytest.mark.slow
+def test_demo_with_the_typescript_shipping_agent(sqlite_url: str, tmp_path: Path) -> None:
+    """The shipping agent served by the TypeScript agent runner over the agent protocol,
+    killed with SIGKILL beside a worker and replaced: nothing lost, nothing applied twice,
+    every shipment made by a TypeScript instance."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "examples.orders.demo",
+        "--orders", "40",
+        "--workers", "2",
+        "--kill-at", "0.3",
+        "--undeliverable", "0.1",
+        "--ts-shipping",
+        "--store", sqlite_url,
+        "--workdir", str(tmp_path),
+        "--timeout", "120",
+        "--json",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("*.log")))
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
+    summary = json.loads(run.stdout)
+    assert summary["lost"] == 0 and summary["duplicate_effects_applied"] == 0
+    assert summary["processed"] + summary["compensated"] + summary["error"] == 40
+    assert summary["charged_not_processed"] == 0
+    assert summary["shipping_agent"] == "typescript"
+    assert summary["shipping_agents_killed"] == 1
+    shipped = sql(
+        sqlite_url,
+        "SELECT locked_by FROM stepwarden_steps WHERE agent = 'shipping' AND state = 'completed'",
+    )
+    served = [row[0] for row in shipped]
+    assert served and all(by.startswith("shipper/") for by in served), served
