@@ -7,6 +7,7 @@ dispatched again and done by another, and the frozen one, thawed (SIGCONT), chan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import stepwarden as sw
 from stepwarden import _tokens
 
 from ..typescript.test_typescript_client import compiled_library
+from . import ts_scenario_app
 from .harness import ROOT
 
 APP = "tests.scenarios.ts_scenario_app:app"
@@ -72,17 +74,19 @@ class Stage:
     url: str = ""
     token: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    killed: set[str] = field(default_factory=set)
+    """The processes the test ends itself."""
     app: sw.App | None = None
 
     def start(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env={**os.environ, "STEPWARDEN_STORE": self.store_url, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.workdir / f"{name}.log", "ab") as log:  # the process keeps its own
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env={**os.environ, "STEPWARDEN_STORE": self.store_url, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.procs[name] = proc
         return proc
 
@@ -119,7 +123,9 @@ class Stage:
             value = check()
             if value:
                 return value
-            dead = [n for n, p in self.procs.items() if p.poll() is not None and n != "killed"]
+            dead = [
+                n for n, p in self.procs.items() if p.poll() is not None and n not in self.killed
+            ]
             if dead or time.monotonic() > deadline:
                 why = f"{', '.join(dead)} died" if dead else f"timed out after {timeout}s"
                 raise AssertionError(f"{why} waiting for {what}\n{self.logs()}")
@@ -141,10 +147,8 @@ class Stage:
 
 
 def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +185,8 @@ def stage(tmp_path: Path, library: Path) -> Iterator[Stage]:
         s.until(lambda: "running" in s.log("worker"), "the worker to run")
         s.until(lambda: "Uvicorn running" in s.log("server") or "listening" in s.log("server")
                 or _answers(s.url), "the server to answer")  # fmt: skip
-        s.app = sw.App("ts-scenario-client", store=s.store_url)
+        s.app = ts_scenario_app.app  # the client: the App the workers run, on this store
+        s.app.store_url = s.store_url
         yield s
     finally:
         s.close()
@@ -206,9 +211,9 @@ def test_a_killed_typescript_agents_calls_are_made_again_by_another_under_their_
     ids = [app.submit("haul", str(gate), task_id=f"k-{i}") for i in range(4)]
     stage.until(lambda: len({c["task"] for c in stage.calls() if c["what"] == "start"}) == 4,
                 "the first agent to call every step")  # fmt: skip
+    stage.killed.add("agent-a")
     doomed.kill()  # SIGKILL, mid-call
     doomed.wait(10)
-    stage.procs["killed"] = stage.procs.pop("agent-a")
     survivor = stage.agent("agent-b")
     gate.touch()
     results = [app.result(t, timeout=TIMEOUT) for t in ids]
@@ -252,6 +257,7 @@ def test_a_frozen_typescript_agent_thawed_late_changes_nothing(stage: Stage) -> 
         or any(c["what"] in ("end", "aborted") and c["pid"] == zombie.pid for c in stage.calls()),
         "the thawed agent to end its call",
     )
+    stage.killed.add("agent-a")
     zombie.terminate()  # its drain writes whatever it still had to say before it exits
     assert zombie.wait(30) == 0, stage.logs()
     task = app.status(task_id)

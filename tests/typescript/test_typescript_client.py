@@ -60,7 +60,10 @@ def _installed() -> bool:
     return True
 
 
-def test_the_typescript_library_compiles_and_its_tests_pass(tmp_path: Path) -> None:
+def compiled_library(out: Path) -> Path:
+    """The library and its tests compiled with its pinned TypeScript into `out` (never into
+    the source tree), its dependencies installed first when node_modules lacks them; `out`
+    (an ES module package: `out/src/index.js` is the library)."""
     node = _tool("node")
     npm = _tool("npm")
     version = _run([node, "--version"], cwd=PACKAGE, timeout=30).strip()
@@ -72,10 +75,15 @@ def test_the_typescript_library_compiles_and_its_tests_pass(tmp_path: Path) -> N
         if not _installed():
             install = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
             _run(install, cwd=PACKAGE, timeout=300)
-    out = tmp_path / "dist"
     tsc = str(PACKAGE / "node_modules" / ".bin" / "tsc")
     _run([tsc, "-p", str(PACKAGE), "--outDir", str(out)], cwd=ROOT, timeout=120)
     (out / "package.json").write_text('{"type": "module"}\n')  # as the package's own
+    return out
+
+
+def test_the_typescript_library_compiles_and_its_tests_pass(tmp_path: Path) -> None:
+    node = _tool("node")
+    out = compiled_library(tmp_path / "dist")
     tests = sorted(str(p) for p in (out / "test").glob("*.test.js"))
     assert len(tests) >= 2, tests
     _run(
