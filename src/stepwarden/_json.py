@@ -80,6 +80,13 @@ def _mask(obj: Any) -> Any:
     return repr(obj)
 
 
+def wire(value: Any) -> bytes:
+    """JSON for a peer trusted with secrets (an agent served over HTTP: its operations need
+    them): each Secret as `{"$secret": VALUE}`, as stored, so that the peer knows it for one
+    (`revive`); datetimes as RFC 3339 text; no size limit beyond the values' own."""
+    return orjson.dumps(value, default=_store_secret)
+
+
 def display(value: Any, *, indent: bool = False) -> str:
     """JSON text to show a person: secrets masked, anything else that is not JSON shown as
     its repr. Never for storage."""

@@ -82,7 +82,7 @@ def check_scopes(scopes: Iterable[str]) -> frozenset[str]:
         if scope.startswith(AGENT_SCOPE) and NAME_PATTERN.fullmatch(scope[len(AGENT_SCOPE) :]):
             continue
         raise ConfigurationError(
-            f"unknown scope {scope!r} (known: {', '.join(SCOPES)}, and agent:NAME, reserved)"
+            f"unknown scope {scope!r} (known: {', '.join(SCOPES)}, and agent:NAME)"
         )
     return found
 

@@ -1327,10 +1327,11 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     default=None,
     metavar="FILE",
     type=click.Path(exists=True, dir_okay=False),
-    help="The application API's clients (/api/v1): one `NAME SCOPES SHA256` line each, as "
-    "`stepwarden api-token` makes them (scopes submit, read, events, cancel, separated by "
-    "commas; only the token's SHA-256 digest is kept). Read at start. Without it, every "
-    "request of the application API is refused. A file others may write is refused.",
+    help="The application API's and the agent protocol's clients (/api/v1): one `NAME "
+    "SCOPES SHA256` line each, as `stepwarden api-token` makes them (scopes submit, read, "
+    "events, cancel, agent:NAME, separated by commas; only the token's SHA-256 digest is "
+    "kept). Read at start. Without it, every request of /api/v1 is refused. A file others "
+    "may write is refused.",
 )
 @_event_bound_options
 @click.pass_obj
@@ -1418,7 +1419,8 @@ def dashboard(
     metavar="SCOPE",
     help="What the client may do (repeatable; the variable is space-separated): submit "
     "(tasks), read (their status, result and status messages), events (send them events), "
-    "cancel (them); agent:NAME is reserved for the agents' protocol and grants nothing yet.",
+    "cancel (them), agent:NAME (serve the agent NAME over the agent protocol, "
+    "/api/v1/agents/NAME/...; its instances are named CLIENT/...).",
 )
 @_opt(
     "--append",

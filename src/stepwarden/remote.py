@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from . import _json
 from ._aio import first
 from .errors import ConfigurationError, PermanentStoreError, TransientStoreError
 from .records import (
@@ -348,7 +349,7 @@ def _request(row: Mapping[str, Any]) -> Request:
         attempt=row["attempt"],
         agent=row["agent"],
         operation=row["operation"],
-        input=row["input"],
+        input=_json.revive(row["input"], what=f"the input of {row['task_id']}/{row['seq']}"),
         idempotency_key=row["idempotency_key"],
         complete_by=datetime.fromisoformat(row["complete_by"]),
         remaining=float(row["remaining"]),

@@ -55,6 +55,16 @@ class Remote:
                     raise
             return {"shipped": n}
 
+        @remote.operation
+        async def charge(call: sw.Call, payment: dict[str, Any]) -> dict[str, Any]:
+            card = payment["card"]
+            return {"secret": isinstance(card, sw.Secret), "last4": card.reveal()[-4:]}
+
+        @self.app.workflow(name="pay")
+        async def pay(ctx: sw.Context, payment: dict[str, Any]) -> dict[str, Any]:
+            charged: dict[str, Any] = await ctx.step(charge, payment)
+            return charged
+
         @self.app.workflow(name="order")
         async def order(ctx: sw.Context, n: int) -> dict[str, Any]:
             doubled: int = await ctx.step(double, n)
@@ -268,3 +278,15 @@ async def test_a_cancel_reaches_the_remote_call(store_url: str, served: Server) 
             await until("the remote call to be cancelled", stopped)
         task = await remote.app.status_async("to-cancel")
         assert task.process_state == sw.TaskState.CANCELLED
+
+
+async def test_a_remote_agent_gets_the_secrets_of_its_input_as_secrets(
+    store_url: str, served: Server
+) -> None:
+    remote = Remote(store_url)
+    async with remote.app:
+        card = sw.Secret("4242424242424242")
+        task = await remote.app.submit_async("pay", {"card": card}, task_id="pay-1")
+        async with remote_worker(remote, served):
+            result = await remote.app.result_async(task, timeout=TIMEOUT)
+    assert result == {"secret": True, "last4": "4242"}

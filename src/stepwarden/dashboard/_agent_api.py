@@ -100,7 +100,10 @@ def _request_dict(r: StepRequest) -> dict[str, Any]:
 
 
 def _requests(found: list[StepRequest]) -> Response:
-    return json_response({"requests": [_request_dict(r) for r in found]})
+    """The requests claimed, their inputs' secrets revealed (`_json.wire`): the agent's
+    operations need them, as an agent in a worker's process gets them."""
+    body = _json.wire({"requests": [_request_dict(r) for r in found]})
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 def router(app: App, stopping: asyncio.Event) -> APIRouter:
@@ -288,7 +291,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         refused = _mine(client, body.instance)
         if refused is not None:
             return refused
-        detail = None if body.detail is None else _json.dumps(body.detail, what="the detail")
+        detail = (
+            None
+            if body.detail is None
+            else _json.dumps(_json.revive(body.detail), what="the detail")
+        )
         remaining = await db.heartbeat_step(
             body.task_id, body.seq, body.attempt, body.instance, detail
         )
@@ -319,7 +326,9 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 state=StepState.COMPLETED if o.state == "completed" else StepState.FAILED,
                 result=None
                 if o.state == "failed"
-                else _json.dumps(o.result, what=f"the result of {o.task_id}/{o.seq}"),
+                else _json.dumps(
+                    _json.revive(o.result), what=f"the result of {o.task_id}/{o.seq}"
+                ),
                 error=o.error if o.state == "failed" else None,
                 tries=o.tries,
             )
