@@ -440,7 +440,13 @@ class NatsPublisher:
 
 class RedisPublisher:
     """A Redis stream through redis-py's asyncio client: XADD of an entry with the fields
-    `id`, `kind` and `message` (the JSON body); XADD's reply is the acknowledgement."""
+    `id`, `kind` and `message` (the JSON body); XADD's reply is the acknowledgement.
+
+    One client, and its pool of connections, for the publisher's life: the tasks served side
+    by side each take a connection of the pool. redis-py closes a connection that failed (a
+    refused AUTH's too) and checks an idle one before it is used again (one the broker closed
+    by a restart is opened again). The pool is closed by `close()` alone, once no send uses
+    it: redis-py would connect again for a send under way, in a pool nobody closes."""
 
     def __init__(self, dest: Destination, access: BrokerAccess) -> None:
         from redis import asyncio as aioredis
@@ -464,13 +470,16 @@ class RedisPublisher:
         try:
             await self._client.xadd(dest.name, {"id": message_id, "kind": kind, "message": body})
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            # A refused AUTH leaves its connection open: every one is closed, opened again at
-            # the next try.
-            await self._client.connection_pool.disconnect()
+            # Its connection is closed already; the others are other tasks' sends' (closing
+            # them under those sends would only have redis-py connect again and again).
             raise Unreachable(_describe(exc)) from None
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Close every connection of the pool, idle or in use."""
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # each connection was closed, whichever raised
+            logger.debug("relay: closing %s: %s", self.dest.broker, exc)
 
 
 _PUBLISHERS: dict[str, Callable[[Destination, BrokerAccess], Publisher]] = {
