@@ -440,7 +440,13 @@ class NatsPublisher:
 
 class RedisPublisher:
     """A Redis stream through redis-py's asyncio client: XADD of an entry with the fields
-    `id`, `kind` and `message` (the JSON body); XADD's reply is the acknowledgement."""
+    `id`, `kind` and `message` (the JSON body); XADD's reply is the acknowledgement.
+
+    One client, and its pool of connections, for the publisher's life: the tasks served side
+    by side each take a connection of the pool. redis-py closes a connection that failed (a
+    refused AUTH's too) and checks an idle one before it is used again (one the broker closed
+    by a restart is opened again). The pool is closed by `close()` alone, once no send uses
+    it: redis-py would connect again for a send under way, in a pool nobody closes."""
 
     def __init__(self, dest: Destination, access: BrokerAccess) -> None:
         from redis import asyncio as aioredis
@@ -464,13 +470,16 @@ class RedisPublisher:
         try:
             await self._client.xadd(dest.name, {"id": message_id, "kind": kind, "message": body})
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            # A refused AUTH leaves its connection open: every one is closed, opened again at
-            # the next try.
-            await self._client.connection_pool.disconnect()
+            # Its connection is closed already; the others are other tasks' sends' (closing
+            # them under those sends would only have redis-py connect again and again).
             raise Unreachable(_describe(exc)) from None
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Close every connection of the pool, idle or in use."""
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # each connection was closed, whichever raised
+            logger.debug("relay: closing %s: %s", self.dest.broker, exc)
 
 
 _PUBLISHERS: dict[str, Callable[[Destination, BrokerAccess], Publisher]] = {
@@ -533,6 +542,10 @@ class Relay:
         self.deadline = deadline
         self._room = asyncio.Semaphore(concurrency)
         self._publishers: dict[str, Publisher] = {}
+        self._dropped: list[Publisher] = []
+        """Publishers given up after a deadline, closed once the round's sends have ended: a
+        send of another task may still be using one, and a client closed under it connects
+        again (redis-py's does), in a publisher that nobody would close."""
         self._safe = 0
         """Messages up to this id can no longer be preceded by one still to commit."""
         self._fence: tuple[int, int] | None = None
@@ -562,9 +575,17 @@ class Relay:
             await self.close()
 
     async def close(self) -> None:
-        publishers, self._publishers = self._publishers, {}
-        for publisher in publishers.values():
-            await publisher.close()
+        """Close every publisher (none is sending: a round ends when its sends have)."""
+        publishers = [*self._publishers.values(), *self._dropped]
+        self._publishers, self._dropped = {}, []
+        await self._close_each(publishers)
+
+    async def _close_each(self, publishers: list[Publisher]) -> None:
+        for publisher in publishers:  # each one, whatever closing another raised
+            try:
+                await publisher.close()
+            except Exception as exc:
+                logger.warning("relay: closing a publisher: %s", self._scrub(_describe(exc)))
 
     async def deliver_due(self) -> int:
         """One round; the number of messages delivered."""
@@ -592,9 +613,20 @@ class Relay:
                     delivered.append(message.id)
 
         try:
-            await asyncio.gather(*(serve(m) for m in by_task.values()))
+            # Every send ends before the round does, even when one fails (the store refusing
+            # a write): none runs on beside the next round, or past the publishers' close.
+            ended = await asyncio.gather(
+                *(serve(m) for m in by_task.values()), return_exceptions=True
+            )
         finally:
-            await self.store.relay_delivered(delivered)
+            try:
+                await self.store.relay_delivered(delivered)
+            finally:
+                dropped, self._dropped = self._dropped, []
+                await self._close_each(dropped)
+        for outcome in ended:
+            if isinstance(outcome, BaseException):
+                raise outcome
         for channel, errors in failed.items():
             logger.warning(
                 "relay: %d status message(s) for %s not delivered, tried again later: %s",
@@ -629,8 +661,8 @@ class Relay:
         if dest.broker in unreachable:
             return unreachable[dest.broker]
         started = time.monotonic()
+        publisher = self._publishers.get(dest.broker)
         try:
-            publisher = self._publishers.get(dest.broker)
             if publisher is None:
                 make = _PUBLISHERS[dest.scheme]
                 publisher = self._publishers[dest.broker] = make(dest, self.brokers.of(dest))
@@ -644,17 +676,21 @@ class Relay:
             return error
         except TimeoutError:
             error = f"no acknowledgement within {self.deadline} s"
-            await self._drop(dest.broker)
+            if publisher is not None:
+                self._drop(dest.broker, publisher)
         except Exception as exc:
             error = _describe(exc)
         logger.debug("relay: %s after %.3f s: %s", message_id(message),
                      time.monotonic() - started, self._scrub(error))  # fmt: skip
         return self._scrub(error)
 
-    async def _drop(self, broker: str) -> None:
-        publisher = self._publishers.pop(broker, None)
-        if publisher is not None:
-            await publisher.close()
+    def _drop(self, broker: str, publisher: Publisher) -> None:
+        """The next send to the broker opens another publisher; this one is closed at the end
+        of the round (another task's send may be using it)."""
+        if self._publishers.get(broker) is publisher:
+            del self._publishers[broker]
+        if publisher not in self._dropped:
+            self._dropped.append(publisher)
 
     def _scrub(self, text: str) -> str:
         for secret in self.brokers.secrets():

@@ -188,6 +188,16 @@ class OwnRedis(OwnBroker):
         finally:
             await client.aclose()
 
+    async def clients(self) -> int:
+        """How many connections the broker has open, besides the one that asks."""
+        from redis import asyncio as aioredis
+
+        client = aioredis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+        try:
+            return int((await client.info("clients"))["connected_clients"]) - 1
+        finally:
+            await client.aclose()
+
 
 class OwnRabbit(OwnBroker):
     scheme = "amqp"

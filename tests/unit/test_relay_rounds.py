@@ -1,0 +1,200 @@
+"""The relay's rounds and its publishers, on an outbox and brokers of the test's own: a
+publisher is closed only once no send uses it (a client closed under a send may connect
+again, in a publisher nobody closes), and every one is closed when the relay stops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from stepwarden import relay as relay_module
+from stepwarden.errors import TransientStoreError
+from stepwarden.records import OutboxMessage
+from stepwarden.relay import BrokerAccess, Destination, Relay
+from stepwarden.store.base import Subscription
+
+BROKER = "redis://127.0.0.1:6390"
+
+
+class Outbox:
+    """The store calls of a round: each task's messages, due at once; what was recorded."""
+
+    def __init__(self, tasks: dict[str, int], channel: str = f"{BROKER}/s") -> None:
+        self.due = [
+            OutboxMessage(
+                id=n * 100 + i,
+                channel=channel,
+                task_id=task,
+                kind="step_completed",
+                detail={},
+                at=datetime.now(UTC),
+            )
+            for n, (task, count) in enumerate(tasks.items())
+            for i in range(count)
+        ]
+        self.delivered: list[int] = []
+        self.failed: list[tuple[int, str]] = []
+        self.refuse_failed = False
+
+    async def relay_fence(self, safe: int) -> tuple[int, int | None]:
+        return safe, None
+
+    async def relay_due(self, upto: int, tasks: int, limit: int) -> list[OutboxMessage]:
+        return [m for m in self.due if m.id not in self.delivered]
+
+    async def relay_delivered(self, ids: list[int]) -> None:
+        self.delivered += ids
+
+    async def relay_failed(self, message_id: int, error: str, delay: float) -> None:
+        await asyncio.sleep(0)
+        if self.refuse_failed:
+            raise TransientStoreError("the store is out of reach")
+        self.failed.append((message_id, error))
+
+    def subscribe(self, channel: str) -> Subscription:
+        return Subscription()
+
+    def unsubscribe(self, channel: str, sub: Subscription) -> None:
+        pass
+
+
+class FakePublisher:
+    """Each send as the test planned it, once (a later try answers at once): `hang` never
+    answers (the relay's deadline ends it), `late` answers after a while, `timeout` raises
+    TimeoutError as the deadline would."""
+
+    made: list[FakePublisher] = []
+    both_sending: asyncio.Event | None = None
+    """Set once two sends are under way on one publisher."""
+
+    def __init__(self, dest: Destination, access: BrokerAccess) -> None:
+        self.sending = 0
+        self.closed = False
+        self.sent_while_closed: list[str] = []
+        self.closed_while_sending = False
+        self.fail_close = False
+        self.made.append(self)
+
+    async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
+        self.sending += 1
+        if self.sending >= 2 and self.both_sending is not None:
+            self.both_sending.set()
+        try:
+            how = PLAN.pop(message_id, "")
+            if how == "hang":
+                await asyncio.Event().wait()
+            elif how == "late":
+                await asyncio.sleep(0.2)
+            elif how == "timeout":
+                await asyncio.sleep(0)
+                raise TimeoutError
+            if self.closed:
+                self.sent_while_closed.append(message_id)
+        finally:
+            self.sending -= 1
+
+    async def close(self) -> None:
+        self.closed_while_sending |= self.sending > 0
+        self.closed = True
+        if self.fail_close:
+            raise OSError("the socket is gone")
+
+
+PLAN: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fake_publishers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(relay_module._PUBLISHERS, "redis", FakePublisher)
+    FakePublisher.made = []
+    FakePublisher.both_sending = None
+    PLAN.clear()
+    yield
+    PLAN.clear()
+
+
+def _relay(outbox: Outbox, deadline: float = 1.0) -> Relay:
+    store: Any = outbox
+    return Relay(store, deadline=deadline)
+
+
+async def test_a_publisher_given_up_after_the_deadline_is_closed_once_no_send_uses_it() -> None:
+    outbox = Outbox({"a": 1, "b": 1})
+    PLAN.update({"a:0": "timeout", "b:100": "late"})
+    relay = _relay(outbox)
+    assert await relay.deliver_due() == 1
+    [dropped] = FakePublisher.made
+    assert outbox.delivered == [100]
+    assert [(i, e) for i, e in outbox.failed] == [(0, "no acknowledgement within 1.0 s")]
+    assert dropped.closed and not dropped.closed_while_sending
+    assert dropped.sent_while_closed == []
+    # The next send opens another publisher; closing the relay closes it.
+    assert await relay.deliver_due() == 1
+    [_, second] = FakePublisher.made
+    assert not second.closed
+    await relay.close()
+    assert second.closed
+
+
+async def test_the_deadline_ends_a_send_and_its_publisher_is_closed_after_the_round() -> None:
+    outbox = Outbox({"a": 1, "b": 2})
+    PLAN.update({"a:0": "hang", "b:100": "late", "b:101": "late"})
+    relay = _relay(outbox, deadline=0.3)
+    assert await relay.deliver_due() == 2
+    [publisher] = FakePublisher.made
+    assert publisher.closed and not publisher.closed_while_sending
+    assert publisher.sent_while_closed == []
+
+
+async def test_a_round_whose_store_write_fails_ends_after_its_other_sends() -> None:
+    outbox = Outbox({"a": 1, "b": 1})
+    outbox.refuse_failed = True
+    PLAN.update({"a:0": "timeout", "b:100": "late"})
+    relay = _relay(outbox)
+    with pytest.raises(TransientStoreError):
+        await relay.deliver_due()
+    [publisher] = FakePublisher.made
+    assert publisher.sending == 0  # b's send ended with the round
+    assert outbox.delivered == [100]
+    assert publisher.closed and not publisher.closed_while_sending
+
+
+async def test_a_relay_stopped_in_a_round_closes_its_publishers_after_the_sends() -> None:
+    outbox = Outbox({"a": 1, "b": 1})
+    PLAN.update({"a:0": "hang", "b:100": "hang"})
+    relay = _relay(outbox, deadline=30)
+    FakePublisher.both_sending = both_sending = asyncio.Event()
+    running = asyncio.create_task(relay.run(asyncio.Event(), lambda: True, 0.01))
+    await asyncio.wait_for(both_sending.wait(), 10)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    [publisher] = FakePublisher.made
+    assert publisher.closed and not publisher.closed_while_sending
+
+
+async def test_closing_the_relay_closes_each_publisher_whatever_another_raised() -> None:
+    outbox = Outbox({"a": 1})
+    relay = _relay(outbox)
+    await relay.deliver_due()
+    other = Outbox({"c": 1})
+    other.due = [
+        OutboxMessage(
+            id=7,
+            channel="redis://127.0.0.1:6391/s",
+            task_id="c",
+            kind="received",
+            detail={},
+            at=datetime.now(UTC),
+        )
+    ]
+    relay.store = other  # type: ignore[assignment]
+    await relay.deliver_due()
+    first, second = FakePublisher.made
+    first.fail_close = True
+    await relay.close()
+    assert first.closed and second.closed
