@@ -32,11 +32,14 @@ bench: $(BENCH_STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
+# make demo: its shipping agent is served by the TypeScript library's agent runner when
+# Node 20+ and npm are here (DEMO_TS=no: by the Python workers, as every other agent).
+DEMO_TS ?= $(shell node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' \
+	2>/dev/null && command -v npm >/dev/null && echo yes)
 demo: $(STAMP)
-	$(PY) -m examples.orders.demo $(DEMO_ARGS)
+	$(PY) -m examples.orders.demo $(if $(filter yes,$(DEMO_TS)),--ts-shipping) $(DEMO_ARGS)
 
-# make demo-ts: the same, its shipping agent served by the TypeScript library's agent runner
-# (clients/typescript; Node 20+ and npm) over the agent protocol.
+# make demo-ts: the demo with the TypeScript shipping agent (Node 20+ and npm needed).
 demo-ts: $(STAMP)
 	$(PY) -m examples.orders.demo --ts-shipping $(DEMO_ARGS)
 
