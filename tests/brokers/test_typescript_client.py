@@ -1,0 +1,147 @@
+"""Tasks submitted over HTTP by the TypeScript client (clients/typescript), their status
+messages on the application's own broker (a RabbitMQ queue, a NATS JetStream subject, of the
+test's own): every message arrives, each task's in order, across a restart of the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from stepwarden import _tokens
+from stepwarden.dashboard import bind, create_app, server
+
+from ..conftest import unique
+from ..contract.test_engine import running
+from ..typescript.test_typescript_client import compiled_library
+from .own import OwnBroker, make
+from .test_relay import all_processed, assert_delivered, build, outbox_of
+
+DASHBOARD_TOKEN = "dashboard-token-ts-relay-0123"
+
+SUBMIT_JS = """
+import { Client } from "%(library)s";
+const client = new Client({ url: process.env.STEPWARDEN_URL, token: process.env.TOKEN });
+const ids = [];
+for (const n of JSON.parse(process.env.INPUTS)) {
+  const answer = await client.submit("three", n, { replyTo: process.env.REPLY_TO });
+  ids.push(answer.task_id);
+}
+console.log(JSON.stringify(ids));
+"""
+
+
+@pytest.fixture(scope="module", params=["amqp", "nats"])
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OwnBroker]:
+    own = make(request.param, tmp_path_factory.mktemp(f"broker-{request.param}"))
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compiled_library(tmp_path_factory.mktemp("ts-library"))
+
+
+@contextlib.contextmanager
+def api_server(store_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The application API of `build`'s App over `store_url` (uvicorn, in a thread of its
+    own), and the token of a client that may submit; until the block ends."""
+    token, client = _tokens.new_client("shop", ["submit", "read"])
+    path = tmp_path / "api-tokens"
+    path.write_text(client.line() + "\n")
+    path.chmod(0o600)
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    holder: dict[str, uvicorn.Server] = {}
+    failure: list[BaseException] = []
+    started = threading.Event()
+
+    async def main() -> None:
+        web = create_app(build(store_url), token=DASHBOARD_TOKEN, api_tokens=path)
+        config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
+        holder["server"] = served = server(config, web.state.stopping)
+        started.set()
+        await served.serve(sockets=[sock])
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            failure.append(exc)
+            started.set()
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name="ts-relay-server", daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20) and not failure, failure
+        yield url, token
+    finally:
+        if "server" in holder:
+            holder["server"].should_exit = True
+        thread.join(30)
+        if failure:
+            raise failure[0]
+
+
+def submit_from_typescript(
+    library: Path, tmp_path: Path, url: str, token: str, reply_to: str, inputs: list[int]
+) -> list[str]:
+    script = tmp_path / "submit.mjs"
+    script.write_text(SUBMIT_JS % {"library": (library / "src" / "index.js").as_uri()})
+    done = subprocess.run(
+        ["node", str(script)],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "STEPWARDEN_URL": url,
+            "TOKEN": token,
+            "REPLY_TO": reply_to,
+            "INPUTS": json.dumps(inputs),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return ids
+
+
+async def test_tasks_submitted_by_the_typescript_client_have_their_messages_across_a_restart(
+    store_url: str, broker: OwnBroker, library: Path, tmp_path: Path
+) -> None:
+    name = unique("ts").replace("-", "_")
+    await broker.prepare(name)
+    app = build(store_url)
+    with api_server(store_url, tmp_path) as (url, token):
+        async with app, running(app):
+
+            async def submit(inputs: list[int]) -> list[str]:
+                return await asyncio.to_thread(
+                    submit_from_typescript, library, tmp_path, url, token, broker.url(name), inputs
+                )
+
+            before = await submit([0, 1, 2])
+            await all_processed(broker, name, before)
+            await asyncio.to_thread(broker.stop)
+            during = await submit([3, 4, 5, 6])
+            for n, task_id in zip(range(3, 7), during, strict=True):
+                assert await app.result_async(task_id, timeout=30) == [n, n + 1, n + 2]
+            await asyncio.to_thread(broker.start)
+            received = await all_processed(broker, name, before + during)
+            assert_delivered(received, await outbox_of(app, before + during))
