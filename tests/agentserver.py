@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -37,24 +37,23 @@ class AgentServer:
 
 
 @contextlib.contextmanager
-def agent_server(store_url: str, agents: Iterable[str], tmp_path: Path) -> Iterator[AgentServer]:
-    """Serve the agent protocol of an App that declares `agents`, over `store_url`, until the
-    block ends."""
-    names = sorted(set(agents))
-    token, client = _tokens.new_client(CLIENT, [f"agent:{name}" for name in names])
-    path = tmp_path / "agent-tokens"
-    path.write_text(client.line() + "\n")
+def api_server(
+    make_app: Callable[[], sw.App], clients: Mapping[str, Iterable[str]], tmp_path: Path
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """Serve `make_app()`'s dashboard and /api/v1 (uvicorn on a free port of 127.0.0.1, in a
+    thread of its own with its event loop, as another process would) with these clients
+    (name: scopes), until the block ends: its URL, and each client's token."""
+    made = {name: _tokens.new_client(name, scopes) for name, scopes in clients.items()}
+    path = tmp_path / "api-tokens"
+    path.write_text("".join(client.line() + "\n" for _, client in made.values()))
     path.chmod(0o600)
     sock = bind("127.0.0.1", 0)
-    found = AgentServer(f"http://127.0.0.1:{sock.getsockname()[1]}", token)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     holder: dict[str, uvicorn.Server] = {}
     failure: list[BaseException] = []
 
     async def main() -> None:
-        app = sw.App("agent-server", store=store_url)
-        for name in names:
-            app.agent(name)
-        web = create_app(app, token=DASHBOARD_TOKEN, api_tokens=path)
+        web = create_app(make_app(), token=DASHBOARD_TOKEN, api_tokens=path)
         config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
         holder["server"] = served = server(config, web.state.stopping)
         await served.serve(sockets=[sock])  # its lifespan closes the App
@@ -67,20 +66,37 @@ def agent_server(store_url: str, agents: Iterable[str], tmp_path: Path) -> Itera
         finally:
             sock.close()
 
-    thread = threading.Thread(target=run, name="agent-server", daemon=True)
+    thread = threading.Thread(target=run, name="api-server", daemon=True)
     thread.start()
     try:
         _wait_for(lambda: failure or (holder.get("server") and holder["server"].started))
         if failure:
             raise failure[0]
-        yield found
+        yield url, {name: token for name, (token, _) in made.items()}
     finally:
         if "server" in holder:
             holder["server"].should_exit = True
         thread.join(30)
-        assert not thread.is_alive(), "the agent server did not stop"
+        assert not thread.is_alive(), "the server did not stop"
     if failure:
         raise failure[0]
+
+
+@contextlib.contextmanager
+def agent_server(store_url: str, agents: Iterable[str], tmp_path: Path) -> Iterator[AgentServer]:
+    """Serve the agent protocol of an App that declares `agents`, over `store_url`, until the
+    block ends."""
+    names = sorted(set(agents))
+
+    def make_app() -> sw.App:
+        app = sw.App("agent-server", store=store_url)
+        for name in names:
+            app.agent(name)
+        return app
+
+    scopes = [f"agent:{name}" for name in names]
+    with api_server(make_app, {CLIENT: scopes}, tmp_path) as (url, tokens):
+        yield AgentServer(url, tokens[CLIENT])
 
 
 def _wait_for(check: Callable[[], Any]) -> None:

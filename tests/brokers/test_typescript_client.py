@@ -5,26 +5,19 @@ test's own): every message arrives, each task's in order, across a restart of th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from stepwarden import _tokens
-from stepwarden.dashboard import bind, create_app, server
-
+from ..agentserver import api_server
 from ..conftest import unique
 from ..contract.test_engine import running
 from ..typescript.test_typescript_client import compiled_library
 from .own import OwnBroker, make
 from .test_relay import all_processed, assert_delivered, build, outbox_of
-
-DASHBOARD_TOKEN = "dashboard-token-ts-relay-0123"
 
 SUBMIT_JS = """
 import { Client } from "%(library)s";
@@ -53,49 +46,6 @@ def broker(
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compiled_library(tmp_path_factory.mktemp("ts-library"))
-
-
-@contextlib.contextmanager
-def api_server(store_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The application API of `build`'s App over `store_url` (uvicorn, in a thread of its
-    own), and the token of a client that may submit; until the block ends."""
-    token, client = _tokens.new_client("shop", ["submit", "read"])
-    path = tmp_path / "api-tokens"
-    path.write_text(client.line() + "\n")
-    path.chmod(0o600)
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    holder: dict[str, uvicorn.Server] = {}
-    failure: list[BaseException] = []
-    started = threading.Event()
-
-    async def main() -> None:
-        web = create_app(build(store_url), token=DASHBOARD_TOKEN, api_tokens=path)
-        config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
-        holder["server"] = served = server(config, web.state.stopping)
-        started.set()
-        await served.serve(sockets=[sock])
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            failure.append(exc)
-            started.set()
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=run, name="ts-relay-server", daemon=True)
-    thread.start()
-    try:
-        assert started.wait(20) and not failure, failure
-        yield url, token
-    finally:
-        if "server" in holder:
-            holder["server"].should_exit = True
-        thread.join(30)
-        if failure:
-            raise failure[0]
 
 
 def submit_from_typescript(
@@ -128,7 +78,9 @@ async def test_tasks_submitted_by_the_typescript_client_have_their_messages_acro
     name = unique("ts").replace("-", "_")
     await broker.prepare(name)
     app = build(store_url)
-    with api_server(store_url, tmp_path) as (url, token):
+    clients = {"shop": ["submit", "read"]}
+    with api_server(lambda: build(store_url), clients, tmp_path) as (url, tokens):
+        token = tokens["shop"]
         async with app, running(app):
 
             async def submit(inputs: list[int]) -> list[str]:

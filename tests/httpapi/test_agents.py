@@ -9,20 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 import stepwarden as sw
-from stepwarden import _tokens
-from stepwarden.dashboard import bind, create_app, server
 
-from .conftest import DASHBOARD_TOKEN, FAST, TIMEOUT, until, wait_for
+from ..agentserver import api_server
+from ..contract.test_engine import running
+from .conftest import FAST, TIMEOUT, until
 
 AGENTS = "/api/v1/agents"
 
@@ -81,63 +79,22 @@ class Server:
         return {"Authorization": f"Bearer {self.tokens[client]}"}
 
 
-CLIENTS = {"shipper": ("agent:remote",), "other": ("agent:local",), "billing": ("read",)}
-
-
-@contextlib.contextmanager
-def serving(store_url: str, tmp_path: Path) -> Iterator[Server]:
-    """The dashboard's server with the clients' tokens, and a worker that runs the workflow
-    and the local agent (not the remote one), in a thread of their own."""
-    made = {name: _tokens.new_client(name, scopes) for name, scopes in CLIENTS.items()}
-    path = tmp_path / "api-tokens"
-    path.write_text("".join(client.line() + "\n" for _, client in made.values()))
-    path.chmod(0o600)
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    found = Server(url, {name: token for name, (token, _) in made.items()})
-    holder: dict[str, Any] = {}
-    failure: list[BaseException] = []
-
-    async def main() -> None:
-        app = Remote(store_url).app
-        web = create_app(app, token=DASHBOARD_TOKEN, api_tokens=path)
-        config = uvicorn.Config(web, log_level="warning", access_log=False, lifespan="on")
-        holder["server"] = uvicorn_server = server(config, web.state.stopping)
-        worker_app = Remote(store_url).app
-        worker = sw.Worker(worker_app, dataclasses.replace(FAST, agents=frozenset({"local"})))
-        work = asyncio.create_task(worker.run())
-        try:
-            await uvicorn_server.serve(sockets=[sock])
-        finally:
-            worker.stop.set()
-            await asyncio.wait_for(work, 30)
-            await worker_app.aclose()
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            failure.append(exc)
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=run, name="agent-server", daemon=True)
-    thread.start()
-    try:
-        wait_for("the server to start", lambda: holder.get("server") and holder["server"].started)
-        yield found
-    finally:
-        if "server" in holder:
-            holder["server"].should_exit = True
-        thread.join(30)
-        if failure:
-            raise failure[0]
+CLIENTS: dict[str, Iterable[str]] = {
+    "shipper": ("agent:remote",),
+    "other": ("agent:local",),
+    "billing": ("read",),
+}
 
 
 @pytest.fixture
-def served(store_url: str, tmp_path: Path) -> Iterator[Server]:
-    with serving(store_url, tmp_path) as s:
-        yield s
+async def served(store_url: str, tmp_path: Path) -> AsyncIterator[Server]:
+    """The dashboard's server with the clients' tokens (a thread of its own), and a worker
+    that runs the workflow and the local agent, not the remote one."""
+    with api_server(lambda: Remote(store_url).app, CLIENTS, tmp_path) as (url, tokens):
+        worker_app = Remote(store_url).app
+        options = dataclasses.replace(FAST, agents=frozenset({"local"}))
+        async with worker_app, running(worker_app, options):
+            yield Server(url, tokens)
 
 
 @contextlib.asynccontextmanager

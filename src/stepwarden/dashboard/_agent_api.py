@@ -43,6 +43,7 @@ from ._agent_models import (
     BreakerRequest,
     ClaimRequest,
     CompleteRequest,
+    Handback,
     HandbackRequest,
     HeartbeatAnswer,
     HeartbeatRequest,
@@ -79,6 +80,26 @@ def _mine(client: str, instance: str) -> Response | None:
     if not instance.startswith(client + "/"):
         return error(403, FORBIDDEN_INSTANCE.format(instance=instance, client=client))
     return None
+
+
+def _all_mine(client: str, instances: list[str]) -> Response | None:
+    """403 when one of `instances` is not named after `client`."""
+    for instance in instances:
+        refused = _mine(client, instance)
+        if refused is not None:
+            return refused
+    return None
+
+
+def _fence(h: Handback) -> dict[str, Any]:
+    """A hand-back's or a stop's fields, as its record names them."""
+    return {
+        "task_id": h.task_id,
+        "seq": h.seq,
+        "attempt": h.attempt,
+        "agent_instance": h.instance,
+        "reason": h.reason,
+    }
 
 
 def _request_dict(r: StepRequest) -> dict[str, Any]:
@@ -313,10 +334,9 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def complete(
         agent: AgentName, body: CompleteRequest, client: ClientName, db: Db
     ) -> Response:
-        for item in body.items:
-            refused = _mine(client, item.instance)
-            if refused is not None:
-                return refused
+        refused = _all_mine(client, [o.instance for o in body.items])
+        if refused is not None:
+            return refused
         outcomes = [
             StepOutcome(
                 task_id=o.task_id,
@@ -347,21 +367,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def hand_back(
         agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
     ) -> Response:
-        for item in body.items:
-            refused = _mine(client, item.instance)
-            if refused is not None:
-                return refused
-        batch = [
-            RequestHandback(
-                task_id=h.task_id,
-                seq=h.seq,
-                attempt=h.attempt,
-                agent_instance=h.instance,
-                reason=h.reason,
-            )
-            for h in body.items
-        ]
-        return json_response({"applied": await db.hand_back(batch)})
+        refused = _all_mine(client, [h.instance for h in body.items])
+        if refused is not None:
+            return refused
+        applied = await db.hand_back([RequestHandback(**_fence(h)) for h in body.items])
+        return json_response({"applied": applied})
 
     @api.post(
         f"{AGENTS}/{{agent}}/stopped",
@@ -373,21 +383,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def stopped(
         agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
     ) -> Response:
-        for item in body.items:
-            refused = _mine(client, item.instance)
-            if refused is not None:
-                return refused
-        batch = [
-            CallStop(
-                task_id=s.task_id,
-                seq=s.seq,
-                attempt=s.attempt,
-                agent_instance=s.instance,
-                reason=s.reason,
-            )
-            for s in body.items
-        ]
-        return json_response({"applied": await db.stop_calls(batch)})
+        refused = _all_mine(client, [h.instance for h in body.items])
+        if refused is not None:
+            return refused
+        applied = await db.stop_calls([CallStop(**_fence(h)) for h in body.items])
+        return json_response({"applied": applied})
 
     @api.get(
         f"{AGENTS}/{{agent}}/wakeups",
