@@ -62,9 +62,11 @@ async def test_the_dashboard_queries_read_what_the_store_holds(store_url: str) -
                 await app.result_async("x-2", timeout=20)
             lease = await store.read_lease("supervisor")
             assert lease is not None and lease.holder.startswith("supervisor")
-            assert lease.term >= 1 and 0 < lease.remaining <= 1.0
-            # Renewed before each sweep, for its ttl (1 s): the age of the last sweep.
-            assert lease.since_renewed is not None and 0 <= lease.since_renewed < 1.0
+            # Renewed before each sweep, for its ttl (1 s): what is left and the age of the
+            # last renewal add up to the ttl (a leader slowed down by a busy machine may let
+            # it lapse: remaining then falls below 0, the sum holds).
+            assert lease.term >= 1 and lease.remaining <= 1.0
+            assert lease.since_renewed is not None and lease.since_renewed >= 0
             assert abs(lease.since_renewed + lease.remaining - 1.0) < 0.05
         await app.submit_async("w1", {"n": 3}, task_id="x-3")
         await store.record_events([("x-1", "expired", {"seq": 1, "attempt": 1})])
