@@ -22,6 +22,35 @@ async def first(*aws: Awaitable[Any]) -> None:
             t.cancel()
 
 
+async def to_the_end(aw: Awaitable[T]) -> T:
+    """Await `aw` to its end even when this task is cancelled meanwhile, then pass the
+    cancellation on: for a cleanup (closing a client's connections) that a cancellation
+    cut short would leave half done, its sockets open and nobody to close them."""
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(inner)
+            break
+        except asyncio.CancelledError:
+            if inner.done():  # the cleanup itself was cancelled (the loop shutting down)
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait until it has ended, its cleanup included. A cancellation of
+    the caller while it waits is its own: it ends the wait (and is raised) without
+    cancelling `task` a second time, which would cut its cleanup short."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
+
+
 async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
     """Sleep `seconds`, or less if `stop` is set meanwhile."""
     try:

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from . import _json
-from ._aio import sleep_unless
+from ._aio import sleep_unless, to_the_end
 from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
@@ -340,7 +340,7 @@ class AmqpPublisher:
                 publisher_confirms=True, on_return_raises=True
             )
         except Exception as exc:
-            await self.close()
+            await to_the_end(self.close())
             raise Unreachable(_describe(exc)) from None
         return self._channel
 
@@ -414,7 +414,7 @@ class NatsPublisher:
                 closed_cb=quiet,
             )
         except Exception as exc:
-            await self.close()
+            await to_the_end(self.close())
             raise Unreachable(_describe(exc)) from None
         return self._client.jetstream(timeout=DEADLINE)
 
@@ -572,7 +572,8 @@ class Relay:
                     await woken.wait(poll)
         finally:
             self.store.unsubscribe(CHANNEL_OUTBOX, woken)
-            await self.close()
+            # Stopped (or cancelled) while it closes, the relay still closes every publisher.
+            await to_the_end(self.close())
 
     async def close(self) -> None:
         """Close every publisher (none is sending: a round ends when its sends have)."""
@@ -623,7 +624,7 @@ class Relay:
                 await self.store.relay_delivered(delivered)
             finally:
                 dropped, self._dropped = self._dropped, []
-                await self._close_each(dropped)
+                await to_the_end(self._close_each(dropped))
         for outcome in ended:
             if isinstance(outcome, BaseException):
                 raise outcome

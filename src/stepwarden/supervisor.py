@@ -16,14 +16,13 @@ App's sinks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from . import tracing
-from ._aio import sleep_unless
+from ._aio import sleep_unless, stop_task
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
@@ -116,9 +115,7 @@ class Supervisor:
         finally:
             for delivery in (delivering, relaying):
                 if delivery is not None:  # a delivery under way is abandoned: sent again later
-                    delivery.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await delivery
+                    await stop_task(delivery)
             if self.term is not None:
                 try:
                     await self.store.release_lease(LEASE, self.instance)

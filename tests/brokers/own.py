@@ -188,13 +188,20 @@ class OwnRedis(OwnBroker):
         finally:
             await client.aclose()
 
-    async def clients(self) -> int:
-        """How many connections the broker has open, besides the one that asks."""
+    async def clients(self) -> list[str]:
+        """The connections the broker has open, besides the one that asks: a line of
+        CLIENT LIST each (its age, idle time and last command)."""
         from redis import asyncio as aioredis
 
         client = aioredis.Redis(host="127.0.0.1", port=self.port, password=self.password)
         try:
-            return int((await client.info("clients"))["connected_clients"]) - 1
+            listed: list[dict[str, Any]] = await client.client_list()
+            mine = await client.client_id()
+            return [
+                " ".join(f"{k}={v}" for k, v in entry.items())
+                for entry in listed
+                if int(entry["id"]) != mine
+            ]
         finally:
             await client.aclose()
 

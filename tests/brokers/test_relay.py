@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import json
 import os
 import signal
@@ -29,30 +28,6 @@ from ..conftest import unique
 from ..contract.test_engine import FAST, running
 from ..unit.test_relay_rounds import Outbox
 from .own import OwnBroker, OwnRedis, make
-
-# Known defect, open in issue 30: the relay's fixes for Redis (a send's error no longer
-# disconnects the pool under other sends; a publisher dropped after a deadline is closed once
-# no send uses it) made it rarer, not gone: a redis-py connection or its StreamWriter is still
-# sometimes garbage-collected unclosed after a run (seen in about one run in three of the
-# Redis ordering test on this machine), reported as an unraisable ResourceWarning; and after
-# a RabbitMQ restart, aiormq's Connection.close coroutine is sometimes never awaited. Every
-# message is still delivered, in order (what these tests assert). The filter covers this
-# module only, and names the objects seen; what a test leaves is collected at its end.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <(socket\\.socket|function StreamWriter\\.__del__"
-    "|function _SelectorTransport\\.__del__|function AbstractConnection\\.__del__"
-    "|coroutine object Connection\\.close)"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-
-
-@pytest.fixture(autouse=True)
-def _collect_here() -> Iterator[None]:
-    """What this module's tests leave unclosed is collected at their end, under the filter
-    above, not later in another module's test."""
-    yield
-    gc.collect()
-
 
 T = TypeVar("T")
 KINDS = ["received", "step_completed", "step_completed", "step_completed", "processed"]
@@ -167,10 +142,16 @@ async def assert_none_left_open(broker: OwnBroker) -> None:
     if isinstance(broker, OwnRedis):
         redis = broker
 
-        async def none_open() -> bool:
-            return await redis.clients() == 0
+        seen: list[str] = []
 
-        await until(none_open, "the relay's connections to Redis to close", timeout=10)
+        async def none_open() -> bool:
+            seen[:] = await redis.clients()
+            return not seen
+
+        try:
+            await until(none_open, "the relay's connections to Redis to close", timeout=10)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; open: {seen}") from None
 
 
 async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
@@ -293,7 +274,7 @@ async def test_a_broker_that_stops_answering_mid_round_leaves_no_connection_open
         finally:
             delivering.cancel()
             await relay.close()
-        assert await redis.clients() == 0
+        assert await redis.clients() == []
         received = await redis.received("frozen")
         assert {b["id"] for b in received} == {f"{m.task_id}:{m.id}" for m in outbox.due}
     finally:

@@ -39,6 +39,8 @@ class Outbox:
         self.delivered: list[int] = []
         self.failed: list[tuple[int, str]] = []
         self.refuse_failed = False
+        self.recorded = asyncio.Event()
+        """Set once a delivery is recorded."""
 
     async def relay_fence(self, safe: int) -> tuple[int, int | None]:
         return safe, None
@@ -48,6 +50,8 @@ class Outbox:
 
     async def relay_delivered(self, ids: list[int]) -> None:
         self.delivered += ids
+        if ids:
+            self.recorded.set()
 
     async def relay_failed(self, message_id: int, error: str, delay: float) -> None:
         await asyncio.sleep(0)
@@ -77,6 +81,7 @@ class FakePublisher:
         self.sent_while_closed: list[str] = []
         self.closed_while_sending = False
         self.fail_close = False
+        self.closed_fully = False
         self.made.append(self)
 
     async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:
@@ -97,11 +102,19 @@ class FakePublisher:
         finally:
             self.sending -= 1
 
+    closing: asyncio.Event | None = None
+    """Set once a close is under way, when the test holds closes at `close_gate`."""
+    close_gate: asyncio.Event | None = None
+
     async def close(self) -> None:
         self.closed_while_sending |= self.sending > 0
         self.closed = True
         if self.fail_close:
             raise OSError("the socket is gone")
+        if self.close_gate is not None and self.closing is not None:
+            self.closing.set()
+            await self.close_gate.wait()  # a client's close awaiting its sockets' end
+        self.closed_fully = True
 
 
 PLAN: dict[str, str] = {}
@@ -112,6 +125,7 @@ def _fake_publishers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setitem(relay_module._PUBLISHERS, "redis", FakePublisher)
     FakePublisher.made = []
     FakePublisher.both_sending = None
+    FakePublisher.closing = FakePublisher.close_gate = None
     PLAN.clear()
     yield
     PLAN.clear()
@@ -198,3 +212,25 @@ async def test_closing_the_relay_closes_each_publisher_whatever_another_raised()
     first.fail_close = True
     await relay.close()
     assert first.closed and second.closed
+
+
+async def test_a_relay_cancelled_while_it_closes_still_closes_every_publisher() -> None:
+    """The relay ends its loop when told to stop, and the supervisor then cancels it: a
+    cancellation landing in the close lets the close run to its end (a client's close cut
+    short leaves its sockets open, with nobody left to close them)."""
+    outbox = Outbox({"a": 1})
+    relay = _relay(outbox)
+    stop = asyncio.Event()
+    closing, gate = asyncio.Event(), asyncio.Event()
+    FakePublisher.closing, FakePublisher.close_gate = closing, gate
+    running = asyncio.create_task(relay.run(stop, lambda: True, 0.01))
+    await asyncio.wait_for(outbox.recorded.wait(), 10)
+    assert outbox.delivered == [0]
+    stop.set()
+    await asyncio.wait_for(closing.wait(), 10)
+    running.cancel()  # it reaches the close, waiting at the gate
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    [publisher] = FakePublisher.made
+    assert publisher.closed_fully

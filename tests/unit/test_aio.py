@@ -1,0 +1,73 @@
+"""The asyncio helpers the roles stop their tasks with: a cleanup runs to its end whatever
+cancellation arrives meanwhile, and the cancellation is still passed on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stepwarden._aio import stop_task, to_the_end
+
+
+class Cleanup:
+    def __init__(self) -> None:
+        self.started, self.gate, self.done = asyncio.Event(), asyncio.Event(), False
+
+    async def run(self) -> None:
+        self.started.set()
+        await self.gate.wait()
+        self.done = True
+
+
+async def test_a_cleanup_cancelled_midway_runs_to_its_end_then_the_cancellation_is_raised() -> None:
+    cleanup = Cleanup()
+    task = asyncio.create_task(to_the_end(cleanup.run()))
+    await cleanup.started.wait()
+    task.cancel()
+    task.cancel()  # twice: still one cleanup, run to its end
+    cleanup.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleanup.done
+
+
+async def test_stopping_a_task_waits_for_its_cleanup_and_a_cancelled_caller_cuts_none() -> None:
+    cleanup = Cleanup()
+
+    under_way = asyncio.Event()
+
+    async def role() -> None:
+        try:
+            under_way.set()
+            await asyncio.Event().wait()
+        finally:
+            await cleanup.run()
+
+    task = asyncio.create_task(role())
+    await under_way.wait()
+    stopping = asyncio.create_task(stop_task(task))
+    await cleanup.started.wait()
+    stopping.cancel()  # the caller's own cancellation: the role is not cancelled again
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert not task.done()
+    cleanup.gate.set()
+    await asyncio.wait([task])
+    assert cleanup.done and task.cancelled()
+
+
+async def test_stopping_a_task_that_failed_raises_its_error() -> None:
+    under_way = asyncio.Event()
+
+    async def role() -> None:
+        try:
+            under_way.set()
+            await asyncio.Event().wait()
+        finally:
+            raise OSError("closing failed")
+
+    task = asyncio.create_task(role())
+    await under_way.wait()
+    with pytest.raises(OSError, match="closing failed"):
+        await stop_task(task)
