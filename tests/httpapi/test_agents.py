@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,7 @@ async def test_a_token_serves_only_its_agents_as_instances_of_its_client(
 ) -> None:
     async with httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
         claim = {"instance": "other/x", "operations": ["ship"], "limit": 5}
-        answer = await http.post(
-            f"{AGENTS}/remote/claim", json=claim, headers=served.auth("other")
-        )
+        answer = await http.post(f"{AGENTS}/remote/claim", json=claim, headers=served.auth("other"))
         assert answer.status_code == 403 and "agent:remote" in answer.json()["error"]
         claim["instance"] = "other/x"
         answer = await http.post(
@@ -247,3 +246,48 @@ async def test_a_remote_agent_gets_the_secrets_of_its_input_as_secrets(
         async with remote_worker(remote, served):
             result = await remote.app.result_async(task, timeout=TIMEOUT)
     assert result == {"secret": True, "last4": "4242"}
+
+
+async def test_a_claim_whose_client_went_claims_nothing_after(
+    store_url: str, served: Server
+) -> None:
+    """An instance stopping gives up its claim's long poll: a request queued after that goes
+    to another instance, not to the one that left (which would never call it)."""
+    remote = Remote(store_url)
+    auth = served.auth("shipper")
+    async with remote.app, httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        for me in ("shipper/leaving", "shipper/staying"):
+            beat = {"instance": me, "operations": ["ship"], "capacity": 1, "ttl": 30}
+            answer = await http.post(f"{AGENTS}/remote/beat", json=beat, headers=auth)
+            assert answer.status_code == 204
+        # The whole claim sent, then the connection closed: its long poll has begun (or
+        # begins) on the server with its client gone.
+        body = json.dumps(
+            {"instance": "shipper/leaving", "operations": ["ship"], "limit": 1, "wait": 20}
+        ).encode()
+        url = httpx.URL(served.url)
+        _, writer = await asyncio.open_connection(url.host, url.port)
+        writer.write(
+            f"POST {AGENTS}/remote/claim HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Authorization: {auth['Authorization']}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+        await remote.app.submit_async("order", 4, task_id="after-leaving")
+        store = await remote.app.store()
+
+        async def queued() -> Any:
+            return [s for s in await store.get_steps("after-leaving") if s.seq == 2]
+
+        [step] = await until("the remote step to be queued", queued)
+        assert step.locked_by is None, step.locked_by
+        claim = {"instance": "shipper/staying", "operations": ["ship"], "limit": 1, "wait": 10}
+        answer = await http.post(f"{AGENTS}/remote/claim", json=claim, headers=auth)
+        [request] = answer.json()["requests"]
+        assert request["task_id"] == "after-leaving"
+        [step] = await queued()
+        assert step.locked_by == "shipper/staying"

@@ -16,7 +16,7 @@ only ever touch the steps its own instances claimed, for the agents it may serve
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -225,7 +225,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                            r413=TOO_BIG, r422=INVALID),
     )
     async def claim(
-        agent: AgentName, body: ClaimRequest, client: ClientName, db: Db
+        agent: AgentName, body: ClaimRequest, client: ClientName, db: Db, request: Request
     ) -> Response:
         refused = _mine(client, body.instance)
         if refused is not None:
@@ -236,9 +236,29 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         }
 
         async def take() -> list[StepRequest]:
-            return await db.claim_requests(
+            """The requests claimed, or none once the client has gone (an instance that
+            stopped waiting, stopping itself): what a claim took as the client went is
+            handed back at once rather than held by an instance that will never call it."""
+            if await request.is_disconnected():
+                return []
+            found = await db.claim_requests(
                 body.instance, agent, body.operations, body.limit, limits
             )
+            if found and await request.is_disconnected():
+                await db.hand_back(
+                    [
+                        RequestHandback(
+                            task_id=r.task_id,
+                            seq=r.seq,
+                            attempt=r.attempt,
+                            agent_instance=body.instance,
+                            reason="its claim's client went before the answer",
+                        )
+                        for r in found
+                    ]
+                )
+                return []
+            return found
 
         if body.wait <= 0:
             return _requests(await take())
@@ -251,9 +271,9 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
             while True:
                 found = await take()
                 left = until - loop.time()
-                if found or left <= 0 or stopping.is_set():
+                if found or left <= 0 or stopping.is_set() or await request.is_disconnected():
                     return _requests(found)
-                await _woken(sub, agent, left, stopping)
+                await _woken(sub, agent, left, stopping, request.is_disconnected)
         finally:
             db.unsubscribe(CHANNEL_REQUESTS, sub)
 
@@ -426,8 +446,15 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     return api
 
 
-async def _woken(sub: Any, agent: str, timeout: float, stopping: asyncio.Event) -> None:
-    """Wait until a wake-up names `agent`, `timeout` passes or the server stops."""
+async def _woken(
+    sub: Any,
+    agent: str,
+    timeout: float,
+    stopping: asyncio.Event,
+    gone: Callable[[], Awaitable[bool]],
+) -> None:
+    """Wait until a wake-up names `agent`, `timeout` passes, the server stops or the client
+    is `gone` (asked each second)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout
     while not stopping.is_set():
@@ -435,7 +462,7 @@ async def _woken(sub: Any, agent: str, timeout: float, stopping: asyncio.Event) 
         if left <= 0:
             return
         payloads = await sub.wait(min(left, 1.0))
-        if payloads is not None and agent in payloads:
+        if (payloads is not None and agent in payloads) or await gone():
             return
 
 
