@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from starlette.responses import Response, StreamingResponse
 
 from .. import _json
@@ -53,7 +53,7 @@ from ._agent_models import (
     RequestsAnswer,
     WhoAmI,
 )
-from ._api import error, json_response
+from ._api import json_response
 from ._app_api import (
     ANY_AGENT,
     INVALID,
@@ -75,20 +75,13 @@ FORBIDDEN_INSTANCE = (
 )
 
 
-def _mine(client: str, instance: str) -> Response | None:
-    """403 when `instance` is not named after `client`."""
-    if not instance.startswith(client + "/"):
-        return error(403, FORBIDDEN_INSTANCE.format(instance=instance, client=client))
-    return None
-
-
-def _all_mine(client: str, instances: list[str]) -> Response | None:
-    """403 when one of `instances` is not named after `client`."""
+def _mine(client: str, *instances: str) -> None:
+    """Refused (403) when one of `instances` is not named after `client`: a client acts only
+    as instances of its own."""
     for instance in instances:
-        refused = _mine(client, instance)
-        if refused is not None:
-            return refused
-    return None
+        if not instance.startswith(client + "/"):
+            detail = FORBIDDEN_INSTANCE.format(instance=instance, client=client)
+            raise HTTPException(403, detail=detail)
 
 
 def _fence(h: Handback) -> dict[str, Any]:
@@ -161,9 +154,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         responses=_answers(r413=TOO_BIG, r422=INVALID),
     )
     async def beat(agent: AgentName, body: BeatRequest, client: ClientName, db: Db) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         await db.beat(
             [
                 AgentBeat(
@@ -191,9 +182,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def leave(
         agent: AgentName, body: InstanceRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         await db.leave(body.instance, [agent])
         return Response(status_code=204)
 
@@ -208,9 +197,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def breaker(
         agent: AgentName, body: BreakerRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         detail = {"instance": body.instance, "agent": agent, "state": body.state}
         await db.record_events([(None, "breaker", detail)])
         return Response(status_code=204)
@@ -221,15 +208,14 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         summary="Claim queued requests of these operations, by priority (a long poll with "
         "`wait`): each is a step to call, with the fencing token of its writes.",
         openapi_extra=scoped,
-        responses=_answers(r200=(RequestsAnswer, "The requests claimed (maybe none)."),
-                           r413=TOO_BIG, r422=INVALID),
+        responses=_answers(
+            r200=(RequestsAnswer, "The requests claimed (maybe none)."), r413=TOO_BIG, r422=INVALID
+        ),
     )
     async def claim(
         agent: AgentName, body: ClaimRequest, client: ClientName, db: Db, request: Request
     ) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         limits = {
             op: OpLimit(concurrency=x.concurrency, rate=x.rate, per=x.per, room=x.room)
             for op, x in body.limits.items()
@@ -285,12 +271,8 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         openapi_extra=scoped,
         responses=_answers(r200=(RequestsAnswer, "The steps held."), r422=INVALID),
     )
-    async def held(
-        agent: AgentName, body: InstanceRequest, client: ClientName, db: Db
-    ) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+    async def held(agent: AgentName, body: InstanceRequest, client: ClientName, db: Db) -> Response:
+        _mine(client, body.instance)
         return _requests(await db.held_steps(body.instance, agent))
 
     @api.post(
@@ -299,13 +281,12 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         summary="Which of these calls of the instance no longer hold their step (its task "
         "cancelled, paused or compensating, the step reassigned...): stop them.",
         openapi_extra=scoped,
-        responses=_answers(r200=(LostAnswer, "The calls to stop, each with why."),
-                           r413=TOO_BIG, r422=INVALID),
+        responses=_answers(
+            r200=(LostAnswer, "The calls to stop, each with why."), r413=TOO_BIG, r422=INVALID
+        ),
     )
     async def lost(agent: AgentName, body: LostRequest, client: ClientName, db: Db) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         keys = [(c.task_id, c.seq, c.attempt) for c in body.calls]
         found = await db.lost_calls(body.instance, keys)
         return json_response(
@@ -323,15 +304,14 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         summary="A running call's heartbeat: its step's complete_by moves on, never past its "
         "task's nor its total timeout.",
         openapi_extra=scoped,
-        responses=_answers(r200=(HeartbeatAnswer, "The seconds left, or null: stop."),
-                           r422=INVALID),
+        responses=_answers(
+            r200=(HeartbeatAnswer, "The seconds left, or null: stop."), r422=INVALID
+        ),
     )
     async def heartbeat(
         agent: AgentName, body: HeartbeatRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _mine(client, body.instance)
-        if refused is not None:
-            return refused
+        _mine(client, body.instance)
         detail = (
             None
             if body.detail is None
@@ -348,15 +328,14 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         summary="Record calls' outcomes (completed with a result, or failed with an error): "
         "each only while its step is held by its attempt and instance, before complete_by.",
         openapi_extra=scoped,
-        responses=_answers(r200=(AppliedAnswer, "Which were recorded."), r413=TOO_BIG,
-                           r422=INVALID),
+        responses=_answers(
+            r200=(AppliedAnswer, "Which were recorded."), r413=TOO_BIG, r422=INVALID
+        ),
     )
     async def complete(
         agent: AgentName, body: CompleteRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _all_mine(client, [o.instance for o in body.items])
-        if refused is not None:
-            return refused
+        _mine(client, *(o.instance for o in body.items))
         outcomes = [
             StepOutcome(
                 task_id=o.task_id,
@@ -366,9 +345,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 state=StepState.COMPLETED if o.state == "completed" else StepState.FAILED,
                 result=None
                 if o.state == "failed"
-                else _json.dumps(
-                    _json.revive(o.result), what=f"the result of {o.task_id}/{o.seq}"
-                ),
+                else _json.dumps(_json.revive(o.result), what=f"the result of {o.task_id}/{o.seq}"),
                 error=o.error if o.state == "failed" else None,
                 tries=o.tries,
             )
@@ -387,9 +364,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def hand_back(
         agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _all_mine(client, [h.instance for h in body.items])
-        if refused is not None:
-            return refused
+        _mine(client, *(h.instance for h in body.items))
         applied = await db.hand_back([RequestHandback(**_fence(h)) for h in body.items])
         return json_response({"applied": applied})
 
@@ -403,9 +378,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def stopped(
         agent: AgentName, body: HandbackRequest, client: ClientName, db: Db
     ) -> Response:
-        refused = _all_mine(client, [h.instance for h in body.items])
-        if refused is not None:
-            return refused
+        _mine(client, *(h.instance for h in body.items))
         applied = await db.stop_calls([CallStop(**_fence(h)) for h in body.items])
         return json_response({"applied": applied})
 
@@ -416,10 +389,13 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         "and `calls` (tasks whose calls may have to stop: ask `lost`). A lost one costs a poll.",
         openapi_extra=scoped,
         response_class=Response,
-        responses=_as_json(_answers(r422=INVALID)) | {200: {
-            "description": "The stream (text/event-stream).",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        }},
+        responses=_as_json(_answers(r422=INVALID))
+        | {
+            200: {
+                "description": "The stream (text/event-stream).",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        },
     )
     async def wakeups(
         agent: AgentName,
@@ -428,13 +404,14 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         instance: Annotated[str, Query(min_length=3, max_length=200)],
         seconds: Annotated[
             float,
-            Query(ge=0, le=3600, description="Seconds after which the stream ends (the "
-                  "client opens it again)."),
+            Query(
+                ge=0,
+                le=3600,
+                description="Seconds after which the stream ends (the client opens it again).",
+            ),
         ] = 300,
     ) -> Response:
-        refused = _mine(client, instance)
-        if refused is not None:
-            return refused
+        _mine(client, instance)
         with contextlib.suppress(StoreError):
             await db.listen()
         return StreamingResponse(
