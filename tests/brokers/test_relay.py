@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import html
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 import stepwarden as sw
@@ -23,6 +25,7 @@ from stepwarden.dashboard._models import Overview
 from stepwarden.records import OutboxMessage, RelayBacklog
 from stepwarden.relay import Brokers, Relay
 
+from ..agentserver import DASHBOARD_TOKEN, api_server
 from ..cli.helpers import assert_ok, invoke
 from ..conftest import unique
 from ..contract.test_engine import FAST, running
@@ -133,6 +136,14 @@ async def test_each_tasks_messages_arrive_in_order_under_stable_ids(
     await assert_none_left_open(broker)
 
 
+def _overview_page(make_app: Callable[[], sw.App], tmp_path: Path) -> str:
+    """The dashboard's overview page, as an operator sees it."""
+    with api_server(make_app, {}, tmp_path) as (url, _):
+        answer = httpx.get(f"{url}/", headers={"Authorization": f"Bearer {DASHBOARD_TOKEN}"})
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+
 async def _none_pending(store: Any) -> bool:
     return not await store.relay_backlog()
 
@@ -155,7 +166,7 @@ async def assert_none_left_open(broker: OwnBroker) -> None:
 
 
 async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
-    store_url: str, broker: OwnBroker
+    store_url: str, broker: OwnBroker, tmp_path: Path
 ) -> None:
     name = unique("restart").replace("-", "_")
     await broker.prepare(name)
@@ -186,6 +197,10 @@ async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
         overview = Overview.model_validate(await Reader(app).overview())
         [shown_there] = [d for d in overview.relay if d.destination == broker.url(name)]
         assert shown_there.failing >= 1 and shown_there.error
+        page = await asyncio.to_thread(_overview_page, lambda: build(store_url), tmp_path)
+        table = page[page.index('<table id="relay">') :]
+        table = table[: table.index("</table>")]
+        assert broker.url(name) in table and html.escape(shown_there.error)[:40] in table
 
         await asyncio.to_thread(broker.start)
         received = await all_processed(broker, name, before + during)
