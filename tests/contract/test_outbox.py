@@ -181,6 +181,42 @@ async def test_retention_deletes_old_finished_tasks_and_keeps_the_others(
     await saga.app.aclose()
 
 
+async def test_a_purged_tasks_status_messages_are_kept_until_delivered_then_deleted(
+    store_url: str,
+) -> None:
+    """The retention deletes a finished task with its delivered status messages; those its
+    broker has not taken yet stay until the relay delivers them, and then go too."""
+    app = sw.App("purged-relay", store=store_url)
+    svc = app.agent("svc")
+
+    @svc.operation
+    async def act(call: sw.Call, n: int) -> int:
+        return n
+
+    @app.workflow
+    async def one(ctx: sw.Context, n: int) -> int:
+        return int(await ctx.step(act, n))
+
+    broker = "redis://127.0.0.1:1/never-up"
+    async with app:
+        no_relay = dataclasses.replace(FAST, roles=frozenset({"scheduler", "agents"}))
+        async with running(app, no_relay):
+            await app.submit_async("one", 1, task_id="kept", reply_to=broker)
+            assert await app.result_async("kept", timeout=20) == 1
+        store = await app.store()
+        undelivered = await store.outbox(task_id="kept")
+        assert [m.kind for m in undelivered] == ["received", "step_completed", "processed"]
+        assert await store.purge(0.0, 100) == 1
+        assert await store.get_task("kept") is None
+        assert await store.outbox(task_id="kept") == undelivered  # none delivered: all kept
+        due = await store.relay_due(upto=10**12, tasks=10, limit=100)
+        assert [m.id for m in due if m.task_id == "kept"] == [m.id for m in undelivered]
+        await store.relay_delivered([m.id for m in undelivered[:2]])
+        assert await store.outbox(task_id="kept") == undelivered[2:]
+        await store.relay_delivered([undelivered[2].id])
+        assert await store.outbox(task_id="kept") == []
+
+
 async def test_a_step_dispatched_too_often_raises_an_alert(store_url: str) -> None:
     """The charge hangs past its complete_by until the alert for its second dispatch is in
     the outbox; then it answers and the task is processed, with that one alert. Each hang

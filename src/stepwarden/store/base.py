@@ -450,7 +450,8 @@ class Store(abc.ABC):
         return [_rows.message(r) for r in rows]
 
     async def relay_delivered(self, message_ids: Sequence[int]) -> None:
-        """Record that a broker acknowledged these status messages."""
+        """Record that a broker acknowledged these status messages (those of a task already
+        purged, kept until now, are deleted)."""
         if message_ids:
             await self._write_one(policy.relay_delivered(message_ids))
 

@@ -1337,12 +1337,21 @@ SELECT NOT EXISTS (
 ) AS passed
 
 -- name: relay_delivered
--- Status messages the broker acknowledged: delivered.
+-- Status messages the broker acknowledged: delivered; those of a task purged meanwhile (kept
+-- past its retention until delivered: the purge deletes delivered ones only) deleted.
+WITH d AS (
+    SELECT o.id, o.task_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM stepwarden_tasks t WHERE t.task_id = o.task_id) AS purged
+    FROM stepwarden_outbox o JOIN unnest(%(id)s::bigint[]) AS u(id) ON o.id = u.id
+    WHERE o.next_at IS NOT NULL
+), gone AS (
+    DELETE FROM stepwarden_outbox o USING d WHERE o.id = d.id AND d.purged
+)
 UPDATE stepwarden_outbox o
 SET next_at = NULL, attempts = o.attempts + 1, delivered_at = now(), error = NULL,
     delivered_to = '["relay"]'
-FROM unnest(%(id)s::bigint[]) AS d(id)
-WHERE o.id = d.id AND o.next_at IS NOT NULL
+FROM d
+WHERE o.id = d.id AND NOT d.purged
 
 -- name: relay_failed
 -- A status message the broker did not take: tried again in :retry_in seconds.

@@ -960,11 +960,17 @@ WHERE next_at IS NOT NULL AND channel <> 'alerts'
 SELECT 1 AS passed
 
 -- name: relay_delivered
--- Status messages the broker acknowledged: delivered (once per id).
+-- Status messages the broker acknowledged: delivered (once per id); those of a task purged
+-- meanwhile (kept past its retention until delivered: the purge deletes delivered ones only)
+-- deleted.
+SELECT o.id, o.task_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM stepwarden_tasks t WHERE t.task_id = o.task_id) AS purged
+FROM stepwarden_outbox o WHERE o.id = :id AND o.next_at IS NOT NULL;
 UPDATE stepwarden_outbox
 SET next_at = NULL, attempts = attempts + 1, delivered_at = :now, error = NULL,
     delivered_to = '["relay"]'
-WHERE id = :id AND next_at IS NOT NULL
+WHERE id = :id AND NOT :purged;
+DELETE FROM stepwarden_outbox WHERE id = :id AND :purged;
 
 -- name: relay_failed
 -- A status message the broker did not take: tried again in :retry_in seconds.
