@@ -41,14 +41,19 @@ async def to_the_end(aw: Awaitable[T]) -> T:
     return result
 
 
-async def stop_task(task: asyncio.Task[Any]) -> None:
-    """Cancel `task` and wait until it has ended, its cleanup included. A cancellation of
-    the caller while it waits is its own: it ends the wait (and is raised) without
-    cancelling `task` a second time, which would cut its cleanup short."""
-    task.cancel()
-    await asyncio.wait([task])
-    if not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
+async def stop_tasks(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel each task and wait until they have ended, their cleanups included; the first
+    error one raised is raised. A cancellation of the caller while it waits is its own: it
+    ends the wait (and is raised) without cancelling a task a second time, which would cut
+    its cleanup short."""
+    stopping = [t for t in tasks if t is not None]
+    for task in stopping:
+        task.cancel()
+    if stopping:
+        await asyncio.wait(stopping)
+    for task in stopping:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from . import tracing
-from ._aio import sleep_unless, stop_task
+from ._aio import sleep_unless, stop_tasks
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
@@ -113,14 +113,14 @@ class Supervisor:
                     logger.exception("supervisor: the tick failed")
                 await sleep_unless(stop, pause)
         finally:
-            for delivery in (delivering, relaying):
-                if delivery is not None:  # a delivery under way is abandoned: sent again later
-                    await stop_task(delivery)
-            if self.term is not None:
-                try:
-                    await self.store.release_lease(LEASE, self.instance)
-                except Exception as exc:
-                    logger.warning("supervisor: cannot release the lease: %s", exc)
+            try:  # a delivery under way is abandoned: sent again later
+                await stop_tasks(delivering, relaying)
+            finally:
+                if self.term is not None:
+                    try:
+                        await self.store.release_lease(LEASE, self.instance)
+                    except Exception as exc:
+                        logger.warning("supervisor: cannot release the lease: %s", exc)
 
     async def tick(self) -> list[Expired]:
         """Take or renew the lease, and sweep if it is held. Returns what was recovered."""

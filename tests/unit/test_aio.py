@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from stepwarden._aio import stop_task, to_the_end
+from stepwarden._aio import stop_tasks, to_the_end
 
 
 class Cleanup:
@@ -46,7 +46,7 @@ async def test_stopping_a_task_waits_for_its_cleanup_and_a_cancelled_caller_cuts
 
     task = asyncio.create_task(role())
     await under_way.wait()
-    stopping = asyncio.create_task(stop_task(task))
+    stopping = asyncio.create_task(stop_tasks(task))
     await cleanup.started.wait()
     stopping.cancel()  # the caller's own cancellation: the role is not cancelled again
     with pytest.raises(asyncio.CancelledError):
@@ -70,4 +70,4 @@ async def test_stopping_a_task_that_failed_raises_its_error() -> None:
     task = asyncio.create_task(role())
     await under_way.wait()
     with pytest.raises(OSError, match="closing failed"):
-        await stop_task(task)
+        await stop_tasks(task)
