@@ -11,7 +11,7 @@ from typing import Any
 from stepwarden.records import OutboxMessage
 
 from ..brokers.own import OwnRedis
-from ..brokers.test_relay import KINDS, assert_delivered
+from ..brokers.test_relay import assert_delivered
 from ..conftest import unique
 from .harness import PROCESSED, Cluster
 
