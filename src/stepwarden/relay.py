@@ -322,26 +322,34 @@ class AmqpPublisher:
 
     async def _open_alone(self) -> Any:
         import aio_pika
+        from aio_pika.connection import make_url
 
         if self._channel is not None and not self._channel.is_closed:
             return self._channel
         await self.close()
-        try:
-            self._connection = await aio_pika.connect(
+        # The connection is made here, not by `aio_pika.connect`, so that one that fails to
+        # open is closed too: aio-pika closes an unclosed one when it is collected, which
+        # out of its event loop leaves its close never awaited.
+        self._connection = aio_pika.Connection(
+            make_url(
                 host=self.dest.host,
                 port=self.dest.port,
                 login=self.access.username or "guest",
                 password=self.access.password.reveal() if self.access.password else "guest",
                 virtualhost=self.access.vhost,
                 ssl=self.access.tls,
-                timeout=DEADLINE,
             )
+        )
+        try:
+            await self._connection.connect(timeout=DEADLINE)
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
-        except Exception as exc:
+        except BaseException as exc:
             await to_the_end(self.close())
-            raise Unreachable(_describe(exc)) from None
+            if isinstance(exc, Exception):
+                raise Unreachable(_describe(exc)) from None
+            raise
         return self._channel
 
     async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:

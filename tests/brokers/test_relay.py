@@ -23,14 +23,21 @@ import stepwarden as sw
 from stepwarden.dashboard._data import Reader
 from stepwarden.dashboard._models import Overview
 from stepwarden.records import OutboxMessage, RelayBacklog
-from stepwarden.relay import Brokers, Relay
+from stepwarden.relay import (
+    AmqpPublisher,
+    BrokerAccess,
+    Brokers,
+    Relay,
+    Unreachable,
+    destination,
+)
 
 from ..agentserver import DASHBOARD_TOKEN, api_server
 from ..cli.helpers import assert_ok, invoke
 from ..conftest import unique
 from ..contract.test_engine import FAST, running
 from ..unit.test_relay_rounds import Outbox
-from .own import OwnBroker, OwnRedis, make
+from .own import OwnBroker, OwnRedis, free_port, make
 
 T = TypeVar("T")
 KINDS = ["received", "step_completed", "step_completed", "step_completed", "processed"]
@@ -301,3 +308,26 @@ def test_a_task_records_no_credentials(store_url: str) -> None:
     with app, pytest.raises(sw.ConfigurationError, match="credentials") as refused:
         app.submit("three", 1, reply_to="amqp://me:pa55word@127.0.0.1/orders")
     assert "pa55word" not in str(refused.value)
+
+
+async def test_an_amqp_connection_that_fails_to_open_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A RabbitMQ that does not answer: the connection the publisher made is closed, not left
+    for aio-pika to close when it is collected (which, out of its event loop, leaves its
+    close never awaited)."""
+    import aio_pika
+
+    made: list[aio_pika.Connection] = []
+    init = aio_pika.Connection.__init__
+
+    def recorded(self: aio_pika.Connection, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(aio_pika.Connection, "__init__", recorded)
+    dest = destination(f"amqp://127.0.0.1:{free_port()}/nobody-listens")
+    publisher = AmqpPublisher(dest, BrokerAccess())
+    with pytest.raises(Unreachable):
+        await publisher.publish(dest, "t:1", "received", b"{}")
+    assert len(made) == 1 and made[0].is_closed
