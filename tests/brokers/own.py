@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,14 @@ def make(scheme: str, workdir: Path) -> OwnBroker:
     if scheme == "amqp" and not shutil.which("rabbitmq-server"):
         raise AssertionError("RabbitMQ is not installed (apt-get install rabbitmq-server)")
     return {"amqp": OwnRabbit, "nats": OwnNats, "redis": OwnRedis}[scheme](workdir)
+
+
+@contextlib.contextmanager
+def running_broker(scheme: str, workdir: Path) -> Iterator[OwnBroker]:
+    """A broker of the test's own, started, and stopped when the block ends."""
+    own = make(scheme, workdir)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()

@@ -37,7 +37,7 @@ from ..cli.helpers import assert_ok, invoke
 from ..conftest import unique
 from ..contract.test_engine import FAST, running
 from ..unit.test_relay_rounds import Outbox
-from .own import OwnBroker, OwnRedis, free_port, make
+from .own import OwnBroker, OwnRedis, free_port, running_broker
 
 T = TypeVar("T")
 KINDS = ["received", "step_completed", "step_completed", "step_completed", "processed"]
@@ -47,12 +47,8 @@ KINDS = ["received", "step_completed", "step_completed", "step_completed", "proc
 def broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OwnBroker]:
-    own = make(request.param, tmp_path_factory.mktemp(f"broker-{request.param}"))
-    own.start()
-    try:
+    with running_broker(request.param, tmp_path_factory.mktemp(f"broker-{request.param}")) as own:
         yield own
-    finally:
-        own.close()
 
 
 def build(store_url: str) -> sw.App:

@@ -16,7 +16,7 @@ from ..agentserver import api_server
 from ..conftest import unique
 from ..contract.test_engine import running
 from ..typescript.test_typescript_client import compiled_library
-from .own import OwnBroker, make
+from .own import OwnBroker, running_broker
 from .test_relay import all_processed, assert_delivered, build, outbox_of
 
 SUBMIT_JS = """
@@ -35,12 +35,8 @@ console.log(JSON.stringify(ids));
 def broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OwnBroker]:
-    own = make(request.param, tmp_path_factory.mktemp(f"broker-{request.param}"))
-    own.start()
-    try:
+    with running_broker(request.param, tmp_path_factory.mktemp(f"broker-{request.param}")) as own:
         yield own
-    finally:
-        own.close()
 
 
 @pytest.fixture(scope="module")
