@@ -57,6 +57,7 @@ from .records import (
 )
 from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
+from .sealing import input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
@@ -485,9 +486,11 @@ class App:
         start_at: datetime | None = None,
         start_after: timedelta | None = None,
         version: int | None = None,
+        submitted_by: str | None = None,
     ) -> NewTask:
         """Validate a submission and build its record, without writing anything. The task
-        runs the newest version of the workflow this App declares, or `version`."""
+        runs the newest version of the workflow this App declares, or `version`.
+        `submitted_by`: the application API's client that submits it (recorded with it)."""
         wf = self.find_workflow(workflow, version)
         if start_at is not None and start_after is not None:
             raise ConfigurationError("give start_at or start_after, not both")
@@ -510,10 +513,11 @@ class App:
             raise ConfigurationError("reply_to must be a non-empty channel name")
         if reply_to is not None and relay.is_destination(reply_to):
             relay.destination(reply_to)  # a broker's: checked, never with credentials
+        text = _json.dumps(input, what="the task input")
         return NewTask(
             task_id=task_id,
             workflow=wf.name,
-            input=_json.dumps(input, what="the task input"),
+            input=text,
             priority=priority,
             complete_within=wf.complete_within.total_seconds(),
             max_failures=wf.max_failures,
@@ -522,6 +526,8 @@ class App:
             start_at=start_at,
             start_after=0.0 if start_after is None else start_after.total_seconds(),
             version=wf.version,
+            submitted_by=submitted_by,
+            input_digest=input_digest(text),
         )
 
     @overload

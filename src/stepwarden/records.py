@@ -62,6 +62,11 @@ class NewTask:
     trace_context: str | None = None
     """The W3C trace context (JSON text) of the task's submit span, the parent of its runs'
     spans (`tracing`); None when tracing is off."""
+    submitted_by: str | None = None
+    """The application API's client that submitted the task (None: the App, in Python)."""
+    input_digest: str | None = None
+    """A keyed digest of the task's canonical input (`sealing.input_digest`): what a
+    re-submit under its id is compared by."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +109,11 @@ class TaskRecord:
     run_trace: str | None = None
     """The W3C trace context (JSON text) of the span of the task's latest run that recorded
     it, which the next run's span links to (`tracing`)."""
+    submitted_by: str | None = None
+    """The application API's client that submitted the task (None: the App, in Python, a
+    child or a schedule's tick)."""
+    input_digest: str | None = None
+    """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import stepwarden as sw
+from stepwarden import _json
 from stepwarden.records import CallStop
+from stepwarden.sealing import input_digest
 from stepwarden.store import _sql, open_store
 
 from ..rawsql import is_sqlite, script, seconds_until, sql
@@ -284,5 +286,34 @@ async def test_work_waiting_before_aging_is_ranked_by_its_age_and_priority(
         assert [c.task.task_id for c in claimed] == ["high-old", "low-old", "high-new"]
         requests = await store.claim_requests("a1", "pay", ["charge"], 10)
         assert [r.seq for r in requests] == [2, 1]
+    finally:
+        await store.close()
+
+
+async def test_tasks_stored_before_input_digests_get_theirs_when_migrated(
+    empty_store_url: str,
+) -> None:
+    """A store upgraded to input digests (0019): every task it held gets the digest of its
+    canonical input (keys sorted), the same a new submit of that input computes, so that a
+    re-submit of an old task compares by it."""
+    url = empty_store_url
+    build_at(url, 18)
+    now = "0" if is_sqlite(url) else "now()"
+    for n in range(3):
+        sql(
+            url,
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            f" complete_within, eligible_at, created_at, updated_at) VALUES ('old-{n}', 'wf',"
+            f" '{{\"b\": {n}, \"a\": {{\"$secret\": \"pin-{n}\"}}}}', 'pending', 3, 30, {now},"
+            f" {now}, {now})",
+        )
+    store = open_store(url)
+    await store.open(migrate=True)
+    try:
+        for n in range(3):
+            task = await store.get_task(f"old-{n}")
+            assert task is not None
+            digest = input_digest(_json.dumps({"a": sw.Secret(f"pin-{n}"), "b": n}))
+            assert task.input_digest == digest
     finally:
         await store.close()

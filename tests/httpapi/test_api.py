@@ -314,3 +314,27 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_read(
     over = {"workflow": "echo", "input": "x" * (1024 * 1024 + 1)}
     answer = await client.post("/api/v1/tasks", json=over, headers=tokens.auth("billing"))
     assert answer.status_code == 422 and "over the limit" in answer.json()["error"]
+
+
+async def test_a_re_submit_by_another_client_is_refused_without_comparing_anything(
+    client: httpx.AsyncClient, tokens: Tokens
+) -> None:
+    """A stored secret cannot be guessed through re-submits: another client's re-submit under
+    a taken id is 409 whatever its input, with the same answer for a right and a wrong
+    guess; the submitting client's own is compared by the input's digest."""
+    order = {"id": 9, "pin": {"$secret": "7391"}}
+    body = {"workflow": "approval", "input": order, "task_id": "order/9"}
+    first = await client.post("/api/v1/tasks", json=body, headers=tokens.auth("billing"))
+    assert first.status_code == 201, first.text
+    answers = []
+    for guess in ("7391", "0000"):
+        guessed = {**body, "input": {"id": 9, "pin": {"$secret": guess}}}
+        answer = await client.post("/api/v1/tasks", json=guessed, headers=tokens.auth("submitter"))
+        answers.append((answer.status_code, answer.json()))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 409 and "another client" in answers[0][1]["error"]
+    wrong = {**body, "input": {"id": 9, "pin": {"$secret": "0000"}}}
+    mine = await client.post("/api/v1/tasks", json=wrong, headers=tokens.auth("billing"))
+    assert mine.status_code == 409, mine.text
+    again = await client.post("/api/v1/tasks", json=body, headers=tokens.auth("billing"))
+    assert (again.status_code, again.json()["created"]) == (200, False)

@@ -25,7 +25,6 @@ from datetime import timedelta
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response, StreamingResponse
@@ -42,6 +41,7 @@ from ..errors import (
     TaskNotFound,
 )
 from ..records import OutboxMessage, TaskRecord
+from ..sealing import same_digest
 from ..states import FINISHED_TASK_STATES
 from ._api import RETRY_AFTER, TaskId, error, json_response, outcome_dict
 from ._app_models import (
@@ -252,12 +252,6 @@ def _result_dict(t: TaskRecord) -> dict[str, Any]:
     }
 
 
-def _canonical(value: Any) -> bytes:
-    """A JSON value's text with its keys sorted, its secrets as stored: equal for equal
-    values, however each store orders an object's keys."""
-    return orjson.dumps(orjson.loads(_json.dumps(value)), option=orjson.OPT_SORT_KEYS)
-
-
 def _sse(message: OutboxMessage) -> str:
     data = _json.display(
         {
@@ -341,15 +335,19 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         openapi_extra=_scoped("submit"),
         responses=_answers(
             r201=(SubmitAnswer, "Created (Location: the task's status)."),
-            r200=(SubmitAnswer, "A task of this id was submitted before, with the same "
-            "workflow and input: left as it is (created false)."),
-            r409=(Error, "A task of this id was submitted before with another workflow or "
-            "input."),
+            r200=(SubmitAnswer, "A task of this id was submitted before by this client, with "
+            "the same workflow and input: left as it is (created false)."),
+            r409=(Error, "A task of this id exists: submitted by another client (nothing of "
+            "it is compared), or before with another workflow or input."),
             r413=TOO_BIG,
             r422=INVALID,
         ),
     )
-    async def submit(request: Request, body: SubmitRequest) -> Response:  # type: ignore[valid-type]
+    async def submit(
+        request: Request,
+        body: SubmitRequest,  # type: ignore[valid-type]
+        client: ClientName,
+    ) -> Response:
         given: Any = body
         try:
             task = app.new_task(
@@ -363,6 +361,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 if given.start_after is None
                 else timedelta(seconds=given.start_after),
                 version=given.version,
+                submitted_by=client,
             )
         except StepwardenError as exc:
             return error(422, str(exc))
@@ -376,9 +375,13 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         found = await _task(task.task_id)
         if isinstance(found, Response):  # deleted since: its id was taken all the same
             return found
-        if found.workflow != task.workflow or _canonical(found.input) != _canonical(
-            _json.loads(task.input)
-        ):
+        if found.submitted_by != client:  # nothing of that task is compared, nor told
+            return error(
+                409,
+                f"task {task.task_id!r} exists, submitted by another client: a task id names "
+                "one submit (let the server make one: leave task_id out)",
+            )
+        if found.workflow != task.workflow or not same_digest(found.input_digest, task.input):
             return error(
                 409,
                 f"task {task.task_id!r} was submitted before with another workflow or input "

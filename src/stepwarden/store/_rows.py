@@ -82,6 +82,8 @@ def task_record(row: Row) -> TaskRecord:
         parent_position=row["parent_position"],
         trace_context=row.get("trace_context"),
         run_trace=row.get("run_trace"),
+        submitted_by=row.get("submitted_by"),
+        input_digest=row.get("input_digest"),
     )
 
 

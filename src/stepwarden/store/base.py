@@ -69,11 +69,14 @@ from ..records import (
 )
 from ..retry import Backoff, retried, within_tries
 from ..rules import await_next
+from ..sealing import input_digest
 from ..states import TaskState
 from . import _rows, _sql, policy
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 
 T = TypeVar("T")
+DIGEST_BATCH = 500
+"""Tasks given their input's digest in one transaction, when a store is migrated."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -289,9 +292,26 @@ class Store(abc.ABC):
             if migrate:
                 await self.migrate()
             await self._check_version()
+            if migrate:
+                await self._fill_digests()
         except BaseException:
             await self.close()
             raise
+
+    async def _fill_digests(self) -> None:
+        """Give the tasks stored before migration 0019 their input's digest, a batch at a
+        time (the digest is computed here: its key, when it has one, is not in the
+        database). Those rows hold no sealed value: their digest is the plain one."""
+        after = ""
+        while True:
+            rows = await self._read_one("inputs_without_digest", after=after, limit=DIGEST_BATCH)
+            if not rows:
+                return
+            each = [
+                {"task_id": r["task_id"], "input_digest": input_digest(r["input"])} for r in rows
+            ]
+            await self._write_one(Query("set_input_digests", each=each))
+            after = rows[-1]["task_id"]
 
     async def _check_version(self) -> None:
         found, known = await self.schema_version(), _sql.latest_version(self.dialect)

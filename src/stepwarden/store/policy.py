@@ -161,6 +161,8 @@ def _task_params(tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
             "parent_position": t.parent_position,
             "head_start": head_start(t.priority),
             "trace_context": t.trace_context,
+            "submitted_by": t.submitted_by,
+            "input_digest": t.input_digest,
         }
         for t in tasks
     ]

@@ -33,24 +33,27 @@ WITH ins AS (
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position, ranked_at, trace_context)
+                              parent_position, ranked_at, trace_context, submitted_by,
+                              input_digest)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
        CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
-       now() - make_interval(secs => d.head_start), d.trace_context
+       now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
+       d.input_digest
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
                   %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
                   %(parent_position)s::text[], %(head_start)s::float8[],
-                  %(trace_context)s::text[])
+                  %(trace_context)s::text[], %(submitted_by)s::text[],
+                  %(input_digest)s::text[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
                 reply_to, start_at, start_after, version, parent_id, parent_position,
-                head_start, trace_context)) AS d
+                head_start, trace_context, submitted_by, input_digest)) AS d
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -70,24 +73,27 @@ WITH gen AS (
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position, ranked_at, trace_context)
+                              parent_position, ranked_at, trace_context, submitted_by,
+                              input_digest)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
                                          now() + make_interval(secs => d.start_after)) END,
        CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
-       now() - make_interval(secs => d.head_start), d.trace_context
+       now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
+       d.input_digest
 FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
       FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
                   %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
                   %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
                   %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
                   %(parent_position)s::text[], %(head_start)s::float8[],
-                  %(trace_context)s::text[])
+                  %(trace_context)s::text[], %(submitted_by)s::text[],
+                  %(input_digest)s::text[])
            AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
                 reply_to, start_at, start_after, version, parent_id, parent_position,
-                head_start, trace_context)) AS d
+                head_start, trace_context, submitted_by, input_digest)) AS d
 WHERE (SELECT generation FROM gen) = %(generation)s
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
@@ -1588,3 +1594,17 @@ ON CONFLICT (generation) DO NOTHING
 -- name: any_task
 -- Whether the database holds any task (a database added as a shard must hold none).
 SELECT EXISTS (SELECT 1 FROM stepwarden_tasks) AS present
+
+-- name: inputs_without_digest
+-- Tasks stored before their input's digest was recorded (migration 0019), in task_id order
+-- after `after`, a batch at a time (`Store.migrate`).
+SELECT task_id, input FROM stepwarden_tasks
+WHERE task_id > %(after)s AND input_digest IS NULL
+ORDER BY task_id
+LIMIT %(limit)s
+
+-- name: set_input_digests
+-- The digests of tasks stored before migration 0019, where none was recorded since.
+UPDATE stepwarden_tasks AS t SET input_digest = d.input_digest
+FROM unnest(%(task_id)s::text[], %(input_digest)s::text[]) AS d(task_id, input_digest)
+WHERE t.task_id = d.task_id AND t.input_digest IS NULL

@@ -12,14 +12,16 @@
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
-                              parent_position, ranked_at, trace_context)
+                              parent_position, ranked_at, trace_context, submitted_by,
+                              input_digest)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0
              THEN coalesce(:start_at, :now + :start_after) END,
         CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version,
-        :parent_id, :parent_position, :now - :head_start, :trace_context)
+        :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
+        :input_digest)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -1180,3 +1182,16 @@ ON CONFLICT (generation) DO NOTHING
 
 -- name: any_task
 SELECT EXISTS (SELECT 1 FROM stepwarden_tasks) AS present
+
+-- name: inputs_without_digest
+-- Tasks stored before their input's digest was recorded (migration 0019), in task_id order
+-- after `after`, a batch at a time (`Store.migrate`).
+SELECT task_id, input FROM stepwarden_tasks
+WHERE task_id > :after AND input_digest IS NULL
+ORDER BY task_id
+LIMIT :limit
+
+-- name: set_input_digests
+-- The digests of tasks stored before migration 0019, where none was recorded since.
+UPDATE stepwarden_tasks SET input_digest = :input_digest
+WHERE task_id = :task_id AND input_digest IS NULL
