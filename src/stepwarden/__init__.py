@@ -15,6 +15,7 @@ from .errors import (
     ConfigurationError,
     EventRefused,
     EventTimeout,
+    KeyringError,
     NonDeterminismError,
     PayloadError,
     PermanentError,
@@ -43,6 +44,7 @@ from .records import (
     TaskRecord,
 )
 from .retry import Backoff, Retry
+from .sealing import Keyring
 from .secret import Secret
 from .states import OnFailure, StepState, TaskState
 from .worker import Worker, WorkerOptions
@@ -72,6 +74,8 @@ __all__ = [
     "EventRefused",
     "EventTimeout",
     "JsonFormatter",
+    "Keyring",
+    "KeyringError",
     "Limit",
     "LogSink",
     "Metrics",

@@ -57,7 +57,7 @@ from .records import (
 )
 from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
-from .sealing import input_digest
+from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
@@ -136,10 +136,17 @@ class App:
         auto_migrate: bool = True,
         max_events_per_task: int = DEFAULT_MAX_EVENTS_PER_TASK,
         max_event_payload: int = DEFAULT_MAX_EVENT_PAYLOAD,
+        keys: Keyring | None = None,
     ) -> None:
         self.name = _check.name("the App's name", name)
         self.store_url = store
         open_store(store)  # validate the URL now, not at first use
+        if keys is not None and not isinstance(keys, Keyring):
+            raise ConfigurationError(f"keys must be a stepwarden.Keyring, not {_check.shown(keys)}")
+        self.keys = keys if keys is not None else Keyring.from_env()
+        """The keyring that seals the secrets this App stores and opens those it reads
+        (`stepwarden.sealing`): `keys`, or the environment's (STEPWARDEN_KEYRING,
+        STEPWARDEN_KEYS); None: secrets are stored plain."""
         self.auto_migrate = auto_migrate
         self.event_bounds = EventBounds(
             events=_check.integer("max_events_per_task", max_events_per_task, 1),
@@ -216,7 +223,11 @@ class App:
         spec = ScheduleSpec(
             name=name,
             workflow=wf.name,
-            input=_json.dumps(input, what=f"the input of schedule {name!r}"),
+            input=_json.dumps(
+                input,
+                what=f"the input of schedule {name!r}",
+                seal=self._seal(Binding.schedule(name)),
+            ),
             complete_within=wf.complete_within.total_seconds(),
             max_failures=wf.max_failures,
             on_failure=str(wf.on_failure),
@@ -248,10 +259,16 @@ class App:
         if not found:
             raise UnknownNameError(f"no schedule {name!r} is stored (a supervisor stores them)")
         s = found[0]
+        task_id = f"{name}@now-{uuid.uuid4().hex[:12]}"
         task = NewTask(
-            task_id=f"{name}@now-{uuid.uuid4().hex[:12]}",
+            task_id=task_id,
             workflow=s.workflow,
-            input=_json.dumps(s.input, what=f"the input of schedule {name!r}"),
+            input=_json.dumps(
+                s.input,
+                what=f"the input of schedule {name!r}",
+                seal=self._seal(Binding.input(task_id)),
+            ),
+            input_digest=input_digest(_json.plain(s.input), self.keys),
             priority=0,
             complete_within=s.complete_within,
             max_failures=s.max_failures,
@@ -421,7 +438,7 @@ class App:
         async with self._opening.setdefault(loop, asyncio.Lock()):
             store = self._stores.get(loop)
             if store is None:
-                store = open_store(self.store_url)
+                store = open_store(self.store_url, keys=self.keys)
                 await store.open(migrate=self.auto_migrate)
                 self._stores[loop] = store
         return store
@@ -469,6 +486,10 @@ class App:
         if self._portal is not None:  # blocking calls made inside the block, from a thread
             await asyncio.to_thread(self.close)
 
+    def _seal(self, at: Binding) -> _json.Seal:
+        """Where a write of this App's secrets goes: sealed there with its keyring."""
+        return _json.Seal(self.keys, at)
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._portal is None:
             self._portal = _Portal()
@@ -513,7 +534,7 @@ class App:
             raise ConfigurationError("reply_to must be a non-empty channel name")
         if reply_to is not None and relay.is_destination(reply_to):
             relay.destination(reply_to)  # a broker's: checked, never with credentials
-        text = _json.dumps(input, what="the task input")
+        text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
         return NewTask(
             task_id=task_id,
             workflow=wf.name,
@@ -527,7 +548,7 @@ class App:
             start_after=0.0 if start_after is None else start_after.total_seconds(),
             version=wf.version,
             submitted_by=submitted_by,
-            input_digest=input_digest(text),
+            input_digest=input_digest(_json.plain(input), self.keys),
         )
 
     @overload
@@ -676,7 +697,8 @@ class App:
         if event_id is None:
             event_id = uuid.uuid4().hex
         _check.name("event_id", event_id)
-        return task_id, name, _json.dumps(payload, what="the event's payload"), event_id
+        seal = self._seal(Binding.event(task_id, event_id))
+        return task_id, name, _json.dumps(payload, what="the event's payload", seal=seal), event_id
 
     async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
         """Submit tasks built with `new_task` in one transaction; True where created. Traced,
@@ -956,7 +978,8 @@ class App:
         _check.flag("dry_run", dry_run)
         if seq is not None:
             _check.integer("seq", seq, 1)
-        result_json = _json.dumps(result, what="the step result") if action == "skip" else None
+        if action == "skip":
+            _json.dumps(result, what="the step result")  # refused now, before anything is read
         store = await self.store()
         if task_ids is None:
             found = await store.list_tasks(state=wanted, workflow=workflow, limit=limit)
@@ -968,7 +991,11 @@ class App:
                 actor=by or _operator_name(),
                 reason=reason,
                 seq=seq,
-                result=result_json,
+                result=None
+                if action != "skip" or seq is None
+                else _json.dumps(
+                    result, what="the step result", seal=self._seal(Binding.step(task_id, seq))
+                ),
                 identity=identity,
             )
             for task_id in task_ids

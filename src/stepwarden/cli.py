@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 import click
 import orjson
 
-from . import _check, _json, _tokens
+from . import _check, _json, _tokens, sealing
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
@@ -41,6 +41,7 @@ from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .states import COMPENSATION_STATES, TaskState
 from .store import ShardedStore, Store, open_store, shown_url
+from .store.reseal import PLACES, Cursor
 from .supervisor import DEFAULT_RETENTION
 from .supervisor import LEASE as SUPERVISOR_LEASE
 from .worker import ROLES, Worker, WorkerOptions, parse_roles
@@ -1518,6 +1519,113 @@ def _dashboard_token(token: str | None, token_file: str | None) -> str | None:
             err=True,
         )
     return token
+
+
+@cli.group()
+def keys() -> None:
+    """The keyring that seals secrets at rest (STEPWARDEN_KEYRING names its file). A key is
+    never printed: it is written to the file, which only its owner may read."""
+
+
+@keys.command("new")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def keys_new(file: Path) -> None:
+    """Make a new keyring file (0600; one that exists is refused): a digest key, which keys
+    the digests a re-submit is compared by and is never changed, and a seal key."""
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise click.ClickException(f"cannot make the keyring {file}: {exc.strerror}") from exc
+    with os.fdopen(fd, "w") as out:
+        out.write(sealing.new_keyring())
+    _echo(f"made the keyring {file}: give its path to every process (STEPWARDEN_KEYRING)")
+
+
+@keys.command("rotate")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def keys_rotate(file: Path) -> None:
+    """Add a new seal key to the keyring FILE, after the others: once every process reads
+    the new file (restart them), it seals new writes, and `stepwarden reseal` moves what the
+    older keys sealed to it; remove an older key from the file only after that."""
+    try:
+        sealing.Keyring.from_file(file)  # its mode, and its text
+        text, key_id = sealing.rotated(file.read_text(), repr(str(file)))
+        fd = os.open(file, os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot rotate the keyring {file}: {exc.strerror}") from exc
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+    _echo(f"added the seal key {key_id} to {file}; restart every process, then reseal")
+
+
+@cli.command()
+@_opt(
+    "--batch",
+    envvar="STEPWARDEN_BATCH",
+    default=500,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rows looked at per transaction.",
+)
+@click.pass_obj
+def reseal(obj: _Ctx, batch: int) -> None:
+    """Seal every secret of the store under the keyring's newest seal key (STEPWARDEN_KEYRING
+    or STEPWARDEN_KEYS): those sealed under an older key, and those stored plain before a
+    keyring was set; and key every task's input digest. In batches, each its own
+    transaction, while workers run; stopped, run it again: what is done is skipped. Once a
+    whole pass finds nothing left, the store forgets the older keys, and they may go from
+    the keyring. Exits 1 when a value does not open (a key the keyring lacks)."""
+    url = obj.store_url()
+    try:
+        ring = sealing.Keyring.from_env()
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+    if ring is None:
+        raise click.ClickException(
+            "reseal needs the keyring: STEPWARDEN_KEYRING (its file) or STEPWARDEN_KEYS"
+        )
+
+    async def go() -> tuple[int, int, list[str], list[str]]:
+        store = open_store(url, keys=ring)
+        await store.open(migrate=False)
+        try:
+            total = failed = moved = 0
+            errors: list[str] = []
+            for _ in range(3):  # a pass that changes nothing says every value is current
+                moved = failed = 0
+                for place in PLACES:
+                    cursor: Cursor | None = Cursor(place)
+                    done = 0
+                    while cursor is not None:
+                        got = await store.reseal(cursor, batch)
+                        done += got.resealed
+                        failed += got.failed
+                        errors.extend(e for e in got.errors if e not in errors)
+                        cursor = got.next
+                    if done:
+                        _echo(f"{place}: {done} resealed")
+                    moved += done
+                total += moved
+                if not moved:
+                    break
+            dropped: list[str] = []
+            if not moved and not failed:
+                dropped = [k for k in await store.sealing_keys() if k != ring.current]
+                await store.drop_sealing_keys(dropped)
+            return total, failed, errors[:5], dropped
+        finally:
+            await store.close()
+
+    total, failed, errors, dropped = _run(go())
+    _echo(f"resealed {total} record(s) under the key {ring.current}")
+    if dropped:
+        _echo(f"no value is sealed under {', '.join(dropped)} any more: the keyring may drop it")
+    if failed:
+        for error in errors:
+            _echo(error, err=True)
+        raise click.ClickException(f"{failed} value(s) did not open: they are left as they were")
 
 
 def _datetime(text: str, option: str) -> datetime:

@@ -61,6 +61,7 @@ from .records import (
 )
 from .retry import after_store_failure, answered
 from .rules import AlertReason, describe, error_text
+from .sealing import Binding
 from .states import OPEN_STEP_STATES, StepState, TaskState
 from .store import Store
 from .workflow import Abandon, Context, Parked, Workflow, compensation
@@ -173,6 +174,8 @@ class TaskDrive:
         """How its run ended, for its metrics: processed, failed, compensated,
         compensation_failed, waiting (parked), or stopped (no outcome recorded)."""
         self.operations = host.operations
+        self.keys = host.store.keys
+        """The keyring of the scheduler's store: it seals what the workflow hands on."""
         self.deadline = Deadline.after(claimed.remaining)
         """The task's complete_by: the drive stops there and writes nothing more."""
         self.run_task: asyncio.Task[None] | None = None
@@ -264,7 +267,11 @@ class TaskDrive:
                 else:
                     value = await self.workflow_of(self.held).fn(ctx, task.input)
                     await ctx.settle()
-                    result = _json.dumps(value, what=f"the result of workflow {task.workflow!r}")
+                    result = _json.dumps(
+                        value,
+                        what=f"the result of workflow {task.workflow!r}",
+                        seal=_json.Seal(self.keys, Binding.result(task.task_id)),
+                    )
                     state = TaskState.PROCESSED
         except Parked:
             logger.debug("task %s: waits, released", task.task_id)
@@ -623,7 +630,9 @@ class TaskDrive:
             attempt=got.attempt,
             agent=dispatch.agent,
             operation=dispatch.operation,
-            input=_json.loads(dispatch.input),
+            input=_json.loads(
+                dispatch.input, at=Binding.step(dispatch.task_id, dispatch.seq), keys=self.keys
+            ),
             idempotency_key=idempotency_key(dispatch.task_id, dispatch.seq),
             complete_by=Deadline.after(got.remaining).complete_by,
             remaining=got.remaining,
@@ -640,7 +649,8 @@ class TaskDrive:
         recorded: asyncio.Future[bool] = loop.create_future()
         self._unrecorded.append(Unrecorded(outcome, recorded))
         if not future.done():
-            result = None if outcome.result is None else _json.loads(outcome.result)
+            here = Binding.step(outcome.task_id, outcome.seq)
+            result = _json.loads(outcome.result, at=here, keys=self.keys)
             future.set_result(Answer(outcome.state, result, outcome.error))
         loop.call_later(RECORD_WITHIN, self._record_alone)
         return await recorded

@@ -2,6 +2,7 @@
 
 StepwardenError
 ├── ConfigurationError        bad store URL, unknown role, bad option
+│   └── KeyringError          no keyring, a wrong one, or a sealed value that does not open
 ├── PayloadError              a value that is not JSON, or too large
 ├── UnknownNameError          an unknown workflow, agent or operation
 ├── StoreError                the database failed; the driver's error is the __cause__
@@ -34,6 +35,12 @@ class StepwardenError(Exception):
 
 class ConfigurationError(StepwardenError):
     """The configuration is invalid."""
+
+
+class KeyringError(ConfigurationError):
+    """A sealed secret cannot be opened or sealed here: the process holds no keyring, or a
+    wrong one, or one without the value's key; or the value was moved from another record,
+    or altered."""
 
 
 class PayloadError(StepwardenError):

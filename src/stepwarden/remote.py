@@ -39,6 +39,7 @@ from .records import (
     RequestHandback,
     StepOutcome,
 )
+from .sealing import Keyring
 from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Subscription
 from .store.base import Notifier
 
@@ -58,6 +59,8 @@ class RemoteAgentPort:
     with an `agent:NAME` scope for each agent served."""
 
     default_poll_interval = 1.0
+    keys: Keyring | None = None
+    """Results go to the server plain (over its TLS): the server seals them."""
 
     def __init__(
         self,

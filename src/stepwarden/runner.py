@@ -53,6 +53,7 @@ from .records import (
 )
 from .retry import after_store_failure, answered
 from .rules import describe
+from .sealing import Binding, Keyring
 from .states import StepState
 from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Subscription
 
@@ -132,7 +133,10 @@ class _Hold:
                 f"step {r.idempotency_key} attempt {r.attempt} is no longer held by this call: "
                 f"{self.cancelled}"
             )
-        detail = None if details is None else _json.dumps(details, what="heartbeat details")
+        detail = None
+        if details is not None:
+            here = _json.Seal(self.runner.store.keys, Binding.step(r.task_id, r.seq))
+            detail = _json.dumps(details, what="heartbeat details", seal=here)
         try:
             remaining = await self.runner.store.heartbeat_step(
                 r.task_id, r.seq, r.attempt, self.runner.instance, detail
@@ -180,6 +184,9 @@ class AgentPort(Protocol):
     stepwarden server (`remote.RemoteAgentPort`) for an agent served over HTTP."""
 
     default_poll_interval: float
+    keys: Keyring | None
+    """The keyring that seals the results the runner reports (None: it reports them plain,
+    for a server that seals them: the agent protocol's)."""
 
     async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None: ...
     async def leave(self, instance: str, agents: Sequence[str]) -> None: ...
@@ -692,7 +699,13 @@ class AgentRunner:
                         value = await op.invoke(call, args)
                 if hold.cancelled is None:  # else it returned all the same: discarded
                     verdict = True
-                    result = _json.dumps(value, what=f"the result of {op.qualname}")
+                    result = _json.dumps(
+                        value,
+                        what=f"the result of {op.qualname}",
+                        seal=_json.Seal(
+                            self.store.keys, Binding.step(request.task_id, request.seq)
+                        ),
+                    )
             except _Lost:
                 pass
             except StepLost as exc:

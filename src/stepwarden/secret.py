@@ -1,9 +1,11 @@
 """Secrets in payloads: stored for the operation that needs them, never shown.
 
 Wrap a value in `Secret` anywhere in a task's input or a step's arguments. It is stored in the
-state store (as JSON, under the reserved key "$secret") so that the operation gets it back,
-again wrapped: `call`-side code reads it with `.reveal()`. Everything stepwarden shows (the
-command line, `repr`, logs, alerts) prints `***` in its place.
+state store so that the operation gets it back, again wrapped: `call`-side code reads it with
+`.reveal()`. With a keyring, it is stored sealed (`stepwarden.sealing`: `{"$sealed": ...}`),
+and opened by `.reveal()` in a process that holds the key; without one, as plain JSON under
+the reserved key "$secret". Everything stepwarden shows (the command line, `repr`, logs,
+alerts) prints `***` in its place.
 
     app.submit(process_order, {"id": 42, "card": stepwarden.Secret("4111 1111 1111 1111")})
 """
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
+
+from .errors import KeyringError
+from .sealing import Sealed
 
 T = TypeVar("T")
 
@@ -71,11 +76,21 @@ class Secret(Generic[T]):
     __slots__ = ("_value",)
 
     def __init__(self, value: T) -> None:
-        self._value = value
+        self._value: T | Sealed = value
 
     def reveal(self) -> T:
-        """The wrapped value, for the code that must use it."""
-        return self._value
+        """The wrapped value, for the code that must use it. A secret read from a store that
+        seals them (`stepwarden.sealing`) is opened here, once: KeyringError where the
+        process holds no key for it."""
+        if isinstance(self._value, Sealed):
+            self._value = self._value.open()
+        return self._value  # type: ignore[return-value]
+
+    @property
+    def sealed(self) -> Sealed | None:
+        """The value as the store holds it, while it has not been opened (None: it is
+        plain, or opened)."""
+        return self._value if isinstance(self._value, Sealed) else None
 
     def __repr__(self) -> str:
         return f"Secret({MASK!r})"
@@ -83,7 +98,15 @@ class Secret(Generic[T]):
     __str__ = __repr__
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and bool(other._value == self._value)
+        if not isinstance(other, Secret):
+            return False
+        mine, theirs = self.sealed, other.sealed
+        if mine is not None and theirs is not None and mine.blob == theirs.blob:
+            return True
+        try:
+            return bool(other.reveal() == self.reveal())
+        except KeyringError:  # sealed, and not to be opened here: unequal unless the same
+            return False
 
     def __hash__(self) -> int:
         return hash((Secret, MASK))

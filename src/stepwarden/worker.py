@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
-from .errors import ConfigurationError, StoreError, UnknownNameError
+from .errors import ConfigurationError, KeyringError, StoreError, UnknownNameError
 from .metrics import Metrics, serve
 from .relay import Brokers, Relay
 from .remote import RemoteAgentPort
@@ -129,7 +129,7 @@ class Worker:
         if opts.agent_url is not None:
             await self._run_remote_agents(opts.agent_url, opts.agent_token or "")
             return
-        store: Store = open_store(opts.store_url or self.app.store_url)
+        store: Store = open_store(opts.store_url or self.app.store_url, keys=self.app.keys)
         store.write_observer = self.metrics.observe_write
         self.metrics.describe_worker(self.instance, opts.roles)
         server = None
@@ -147,6 +147,7 @@ class Worker:
         try:
             await store.open(migrate=opts.migrate)
             try:
+                await self._check_keyring(store)
                 if isinstance(store, ShardedStore):
                     await self._run_shards(store)
                 else:
@@ -160,6 +161,21 @@ class Worker:
             if server is not None:
                 server.close()
                 await server.wait_closed()
+
+    async def _check_keyring(self, store: Store) -> None:
+        """Every role opens or seals secrets (the scheduler hands a task's input to its
+        workflow, an agent its step's to the operation, the supervisor a schedule's to its
+        tasks): a store whose secrets are sealed is refused without a keyring, at start
+        rather than at the first secret."""
+        if self.app.keys is not None:
+            return
+        sealed = await store.sealing_keys()
+        if sealed:
+            raise KeyringError(
+                f"this store holds secrets sealed under the key(s) {', '.join(sealed)}, and "
+                "this worker has no keyring to open them: give it the keyring "
+                "(STEPWARDEN_KEYRING, a file, or STEPWARDEN_KEYS)"
+            )
 
     async def _run_remote_agents(self, url: str, token: str) -> None:
         """The agents, served over HTTP (`remote.RemoteAgentPort`), as instances named after

@@ -46,6 +46,7 @@ from .records import (
     WaitRequest,
 )
 from .rules import child_task_id, step_needs_compensation, submit_version
+from .sealing import Binding, Keyring, input_digest
 from .states import OnFailure, StepState
 
 T = TypeVar("T")
@@ -124,6 +125,9 @@ class StepRunner(Protocol):
     instance: str
     operations: Mapping[str, AnyOperation] | None
     """The operations of the App's agents by "agent.operation"; None accepts any."""
+    keys: Keyring | None
+    """The keyring that seals the secrets the workflow hands to its steps and children
+    (None: stored plain)."""
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
         """The App's workflows by (name, version): the children a workflow may start."""
@@ -551,7 +555,11 @@ class Context:
         held = self._held
         scheduler = self._runner.instance
         if recorded is None:
-            payload = _json.dumps(list(args), what=f"the input of step {step_name!r}")
+            payload = _json.dumps(
+                list(args),
+                what=f"the input of step {step_name!r}",
+                seal=_json.Seal(self._runner.keys, Binding.step(held.task_id, seq)),
+            )
             new = NewStep(
                 task_id=held.task_id,
                 task_attempt=held.attempt,
@@ -629,15 +637,20 @@ class Context:
         args = step.compensation_input
         args = args if isinstance(args, list) else [args]
         held = self._held
+        seq = self._new_seq()
         new = NewStep(
             task_id=held.task_id,
             task_attempt=held.attempt,
             scheduler=self._runner.instance,
-            seq=self._new_seq(),
+            seq=seq,
             name=step_name,
             agent=agent,
             operation=operation,
-            input=_json.dumps(step.compensation_input, what="a compensation input"),
+            input=_json.dumps(
+                step.compensation_input,
+                what="a compensation input",
+                seal=_json.Seal(self._runner.keys, Binding.step(held.task_id, seq)),
+            ),
             priority=held.priority,
             complete_within=within.total_seconds(),
             compensates=step.seq,
@@ -736,7 +749,12 @@ class Context:
         new = NewTask(
             task_id=child_id,
             workflow=wf.name,
-            input=_json.dumps(input, what=f"the input of child {child_id!r}"),
+            input=_json.dumps(
+                input,
+                what=f"the input of child {child_id!r}",
+                seal=_json.Seal(self._runner.keys, Binding.input(child_id)),
+            ),
+            input_digest=input_digest(_json.plain(input), self._runner.keys),
             priority=held.priority,
             complete_within=wf.complete_within.total_seconds(),
             max_failures=wf.max_failures,

@@ -46,7 +46,7 @@ REASON_LIMIT = "reason must be a string of at most 1000 characters"
 NOT_JSON = "is not JSON-serialisable"
 NOT_UTF8 = "str is not valid UTF-8"
 OVER_LIMIT = f"over the limit of {MAX_PAYLOAD_BYTES}"
-RESERVED = "holds a dict whose only key is the reserved '$secret'"
+RESERVED = "holds a dict with the reserved key '$secret' or '$sealed'"
 
 
 def nested(depth: int) -> list[Any]:
@@ -215,6 +215,8 @@ UNSERIALISABLE: list[tuple[Call, str]] = [
     (lambda a: a.submit("process", {"card": sw.Secret(float("nan"))}), "the task input holds NaN"),
     (lambda a: a.submit("process", {"card": sw.Secret(BIG)}), OVER_LIMIT),
     (lambda a: a.submit("process", [{"$secret": "x"}]), f"the task input {RESERVED}"),
+    (lambda a: a.submit("process", {"pin": {"$secret": "7391", "x": 1}}), f"input {RESERVED}"),
+    (lambda a: a.submit("process", {"$sealed": "k1:AAAA"}), f"the task input {RESERVED}"),
     (lambda a: a.skip("t-1", 1, nested(10_000)), f"the step result {NOT_JSON}: Recursion limit"),
     (lambda a: a.skip("t-1", 1, BIG), f"the step result is {len(BIG) + 2} bytes, {OVER_LIMIT}"),
     (lambda a: a.skip("t-1", 1, {"total": float("inf")}), "the step result holds NaN or an inf"),

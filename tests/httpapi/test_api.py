@@ -338,3 +338,18 @@ async def test_a_re_submit_by_another_client_is_refused_without_comparing_anythi
     assert mine.status_code == 409, mine.text
     again = await client.post("/api/v1/tasks", json=body, headers=tokens.auth("billing"))
     assert (again.status_code, again.json()["created"]) == (200, False)
+
+
+async def test_an_object_with_a_secret_and_other_keys_is_refused(
+    client: httpx.AsyncClient, tokens: Tokens
+) -> None:
+    """`{"$secret": ..., "extra": 1}` would be kept as a plain object, its value shown
+    everywhere: refused (422), as is a client's `{"$sealed": ...}`; nothing is stored."""
+    for value in ({"$secret": "PIN-7391", "extra": 1}, {"$sealed": "k1:AAAA"}):
+        body = {"workflow": "approval", "input": {"id": 1, "pin": value}, "task_id": "mixed"}
+        refused = await client.post("/api/v1/tasks", json=body, headers=tokens.auth("submitter"))
+        assert refused.status_code == 422, refused.text
+        assert "reserved key" in refused.json()["error"]
+        assert "PIN-7391" not in refused.text
+    missing = await client.get("/api/v1/tasks/mixed", headers=tokens.auth("reader"))
+    assert missing.status_code == 404

@@ -35,6 +35,7 @@ from ..records import (
 from ..records import (
     Request as StepRequest,
 )
+from ..sealing import Binding
 from ..states import StepState
 from ..store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
 from ._agent_models import (
@@ -315,7 +316,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         detail = (
             None
             if body.detail is None
-            else _json.dumps(_json.revive(body.detail), what="the detail")
+            else _json.dumps(
+                _json.revive(body.detail),
+                what="the detail",
+                seal=_json.Seal(db.keys, Binding.step(body.task_id, body.seq)),
+            )
         )
         remaining = await db.heartbeat_step(
             body.task_id, body.seq, body.attempt, body.instance, detail
@@ -345,7 +350,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 state=StepState.COMPLETED if o.state == "completed" else StepState.FAILED,
                 result=None
                 if o.state == "failed"
-                else _json.dumps(_json.revive(o.result), what=f"the result of {o.task_id}/{o.seq}"),
+                else _json.dumps(
+                    _json.revive(o.result),
+                    what=f"the result of {o.task_id}/{o.seq}",
+                    seal=_json.Seal(db.keys, Binding.step(o.task_id, o.seq)),
+                ),
                 error=o.error if o.state == "failed" else None,
                 tries=o.tries,
             )

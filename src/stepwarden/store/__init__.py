@@ -7,6 +7,7 @@ import re
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
+from ..sealing import Keyring
 from ._flow import (
     CHANNEL_CALLS,
     CHANNEL_OUTBOX,
@@ -19,9 +20,17 @@ from .base import Store, Subscription, Transaction
 from .sharded import ShardedStore
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, keys: Keyring | None = None) -> Store:
     """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..., or
-    several postgresql://... URLs separated by whitespace: a store of shards (`sharded.py`)."""
+    several postgresql://... URLs separated by whitespace: a store of shards (`sharded.py`).
+    `keys`: the keyring its secrets are sealed and opened with (`sealing`), checked against
+    the store's when it opens."""
+    store = _store_for(url)
+    store.keys = keys
+    return store
+
+
+def _store_for(url: str) -> Store:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a store URL must be a non-empty string, not {url!r}")
     if "\x00" in url:

@@ -2,7 +2,9 @@
 
 Rows are dictionaries of column names; the dialects' queries return the same columns
 (computed ones included, such as `remaining`). Times are `datetime`s on PostgreSQL and
-seconds since the epoch on SQLite; JSON comes back as its text on both.
+seconds since the epoch on SQLite; JSON comes back as its text on both. A payload's sealed
+secrets are read bound to the record that holds them (`sealing.Binding`), with the keyring of
+the store that read them (`keys`: None where the process holds none), and open when revealed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..records import (
     Woke,
 )
 from ..rules import AlertReason
+from ..sealing import Binding, Keyring
 from ..secret import stored_name
 from ..states import StepState, TaskState
 
@@ -54,11 +57,12 @@ def at(value: datetime | float) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
 
 
-def task_record(row: Row) -> TaskRecord:
+def task_record(row: Row, keys: Keyring | None = None) -> TaskRecord:
+    task_id = row["task_id"]
     return TaskRecord(
-        task_id=row["task_id"],
+        task_id=task_id,
         workflow=row["workflow"],
-        input=loads(row["input"]),
+        input=loads(row["input"], at=Binding.input(task_id), keys=keys),
         process_state=TaskState(row["process_state"]),
         locked_by=row["locked_by"],
         complete_by=when(row["complete_by"]),
@@ -67,7 +71,7 @@ def task_record(row: Row) -> TaskRecord:
         attempt=row["attempt"],
         priority=row["priority"],
         complete_within=row["complete_within"],
-        result=loads(row["result"]),
+        result=loads(row["result"], at=Binding.result(task_id), keys=keys),
         error=row["error"],
         created_at=at(row["created_at"]),
         updated_at=at(row["updated_at"]),
@@ -87,7 +91,8 @@ def task_record(row: Row) -> TaskRecord:
     )
 
 
-def step_record(row: Row) -> StepRecord:
+def step_record(row: Row, keys: Keyring | None = None) -> StepRecord:
+    here = Binding.step(row["task_id"], row["seq"])
     return StepRecord(
         task_id=row["task_id"],
         seq=row["seq"],
@@ -99,8 +104,8 @@ def step_record(row: Row) -> StepRecord:
         task_attempt=row["task_attempt"],
         complete_by=at(row["complete_by"]),
         idempotency_key=row["idempotency_key"],
-        input=loads(row["input"]),
-        result=loads(row["result"]),
+        input=loads(row["input"], at=here, keys=keys),
+        result=loads(row["result"], at=here, keys=keys),
         error=row["error"],
         locked_by=row["locked_by"],
         tries=row["tries"],
@@ -108,11 +113,11 @@ def step_record(row: Row) -> StepRecord:
         claimed_at=when(row["claimed_at"]),
         finished_at=when(row["finished_at"]),
         compensation=row["compensation"],
-        compensation_input=loads(row["compensation_input"]),
+        compensation_input=loads(row["compensation_input"], at=here, keys=keys),
         compensates=row["compensates"],
         abandoned=bool(row["abandoned"]),
         reassignments=row["reassignments"],
-        heartbeat=loads(row["heartbeat"]),
+        heartbeat=loads(row["heartbeat"], at=here, keys=keys),
         heartbeat_at=when(row["heartbeat_at"]),
         limit_key=row["limit_key"],
         complete_within=row["complete_within"],
@@ -122,14 +127,14 @@ def step_record(row: Row) -> StepRecord:
     )
 
 
-def request(row: Row) -> Request:
+def request(row: Row, keys: Keyring | None = None) -> Request:
     return Request(
         task_id=row["task_id"],
         seq=row["seq"],
         attempt=row["attempt"],
         agent=row["agent"],
         operation=row["operation"],
-        input=loads(row["input"]),
+        input=loads(row["input"], at=Binding.step(row["task_id"], row["seq"]), keys=keys),
         idempotency_key=row["idempotency_key"],
         complete_by=at(row["complete_by"]),
         remaining=float(row["remaining"]),
@@ -150,13 +155,18 @@ def event(row: Row) -> EventRecord:
     )
 
 
-def message(row: Row) -> OutboxMessage:
+def message(row: Row, keys: Keyring | None = None) -> OutboxMessage:
+    """A status message of the outbox: the detail of one about a task's state holds its
+    result (its secrets bound to the task's result, which it copies)."""
+    task_id = row["task_id"]
     return OutboxMessage(
         id=row["id"],
         channel=row["channel"],
-        task_id=row["task_id"],
+        task_id=task_id,
         kind=row["kind"],
-        detail=loads(row["detail"]),
+        detail=loads(
+            row["detail"], at=None if task_id is None else Binding.result(task_id), keys=keys
+        ),
         at=at(row["at"]),
         attempts=row["attempts"],
         # A sink stored by an earlier version under a webhook's whole URL is read under the
@@ -248,7 +258,22 @@ def activity(rows: Sequence[Row], bucket: float) -> Activity:
     return Activity(now=at(rows[0]["now"]), bucket=bucket, buckets=buckets)
 
 
-def wait_record(row: Row) -> WaitRecord:
+def wait_binding(row: Row) -> Binding | None:
+    """The record what a wait took belongs to (from its `kind`, `name`, `event_id` and
+    `task_id` columns): an event's payload, that event; a child's result, the child's."""
+    if row["kind"] == "event" and row["event_id"] is not None:
+        return Binding.event(row["task_id"], row["event_id"])
+    if row["kind"] == "child":
+        return Binding.result(row["name"])
+    return None
+
+
+def wait_payload(row: Row, keys: Keyring | None = None) -> Any:
+    """What a wait took (its `payload`): an event's payload, or a child's result."""
+    return loads(row["payload"], at=wait_binding(row), keys=keys)
+
+
+def wait_record(row: Row, keys: Keyring | None = None) -> WaitRecord:
     return WaitRecord(
         task_id=row["task_id"],
         seq=row["seq"],
@@ -257,20 +282,20 @@ def wait_record(row: Row) -> WaitRecord:
         wake_at=when(row["wake_at"]),
         state=row["state"],
         event_id=row["event_id"],
-        payload=loads(row["payload"]),
+        payload=wait_payload(row, keys),
         created_at=at(row["created_at"]),
         finished_at=when(row["finished_at"]),
         position=row["position"],
     )
 
 
-def schedule_record(row: Row) -> ScheduleRecord:
+def schedule_record(row: Row, keys: Keyring | None = None) -> ScheduleRecord:
     return ScheduleRecord(
         name=row["name"],
         workflow=row["workflow"],
         cron=row["cron"],
         every=row["every"],
-        input=loads(row["input"]),
+        input=loads(row["input"], at=Binding.schedule(row["name"]), keys=keys),
         timezone=row["timezone"],
         catch_up=row["catch_up"],
         paused=bool(row["paused"]),

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from .._aio import first
-from ..errors import SchemaVersionError, TransientStoreError
+from .._json import holds_secret
+from ..errors import KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
     Activity,
@@ -69,10 +70,11 @@ from ..records import (
 )
 from ..retry import Backoff, retried, within_tries
 from ..rules import await_next
-from ..sealing import input_digest
+from ..sealing import Keyring, input_digest
 from ..states import TaskState
-from . import _rows, _sql, policy
+from . import _rows, _sql, policy, reseal
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
+from .reseal import Cursor, Round
 
 T = TypeVar("T")
 DIGEST_BATCH = 500
@@ -138,9 +140,10 @@ class Transaction(abc.ABC):
     """An open transaction in which the application writes its own rows and submits tasks,
     so that both commit together or neither does."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store) -> None:
         self.wake = Wakeups()
         """The wake-ups owed once this transaction commits."""
+        self.store = store
 
     @abc.abstractmethod
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
@@ -153,6 +156,7 @@ class Transaction(abc.ABC):
 
     async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
         """Record tasks in this transaction; True for each task that was created."""
+        self.store.refuse_plain(t.input for t in tasks)
         return await self._run(partial(policy.submit, tasks))
 
     async def send_event(
@@ -164,6 +168,7 @@ class Transaction(abc.ABC):
         bounds: EventBounds | None = None,
     ) -> SendOutcome | TaskState | EventBeyond | None:
         """Send an event in this transaction (see `Store.send_event`)."""
+        self.store.refuse_plain([payload])
         event = (task_id, name, payload, event_id, bounds or EventBounds())
         return await self._run(partial(policy.send_event, *event))
 
@@ -190,6 +195,13 @@ class Store(abc.ABC):
         refused while it was out of reach (a driver that can lose it says so)."""
         self._back: asyncio.Event | None = None
         """Set when the store answers again; the calls waiting to be tried again wait on it."""
+        self.seals = False
+        """Whether secrets are sealed in this store (it knows a key that sealed there):
+        read when it opens."""
+        self.keys: Keyring | None = None
+        """The keyring this process seals and opens secrets with (`sealing`; set by the App
+        that opens the store): None where it holds none. Records read carry it: their
+        sealed secrets open when revealed."""
         self.write_observer: Callable[[float], None] | None = None
         """Told the seconds each write transaction took, committed or not (a worker's
         metrics, `Metrics.observe_write`)."""
@@ -294,9 +306,55 @@ class Store(abc.ABC):
             await self._check_version()
             if migrate:
                 await self._fill_digests()
+            if self.keys is not None:
+                await self._check_keys(self.keys)
+            self.seals = bool(await self.sealing_keys())
         except BaseException:
             await self.close()
             raise
+
+    async def _check_keys(self, keys: Keyring) -> None:
+        """The keyring against the store's checks: KeyringError when a key of an id the
+        store knows is not the one that sealed there (a wrong key); the keyring's current
+        key recorded, with its check, when the store does not know it yet."""
+        known = {r["key_id"]: r["check_value"] for r in await self._read_one("sealing_keys")}
+        if keys.current not in known:
+            check = keys.check()
+            await self._write_one(
+                Query("add_sealing_key", {"key_id": keys.current, "check_value": check})
+            )
+            known.update(
+                {r["key_id"]: r["check_value"] for r in await self._read_one("sealing_keys")}
+            )
+        for key_id, check in known.items():
+            keys.verify(key_id, check)
+
+    def refuse_plain(self, texts: Iterable[str | None]) -> None:
+        """KeyringError where a payload would store a secret plain in a store that seals
+        them: this process has no keyring."""
+        if self.seals and self.keys is None and any(t and holds_secret(t) for t in texts):
+            raise KeyringError(
+                "this store seals its secrets, and this process has no keyring to seal this "
+                "one: give it the keyring (STEPWARDEN_KEYRING, a file, or STEPWARDEN_KEYS)"
+            )
+
+    async def sealing_keys(self) -> list[str]:
+        """The ids of the keys that sealed secrets in this store, oldest first (none: it
+        holds no sealed value)."""
+        return [r["key_id"] for r in await self._read_one("sealing_keys")]
+
+    async def reseal(self, cursor: Cursor, limit: int) -> Round:
+        """One round of `stepwarden reseal` (`reseal.py`): the next `limit` rows of a place
+        that may hold a secret, their secrets sealed anew under the keyring's current key."""
+        keys = self.keys
+        if keys is None:
+            raise KeyringError("reseal needs a keyring (STEPWARDEN_KEYRING or STEPWARDEN_KEYS)")
+        return await self._write(partial(reseal.reseal, cursor, limit, keys))
+
+    async def drop_sealing_keys(self, key_ids: Sequence[str]) -> None:
+        """Forget keys that no longer seal anything here (after `stepwarden reseal`)."""
+        if key_ids:
+            await self._write_one(Query("drop_sealing_keys", {"key_ids": list(key_ids)}))
 
     async def _fill_digests(self) -> None:
         """Give the tasks stored before migration 0019 their input's digest, a batch at a
@@ -338,6 +396,7 @@ class Store(abc.ABC):
         """Record pending tasks; a task_id already present is left as it is (False). Tried
         again after a transient failure (a submission is idempotent by task_id; a task whose
         first try committed without its answer arriving is then reported as not created)."""
+        self.refuse_plain(t.input for t in tasks)
         return await self._again_if_transient(
             lambda: self._write_alone(partial(policy.submit, tasks))
         )
@@ -349,7 +408,7 @@ class Store(abc.ABC):
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         rows = await self._read_one("get_task", task_id=task_id)
-        return _rows.task_record(rows[0]) if rows else None
+        return _rows.task_record(rows[0], self.keys) if rows else None
 
     async def await_task(self, task_id: str) -> TaskRecord | None:
         """The task, read so that its end, when it has not ended, wakes this process's
@@ -367,7 +426,7 @@ class Store(abc.ABC):
                 noted=noted,
             )
             if step == "wait":
-                return None if row is None else _rows.task_record(row)
+                return None if row is None else _rows.task_record(row, self.keys)
             if step == "note":
                 await self._write_one(Query("note_awaited", {"task_id": task_id}))
                 noted = True
@@ -375,10 +434,11 @@ class Store(abc.ABC):
             # The task as marked; no row when it was not (no longer held, or marked already).
             marked = await self._write_one(Query("mark_awaited", {"task_id": task_id}))
             if marked:
-                return _rows.task_record(marked[0])
+                return _rows.task_record(marked[0], self.keys)
 
     async def get_steps(self, task_id: str) -> list[StepRecord]:
-        return [_rows.step_record(r) for r in await self._read_one("get_steps", task_id=task_id)]
+        rows = await self._read_one("get_steps", task_id=task_id)
+        return [_rows.step_record(r, self.keys) for r in rows]
 
     async def list_tasks(
         self,
@@ -396,7 +456,7 @@ class Store(abc.ABC):
             version=version,
             limit=limit,
         )
-        return [_rows.task_record(r) for r in rows]
+        return [_rows.task_record(r, self.keys) for r in rows]
 
     async def count_tasks(self) -> dict[TaskState, int]:
         counts = {s: 0 for s in TaskState}
@@ -438,11 +498,12 @@ class Store(abc.ABC):
         rows = await self._read_one(
             "outbox_read", channel=channel, task_id=task_id, after=after, limit=limit
         )
-        return [_rows.message(r) for r in rows]
+        return [_rows.message(r, self.keys) for r in rows]
 
     async def due_alerts(self, limit: int) -> list[OutboxMessage]:
         """Alerts not yet delivered to every sink whose next try is due, oldest first."""
-        return [_rows.message(r) for r in await self._read_one("outbox_due", limit=limit)]
+        rows = await self._read_one("outbox_due", limit=limit)
+        return [_rows.message(r, self.keys) for r in rows]
 
     async def record_delivery(
         self, message_id: int, delivered_to: Sequence[str], *, done: bool, retry_in: float
@@ -467,7 +528,7 @@ class Store(abc.ABC):
         """Status messages for brokers to deliver now, in id order: those up to `upto` of at
         most `tasks` tasks whose first undelivered message is due."""
         rows = await self._read_one("relay_due", upto=upto, tasks=tasks, limit=limit)
-        return [_rows.message(r) for r in rows]
+        return [_rows.message(r, self.keys) for r in rows]
 
     async def relay_delivered(self, message_ids: Sequence[int]) -> None:
         """Record that a broker acknowledged these status messages (those of a task already
@@ -495,6 +556,7 @@ class Store(abc.ABC):
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
         """Apply operator actions in one transaction, each a conditional update from the
         state and attempt it reads, recorded as an `operator` event (who, why, from, to)."""
+        self.refuse_plain(a.result for a in actions)
         return await self._write(partial(policy.operate, actions))
 
     # -- the scheduler --------------------------------------------------------------------
@@ -516,7 +578,7 @@ class Store(abc.ABC):
         wait_rows: Rows = []
         if again:  # read once the claim committed: only the claiming scheduler writes them
             step_rows, wait_rows = [await self._read(q) for q in policy.recorded(again)]
-        return policy.claimed(rows, step_rows, wait_rows)
+        return policy.claimed(rows, step_rows, wait_rows, self.keys)
 
     async def dispatch_steps(self, batch: Sequence[StepDispatch]) -> list[DispatchedStep | None]:
         """Record and queue steps (`NewStep`), queue recorded ones again (`Redispatch`) or
@@ -547,7 +609,8 @@ class Store(abc.ABC):
         if not keys:
             return []
         each = [{"task_id": task_id, "seq": seq} for task_id, seq in keys]
-        return [_rows.step_record(r) for r in await self._read(Query("finished_steps", each=each))]
+        rows = await self._read(Query("finished_steps", each=each))
+        return [_rows.step_record(r, self.keys) for r in rows]
 
     async def finish_tasks(self, batch: Sequence[TaskOutcome]) -> list[bool]:
         """End the hold of each task, only if it is still held (`TaskOutcome.held_as`) under
@@ -563,7 +626,9 @@ class Store(abc.ABC):
         """The step and the seconds until its complete_by (by the database clock; negative
         once passed), or None when there is no such step."""
         rows = await self._read_one("read_step", task_id=task_id, seq=seq)
-        return (_rows.step_record(rows[0]), float(rows[0]["remaining"])) if rows else None
+        if not rows:
+            return None
+        return _rows.step_record(rows[0], self.keys), float(rows[0]["remaining"])
 
     # -- the scheduler registry -----------------------------------------------------------
     async def beat_schedulers(self, beats: Sequence[SchedulerBeat], ttl: float) -> None:
@@ -594,7 +659,7 @@ class Store(abc.ABC):
         child processed), child_failed, timed out, or the task parked until then (waiting,
         released, its complete_by gone), or "blocked" when the request says not to park;
         fenced by the hold and the attempt."""
-        return await self._write(partial(policy.wait, request))
+        return await self._write(partial(policy.wait, request, self.keys))
 
     async def park(self, request: ParkRequest) -> WaitOutcome:
         """Park a task whose workflow waits in every branch, on its open waits at
@@ -606,7 +671,7 @@ class Store(abc.ABC):
     async def children(self, task_id: str, *, limit: int = 1000) -> list[TaskRecord]:
         """The tasks `task_id`'s workflow started (`ctx.child`), oldest first."""
         rows = await self._read_one("children_of", task_id=task_id, limit=limit)
-        return [_rows.task_record(r) for r in rows]
+        return [_rows.task_record(r, self.keys) for r in rows]
 
     async def send_event(
         self,
@@ -620,11 +685,13 @@ class Store(abc.ABC):
         open wait for that name, in one transaction; the state of a finished task (nothing
         sent), the bound a new event is beyond (`bounds`, the defaults when None: nothing
         sent), or None when there is no such task."""
+        self.refuse_plain([payload])
         event = (task_id, name, payload, event_id, bounds or EventBounds())
         return await self._write(partial(policy.send_event, *event))
 
     async def waits(self, task_id: str) -> list[WaitRecord]:
-        return [_rows.wait_record(r) for r in await self._read_one("list_waits", task_id=task_id)]
+        rows = await self._read_one("list_waits", task_id=task_id)
+        return [_rows.wait_record(r, self.keys) for r in rows]
 
     async def release_held(
         self, scheduler: str, only: Collection[tuple[str, int]] | None = None
@@ -660,9 +727,10 @@ class Store(abc.ABC):
         limits = {op: lim for op, lim in (limits or {}).items() if op in operations}
         if limits:
             flow = partial(policy.claim_within_limits, instance, agent, operations, limit, limits)
-            return policy.requests(await self._write(flow))
+            return policy.requests(await self._write(flow), self.keys)
         return policy.requests(
-            await self._write_one(policy.claim_requests(instance, agent, operations, limit))
+            await self._write_one(policy.claim_requests(instance, agent, operations, limit)),
+            self.keys,
         )
 
     async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]:
@@ -703,7 +771,7 @@ class Store(abc.ABC):
         before their complete_by, for a task whose calls go on (`rules.call_lost`); in
         claim order (priority with aging, `rules.head_start`)."""
         rows = await self._read_one("held_steps", instance=instance, agent=agent)
-        return policy.held(rows, instance)
+        return policy.held(rows, instance, self.keys)
 
     async def stop_calls(self, batch: Sequence[CallStop]) -> list[bool]:
         """Record that these calls of steps their instances no longer hold have ended
@@ -777,6 +845,7 @@ class Store(abc.ABC):
         be worked out are not stored (the others are): returned by name, with why."""
         if not specs:
             return {}
+        self.refuse_plain(s.input for s in specs)
         return await self._write(partial(policy.store_schedules, specs))
 
     async def create_ticks(self, *, lease: str, holder: str, term: int, limit: int) -> TicksMade:
@@ -785,12 +854,12 @@ class Store(abc.ABC):
         (paused), and the others go on."""
         return await self._write(
             lambda wake: policy.create_ticks(
-                lease=lease, holder=holder, term=term, limit=limit, wake=wake
+                lease=lease, holder=holder, term=term, limit=limit, keys=self.keys, wake=wake
             )
         )
 
     async def schedules(self) -> list[ScheduleRecord]:
-        return [_rows.schedule_record(r) for r in await self._read_one("list_schedules")]
+        return [_rows.schedule_record(r, self.keys) for r in await self._read_one("list_schedules")]
 
     async def pause_schedule(self, name: str, paused: bool) -> bool:
         """Pause or resume a schedule (resumed, it goes on from its first tick after now);
@@ -894,7 +963,7 @@ class Store(abc.ABC):
             search=search or None,
             limit=limit,
         )
-        return [_rows.task_record(r) for r in rows]
+        return [_rows.task_record(r, self.keys) for r in rows]
 
     async def workflow_names(self) -> list[str]:
         """The workflows the stored tasks belong to, sorted."""
@@ -903,7 +972,7 @@ class Store(abc.ABC):
     async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]:
         """The newest messages of a channel, newest first."""
         rows = await self._read_one("newest_outbox", channel=channel, limit=limit)
-        return [_rows.message(r) for r in rows]
+        return [_rows.message(r, self.keys) for r in rows]
 
     async def oldest_pending_age(self) -> float | None:
         """Seconds since the oldest pending task was submitted (by the database clock), or

@@ -88,6 +88,7 @@ from ..rules import (
     total_failure,
     waiting_for_all,
 )
+from ..sealing import Binding, Keyring, input_digest
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
 from . import _rows
 from ._flow import Flow, Query, Row, Rows, Wakeups, fetch, first_of_each, together
@@ -435,19 +436,21 @@ def recorded(task_ids: Sequence[str]) -> list[Query]:
     ]
 
 
-def claimed(rows: Rows, step_rows: Rows, wait_rows: Rows) -> list[ClaimedTask]:
+def claimed(
+    rows: Rows, step_rows: Rows, wait_rows: Rows, keys: Keyring | None = None
+) -> list[ClaimedTask]:
     """The claimed tasks, with what their workflows recorded, in claim order (`ranked_at`:
     priority with aging)."""
     steps: dict[str, list[StepRecord]] = {}
     for s in step_rows:
-        steps.setdefault(s["task_id"], []).append(_rows.step_record(s))
+        steps.setdefault(s["task_id"], []).append(_rows.step_record(s, keys))
     waits: dict[str, dict[str, tuple[int, str, str]]] = {}
     for w in wait_rows:
         place = w["position"] or str(w["seq"])
         waits.setdefault(w["task_id"], {})[place] = (w["seq"], w["kind"], w["name"])
     return [
         ClaimedTask(
-            task=_rows.task_record(r),
+            task=_rows.task_record(r, keys),
             steps=steps.get(r["task_id"], []),
             remaining=float(r["remaining"]),
             waits=waits.get(r["task_id"], {}),
@@ -660,9 +663,9 @@ def claim_within_limits(
     return rows
 
 
-def requests(rows: Rows) -> list[Request]:
+def requests(rows: Rows, keys: Keyring | None = None) -> list[Request]:
     """Claimed requests, in claim order (`ranked_at`: priority with aging)."""
-    return [_rows.request(r) for r in sorted(rows, key=lambda r: r["ranked_at"])]
+    return [_rows.request(r, keys) for r in sorted(rows, key=lambda r: r["ranked_at"])]
 
 
 def hand_back(batch: Sequence[RequestHandback], wake: Wakeups) -> Flow[list[bool]]:
@@ -888,11 +891,12 @@ def lost(
     return out
 
 
-def held(rows: Rows, instance: str) -> list[Request]:
+def held(rows: Rows, instance: str, keys: Keyring | None = None) -> list[Request]:
     """Of the steps `held_steps` found running and locked by `instance`, those its call
     holds (`rules.call_lost`), as requests in claim order."""
     return requests(
-        [r for r in rows if call_lost(attempt=r["attempt"], instance=instance, found=r) is None]
+        [r for r in rows if call_lost(attempt=r["attempt"], instance=instance, found=r) is None],
+        keys,
     )
 
 
@@ -1273,7 +1277,7 @@ def _release(rows: Rows, by: Mapping[str, Any], wake: Wakeups) -> Flow[list[Rele
 # -- waits: durable timers and events from outside -------------------------------------------
 
 
-def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
+def wait(req: WaitRequest, keys: Keyring | None, wake: Wakeups) -> Flow[WaitOutcome]:
     """The wait at `req.seq`: recorded the first time (its wake_at by the database clock; a
     child wait creates its child task with it); done when its timer has fired, an event of
     its name is there to take (the oldest; once timed out, only one sent before the
@@ -1311,9 +1315,9 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
                 f"{req.child.workflow!r}",
             )
     if w["state"] == "done":
-        return WaitOutcome(state="done", payload=loads(w["payload"]))
+        return WaitOutcome(state="done", payload=_rows.wait_payload(w, keys))
     if w["state"] == "failed":
-        return WaitOutcome(state="child_failed", payload=loads(w["payload"]))
+        return WaitOutcome(state="child_failed", payload=_rows.wait_payload(w, keys))
     if w["state"] == "timed_out":
         return WaitOutcome(state="timed_out")
     if req.kind == "patch":  # a marker: recorded, nothing to wait for
@@ -1329,7 +1333,10 @@ def wait(req: WaitRequest, wake: Wakeups) -> Flow[WaitOutcome]:
             [event] = taken
             ended = {**key, "state": "done", "event_id": event["event_id"]}
             yield [Query("end_wait", {**ended, "payload": event["payload"]})]
-            return WaitOutcome(state="done", payload=loads(event["payload"]), now=True)
+            payload = loads(
+                event["payload"], at=Binding.event(req.task_id, event["event_id"]), keys=keys
+            )
+            return WaitOutcome(state="done", payload=payload, now=True)
         if due:
             ended = {**key, "state": "timed_out", "event_id": None, "payload": None}
             yield [Query("end_wait", ended)]
@@ -1487,6 +1494,17 @@ def wake_due(*, lease: str, holder: str, term: int, limit: int, wake: Wakeups) -
 # -- schedules -------------------------------------------------------------------------------
 
 
+def _tick_input(spec: ScheduleSpec, task_id: str, keys: Keyring | None) -> tuple[str, str]:
+    """The input of a schedule's tick task, its secrets sealed for that task (they are
+    sealed for the schedule where it is stored), and its digest."""
+    value = loads(spec.input, at=Binding.schedule(spec.name), keys=keys)
+    digest = input_digest(_json.plain(value), keys)
+    if not _json.holds_secret(spec.input):
+        return spec.input, digest
+    seal = _json.Seal(keys, Binding.input(task_id))
+    return _json.dumps(value, what=f"the input of schedule {spec.name!r}", seal=seal), digest
+
+
 def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[dict[str, str]]:
     """The application's schedules as declared: new ones start at their first tick after
     now (the database's clock); one whose timing changed starts again from there. A schedule
@@ -1527,12 +1545,13 @@ def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[dict[s
 
 
 def create_ticks(
-    *, lease: str, holder: str, term: int, limit: int, wake: Wakeups
+    *, lease: str, holder: str, term: int, limit: int, keys: Keyring | None, wake: Wakeups
 ) -> Flow[TicksMade]:
     """Under the lease: for each schedule whose next tick has come, the tasks of its due
     ticks (`rules.plan_ticks`), each id derived from the schedule and the tick so that a tick
     makes one task however many supervisors race; the schedule moves on past them. A
-    schedule whose ticks cannot be worked out is set aside (paused), and the others go on."""
+    schedule whose ticks cannot be worked out, or whose sealed input `keys` cannot seal
+    again for its tasks, is set aside (paused), and the others go on."""
     held, due = yield [_held(lease, holder, term), Query("due_schedules", {"limit": limit})]
     if not held or not due:
         return TicksMade([], {})
@@ -1543,6 +1562,7 @@ def create_ticks(
         spec = _rows.schedule_spec(row)
         try:
             ticks, after = plan_ticks(spec, float(row["next_at"]), float(row["now"]))
+            inputs = [_tick_input(spec, schedule_task_id(spec.name, t), keys) for t in ticks]
         except ConfigurationError as exc:
             set_aside[spec.name] = str(exc)
             continue
@@ -1550,14 +1570,15 @@ def create_ticks(
             NewTask(
                 task_id=schedule_task_id(spec.name, tick),
                 workflow=spec.workflow,
-                input=spec.input,
+                input=text,
                 priority=0,
                 complete_within=spec.complete_within,
                 max_failures=spec.max_failures,
                 on_failure=spec.on_failure,
                 version=spec.version,
+                input_digest=digest,
             )
-            for tick in ticks
+            for tick, (text, digest) in zip(ticks, inputs, strict=True)
         )
         last = ticks[-1] if ticks else None
         moves.append({"name": spec.name, "next_at": after, "last_tick": last})

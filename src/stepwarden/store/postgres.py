@@ -522,7 +522,7 @@ class PostgresStore(Store):
     async def transaction(self) -> AsyncIterator[Transaction]:
         async with self._connection() as conn:
             async with conn.transaction():
-                tx = _PostgresTransaction(conn)
+                tx = _PostgresTransaction(self, conn)
                 yield tx
                 await _notify(conn, tx.wake)
             self.notifier.publish_all(tx.wake)
@@ -870,8 +870,8 @@ async def _abandon(conn: Conn, pipe: Pipe) -> None:
 
 
 class _PostgresTransaction(Transaction):
-    def __init__(self, conn: Conn) -> None:
-        super().__init__()
+    def __init__(self, store: Store, conn: Conn) -> None:
+        super().__init__(store)
         self._conn = conn
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:

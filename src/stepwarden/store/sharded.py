@@ -52,6 +52,7 @@ from ..records import (
     VersionBacklog,
     WaitRecord,
 )
+from ..sealing import Keyring
 from ..states import TaskState
 from . import _rows, policy
 from ._flow import FlowFn, Query, Rows
@@ -94,7 +95,7 @@ class ShardedStore(Store):
                 )
         if len(set(urls)) != len(urls):
             raise ConfigurationError("a sharded store names each database once")
-        self.parts: list[Store] = [_postgres(u) for u in urls]
+        self.parts: list[Store] = [_postgres(u, self.keys) for u in urls]
         """Each shard's own store, in the URL's order, each with its own wake-ups (a
         subscription of this store's is fed by every shard's: `subscribe`)."""
         self.shard_map: ShardMap | None = None
@@ -102,6 +103,17 @@ class ShardedStore(Store):
         """Each part's name in the map, in the URL's order (once open)."""
         self._by_name: dict[str, Store] = {}
         self._located: OrderedDict[str, Store] = OrderedDict()
+
+    @property
+    def keys(self) -> Keyring | None:
+        """The keyring of every shard's store."""
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys: Keyring | None) -> None:
+        self._keys = keys
+        for part in getattr(self, "parts", ()):
+            part.keys = keys
 
     # -- lifecycle ------------------------------------------------------------------------
     async def open(self, *, migrate: bool = True) -> None:
@@ -126,6 +138,16 @@ class ShardedStore(Store):
 
     async def schema_version(self) -> int:
         return min([await part.schema_version() for part in self.parts])
+
+    async def sealing_keys(self) -> list[str]:
+        """The keys that sealed secrets on any shard."""
+        found: dict[str, None] = {}
+        for keys in await self._each(lambda p: p.sealing_keys()):
+            found.update(dict.fromkeys(keys))
+        return list(found)
+
+    async def drop_sealing_keys(self, key_ids: Sequence[str]) -> None:
+        await self._each(lambda p: p.drop_sealing_keys(key_ids))
 
     async def listen(self) -> None:
         """Listen on every shard; a shard out of reach is polled (and the first failure
@@ -266,7 +288,7 @@ class ShardedStore(Store):
         newest map first."""
         if self.shard_map is None:
             raise ConfigurationError("open the store before adding a shard")
-        new = _postgres(url)
+        new = _postgres(url, self.keys)
         await new.open(migrate=True)
         try:
             everyone = [*self.parts, new]
@@ -579,11 +601,11 @@ class ShardedStore(Store):
         _refuse("a write of the actors'", "run the worker's roles on each shard's store")
 
 
-def _postgres(url: str) -> Store:
+def _postgres(url: str, keys: Keyring | None) -> Store:
     """One shard's store (the postgres extra is needed for shards only)."""
     from . import open_store
 
-    return open_store(url)
+    return open_store(url, keys=keys)
 
 
 def _refuse(what: str, instead: str) -> NoReturn:

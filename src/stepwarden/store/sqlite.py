@@ -362,7 +362,7 @@ class SQLiteStore(Store):
         if self._conn is None or self._executor is None:
             raise StoreError("the store is not open")
         async with self._lock:
-            tx = _SQLiteTransaction(self._conn, self._executor)
+            tx = _SQLiteTransaction(self, self._conn, self._executor)
             await tx.hop(lambda conn: conn.execute("BEGIN IMMEDIATE"))
             try:
                 yield tx
@@ -379,8 +379,10 @@ class SQLiteStore(Store):
 
 
 class _SQLiteTransaction(Transaction):
-    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
-        super().__init__()
+    def __init__(
+        self, store: Store, conn: sqlite3.Connection, executor: ThreadPoolExecutor
+    ) -> None:
+        super().__init__(store)
         self._conn = conn
         self._executor = executor
 

@@ -955,7 +955,8 @@ WHERE task_id = %(task_id)s FOR UPDATE
 
 -- name: read_wait
 -- The wait at a position of a task's workflow, and whether its time has come.
-SELECT kind, name, state, payload, wake_at <= now() AS due FROM stepwarden_waits
+SELECT task_id, kind, name, state, event_id, payload, wake_at <= now() AS due
+FROM stepwarden_waits
 WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: insert_wait
@@ -965,7 +966,7 @@ INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at)
 VALUES (%(task_id)s, %(seq)s, %(position)s, %(kind)s, %(name)s,
         coalesce(to_timestamp(%(until)s::float8),
                  now() + make_interval(secs => %(delay)s::float8)))
-RETURNING kind, name, state, payload, wake_at <= now() AS due
+RETURNING task_id, kind, name, state, event_id, payload, wake_at <= now() AS due
 
 -- name: end_wait
 -- An open wait ends: done (a timer fired, an event taken) or timed_out.
@@ -1608,3 +1609,132 @@ LIMIT %(limit)s
 UPDATE stepwarden_tasks AS t SET input_digest = d.input_digest
 FROM unnest(%(task_id)s::text[], %(input_digest)s::text[]) AS d(task_id, input_digest)
 WHERE t.task_id = d.task_id AND t.input_digest IS NULL
+
+-- name: sealing_keys
+-- The keys that sealed secrets in this store, with their checks (`sealing.Keyring.verify`).
+SELECT key_id, check_value FROM stepwarden_keys ORDER BY added_at, key_id
+
+-- name: add_sealing_key
+-- A key that seals in this store from now on, with its check; one of its id already known
+-- is kept (the check read back says whether the keyring's key is that one).
+INSERT INTO stepwarden_keys (key_id, check_value) VALUES (%(key_id)s, %(check_value)s)
+ON CONFLICT (key_id) DO NOTHING
+
+-- name: drop_sealing_keys
+-- Keys that no longer seal anything here (`stepwarden reseal` moved every value off them).
+DELETE FROM stepwarden_keys WHERE key_id = ANY(%(key_ids)s::text[])
+
+-- name: reseal_tasks
+-- Tasks after `after` (task_id order) whose input or result may hold a secret, or whose
+-- input's digest is not keyed: what `stepwarden reseal` looks at, a batch at a time.
+SELECT task_id, input::text AS input, result::text AS result, input_digest
+FROM stepwarden_tasks
+WHERE task_id > %(after)s
+  AND (input::text LIKE '%%"$secret"%%' OR input::text LIKE '%%"$sealed"%%'
+       OR result::text LIKE '%%"$secret"%%' OR result::text LIKE '%%"$sealed"%%'
+       OR input_digest IS NULL OR input_digest NOT LIKE 'k.%%')
+ORDER BY task_id
+LIMIT %(limit)s
+
+-- name: reseal_task
+-- A task's payloads sealed anew, each where it is still the text read (a write since wins,
+-- and the next pass looks again).
+UPDATE stepwarden_tasks AS t SET
+    input = CASE WHEN t.input::text = d.old_input THEN d.input::json ELSE t.input END,
+    result = CASE WHEN t.result::text IS NOT DISTINCT FROM d.old_result THEN d.result::json
+                  ELSE t.result END,
+    input_digest = CASE WHEN t.input::text = d.old_input THEN d.input_digest
+                        ELSE t.input_digest END
+FROM unnest(%(task_id)s::text[], %(old_input)s::text[], %(input)s::text[],
+            %(old_result)s::text[], %(result)s::text[], %(input_digest)s::text[])
+     AS d(task_id, old_input, input, old_result, result, input_digest)
+WHERE t.task_id = d.task_id
+
+-- name: reseal_steps
+-- Steps after (`after`, `after_seq`) whose payloads may hold a secret (`stepwarden reseal`).
+SELECT task_id, seq, input::text AS input, result::text AS result,
+       compensation_input::text AS compensation_input, heartbeat::text AS heartbeat
+FROM stepwarden_steps
+WHERE (task_id, seq) > (%(after)s, %(after_seq)s)
+  AND (input::text LIKE '%%"$secret"%%' OR input::text LIKE '%%"$sealed"%%'
+       OR result::text LIKE '%%"$secret"%%' OR result::text LIKE '%%"$sealed"%%'
+       OR compensation_input::text LIKE '%%"$secret"%%'
+       OR compensation_input::text LIKE '%%"$sealed"%%'
+       OR heartbeat::text LIKE '%%"$secret"%%' OR heartbeat::text LIKE '%%"$sealed"%%')
+ORDER BY task_id, seq
+LIMIT %(limit)s
+
+-- name: reseal_step
+-- A step's payloads sealed anew, each where it is still the text read.
+UPDATE stepwarden_steps AS s SET
+    input = CASE WHEN s.input::text = d.old_input THEN d.input::json ELSE s.input END,
+    result = CASE WHEN s.result::text IS NOT DISTINCT FROM d.old_result THEN d.result::json
+                  ELSE s.result END,
+    compensation_input = CASE WHEN s.compensation_input::text IS NOT DISTINCT FROM d.old_comp
+                              THEN d.comp::json ELSE s.compensation_input END,
+    heartbeat = CASE WHEN s.heartbeat::text IS NOT DISTINCT FROM d.old_beat THEN d.beat::json
+                     ELSE s.heartbeat END
+FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(old_input)s::text[], %(input)s::text[],
+            %(old_result)s::text[], %(result)s::text[], %(old_comp)s::text[], %(comp)s::text[],
+            %(old_beat)s::text[], %(beat)s::text[])
+     AS d(task_id, seq, old_input, input, old_result, result, old_comp, comp, old_beat, beat)
+WHERE s.task_id = d.task_id AND s.seq = d.seq
+
+-- name: reseal_inbox_rows
+-- Events sent (the inbox) after `after_id` whose payload may hold a secret (`stepwarden
+-- reseal`).
+SELECT id, task_id, event_id, payload::text AS doc FROM stepwarden_inbox
+WHERE id > %(after_id)s
+  AND (payload::text LIKE '%%"$secret"%%' OR payload::text LIKE '%%"$sealed"%%')
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: reseal_wait_rows
+-- Waits after (`after`, `after_seq`) whose payload (an event's, a child's result) may hold
+-- a secret (`stepwarden reseal`).
+SELECT task_id, seq, kind, name, event_id, payload::text AS doc FROM stepwarden_waits
+WHERE (task_id, seq) > (%(after)s, %(after_seq)s)
+  AND (payload::text LIKE '%%"$secret"%%' OR payload::text LIKE '%%"$sealed"%%')
+ORDER BY task_id, seq
+LIMIT %(limit)s
+
+-- name: reseal_schedule_rows
+-- Schedules after `after` whose input may hold a secret (`stepwarden reseal`).
+SELECT name, input::text AS doc FROM stepwarden_schedules
+WHERE name > %(after)s
+  AND (input::text LIKE '%%"$secret"%%' OR input::text LIKE '%%"$sealed"%%')
+ORDER BY name
+LIMIT %(limit)s
+
+-- name: reseal_outbox_rows
+-- Status messages after `after_id` whose detail may hold a secret (`stepwarden reseal`).
+SELECT id, task_id, detail::text AS doc FROM stepwarden_outbox
+WHERE id > %(after_id)s
+  AND (detail::text LIKE '%%"$secret"%%' OR detail::text LIKE '%%"$sealed"%%')
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: reseal_inbox
+-- Events' payloads sealed anew, where still the text read.
+UPDATE stepwarden_inbox AS i SET payload = d.doc::json
+FROM unnest(%(id)s::bigint[], %(old)s::text[], %(doc)s::text[]) AS d(id, old, doc)
+WHERE i.id = d.id AND i.payload::text = d.old
+
+-- name: reseal_waits
+-- Waits' payloads sealed anew, where still the text read.
+UPDATE stepwarden_waits AS w SET payload = d.doc::json
+FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(old)s::text[], %(doc)s::text[])
+     AS d(task_id, seq, old, doc)
+WHERE w.task_id = d.task_id AND w.seq = d.seq AND w.payload::text = d.old
+
+-- name: reseal_schedules
+-- Schedules' inputs sealed anew, where still the text read.
+UPDATE stepwarden_schedules AS s SET input = d.doc::json
+FROM unnest(%(name)s::text[], %(old)s::text[], %(doc)s::text[]) AS d(name, old, doc)
+WHERE s.name = d.name AND s.input::text = d.old
+
+-- name: reseal_outbox
+-- Status messages' details sealed anew, where still the text read.
+UPDATE stepwarden_outbox AS o SET detail = d.doc::json
+FROM unnest(%(id)s::bigint[], %(old)s::text[], %(doc)s::text[]) AS d(id, old, doc)
+WHERE o.id = d.id AND o.detail::text = d.old

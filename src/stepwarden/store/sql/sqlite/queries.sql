@@ -635,7 +635,8 @@ SELECT process_state, attempt, locked_by FROM stepwarden_tasks WHERE task_id = :
 
 -- name: read_wait
 -- The wait at a position of a task's workflow, and whether its time has come.
-SELECT kind, name, state, payload, wake_at <= :now AS due FROM stepwarden_waits
+SELECT task_id, kind, name, state, event_id, payload, wake_at <= :now AS due
+FROM stepwarden_waits
 WHERE task_id = :task_id AND seq = :seq
 
 -- name: insert_wait
@@ -643,7 +644,7 @@ WHERE task_id = :task_id AND seq = :seq
 -- seconds from now.
 INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at, created_at)
 VALUES (:task_id, :seq, :position, :kind, :name, coalesce(:until, :now + :delay), :now)
-RETURNING kind, name, state, payload, wake_at <= :now AS due
+RETURNING task_id, kind, name, state, event_id, payload, wake_at <= :now AS due
 
 -- name: end_wait
 -- An open wait ends: done (a timer fired, an event taken) or timed_out.
@@ -1195,3 +1196,105 @@ LIMIT :limit
 -- The digests of tasks stored before migration 0019, where none was recorded since.
 UPDATE stepwarden_tasks SET input_digest = :input_digest
 WHERE task_id = :task_id AND input_digest IS NULL
+
+-- name: sealing_keys
+-- The keys that sealed secrets in this store, with their checks (`sealing.Keyring.verify`).
+SELECT key_id, check_value FROM stepwarden_keys ORDER BY added_at, key_id
+
+-- name: add_sealing_key
+-- A key that seals in this store from now on, with its check; one of its id already known
+-- is kept (the check read back says whether the keyring's key is that one).
+INSERT INTO stepwarden_keys (key_id, check_value, added_at) VALUES (:key_id, :check_value, :now)
+ON CONFLICT (key_id) DO NOTHING
+
+-- name: drop_sealing_keys
+-- Keys that no longer seal anything here (`stepwarden reseal` moved every value off them).
+DELETE FROM stepwarden_keys WHERE key_id IN (SELECT value FROM json_each(:key_ids))
+
+-- name: reseal_tasks
+-- Tasks after `after` (task_id order) whose input or result may hold a secret, or whose
+-- input's digest is not keyed: what `stepwarden reseal` looks at, a batch at a time.
+SELECT task_id, input, result, input_digest FROM stepwarden_tasks
+WHERE task_id > :after
+  AND (instr(input, '"$secret"') OR instr(input, '"$sealed"')
+       OR instr(result, '"$secret"') OR instr(result, '"$sealed"')
+       OR input_digest IS NULL OR input_digest NOT LIKE 'k.%')
+ORDER BY task_id
+LIMIT :limit
+
+-- name: reseal_task
+-- A task's payloads sealed anew, each where it is still the text read (a write since wins,
+-- and the next pass looks again).
+UPDATE stepwarden_tasks SET
+    input = CASE WHEN input = :old_input THEN :input ELSE input END,
+    result = CASE WHEN result IS :old_result THEN :result ELSE result END,
+    input_digest = CASE WHEN input = :old_input THEN :input_digest ELSE input_digest END
+WHERE task_id = :task_id
+
+-- name: reseal_steps
+-- Steps after (`after`, `after_seq`) whose payloads may hold a secret (`stepwarden reseal`).
+SELECT task_id, seq, input, result, compensation_input, heartbeat FROM stepwarden_steps
+WHERE (task_id, seq) > (:after, :after_seq)
+  AND (instr(input, '"$secret"') OR instr(input, '"$sealed"')
+       OR instr(result, '"$secret"') OR instr(result, '"$sealed"')
+       OR instr(compensation_input, '"$secret"') OR instr(compensation_input, '"$sealed"')
+       OR instr(heartbeat, '"$secret"') OR instr(heartbeat, '"$sealed"'))
+ORDER BY task_id, seq
+LIMIT :limit
+
+-- name: reseal_step
+-- A step's payloads sealed anew, each where it is still the text read.
+UPDATE stepwarden_steps SET
+    input = CASE WHEN input = :old_input THEN :input ELSE input END,
+    result = CASE WHEN result IS :old_result THEN :result ELSE result END,
+    compensation_input = CASE WHEN compensation_input IS :old_comp THEN :comp
+                              ELSE compensation_input END,
+    heartbeat = CASE WHEN heartbeat IS :old_beat THEN :beat ELSE heartbeat END
+WHERE task_id = :task_id AND seq = :seq
+
+-- name: reseal_inbox_rows
+-- Events sent (the inbox) after `after_id` whose payload may hold a secret (`stepwarden
+-- reseal`).
+SELECT id, task_id, event_id, payload AS doc FROM stepwarden_inbox
+WHERE id > :after_id AND (instr(payload, '"$secret"') OR instr(payload, '"$sealed"'))
+ORDER BY id
+LIMIT :limit
+
+-- name: reseal_wait_rows
+-- Waits after (`after`, `after_seq`) whose payload (an event's, a child's result) may hold
+-- a secret (`stepwarden reseal`).
+SELECT task_id, seq, kind, name, event_id, payload AS doc FROM stepwarden_waits
+WHERE (task_id, seq) > (:after, :after_seq)
+  AND (instr(payload, '"$secret"') OR instr(payload, '"$sealed"'))
+ORDER BY task_id, seq
+LIMIT :limit
+
+-- name: reseal_schedule_rows
+-- Schedules after `after` whose input may hold a secret (`stepwarden reseal`).
+SELECT name, input AS doc FROM stepwarden_schedules
+WHERE name > :after AND (instr(input, '"$secret"') OR instr(input, '"$sealed"'))
+ORDER BY name
+LIMIT :limit
+
+-- name: reseal_outbox_rows
+-- Status messages after `after_id` whose detail may hold a secret (`stepwarden reseal`).
+SELECT id, task_id, detail AS doc FROM stepwarden_outbox
+WHERE id > :after_id AND (instr(detail, '"$secret"') OR instr(detail, '"$sealed"'))
+ORDER BY id
+LIMIT :limit
+
+-- name: reseal_inbox
+-- Events' payloads sealed anew, where still the text read.
+UPDATE stepwarden_inbox SET payload = :doc WHERE id = :id AND payload = :old
+
+-- name: reseal_waits
+-- Waits' payloads sealed anew, where still the text read.
+UPDATE stepwarden_waits SET payload = :doc WHERE task_id = :task_id AND seq = :seq AND payload = :old
+
+-- name: reseal_schedules
+-- Schedules' inputs sealed anew, where still the text read.
+UPDATE stepwarden_schedules SET input = :doc WHERE name = :name AND input = :old
+
+-- name: reseal_outbox
+-- Status messages' details sealed anew, where still the text read.
+UPDATE stepwarden_outbox SET detail = :doc WHERE id = :id AND detail = :old
