@@ -290,6 +290,38 @@ def plan_call_stopped(
     return None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GonePlan:
+    """What the supervisor writes for a step running (in time) under an agent instance that
+    is gone: silent for its gone-after, dead, or a zombie cut off and still calling. The
+    step goes back to not_started under a new attempt either way (the idempotency key
+    kept), so that whatever that instance sends late (an outcome, a heartbeat, a word that
+    its call stopped) is refused, and so is its claim of the old attempt."""
+
+    in_time: bool
+    """Queued with a full complete_by of its own, for another instance to claim at once
+    (its task's calls go on); else back to not_started past its complete_by, claimed by
+    none, for the scheduler that resumes the task to dispatch again."""
+    release_as: TaskState | None
+    """The state a task a scheduler holds is released into (`release_state`), failure_count
+    unchanged, for a scheduler to take up again at once and adopt the step (its own may be
+    gone with the agent, and a step's complete_by never passes its task's, which is set
+    anew at the next claim); None for a task no scheduler holds, left as it is."""
+
+
+def plan_gone_step(*, task_state: TaskState, task_held: bool) -> GonePlan:
+    """Where a gone instance's running step goes, whatever the state of its task (read in
+    the sweep's transaction, with whether a scheduler holds it): queued again in time for
+    a task in the CALL_TASK_STATES (held, released, waiting: its calls go on); past its
+    complete_by for any other (paused: no call runs until it is resumed), as the instance's
+    own word that its call stopped would (`plan_call_stopped`); a held task released."""
+    held = task_held and task_state in HELD_TASK_STATES
+    return GonePlan(
+        in_time=task_state in CALL_TASK_STATES,
+        release_as=release_state(task_state) if held else None,
+    )
+
+
 def holds_up_compensation(*, remaining: float, call_stopped: bool) -> bool:
     """Whether a step its task stopped holding (abandoned, or about to be) still holds up
     the task's compensation: an agent may still be calling it, and apply its effect, until

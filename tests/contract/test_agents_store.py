@@ -15,7 +15,18 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from stepwarden.records import AgentBeat, OpLimit, RequestHandback, StepSwept
+import pytest
+
+from stepwarden.records import (
+    AgentBeat,
+    CallStop,
+    OperatorAction,
+    OpLimit,
+    RequestHandback,
+    SchedulerBeat,
+    StepSwept,
+    WaitRequest,
+)
 from stepwarden.retry import Backoff
 from stepwarden.runner import AgentPort
 from stepwarden.states import StepState, TaskState
@@ -26,6 +37,7 @@ from ..agentserver import CLIENT
 from ..dispatching import new_step
 from ..rawsql import sql
 from .test_store import dispatch, new_task, outcome
+from .test_sweep_compensation import compensating
 
 LEASE = "supervisor"
 A1, A2, A3 = (f"{CLIENT}/a{n}" for n in (1, 2, 3))
@@ -226,6 +238,124 @@ async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store, agents:
     assert await agents.complete_steps([outcome("t1", 2, instance=A2)]) == [True]
     [event] = [e for e in await store.events(task_id="t1") if e.kind == "reassigned"]
     assert event.detail["from"] == A1 and event.detail["attempt"] == 2
+
+
+async def _task_in(store: Store, agents: AgentPort, state: str) -> tuple[int, str]:
+    """Task "t1" with a step running under A1, the task then brought to `state` (its
+    scheduler s1 alive or not: A1 is the one found gone); the step's seq, and the operation."""
+    await agents.beat([beat(A1), replace(beat(A2), operations=("charge", "refund"))], ttl=30)
+    if state == "compensating":
+        # Its undo step runs; then its scheduler drains: compensating, held by none.
+        await compensating(store, within=30)
+        [undo] = await agents.claim_requests(A1, "pay", ["refund"], 1)
+        assert undo.seq == 2
+        assert len(await store.release_held("s2")) == 1
+        return 2, "refund"
+    await running_step(store, agents, "t1")
+    if state == "pending":  # its scheduler drained (or was found gone): released
+        assert len(await store.release_held("s1")) == 1
+    elif state == "processing":  # claimed again by s2, which has not adopted the step yet
+        assert len(await store.release_held("s1")) == 1
+        [again] = await store.claim_tasks("s2", ["wf"], 1)
+        assert again.task.attempt == 2
+    elif state == "waiting":  # parked on a timer while its step runs
+        timer = WaitRequest(
+            task_id="t1", task_attempt=1, scheduler="s1", seq=2, kind="timer", name="", delay=60
+        )
+        assert (await store.wait(timer)).state == "parked"
+    elif state == "paused":
+        [paused] = await store.operate([OperatorAction(action="pause", task_id="t1", actor="ops")])
+        assert paused.applied
+    task = await store.get_task("t1")
+    assert task is not None and task.process_state == state
+    return 1, "charge"
+
+
+@pytest.mark.parametrize(
+    "state", ["pending", "processing", "waiting", "compensating", "paused"]
+)
+async def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_task(
+    store: Store, agents: AgentPort, state: str
+) -> None:
+    """The running step of an instance found gone goes back to not_started under a new
+    attempt, whether its task is held, released, held again by another scheduler, waiting,
+    compensating or paused: queued in time for another instance while the task's calls go
+    on; past its complete_by for a paused task, for the scheduler that resumes it to
+    dispatch again. The gone instance's late outcome, heartbeat and stop are refused."""
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    seq, operation = await _task_in(store, agents, state)
+    before = await store.get_task("t1")
+    assert await sweep(store, term) == []  # a1 is alive
+    await agents.leave(A1, ["pay"])
+    [swept] = await sweep(store, term)
+    assert (swept.task_id, swept.seq, swept.kind, swept.instance) == ("t1", seq, "reassigned", A1)
+    found = await store.read_step("t1", seq)
+    assert found is not None
+    step, remaining = found
+    assert (step.state, step.attempt, step.reassignments, step.locked_by) == (
+        StepState.NOT_STARTED,
+        2,
+        1,
+        None,
+    )
+    task = await store.get_task("t1")
+    assert task is not None and before is not None and task.failure_count == 0
+    if state == "processing":  # released by the sweep, for a scheduler to take up again
+        assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PENDING, None, 2)
+    else:
+        assert (task.process_state, task.locked_by) == (before.process_state, None)
+    assert await sweep(store, term) == []  # once
+    # Whatever the gone instance sends late is refused.
+    late = outcome("t1", 1, seq, instance=A1)
+    assert await agents.complete_steps([late]) == [False]
+    assert await agents.heartbeat_step("t1", seq, 1, A1, None) is None
+    stop = CallStop(task_id="t1", seq=seq, attempt=1, agent_instance=A1, reason="x")
+    assert await agents.stop_calls([stop]) == [False]
+    if state == "paused":
+        # Claimed by none while the task is paused; dispatched again once it is resumed.
+        assert remaining <= 0
+        assert await agents.claim_requests(A2, "pay", ["charge"], 5) == []
+        [resumed] = await store.operate(
+            [OperatorAction(action="resume", task_id="t1", actor="ops")]
+        )
+        assert resumed.applied
+        [again] = await store.claim_tasks("s2", ["wf"], 1)
+        redispatch = dispatch("t1", again.task.attempt, scheduler="s2", kind="redispatch",
+                              expected=2)  # fmt: skip
+        [got] = await store.dispatch_steps([redispatch])
+        assert got is not None and got.attempt == 3
+    else:
+        assert remaining > 5  # a full complete_by of its own (10 s, 30 s for the undo)
+    [req] = await agents.claim_requests(A2, "pay", [operation], 5)
+    assert (req.task_id, req.seq) == ("t1", seq)
+    assert await agents.complete_steps([outcome("t1", req.attempt, seq, instance=A2)]) == [True]
+    assert await agents.complete_steps([late]) == [False]
+
+
+async def test_agent_room_counts_only_what_alive_instances_hold(
+    store: Store, agents: AgentPort
+) -> None:
+    """A step running under an instance gone, and a task held by a scheduler instance gone,
+    take up none of the room: the supervisor gives both back, and until then the alive
+    instances' capacity is free for other work."""
+    await agents.beat([replace(beat(A1), capacity=4), replace(beat(A2), capacity=3)], ttl=30)
+    alive = SchedulerBeat(instance="s1", workflows=("wf",), capacity=10, held=0)
+    await store.beat_schedulers([alive], ttl=30)
+    attempt = await held_task(store, "t1")
+    await held_task(store, "t2")
+    for seq in (1, 2, 3):
+        await store.dispatch_steps([dispatch("t1", attempt, seq)])
+    assert len(await agents.claim_requests(A2, "pay", ["charge"], 3)) == 3
+    assert await store.agent_room() == 7 - 3  # three steps running, two tasks held
+    await agents.leave(A2, ["pay"])
+    assert await store.agent_room() == 4 - 2  # a2's steps no longer count, s1's tasks do
+    await store.leave_scheduler("s1")
+    assert await store.agent_room() == 4  # nor the tasks of a scheduler instance gone
+    await store.submit([new_task("t3")])
+    [claimed] = await store.claim_tasks("s2", ["wf"], 1)
+    assert claimed.task.task_id == "t3"
+    assert await store.agent_room() == 3
 
 
 async def test_a_step_nobody_picks_up_in_time_fails(store: Store, agents: AgentPort) -> None:

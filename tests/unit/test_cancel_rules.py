@@ -14,6 +14,7 @@ from stepwarden.rules import (
     compensation_wait,
     holds_up_compensation,
     plan_call_stopped,
+    plan_gone_step,
 )
 from stepwarden.states import StepState, TaskState
 
@@ -116,3 +117,23 @@ def test_an_abandoned_step_holds_up_compensation_until_its_call_stopped_or_its_t
     assert compensation_wait(steps) == 12.5
     assert compensation_wait(steps[:2]) == 0.0
     assert compensation_wait([]) == 0.0
+
+
+@pytest.mark.parametrize("task", list(TaskState))
+def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_task(
+    task: TaskState,
+) -> None:
+    """Queued in time while the task's calls go on, past its complete_by otherwise (as the
+    instance's own word that its call stopped would be); a task held is released as its
+    scheduler's release would be, and one held by none is left as it is."""
+    for held in (True, False):
+        plan = plan_gone_step(task_state=task, task_held=held)
+        assert plan.in_time == (task in CALL_TASK_STATES)
+        stopped = plan_call_stopped(attempt=1, instance="a1", found=found(task=task))
+        assert plan.in_time == (stopped == "hand_back")
+        if held and task in (TaskState.PROCESSING, TaskState.COMPENSATING):
+            assert plan.release_as == (
+                TaskState.PENDING if task == TaskState.PROCESSING else TaskState.COMPENSATING
+            )
+        else:
+            assert plan.release_as is None

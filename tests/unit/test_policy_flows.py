@@ -237,8 +237,10 @@ def test_a_sweep_of_steps_reassigns_a_gone_instances_and_fails_one_never_picked_
         "locked_by": "a1",
         "task_attempt": 2,
         "task_state": "compensating",
+        "task_locked_by": "s1",
         "agent": "pay",
     }
+    paused = {**gone, "task_id": "t3", "task_state": "paused", "task_locked_by": None}
     late = {
         "task_id": "t2",
         "seq": 3,
@@ -250,7 +252,7 @@ def test_a_sweep_of_steps_reassigns_a_gone_instances_and_fails_one_never_picked_
     }
     answers: dict[str, Answer] = {
         "lock_lease": HELD,
-        "gone_holders": [gone],
+        "gone_holders": [gone, paused],
         "pickup_expired": [late],
         "total_expired": [],
         "reassign_steps": applied({"task_id": "t1", "seq": 1, "attempt": 2}),
@@ -264,11 +266,18 @@ def test_a_sweep_of_steps_reassigns_a_gone_instances_and_fails_one_never_picked_
         StepSwept(task_id="t1", seq=1, kind="reassigned", agent="pay", instance="a1"),
         StepSwept(task_id="t2", seq=3, kind="pickup", agent="ship", instance=None),
     ]
-    [moved] = each(run.one("reassign_steps"))
-    assert (moved["instance"], moved["held_as"], moved["released_as"]) == (
+    moved, requeued = each(run.one("reassign_steps"))
+    assert (moved["instance"], moved["in_time"], moved["held_as"], moved["released_as"]) == (
         "a1",
+        True,
         "compensating",
         "compensating",
+    )
+    # A paused task's step: past its complete_by, the task (held by none) left as it is.
+    assert (requeued["task_id"], requeued["in_time"], requeued["released_as"]) == (
+        "t3",
+        False,
+        None,
     )
     [failed] = each(run.one("fail_steps"))
     assert (failed["error"], failed["abandoned"]) == pickup_failure(5.0)

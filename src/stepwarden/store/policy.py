@@ -81,6 +81,7 @@ from ..rules import (
     plan_cascade,
     plan_expiry,
     plan_finish,
+    plan_gone_step,
     plan_set_aside,
     plan_ticks,
     release_state,
@@ -1135,11 +1136,14 @@ def sweep_steps(
     reassign: bool,
     wake: Wakeups,
 ) -> Flow[list[StepSwept]]:
-    """Under the lease: the running steps of gone agent instances are queued again (attempt
-    + 1, a full complete_by) and their tasks released (failure_count unchanged), since the
-    task's scheduler may be gone with the agent; steps no agent claimed within their pick-up
-    timeout, and open steps past their total timeout, fail (`rules.pickup_failure`,
-    `rules.total_failure`); instances gone for `forget_after` seconds are forgotten."""
+    """Under the lease: the running steps (in time) of gone agent instances go back to
+    not_started under a new attempt, whatever the state of their task, as
+    `rules.plan_gone_step` says: queued again with a full complete_by while the task's
+    calls go on (held, released, waiting), past its complete_by for a paused one; a held
+    task is released (failure_count unchanged), since its scheduler may be gone with the
+    agent. Steps no agent claimed within their pick-up timeout, and open steps past their
+    total timeout, fail (`rules.pickup_failure`, `rules.total_failure`); instances gone
+    for `forget_after` seconds are forgotten."""
     if limit <= 0:
         return []
     held, gone, pickup, total = yield [
@@ -1160,13 +1164,18 @@ def sweep_steps(
         for r in total
         if (r["task_id"], r["seq"]) not in failing
     ]
-    moves = [
-        {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
-         "instance": r["locked_by"], "task_attempt": r["task_attempt"],
-         "held_as": r["task_state"],
-         "released_as": str(release_state(TaskState(r["task_state"])))}
-        for r in gone
-    ]  # fmt: skip
+    moves = []
+    for r in gone:
+        plan = plan_gone_step(
+            task_state=TaskState(r["task_state"]), task_held=r["task_locked_by"] is not None
+        )
+        released_as = None if plan.release_as is None else str(plan.release_as)
+        moves.append(
+            {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
+             "instance": r["locked_by"], "in_time": plan.in_time,
+             "task_attempt": r["task_attempt"], "held_as": r["task_state"],
+             "released_as": released_as}
+        )  # fmt: skip
     fail = [
         {"task_id": r["task_id"], "seq": r["seq"], "attempt": r["attempt"],
          "state": r["state"], "error": error, "abandoned": abandoned}

@@ -584,11 +584,21 @@ WHERE instance = %(instance)s AND agent = ANY(%(agents)s::text[])
 
 -- name: agent_room
 -- The capacity of the alive agent instances, and what takes it up: the held tasks (each about
--- to queue a step, or waiting for one) or the steps queued or running in time, the more.
+-- to queue a step, or waiting for one) or the steps queued or running in time, the more; of
+-- these, only what alive instances hold: not a task of a scheduler instance found gone, nor
+-- a step running under an agent instance gone (the supervisor gives both back).
 SELECT (SELECT sum(capacity) FROM stepwarden_agents WHERE expires_at > now()) AS capacity,
-       GREATEST((SELECT count(*) FROM stepwarden_tasks WHERE complete_by IS NOT NULL),
-                (SELECT count(*) FROM stepwarden_steps
-                 WHERE state IN ('not_started', 'running') AND complete_by > now())) AS open
+       GREATEST((SELECT count(*) FROM stepwarden_tasks t
+                 WHERE t.complete_by IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM stepwarden_schedulers g
+                                   WHERE g.instance = t.locked_by
+                                     AND g.expires_at <= now())),
+                (SELECT count(*) FROM stepwarden_steps s
+                 WHERE s.state IN ('not_started', 'running') AND s.complete_by > now()
+                   AND (s.state = 'not_started'
+                        OR EXISTS (SELECT 1 FROM stepwarden_agents a
+                                   WHERE a.instance = s.locked_by AND a.agent = s.agent
+                                     AND a.expires_at > now())))) AS open
 
 -- name: list_agents
 SELECT *, expires_at > now() AS alive FROM stepwarden_agents
@@ -599,12 +609,12 @@ SELECT *, extract(epoch FROM complete_by - now())::float8 AS remaining FROM step
 WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: gone_holders
--- Running steps of the current attempt of held tasks whose agent instance is gone.
+-- Running steps in time whose agent instance is gone, whatever the state of their task
+-- (held, released, waiting, paused...), with that task's state, holder and attempt.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
-       t.process_state AS task_state
+       t.process_state AS task_state, t.locked_by AS task_locked_by
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
-  AND t.process_state IN ('processing', 'compensating') AND s.complete_by > now()
+WHERE s.state = 'running' AND s.complete_by > now()
   AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
                   WHERE a.instance = s.locked_by AND a.agent = s.agent
                     AND a.expires_at > now())
@@ -629,36 +639,39 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
 -- name: reassign_steps
--- The running steps of gone agent instances queued again for another: a new attempt with a
--- full complete_by of its own. The task is released too, failure_count unchanged, for a
--- scheduler to take up again at once (it adopts the step): its own scheduler may be gone
--- with the agent.
+-- The running steps of gone agent instances back to not_started under a new attempt, as
+-- the caller planned (rules.plan_gone_step), each fenced by the attempt, state and holder
+-- read: `in_time`, with a full complete_by of its own, for another instance to claim;
+-- otherwise past its complete_by (its task paused), for the scheduler resuming the task to
+-- dispatch again. A task held under the attempt and state read is released into
+-- `released_as` (when given), failure_count unchanged, for a scheduler to take up again at
+-- once (it adopts the step): its own scheduler may be gone with the agent.
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
-                         %(instance)s::text[], %(task_attempt)s::int[], %(held_as)s::text[],
-                         %(released_as)s::text[], %(ord)s::int[])
-        AS d(task_id, seq, attempt, instance, task_attempt, held_as, released_as, ord)
+                         %(instance)s::text[], %(in_time)s::bool[], %(task_attempt)s::int[],
+                         %(held_as)s::text[], %(released_as)s::text[], %(ord)s::int[])
+        AS d(task_id, seq, attempt, instance, in_time, task_attempt, held_as, released_as,
+             ord)
 ), r AS (
     UPDATE stepwarden_steps s
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
         locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
         ranked_at = now() - (s.dispatched_at - s.ranked_at),
-        complete_by = stepwarden_step_deadline(
+        complete_by = CASE WHEN d.in_time THEN stepwarden_step_deadline(
             now(),
             coalesce(make_interval(secs => s.complete_within), s.complete_by - s.dispatched_at),
-            NULL, s.give_up_by, NULL)
+            NULL, s.give_up_by, NULL) ELSE LEAST(s.complete_by, now()) END
     FROM d
     WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
       AND s.state = 'running' AND s.locked_by = d.instance
     RETURNING d.ord, s.task_id, s.seq, s.attempt, d.instance, d.task_attempt, d.held_as,
               d.released_as
 ), rel AS (
-    -- The task is released too (rules.release_state), failure_count unchanged, for a
-    -- scheduler to take up again at once (it adopts the step): its own may be gone with it.
     UPDATE stepwarden_tasks t
     SET locked_by = NULL, complete_by = NULL, eligible_at = now(), updated_at = now(),
         process_state = x.released_as
-    FROM (SELECT DISTINCT task_id, task_attempt, held_as, released_as FROM r) AS x
+    FROM (SELECT DISTINCT task_id, task_attempt, held_as, released_as FROM r
+          WHERE released_as IS NOT NULL) AS x
     WHERE t.task_id = x.task_id AND t.attempt = x.task_attempt AND t.locked_by IS NOT NULL
       AND t.process_state = x.held_as
 ), e AS (

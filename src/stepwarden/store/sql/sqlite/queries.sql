@@ -378,12 +378,20 @@ WHERE instance = :instance AND agent IN (SELECT value FROM json_each(:agents))
 
 -- name: agent_room
 -- The capacity of the alive agent instances, and what takes it up: the held tasks (each about
--- to queue a step, or waiting for one) or the steps queued or running in time, the more.
+-- to queue a step, or waiting for one) or the steps queued or running in time, the more; of
+-- these, only what alive instances hold: not a task of a scheduler instance found gone, nor
+-- a step running under an agent instance gone (the supervisor gives both back).
 SELECT (SELECT sum(capacity) FROM stepwarden_agents WHERE expires_at > :now) AS capacity,
-       MAX((SELECT count(*) FROM stepwarden_tasks INDEXED BY stepwarden_tasks_expiry
-            WHERE complete_by IS NOT NULL),
-           (SELECT count(*) FROM stepwarden_steps INDEXED BY stepwarden_steps_expiry
-            WHERE state IN ('not_started', 'running') AND complete_by > :now)) AS open
+       MAX((SELECT count(*) FROM stepwarden_tasks t INDEXED BY stepwarden_tasks_expiry
+            WHERE t.complete_by IS NOT NULL
+              AND NOT EXISTS (SELECT 1 FROM stepwarden_schedulers g
+                              WHERE g.instance = t.locked_by AND g.expires_at <= :now)),
+           (SELECT count(*) FROM stepwarden_steps s INDEXED BY stepwarden_steps_expiry
+            WHERE s.state IN ('not_started', 'running') AND s.complete_by > :now
+              AND (s.state = 'not_started'
+                   OR EXISTS (SELECT 1 FROM stepwarden_agents a
+                              WHERE a.instance = s.locked_by AND a.agent = s.agent
+                                AND a.expires_at > :now)))) AS open
 
 -- name: list_agents
 SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, started_at, instance
@@ -393,13 +401,13 @@ SELECT *, complete_by - :now AS remaining FROM stepwarden_steps
 WHERE task_id = :task_id AND seq = :seq
 
 -- name: gone_holders
--- Running steps of the current attempt of held tasks whose agent instance is gone.
+-- Running steps in time whose agent instance is gone, whatever the state of their task
+-- (held, released, waiting, paused...), with that task's state, holder and attempt.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
-       t.process_state AS task_state
+       t.process_state AS task_state, t.locked_by AS task_locked_by
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_holder
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
-WHERE s.state = 'running' AND s.task_attempt = t.attempt AND t.locked_by IS NOT NULL
-  AND t.process_state IN ('processing', 'compensating') AND s.complete_by > :now
+WHERE s.state = 'running' AND s.complete_by > :now
   AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
                   WHERE a.instance = s.locked_by AND a.agent = s.agent AND a.expires_at > :now)
 LIMIT :limit
@@ -419,24 +427,28 @@ WHERE state IN ('not_started', 'running') AND give_up_by IS NOT NULL AND give_up
 LIMIT :limit
 
 -- name: reassign_steps
--- The running step of a gone agent instance queued again for another: a new attempt with a
--- full complete_by of its own. The task is released too, failure_count unchanged, for a
--- scheduler to take up again at once (it adopts the step): its own scheduler may be gone
--- with the agent.
+-- The running step of a gone agent instance back to not_started under a new attempt, as the
+-- caller planned (rules.plan_gone_step), fenced by the attempt, state and holder read:
+-- `in_time`, with a full complete_by of its own, for another instance to claim; otherwise
+-- past its complete_by (its task paused), for the scheduler resuming the task to dispatch
+-- again. A task held under the attempt and state read is released into `released_as` (when
+-- given), failure_count unchanged, for a scheduler to take up again at once (it adopts the
+-- step): its own scheduler may be gone with the agent.
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
     locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
     ranked_at = :now - (dispatched_at - ranked_at),
-    complete_by = stepwarden_step_deadline(
+    complete_by = CASE WHEN :in_time THEN stepwarden_step_deadline(
         :now, coalesce(complete_within, complete_by - dispatched_at), NULL, give_up_by, NULL)
+        ELSE MIN(complete_by, :now) END
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance
 RETURNING :ord AS ord, task_id, seq, attempt;
 UPDATE stepwarden_tasks
 SET locked_by = NULL, complete_by = NULL, eligible_at = :now, updated_at = :now,
     process_state = :released_as
-WHERE task_id = :task_id AND attempt = :task_attempt AND locked_by IS NOT NULL
-  AND process_state = :held_as;
+WHERE :released_as IS NOT NULL AND task_id = :task_id AND attempt = :task_attempt
+  AND locked_by IS NOT NULL AND process_state = :held_as;
 INSERT INTO stepwarden_events (task_id, at, kind, detail)
 VALUES (:task_id, :now, 'reassigned',
         json_object('seq', :seq, 'attempt', :attempt, 'from', :instance, 'by', :holder,
