@@ -78,23 +78,33 @@ async def test_the_store_tells_an_instance_which_calls_it_no_longer_holds_and_wh
     await act(store, "cancel", "cancelled")
     await act(store, "pause", "paused")
     await act(store, "compensate", "compensated")
-    # a1 leaves the registry: the supervisor reassigns its step of "moved" (a new attempt),
-    # and the call a1 may still be making of it holds nothing.
-    await agents.leave(A1, ["pay"])
-    swept = await store.sweep_steps(
-        lease=LEASE, holder="sup", term=term, limit=100, forget_after=3600
-    )
-    assert [(s.task_id, s.kind) for s in swept] == [("moved", "reassigned")]
-
     calls = [(t, 1, 1) for t in ("cancelled", "paused", "compensated", "moved", "kept")]
     lost = await agents.lost_calls(A1, [*calls, ("nothing", 1, 1)])
     assert lost == {
         ("cancelled", 1, 1): "the task is cancelled",
         ("paused", 1, 1): "the task is paused",
         ("compensated", 1, 1): "the task is compensating",
-        ("moved", 1, 1): "the step was dispatched again (attempt 2)",
         ("kept", 1, 1): "the step is held by another agent instance",
         ("nothing", 1, 1): "the step no longer exists",
+    }
+    # a1 leaves the registry: the supervisor gives back its running steps (a new attempt:
+    # that of "moved" queued again, that of the paused task past its complete_by), and the
+    # calls a1 may still be making of them hold nothing.
+    await agents.leave(A1, ["pay"])
+    swept = await store.sweep_steps(
+        lease=LEASE, holder="sup", term=term, limit=100, forget_after=3600
+    )
+    assert sorted((s.task_id, s.kind) for s in swept) == [
+        ("moved", "reassigned"),
+        ("paused", "reassigned"),
+    ]
+    lost = await agents.lost_calls(A1, calls)
+    assert lost == {
+        ("cancelled", 1, 1): "the task is cancelled",
+        ("paused", 1, 1): "the step was dispatched again (attempt 2)",
+        ("compensated", 1, 1): "the task is compensating",
+        ("moved", 1, 1): "the step was dispatched again (attempt 2)",
+        ("kept", 1, 1): "the step is held by another agent instance",
     }
     # The instance that holds a step, under its attempt, is told nothing about it.
     assert await agents.lost_calls(A2, [("kept", 1, 1)]) == {}

@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -97,14 +97,19 @@ class Cluster:
         ready: bool = True,
         env: dict[str, str] | None = None,
         app: str = APP_REF,
+        store: str | None = None,
+        prefix: Sequence[str] = (),
     ) -> Proc:
         """Start `stepwarden worker` of `app` (the scenario App unless named) with these
-        arguments (after the FAST defaults) and extra environment variables; wait until it
-        runs when `ready`."""
+        arguments (after the FAST defaults) and extra environment variables, on `store`
+        (the cluster's, unless named: the same database by another address), its command
+        run by `prefix` if given (`ip netns exec NAME`, which execs it: the pid is the
+        worker's); wait until it runs when `ready`."""
         cmd = [
+            *prefix,
             sys.executable, "-c", "from stepwarden.cli import main; main()",
             "--app", app,
-            "--store", self.store_url,
+            "--store", store or self.store_url,
             "worker", *FAST, *worker_args,
         ]  # fmt: skip
         log_path = self.workdir / f"{name}.log"
@@ -112,7 +117,7 @@ class Cluster:
         popen = subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env={**self.env, **(env or {})},
+            env={**self.env, **({scenario_app.STORE_ENV: store} if store else {}), **(env or {})},
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )

@@ -62,19 +62,28 @@ class OwnPostgres:
 
 
 @contextlib.contextmanager
-def own_postgres(*, warnings_fail: bool = True) -> Iterator[OwnPostgres]:
+def own_postgres(
+    *, warnings_fail: bool = True, listen_on: str | None = None, trust: str | None = None
+) -> Iterator[OwnPostgres]:
     """A new cluster, dropped afterwards; a WARNING it sent to a stepwarden connection
-    meanwhile fails the caller (unless the caller provokes them: `warnings_fail=False`)."""
+    meanwhile fails the caller (unless the caller provokes them: `warnings_fail=False`).
+    `listen_on`: an address it listens on besides localhost; `trust`: clients' addresses
+    (as pg_hba.conf names them) it trusts besides the loopback's."""
     name = f"sw{uuid.uuid4().hex[:8]}"
     port = _free_port()
+    listen = () if listen_on is None else ("-o", f"listen_addresses=localhost,{listen_on}")
     subprocess.run(
-        ["pg_createcluster", VERSION, name, "-p", str(port), "--start",
-         "-o", f"log_line_prefix={OWN_PREFIX}",
+        ["pg_createcluster", VERSION, name, "-p", str(port),
+         "-o", f"log_line_prefix={OWN_PREFIX}", *listen,
          "--", "--auth-host=trust", "--auth-local=trust"],
         check=True, capture_output=True, timeout=180,
     )  # fmt: skip
     server = OwnPostgres(name, port)
     try:
+        if trust is not None:
+            with Path(f"/etc/postgresql/{VERSION}/{name}/pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {trust} trust\n")
+        server.start()
         yield server
         warned = server.log().stepwarden_warnings(0) if warnings_fail else []
     finally:

@@ -610,7 +610,9 @@ WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: gone_holders
 -- Running steps in time whose agent instance is gone, whatever the state of their task
--- (held, released, waiting, paused...), with that task's state, holder and attempt.
+-- (held, released, waiting, paused...), with that task's state, holder and attempt: both
+-- rows locked, so that the task is not claimed meanwhile (a claim skips it, and adopts the
+-- step given back once this commits) and its hold as read is the one released.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
        t.process_state AS task_state, t.locked_by AS task_locked_by
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
@@ -619,7 +621,7 @@ WHERE s.state = 'running' AND s.complete_by > now()
                   WHERE a.instance = s.locked_by AND a.agent = s.agent
                     AND a.expires_at > now())
 LIMIT %(limit)s
-FOR UPDATE OF s SKIP LOCKED
+FOR UPDATE OF s, t SKIP LOCKED
 
 -- name: pickup_expired
 -- Steps no agent claimed within their pick-up timeout.
