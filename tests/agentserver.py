@@ -38,16 +38,23 @@ class AgentServer:
 
 @contextlib.contextmanager
 def api_server(
-    make_app: Callable[[], sw.App], clients: Mapping[str, Iterable[str]], tmp_path: Path
+    make_app: Callable[[], sw.App],
+    clients: Mapping[str, Iterable[str]],
+    tmp_path: Path,
+    *,
+    port: int = 0,
+    made: Mapping[str, tuple[str, _tokens.Client]] | None = None,
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """Serve `make_app()`'s dashboard and /api/v1 (uvicorn on a free port of 127.0.0.1, in a
-    thread of its own with its event loop, as another process would) with these clients
-    (name: scopes), until the block ends: its URL, and each client's token."""
-    made = {name: _tokens.new_client(name, scopes) for name, scopes in clients.items()}
+    """Serve `make_app()`'s dashboard and /api/v1 (uvicorn on a free port of 127.0.0.1, or
+    `port`, in a thread of its own with its event loop, as another process would) with these
+    clients (name: scopes; or their tokens `made` already, by `_tokens.new_client`), until
+    the block ends: its URL, and each client's token."""
+    if made is None:
+        made = {name: _tokens.new_client(name, scopes) for name, scopes in clients.items()}
     path = tmp_path / "api-tokens"
     path.write_text("".join(client.line() + "\n" for _, client in made.values()))
     path.chmod(0o600)
-    sock = bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", port)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     holder: dict[str, uvicorn.Server] = {}
     failure: list[BaseException] = []

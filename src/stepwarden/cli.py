@@ -49,6 +49,9 @@ from .workflow import MAX_WAIT
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+"""The HTTP client's loggers, whose line per request a worker shows only at --log-level
+debug."""
 
 
 class _Ctx:
@@ -447,6 +450,11 @@ def worker(
             if shards
             else None,
         )
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+            # One line per HTTP request (an agent protocol's call, a webhook's delivery) is
+            # for debugging: the worker says what went wrong with them itself.
+            for name in HTTP_CLIENT_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
         Worker(app, options).run_forever()
     except StepwardenError as exc:
         raise click.ClickException(_one_line(exc)) from exc

@@ -139,6 +139,10 @@ class RemoteAgentPort:
             answer = await self._client.get(f"{PREFIX}/whoami")
         except httpx.HTTPError as exc:
             raise TransientStoreError(f"the agent server at {self.url}: {exc!r}") from exc
+        if answer.status_code >= 500 or answer.status_code == 429:
+            raise TransientStoreError(
+                f"the agent server at {self.url} answered {answer.status_code}: {_said(answer)}"
+            )
         if answer.status_code != 200:
             raise ConfigurationError(
                 f"the agent server at {self.url} refused the token ({answer.status_code}): "

@@ -16,11 +16,17 @@ from dataclasses import dataclass, field
 
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
-from .errors import ConfigurationError, KeyringError, StoreError, UnknownNameError
+from .errors import (
+    ConfigurationError,
+    KeyringError,
+    StoreError,
+    TransientStoreError,
+    UnknownNameError,
+)
 from .metrics import Metrics, serve
 from .relay import Brokers, Relay
 from .remote import RemoteAgentPort
-from .retry import Backoff
+from .retry import Backoff, after_store_failure
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT, AgentRunner
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
@@ -185,7 +191,10 @@ class Worker:
             raise ConfigurationError("an agent server's URL serves the agents role alone")
         port = RemoteAgentPort(url, token)
         try:
-            client, allowed = await port.whoami()
+            found = await self._whoami(port)
+            if found is None:  # stopped before the server answered
+                return
+            client, allowed = found
             # The agents named (--agents), each one the token may serve; by default, those
             # of the App's agents it may serve.
             wanted = set(self.app.agents) & set(allowed) if opts.agents is None else opts.agents
@@ -238,6 +247,22 @@ class Worker:
         finally:
             await port.aclose()
         logger.info("worker %s stopped", self.instance)
+
+    async def _whoami(self, port: RemoteAgentPort) -> tuple[str, list[str]] | None:
+        """Who the token names, asked until the agent server answers: one out of reach, or
+        still starting, is waited for (under a process supervisor an exit would be a crash
+        loop), each failure said once, the tries a growing delay apart
+        (`retry.after_store_failure`); None when stopped first. A refusal is raised."""
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                return await port.whoami()
+            except TransientStoreError as exc:
+                failures += 1
+                what = f"worker {self.instance}: cannot reach the agent server"
+                delay = after_store_failure(logger, what, exc, failures)
+                await port.wait_to_retry(delay, self.stop)
+        return None
 
     async def _run_shards(self, store: ShardedStore) -> None:
         """The roles on each shard served, each on its shard's own store: a shard out of

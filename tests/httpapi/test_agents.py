@@ -9,8 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,8 @@ import httpx
 import pytest
 
 import stepwarden as sw
+from stepwarden import _tokens
+from stepwarden.retry import after_transient
 
 from ..agentserver import api_server
 from ..contract.test_engine import running
@@ -291,3 +300,84 @@ async def test_a_claim_whose_client_went_claims_nothing_after(
         assert request["task_id"] == "after-leaving"
         [step] = await queued()
         assert step.locked_by == "shipper/staying"
+
+
+REMOTE_APP = '''\
+import stepwarden as sw
+
+app = sw.App("remote", store="sqlite:///never-opened.db")
+remote = app.agent("remote")
+
+
+@remote.operation
+async def ship(call: sw.Call, n: int) -> dict:
+    return {"shipped": n, "by": "process"}
+'''
+UNREACHED = "cannot reach the agent server"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_remote_worker_started_before_its_server_waits_for_it_and_logs_no_requests(
+    store_url: str, tmp_path: Path
+) -> None:
+    """`stepwarden worker --agent-url` whose agent server is not up yet (under a process
+    supervisor, an exit would be a crash loop) tries again, each failure said once, the tries
+    further and further apart; once the server is up it serves its agent. At --log-level
+    info its log holds no line per HTTP request (the client's `httpx`, `httpcore` loggers)."""
+    (tmp_path / "remote_app.py").write_text(REMOTE_APP)
+    port = _free_port()
+    made = {name: _tokens.new_client(name, scopes) for name, scopes in CLIENTS.items()}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("STEPWARDEN_")},
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        "STEPWARDEN_AGENT_TOKEN": made["shipper"][0],
+    }
+    log_path = tmp_path / "remote.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, not waited for here
+            [sys.executable, "-c", "from stepwarden.cli import main; main()",
+             "--app", "remote_app:app", "worker", "--agent-url", f"http://127.0.0.1:{port}",
+             "--poll-interval", "0.05", "--agent-heartbeat", "0.2", "--agent-gone-after", "1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def said() -> list[str]:
+            return [line for line in log_path.read_text().splitlines() if UNREACHED in line]
+
+        async def tried_four_times() -> list[str] | None:
+            assert proc.poll() is None, log_path.read_text()
+            found = said()
+            return found if len(found) >= 4 else None
+
+        unreached = await until("the remote worker to try four times", tried_four_times)
+        # Each failure said once, each try after the growing delay of the one before.
+        stamps = [
+            datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in unreached
+        ]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+        for failures, gap in enumerate(gaps, start=1):
+            assert gap >= 0.9 * after_transient(failures), (gaps, unreached)
+        assert "ConnectError" in unreached[0], unreached[0]
+        with api_server(lambda: Remote(store_url).app, CLIENTS, tmp_path, port=port, made=made):
+            worker_app = Remote(store_url).app
+            options = dataclasses.replace(FAST, agents=frozenset({"local"}))
+            async with worker_app, running(worker_app, options):
+                task_id = await worker_app.submit_async("order", 4)
+                done = await worker_app.result_async(task_id, timeout=TIMEOUT)
+                assert done == {"shipped": 8, "by": "process"}
+                proc.send_signal(signal.SIGTERM)
+                assert await asyncio.to_thread(proc.wait, TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text()
+    assert "serving agent(s) remote" in text, text
+    assert len(said()) == len([x for x in text.splitlines() if "WARNING" in x and UNREACHED in x])
+    assert not [x for x in text.splitlines() if " httpx: " in x or " httpcore" in x], text

@@ -150,8 +150,9 @@ def test_a_killed_workers_long_steps_run_again_within_the_gone_after(
         assert _leads(c, doomed), c.why("the doomed worker no longer leads")
     else:
         survivor = c.start("survivor", "--roles", "agents", *options)
+        name = f"agent-{survivor.instance()}"
         c.wait_until(
-            lambda: any(a.alive for a in c.app.agent_instances() if survivor.instance() in a.instance),
+            lambda: any(a.alive for a in c.app.agent_instances() if a.instance == name),
             "the survivor's agent to register",
         )
     killed = time.time()
