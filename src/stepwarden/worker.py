@@ -252,17 +252,18 @@ class Worker:
         """Who the token names, asked until the agent server answers: one out of reach, or
         still starting, is waited for (under a process supervisor an exit would be a crash
         loop), each failure said once, the tries a growing delay apart
-        (`retry.after_store_failure`); None when stopped first. A refusal is raised."""
+        (`retry.after_store_failure`); None when stopped meanwhile. A refusal is raised."""
         failures = 0
-        while not self.stop.is_set():
+        while True:
             try:
                 return await port.whoami()
             except TransientStoreError as exc:
+                if self.stop.is_set():
+                    return None
                 failures += 1
                 what = f"worker {self.instance}: cannot reach the agent server"
                 delay = after_store_failure(logger, what, exc, failures)
                 await port.wait_to_retry(delay, self.stop)
-        return None
 
     async def _run_shards(self, store: ShardedStore) -> None:
         """The roles on each shard served, each on its shard's own store: a shard out of
