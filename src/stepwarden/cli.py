@@ -359,7 +359,8 @@ def cli(
     metavar="URL",
     help="Serve the agents over HTTP, from the agent protocol of the stepwarden server at URL "
     "(`stepwarden dashboard --api-tokens`): no store is opened, and only the agents role "
-    "runs. The client's token is read from STEPWARDEN_AGENT_TOKEN or --agent-token-file.",
+    "runs; a server out of reach is waited for, asked again a growing delay apart. The "
+    "client's token is read from STEPWARDEN_AGENT_TOKEN or --agent-token-file.",
 )
 @_opt(
     "--agent-token-file",
