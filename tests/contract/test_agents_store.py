@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
 
 from stepwarden.records import (
@@ -35,7 +36,7 @@ from stepwarden.store.sqlite import SQLiteStore
 
 from ..agentserver import CLIENT
 from ..dispatching import new_step
-from ..rawsql import sql
+from ..rawsql import is_sqlite, sql
 from .test_store import dispatch, new_task, outcome
 from .test_sweep_compensation import compensating
 
@@ -331,6 +332,36 @@ async def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_tas
     assert (req.task_id, req.seq) == ("t1", seq)
     assert await agents.complete_steps([outcome("t1", req.attempt, seq, instance=A2)]) == [True]
     assert await agents.complete_steps([late]) == [False]
+
+
+async def test_a_gone_instances_step_waits_for_a_claim_of_its_task_under_way(
+    store: Store, agents: AgentPort, store_url: str
+) -> None:
+    """PostgreSQL (SQLite runs one write at a time): a step of a gone instance whose task
+    another transaction holds locked (a claim under way) is left for the next sweep. Given
+    back meanwhile, on the task as it stood before the claim, it would leave the new holder
+    a step it can neither adopt nor dispatch again (the attempt moved), its task held until
+    its complete_by; after the claim, it is given back and the task released with it."""
+    if is_sqlite(store_url):
+        pytest.skip("SQLite runs one write at a time")
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    await agents.beat([beat(A1)], ttl=30)
+    await running_step(store, agents, "t1")
+    assert len(await store.release_held("s1")) == 1  # pending, its step running under a1
+    await agents.leave(A1, ["pay"])
+    with psycopg.connect(store_url) as claim:  # a claim of the task, under way
+        claim.execute(
+            "UPDATE stepwarden_tasks SET process_state = 'processing', locked_by = 's2',"
+            " attempt = attempt + 1 WHERE task_id = 't1'"
+        )
+        assert await sweep(store, term) == []
+        claim.commit()
+    [swept] = await sweep(store, term)
+    assert (swept.task_id, swept.kind) == ("t1", "reassigned")
+    task = await store.get_task("t1")
+    assert task is not None
+    assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PENDING, None, 2)
 
 
 async def test_agent_room_counts_only_what_alive_instances_hold(
