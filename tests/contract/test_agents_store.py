@@ -36,7 +36,7 @@ from stepwarden.store.sqlite import SQLiteStore
 
 from ..agentserver import CLIENT
 from ..dispatching import new_step
-from ..rawsql import is_sqlite, sql
+from ..rawsql import sql
 from .test_store import dispatch, new_task, outcome
 from .test_sweep_compensation import compensating
 
@@ -334,6 +334,7 @@ async def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_tas
     assert await agents.complete_steps([late]) == [False]
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 async def test_a_gone_instances_step_waits_for_a_claim_of_its_task_under_way(
     store: Store, agents: AgentPort, store_url: str
 ) -> None:
@@ -342,8 +343,6 @@ async def test_a_gone_instances_step_waits_for_a_claim_of_its_task_under_way(
     back meanwhile, on the task as it stood before the claim, it would leave the new holder
     a step it can neither adopt nor dispatch again (the attempt moved), its task held until
     its complete_by; after the claim, it is given back and the task released with it."""
-    if is_sqlite(store_url):
-        pytest.skip("SQLite runs one write at a time")
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
     await agents.beat([beat(A1)], ttl=30)
