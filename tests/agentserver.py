@@ -42,8 +42,14 @@ def api_server(
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """Serve `make_app()`'s dashboard and /api/v1 (uvicorn on a free port of 127.0.0.1, in a
     thread of its own with its event loop, as another process would) with these clients
-    (name: scopes), until the block ends: its URL, and each client's token."""
-    made = {name: _tokens.new_client(name, scopes) for name, scopes in clients.items()}
+    (name: scopes, and settings as `SETTING=VALUE`), until the block ends: its URL, and each
+    client's token."""
+    made = {
+        name: _tokens.new_client(
+            name, [s for s in spec if "=" not in s], [s for s in spec if "=" in s]
+        )
+        for name, spec in ((n, list(given)) for n, given in clients.items())
+    }
     path = tmp_path / "api-tokens"
     path.write_text("".join(client.line() + "\n" for _, client in made.values()))
     path.chmod(0o600)

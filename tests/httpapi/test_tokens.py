@@ -44,7 +44,9 @@ def test_api_token_appends_the_line_to_the_tokens_file(tmp_path: Path) -> None:
     out = assert_ok(invoke("api-token", "billing", "--scope", "submit", "--append", str(path)))
     token = out.splitlines()[1]
     said = out.splitlines()[2]
-    assert said == f"its line is added to {path}: restart the dashboard to take it up"
+    assert said == (
+        f"its line is added to {path}: a dashboard serving it takes it up within a second"
+    )
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert_ok(invoke("api-token", "reports", "--scope", "read", "--append", str(path)))
     clients = _tokens.read(path)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from stepwarden import ConfigurationError
-from stepwarden.relay import SCHEMES, Brokers, Destination, destination, is_destination
+from stepwarden.destinations import SCHEMES, Destination, destination, is_destination
+from stepwarden.relay import Brokers
 from stepwarden.store import _sql
 
 

@@ -49,6 +49,7 @@ from ._auth import (
 )
 from ._data import Reader
 from ._models import BULK_ACTIONS, MAX_LIST
+from ._quotas import Quotas
 from ._views import activity_chart, render, step_timeline
 
 FORM_BODY = 64 * 1024
@@ -197,10 +198,15 @@ def create_app(
     assert token is not None
     guard = Guard(token)
     reader = Reader(app)
-    clients = None if api_tokens is None else _tokens.read(api_tokens)
+    clients = (
+        None
+        if api_tokens is None
+        else _tokens.TokensFile(api_tokens, destinations=app.destinations.names())
+    )
     stopping = asyncio.Event()
-    application = _app_api.router(app, stopping)
-    agents = _agent_api.router(app, stopping)
+    quotas = Quotas(app.destinations)
+    application = _app_api.router(app, stopping, quotas)
+    agents = _agent_api.router(app, stopping, quotas)
     served_routes = [*application.routes, *agents.routes]
     clients_guard = _app_api.ClientGuard(clients, served_routes, guard.throttle)
 
