@@ -327,3 +327,35 @@ async def test_an_agent_clients_registrations_capacity_and_ttl_are_bounded(
                 assert s.status_code == 200
                 again = await c.get(wakeups, params=params, headers=tokens.auth("agents"))
                 assert again.status_code == 429 and "(setting streams)" in again.text
+
+
+async def test_a_client_posts_and_reads_only_on_the_channels_it_is_given(
+    store_url: str, tmp_path: Path
+) -> None:
+    """By default a client's channels are named after it (NAME, NAME.*): one client cannot
+    post into another's channel, nor read the status messages of a task on it."""
+    clients = {
+        "alpha": ["submit", "read"],
+        "beta": ["submit", "read"],
+        "both": ["read", "channels=alpha.*,beta"],
+    }
+    with served_with(store_url, tmp_path, clients) as (served, tokens):
+        async with http(served) as c:
+            for channel in ("beta", "beta.orders", "alphabet", "alpha-x"):
+                answer = await post(c, tokens, "alpha", {"reply_to": channel})
+                assert answer.status_code == 422, (channel, answer.text)
+                assert answer.json()["error"] == (
+                    f"the channel {channel!r} is not this client's: it may name {{client}}, "
+                    "{client}.* ({client} for its name; setting channels)"
+                )
+            assert count(store_url) == 0
+            for channel in ("alpha", "alpha.orders"):
+                assert (await post(c, tokens, "alpha", {"reply_to": channel})).status_code == 201
+            task = (await post(c, tokens, "alpha", {"reply_to": "alpha.x"})).json()["task_id"]
+            messages = f"/api/v1/messages/{task}"
+            theirs = await c.get(messages, headers=tokens.auth("beta"))
+            assert theirs.status_code == 403
+            assert "the channel 'alpha.x' is not this client's" in theirs.json()["error"]
+            for who in ("alpha", "both"):
+                async with c.stream("GET", messages, headers=tokens.auth(who)) as mine:
+                    assert mine.status_code == 200, who
