@@ -5,6 +5,7 @@ file that is wrong in any way is refused naming the line at fault."""
 from __future__ import annotations
 
 import hashlib
+import re
 import stat
 from pathlib import Path
 
@@ -328,3 +329,10 @@ async def test_a_served_tokens_file_is_taken_up_without_a_restart(
             assert [r.levelname for r in caplog.records if r.name == "stepwarden.tokens"] == [
                 "ERROR"
             ]
+
+
+def test_the_guide_lists_every_setting_with_its_default() -> None:
+    guide = Path(__file__).parents[2] / "docs" / "howto" / "http-api.md"
+    rows = re.findall(r"^\| `([a-z_]+)=[^`]*` \| `?([^|`]*?)`? \|", guide.read_text(), re.M)
+    shown = {s.name: s.show(s.default) or "none" for s in _tokens.SETTINGS.values()}
+    assert dict(rows) == shown

@@ -11,7 +11,8 @@ signed-in session on any other address (`auth_reads`);
 operator actions are POSTs that need the API token, or a signed-in session and its CSRF
 token. Requests addressed to a host it does not serve are refused, on every address. Values
 marked secret are shown as `***`. Every request of the application API needs a client's
-token with the scope of its route (submit, read, events, cancel), on every address.
+token with the scope of its route (submit, read, events, cancel), on every address, and
+stays within the bounds of the client's settings in the tokens file.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ the fencing token its claim gave (task_id, seq, attempt, instance), and the stor
 only while the step is held so (`Store.complete_steps`, `heartbeat_step`, ...). A late or
 zombie remote agent changes nothing, exactly as one in a worker's process; and a client can
 only ever touch the steps its own instances claimed, for the agents it may serve.
+
+A client's settings in the tokens file bound its alive registrations, their capacity and
+ttl, and its claims that wait and its wake-up streams at once (`_quotas.py`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations.

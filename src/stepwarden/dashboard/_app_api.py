@@ -13,7 +13,10 @@ route's, checked before the request's body is read (`ClientGuard`, called by the
 access guard); the route's scope is its OpenAPI security requirement, the one place it is
 said. The dashboard's own token and sessions are not clients' tokens, nor the reverse.
 Requests the models or the engine refuse are answered 422, every error as JSON
-`{"error": ...}`. The OpenAPI document of these routes alone is at /api/v1/openapi.json."""
+`{"error": ...}`. Each client asks within the bounds its settings in the tokens file set
+(`_quotas.py`): its rates, its input's size, its priorities, its unfinished tasks, its long
+polls and streams at once, the channels and destinations it may name and read. The OpenAPI
+document of these routes alone is at /api/v1/openapi.json."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
@@ -87,6 +90,10 @@ DESCRIPTION = (
     "cancel; the clients are the server's tokens file, --api-tokens): without a known token "
     f"401, without the scope 403, both decided before the body is read. An address that sends "
     f"{MAX_FAILURES} wrong tokens within a minute is refused (429, Retry-After) for a minute. "
+    "Each client asks within the bounds of its settings in the tokens file (submits and bytes "
+    "of input a second, an input's size, its priorities, its unfinished tasks, its long polls "
+    "and streams at once, the channels and broker destinations it may name): past one, 429 "
+    "(Retry-After), 413 or 422, the error naming the bound and its setting. "
     "Requests and answers are JSON (but the status messages' text/event-stream); a body over "
     '2 MiB is refused (413); a request refused is answered {"error": ...}: 422 when it is '
     "invalid (an unknown workflow: the error names those declared). Values marked secret are "
