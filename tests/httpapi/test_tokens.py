@@ -336,3 +336,32 @@ def test_the_guide_lists_every_setting_with_its_default() -> None:
     rows = re.findall(r"^\| `([a-z_]+)=[^`]*` \| `?([^|`]*?)`? \|", guide.read_text(), re.M)
     shown = {s.name: s.show(s.default) or "none" for s in _tokens.SETTINGS.values()}
     assert dict(rows) == shown
+
+
+def test_the_dashboard_refuses_a_wrong_destinations_file_or_a_client_given_another_entry(
+    tmp_path: Path,
+) -> None:
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    listed = tmp_path / "destinations"
+    listed.write_text("shop redis://127.0.0.1:6390 status.*\nshop amqp://rabbit x\n")
+    assert_refused(
+        invoke("--store", store, "dashboard", "--destinations", str(listed), "--port", "0"),
+        "line 2: the entry 'shop' is named twice",
+        exit_code=2,
+    )
+    listed.write_text("shop redis://127.0.0.1:6390 status.*\n")
+    clients = tmp_path / "api-tokens"
+    clients.write_text(f"billing submit {DIGEST} destinations=shop,other\n")
+    clients.chmod(0o600)
+    args = ["--store", store, "dashboard", "--api-tokens", str(clients), "--port", "0"]
+    assert_refused(
+        invoke(*args, env={"STEPWARDEN_DESTINATIONS": str(listed)}),
+        "line 1: the setting destinations: the destinations file has no entry 'other' (its "
+        "entries: shop)",
+        exit_code=2,
+    )
+    assert_refused(
+        invoke(*args, "--destinations", str(listed)),
+        "the destinations file has no entry 'other'",
+        exit_code=2,
+    )
