@@ -124,7 +124,7 @@ async def test_a_clients_submits_and_bytes_a_second_are_its_settings(
             assert second.json()["error"].startswith(
                 "this client may submit 0.01 task(s) a second (setting submit_rate)"
             )
-            assert 90 <= int(second.headers["retry-after"]) <= 100
+            assert 50 <= int(second.headers["retry-after"]) <= 100  # 100 s less the time since
             # Each client's bucket is its own.
             assert (await post(c, tokens, "other", {})).status_code == 201
 
@@ -136,7 +136,7 @@ async def test_a_clients_submits_and_bytes_a_second_are_its_settings(
                 "this client may submit 1 bytes of task input a second (setting submit_bytes): "
                 f"try again in {after.headers['retry-after']} s"
             )
-            assert 15 <= int(after.headers["retry-after"]) <= 20
+            assert 5 <= int(after.headers["retry-after"]) <= 20  # 20 bytes, 1 a second
             too_big = await post(c, tokens, "thin", {"input": "z" * 200})
             assert too_big.status_code == 413
             assert "202 bytes, over this client's bound of 100" in too_big.text
