@@ -47,10 +47,15 @@ def api_server(
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """Serve `make_app()`'s dashboard and /api/v1 (uvicorn on a free port of 127.0.0.1, or
     `port`, in a thread of its own with its event loop, as another process would) with these
-    clients (name: scopes; or their tokens `made` already, by `_tokens.new_client`), until
-    the block ends: its URL, and each client's token."""
+    clients (name: scopes, and settings as `SETTING=VALUE`; or their tokens `made` already,
+    by `_tokens.new_client`), until the block ends: its URL, and each client's token."""
     if made is None:
-        made = {name: _tokens.new_client(name, scopes) for name, scopes in clients.items()}
+        made = {
+            name: _tokens.new_client(
+                name, [s for s in spec if "=" not in s], [s for s in spec if "=" in s]
+            )
+            for name, spec in ((n, list(given)) for n, given in clients.items())
+        }
     path = tmp_path / "api-tokens"
     path.write_text("".join(client.line() + "\n" for _, client in made.values()))
     path.chmod(0o600)

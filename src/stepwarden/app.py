@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import getpass
+import os
 import threading
 import time
 import uuid
@@ -21,11 +22,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from . import _check, _json, relay, rules, tracing
+from . import _check, _json, rules, tracing
 from ._batch import Batcher
 from .agent import Agent
 from .alerts import AlertSink, LogSink
 from .breaker import Breaker
+from .destinations import Destinations, is_destination
 from .errors import (
     ActionRefused,
     ConfigurationError,
@@ -137,6 +139,7 @@ class App:
         max_events_per_task: int = DEFAULT_MAX_EVENTS_PER_TASK,
         max_event_payload: int = DEFAULT_MAX_EVENT_PAYLOAD,
         keys: Keyring | None = None,
+        destinations: str | os.PathLike[str] | Destinations | None = None,
     ) -> None:
         self.name = _check.name("the App's name", name)
         self.store_url = store
@@ -157,6 +160,18 @@ class App:
         """What a task keeps of the events sent through this App: `max_events_per_task`
         events at most (taken by a wait or not), each payload `max_event_payload` bytes at
         most; a send beyond either raises EventRefused."""
+        self.destinations = (
+            destinations
+            if isinstance(destinations, Destinations)
+            else Destinations.from_env()
+            if destinations is None
+            else Destinations.from_file(destinations)
+        )
+        """The broker destinations a task's `reply_to` may name (`destinations.py`): the
+        destinations file `destinations` (a path, or the entries), or by default the one
+        `STEPWARDEN_DESTINATIONS` names; without one, none. The relay of this App's workers
+        sends only to those. Plain channels (a name without `://`) are not listed: any may
+        be named."""
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
@@ -532,8 +547,8 @@ class App:
         _check.integer("priority", priority, -_check.MAX_INT - 1)
         if reply_to is not None and not _check.name("reply_to", reply_to).strip():
             raise ConfigurationError("reply_to must be a non-empty channel name")
-        if reply_to is not None and relay.is_destination(reply_to):
-            relay.destination(reply_to)  # a broker's: checked, never with credentials
+        if reply_to is not None and is_destination(reply_to):
+            self.destinations.check(reply_to)  # listed, never with credentials
         text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
         return NewTask(
             task_id=task_id,

@@ -26,6 +26,8 @@ from . import _check, _json, _tokens, sealing
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView
+from .destinations import ENV as DESTINATIONS_ENV
+from .destinations import Destinations
 from .errors import ConfigurationError, StepwardenError
 from .records import (
     DEFAULT_MAX_EVENT_PAYLOAD,
@@ -141,6 +143,29 @@ def _echo_json(document: str) -> None:
 def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that also reads `envvar`, and says so in its help."""
     return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+def _destinations_option(what: str) -> Callable[[F], F]:
+    return _opt(
+        "--destinations",
+        envvar=DESTINATIONS_ENV,
+        default=None,
+        metavar="FILE",
+        type=click.Path(exists=True, dir_okay=False),
+        help="The broker destinations status messages may go to: one `NAME BROKER NAMES` "
+        "line each (the broker as scheme://host[:port], its queues, streams or subjects "
+        f"separated by commas, PREFIX* for those starting so, * for any). {what} Without "
+        "it, no reply_to may name a broker. A file others may write is refused.",
+    )
+
+
+def _listed(app: App, path: str | None) -> None:
+    """Give the App the destinations file at `path`, when one is given."""
+    if path is not None:
+        try:
+            app.destinations = Destinations.from_file(path)
+        except StepwardenError as exc:
+            raise click.BadParameter(_one_line(exc), param_hint="--destinations") from exc
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -377,6 +402,9 @@ def cli(
     help="With a store of shards: serve only these (their names in the shard map, as "
     "`stepwarden shards` shows them) [default: every shard].",
 )
+@_destinations_option(
+    "The relay sends only to those; a message stored for another is refused, never sent."
+)
 @click.pass_obj
 def worker(
     obj: _Ctx,
@@ -404,6 +432,7 @@ def worker(
     agent_url: str | None,
     agent_token_file: IO[str] | None,
     shards: str | None,
+    destinations: str | None,
 ) -> None:
     """Run scheduler, agents and supervisor (or the --roles given) until SIGTERM. With a
     store of shards, the roles run on each shard served, apart."""
@@ -411,6 +440,7 @@ def worker(
         lines = (line.strip() for line in alert_webhook_file.read().splitlines())
         alert_webhooks += tuple(line for line in lines if line and not line.startswith("#"))
     app = obj.app(app_ref)
+    _listed(app, destinations)
     agent_token = None
     if agent_url is not None:
         agent_token = (
@@ -1338,10 +1368,17 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     metavar="FILE",
     type=click.Path(exists=True, dir_okay=False),
     help="The application API's and the agent protocol's clients (/api/v1): one `NAME "
-    "SCOPES SHA256` line each, as `stepwarden api-token` makes them (scopes submit, read, "
-    "events, cancel, agent:NAME, separated by commas; only the token's SHA-256 digest is "
-    "kept). Read at start. Without it, every request of /api/v1 is refused. A file others "
-    "may write is refused.",
+    "SCOPES SHA256 [SETTING=VALUE ...]` line each, as `stepwarden api-token` makes them "
+    "(scopes submit, read, events, cancel, agent:NAME, separated by commas; only the token's "
+    "SHA-256 digest is kept; the settings bound what the client may ask), and one line "
+    "`defaults SETTING=VALUE ...` for every client. Read at start, and again within about a "
+    "second of each change (a file become wrong keeps the clients read before, and logs the "
+    "error). Without it, every request of /api/v1 is refused. A file others may write is "
+    "refused.",
+)
+@_destinations_option(
+    "A client's `destinations` setting names the entries it may name; the App's own code "
+    "may name any."
 )
 @_event_bound_options
 @click.pass_obj
@@ -1355,6 +1392,7 @@ def dashboard(
     allowed_hosts: tuple[str, ...],
     auth_reads: bool | None,
     api_tokens: str | None,
+    destinations: str | None,
     max_events_per_task: int | None,
     max_event_payload: int | None,
 ) -> None:
@@ -1368,17 +1406,18 @@ def dashboard(
             f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
         ) from exc
     token = _dashboard_token(token, token_file)
-    clients = None
-    if api_tokens is not None:
-        try:
-            clients = _tokens.read(api_tokens)
-        except StepwardenError as exc:
-            raise click.BadParameter(_one_line(exc), param_hint="--api-tokens") from exc
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
     else:  # no App of its own: named by the store it serves
         url = obj.store_url()
         app = App(cut(escape(shown_url(url)), _check.MAX_NAME), store=url, auto_migrate=False)
+    _listed(app, destinations)
+    clients = None
+    if api_tokens is not None:
+        try:
+            clients = _tokens.read(api_tokens, app.destinations.names())
+        except StepwardenError as exc:
+            raise click.BadParameter(_one_line(exc), param_hint="--api-tokens") from exc
     _bounded(app, max_events_per_task, max_event_payload)
     try:
         sock = web.bind(host, port)
@@ -1433,6 +1472,17 @@ def dashboard(
     "/api/v1/agents/NAME/...; its instances are named CLIENT/...).",
 )
 @_opt(
+    "--set",
+    "settings",
+    envvar="STEPWARDEN_API_TOKEN_SET",
+    multiple=True,
+    metavar="SETTING=VALUE",
+    help="A setting of the client, on its line (repeatable; the variable is space-separated); "
+    "one not set is the tokens file's `defaults` line's, else its default. "
+    + _tokens.settings_help()
+    + ".",
+)
+@_opt(
     "--append",
     envvar="STEPWARDEN_API_TOKEN_APPEND",
     default=None,
@@ -1440,14 +1490,17 @@ def dashboard(
     help="Append the client's line to this tokens file (made, 0600, when missing) instead of "
     "printing it; a name the file has already is refused.",
 )
-def api_token(name: str, scopes: tuple[str, ...], append: str | None) -> None:
+def api_token(
+    name: str, scopes: tuple[str, ...], settings: tuple[str, ...], append: str | None
+) -> None:
     """Make a client of the application API: a new token, printed once (only its SHA-256
     digest is kept), and the client's line for the tokens file (`stepwarden dashboard
-    --api-tokens FILE`), which takes effect when the dashboard starts."""
+    --api-tokens FILE`), with its settings (--set); a dashboard serving that file takes it
+    up within about a second."""
     try:
-        token, client = _tokens.new_client(name, scopes)
+        token, client = _tokens.new_client(name, scopes, settings)
     except StepwardenError as exc:
-        raise click.BadParameter(_one_line(exc), param_hint="NAME or --scope") from exc
+        raise click.BadParameter(_one_line(exc), param_hint="NAME, --scope or --set") from exc
     if append is not None:
         _append_client(Path(append), client)
     click.echo(f"the token of {client.name} (shown once; give it to the client):")
@@ -1456,7 +1509,7 @@ def api_token(name: str, scopes: tuple[str, ...], append: str | None) -> None:
         click.echo("its line for the tokens file (--api-tokens FILE):")
         click.echo(client.line())
     else:
-        _echo(f"its line is added to {append}: restart the dashboard to take it up")
+        _echo(f"its line is added to {append}: a dashboard serving it takes it up within a second")
 
 
 def _append_client(path: Path, client: _tokens.Client) -> None:

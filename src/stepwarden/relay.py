@@ -14,7 +14,13 @@ The relay, run by the supervisor leader beside its sweep, delivers them:
   on NATS, XADD's reply on Redis); a delivery that fails is tried again after a growing
   backoff (`retry.Backoff`), and the task's later messages wait for it;
 - recorded only after the broker's acknowledgement: a relay killed between the two sends the
-  message again, under the same id; a broker down or restarting is an error tried again.
+  message again, under the same id; a broker down or restarting is an error tried again;
+- only to the destinations the operator lists (`destinations.py`, given by the worker's
+  App): a message for another one (stored before the list existed, or since taken off it)
+  is refused, recorded done with its error and never tried again, before anything connects.
+
+A destination that keeps failing, or whose messages are refused, is warned of at most once a
+minute (`WARN_EVERY`), with the number of messages since the last warning.
 
 Why the supervisor leader: there is one at a time (its lease), so that no two relays send a
 task's messages side by side, out of order, and the leader already delivers the outbox's
@@ -43,92 +49,32 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
 
 from . import _json
 from ._aio import sleep_unless, to_the_end
+from .destinations import BROKERS_ENV, Destination, Destinations, broker
 from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
-from .secret import MASK, Secret, public_url
+from .secret import MASK, Secret
 from .store import Store
 from .store._flow import CHANNEL_OUTBOX
 
 logger = logging.getLogger("stepwarden.relay")
 
-SCHEMES = {"amqp": 5672, "nats": 4222, "redis": 6379}
-"""The brokers a `reply_to` may name, and their default ports. (Migration 0017's SQL names
-the same schemes: a message for one of these is due at once.)"""
-ENV = "STEPWARDEN_BROKERS"
+ENV = BROKERS_ENV
 """The environment variable that names the workers' file of broker credentials."""
 DEADLINE = 10.0
 """Seconds one delivery may take, connecting included."""
+WARN_EVERY = 60.0
+"""Seconds between two warnings of the relay about one destination's messages."""
+MAX_QUIET = 1000
 REFUSED_FOR = 1.0
 """Seconds a broker that refused a connection is taken for unreachable without another try
 (the tasks a round serves side by side do not each try)."""
 MAX_ERROR = 1000
 """Characters of a failed delivery's error that are stored."""
 _ACCESS_FIELDS = {"username", "password", "token", "vhost", "db", "tls"}
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a task's status messages go: a queue, a subject or a stream of one broker."""
-
-    scheme: str
-    host: str
-    port: int
-    name: str
-
-    @property
-    def broker(self) -> str:
-        """The broker, as the credentials file names it: `scheme://host:port`."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
-
-
-def is_destination(reply_to: str) -> bool:
-    """Whether a `reply_to` names a broker destination rather than a plain channel."""
-    return "://" in reply_to
-
-
-def destination(reply_to: str) -> Destination:
-    """The broker destination a `reply_to` names; ConfigurationError (never showing a user or
-    password) when it is not one that can be relayed to."""
-    scheme, _, _ = reply_to.partition("://")
-    shown = public_url(reply_to)
-    if scheme not in SCHEMES:
-        raise ConfigurationError(
-            f"reply_to {shown!r} names no broker that status messages go to: "
-            "amqp://host[:port]/queue, nats://host[:port]/subject or "
-            "redis://host[:port]/stream (or a channel name without '://')"
-        )
-    parts = urlsplit(reply_to)
-    if "@" in parts.netloc:
-        raise ConfigurationError(
-            f"reply_to {shown!r} carries credentials: a task records only the destination; "
-            f"give the workers the broker's credentials in the file ${ENV} names"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        raise ConfigurationError(f"reply_to {shown!r} has a bad port") from None
-    if not parts.hostname:
-        raise ConfigurationError(f"reply_to {shown!r} names no host")
-    if parts.query or parts.fragment or "?" in reply_to or "#" in reply_to:
-        raise ConfigurationError(f"reply_to {shown!r}: a destination has no query or fragment")
-    name = unquote(parts.path[1:])
-    what = {"amqp": "queue", "nats": "subject", "redis": "stream"}[scheme]
-    if not name:
-        raise ConfigurationError(f"reply_to {shown!r} names no {what}: {scheme}://host/{what}")
-    if scheme == "nats" and (any(c.isspace() or c in "*>" for c in name) or "" in name.split(".")):
-        raise ConfigurationError(
-            f"reply_to {reply_to!r}: a NATS subject is dot-separated tokens, without "
-            "spaces or wildcards"
-        )
-    if scheme == "amqp" and len(name.encode()) > 255:
-        raise ConfigurationError(f"reply_to {reply_to!r}: a queue name is at most 255 bytes")
-    return Destination(scheme, parts.hostname, port or SCHEMES[scheme], name)
 
 
 # -- credentials ---------------------------------------------------------------------------
@@ -219,24 +165,10 @@ class Brokers:
 
 
 def _broker_key(key: str) -> str:
-    parts = urlsplit(key if isinstance(key, str) else "")
-    port: int | None
     try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if (
-        parts.scheme not in SCHEMES
-        or not parts.hostname
-        or "@" in parts.netloc
-        or parts.path not in ("", "/")
-        or port == -1
-    ):
-        raise ConfigurationError(
-            f"{ENV}: {public_url(str(key))!r} is not a broker: scheme://host[:port] with "
-            f"scheme one of {sorted(SCHEMES)}, without a user, password or path"
-        )
-    return Destination(parts.scheme, parts.hostname, port or SCHEMES[parts.scheme], "-").broker
+        return broker(key).broker
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{ENV}: {exc}") from None
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -523,19 +455,32 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- the relay ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Refused:
+    """A message the relay will never send: why."""
+
+    error: str
+
+
 class Relay:
-    """Delivers the outbox's status messages for brokers, in order per task, at least once.
+    """Delivers the outbox's status messages for brokers, in order per task, at least once,
+    to the destinations the operator lists (`destinations`: none by default).
 
     Each round takes up to `tasks` tasks whose first undelivered message is due (up to
     `batch` messages), and sends each task's messages one after another, at most
     `concurrency` tasks at once. A broker that cannot be reached fails every message for it
-    in that round without another try."""
+    in that round without another try. A message whose destination is not listed (stored
+    before the list was, or since taken off it) is refused: recorded done with its error,
+    never sent, never tried again. Its warnings, and those of a destination that keeps
+    failing, come at most once every WARN_EVERY seconds per destination, with the number of
+    messages since the last one."""
 
     def __init__(
         self,
         store: Store,
         brokers: Brokers | None = None,
         *,
+        destinations: Destinations | None = None,
         backoff: Backoff | None = None,
         tasks: int = 200,
         batch: int = 2000,
@@ -544,6 +489,7 @@ class Relay:
     ) -> None:
         self.store = store
         self.brokers = brokers or Brokers()
+        self.destinations = destinations or Destinations()
         self.backoff = backoff or Backoff(initial=0.5, maximum=30.0)
         self.tasks = tasks
         self.batch = batch
@@ -557,6 +503,9 @@ class Relay:
         self._safe = 0
         """Messages up to this id can no longer be preceded by one still to commit."""
         self._fence: tuple[int, int] | None = None
+        self._quiet: dict[str, tuple[float, int]] = {}
+        """Per destination and kind of warning, until when it is not logged again, and how
+        many messages it has been about since it last was."""
 
     async def run(self, stop: asyncio.Event, leading: Callable[[], bool], poll: float) -> None:
         """Deliver while `leading()` says this process leads, until `stop` is set: a round at
@@ -606,13 +555,19 @@ class Relay:
         for message in due:
             by_task.setdefault(message.task_id, []).append(message)
         delivered: list[int] = []
+        refused: list[tuple[int, str]] = []
         unreachable: dict[str, str] = {}
         failed: dict[str, list[str]] = {}
+        never: dict[str, list[str]] = {}
 
         async def serve(messages: list[OutboxMessage]) -> None:
             async with self._room:
                 for message in messages:
                     error = await self._send(message, unreachable)
+                    if isinstance(error, _Refused):  # as are the task's later ones: go on
+                        refused.append((message.id, error.error))
+                        never.setdefault(message.channel, []).append(error.error)
+                        continue
                     if error is not None:
                         failed.setdefault(message.channel, []).append(error)
                         await self.store.relay_failed(
@@ -630,20 +585,40 @@ class Relay:
         finally:
             try:
                 await self.store.relay_delivered(delivered)
+                await self.store.relay_refused(refused)
             finally:
                 dropped, self._dropped = self._dropped, []
                 await to_the_end(self._close_each(dropped))
         for outcome in ended:
             if isinstance(outcome, BaseException):
                 raise outcome
+        for channel, errors in never.items():
+            self._warn(channel, "refused, never sent", errors)
         for channel, errors in failed.items():
-            logger.warning(
-                "relay: %d status message(s) for %s not delivered, tried again later: %s",
-                len(errors),
-                channel,
-                errors[-1],
-            )
+            self._warn(channel, "not delivered, tried again later", errors)
         return len(delivered)
+
+    def _warn(self, channel: str, what: str, errors: list[str]) -> None:
+        """A warning about `errors` of messages for `channel`, unless one of its kind was
+        logged less than WARN_EVERY seconds ago (those are counted in the next one)."""
+        now = time.monotonic()
+        until, held = self._quiet.get(f"{what} {channel}", (0.0, 0))
+        if now < until:
+            self._quiet[f"{what} {channel}"] = (until, held + len(errors))
+            return
+        if len(self._quiet) > MAX_QUIET:
+            self._quiet = {k: v for k, v in self._quiet.items() if v[0] > now}
+        self._quiet[f"{what} {channel}"] = (now + WARN_EVERY, 0)
+        since = f" (and {held} since the last warning)" if held else ""
+        logger.warning(
+            "relay: %d status message(s) for %s %s%s: %s (warned at most once every %g s)",
+            len(errors),
+            channel,
+            what,
+            since,
+            errors[-1],
+            WARN_EVERY,
+        )
 
     async def _settle(self) -> None:
         """Move `_safe` on once no transaction that began before the fence runs."""
@@ -660,13 +635,16 @@ class Relay:
         else:
             self._fence = (fence, upto)
 
-    async def _send(self, message: OutboxMessage, unreachable: dict[str, str]) -> str | None:
+    async def _send(
+        self, message: OutboxMessage, unreachable: dict[str, str]
+    ) -> str | _Refused | None:
         """None once the broker acknowledged the message, else the error (credentials
-        masked)."""
+        masked): refused when its destination is not one the relay may send to (not listed,
+        or not a destination)."""
         try:
-            dest = destination(message.channel)
+            dest = self.destinations.check(message.channel)
         except ConfigurationError as exc:
-            return self._scrub(str(exc))
+            return _Refused(self._scrub(f"refused: {exc}"))
         if dest.broker in unreachable:
             return unreachable[dest.broker]
         started = time.monotonic()

@@ -344,7 +344,12 @@ class Worker:
                 lease_ttl=opts.lease_ttl,
                 backoff=opts.backoff,
                 alerts=AlertDeliverer(store, sinks) if sinks else None,
-                relay=Relay(store, opts.brokers or Brokers.from_env(), backoff=opts.backoff),
+                relay=Relay(
+                    store,
+                    opts.brokers or Brokers.from_env(),
+                    destinations=self.app.destinations,
+                    backoff=opts.backoff,
+                ),
                 retention=opts.retention,
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
                 schedules=list(self.app.schedule_specs.values()) if schedules else [],

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stepwarden.destinations import Destinations
+
 STARTUP = 60.0
 
 
@@ -102,6 +104,10 @@ class OwnBroker:
 
     def url(self, name: str) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}/{name}"
+
+    def listed(self, entry: str = "own") -> Destinations:
+        """The destinations of a list that names this broker, every name on it allowed."""
+        return Destinations.parse(f"{entry} {self.scheme}://127.0.0.1:{self.port} *")
 
     # -- the destination ------------------------------------------------------------------
     async def prepare(self, name: str) -> None:

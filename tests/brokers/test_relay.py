@@ -22,6 +22,7 @@ import pytest
 import stepwarden as sw
 from stepwarden.dashboard._data import Reader
 from stepwarden.dashboard._models import Overview
+from stepwarden.destinations import Destinations, destination
 from stepwarden.records import OutboxMessage, RelayBacklog
 from stepwarden.relay import (
     AmqpPublisher,
@@ -29,7 +30,6 @@ from stepwarden.relay import (
     Brokers,
     Relay,
     Unreachable,
-    destination,
 )
 
 from ..agentserver import DASHBOARD_TOKEN, api_server
@@ -51,10 +51,10 @@ def broker(
         yield own
 
 
-def build(store_url: str) -> sw.App:
+def build(store_url: str, destinations: Destinations | None = None) -> sw.App:
     """Tasks of three steps: one, then two side by side (their completions may commit in
-    either order, from two transactions)."""
-    app = sw.App("relayed", store=store_url)
+    either order, from two transactions); their status messages may go to `destinations`."""
+    app = sw.App("relayed", store=store_url, destinations=destinations or Destinations())
     svc = app.agent("svc")
 
     @svc.operation
@@ -129,7 +129,7 @@ async def test_each_tasks_messages_arrive_in_order_under_stable_ids(
 ) -> None:
     name = unique("orders").replace("-", "_")
     await broker.prepare(name)
-    app = build(store_url)
+    app = build(store_url, broker.listed())
     async with app, running(app):
         task_ids = [await app.submit_async("three", n, reply_to=broker.url(name)) for n in range(8)]
         received = await all_processed(broker, name, task_ids)
@@ -173,7 +173,7 @@ async def test_a_broker_restart_loses_nothing_and_keeps_the_order(
 ) -> None:
     name = unique("restart").replace("-", "_")
     await broker.prepare(name)
-    app = build(store_url)
+    app = build(store_url, broker.listed())
     async with app, running(app):
         before = [await app.submit_async("three", n, reply_to=broker.url(name)) for n in range(3)]
         await all_processed(broker, name, before)
@@ -226,7 +226,7 @@ async def test_credentials_come_from_the_workers_file_and_are_never_shown(
         broker = f"redis://127.0.0.1:{redis.port}"
         wrong.write_text(json.dumps({broker: {"password": "n0t-" + secret}}))
         os.chmod(wrong, 0o600)
-        app = build(store_url)
+        app = build(store_url, redis.listed())
         options = dataclasses.replace(FAST, brokers=Brokers.from_file(str(wrong)))
         async with app, running(app, options):
             task_id = await app.submit_async("three", 1, reply_to=redis.url(name))
@@ -274,7 +274,12 @@ async def test_a_broker_that_stops_answering_mid_round_leaves_no_connection_open
     try:
         outbox = Outbox({f"t{n}": 10 for n in range(40)}, channel=redis.url("frozen"))
         store: Any = outbox
-        relay = Relay(store, backoff=sw.Backoff(initial=0.01, maximum=0.05), deadline=1.0)
+        relay = Relay(
+            store,
+            destinations=redis.listed(),
+            backoff=sw.Backoff(initial=0.01, maximum=0.05),
+            deadline=1.0,
+        )
 
         async def rounds() -> None:
             while len(outbox.delivered) < len(outbox.due):

@@ -73,9 +73,12 @@ async def test_tasks_submitted_by_the_typescript_client_have_their_messages_acro
 ) -> None:
     name = unique("ts").replace("-", "_")
     await broker.prepare(name)
-    app = build(store_url)
-    clients = {"shop": ["submit", "read"]}
-    with api_server(lambda: build(store_url), clients, tmp_path) as (url, tokens):
+    app = build(store_url, broker.listed())
+    clients = {"shop": ["submit", "read", "destinations=own"]}
+    with api_server(lambda: build(store_url, broker.listed()), clients, tmp_path) as (
+        url,
+        tokens,
+    ):
         token = tokens["shop"]
         async with app, running(app):
 

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 import stepwarden as sw
+from stepwarden.destinations import Destinations
 
 from .test_compensation import Saga, finish
 from .test_engine import FAST, running
@@ -186,7 +187,8 @@ async def test_a_purged_tasks_status_messages_are_kept_until_delivered_then_dele
 ) -> None:
     """The retention deletes a finished task with its delivered status messages; those its
     broker has not taken yet stay until the relay delivers them, and then go too."""
-    app = sw.App("purged-relay", store=store_url)
+    listed = Destinations.parse("never redis://127.0.0.1:1 *")
+    app = sw.App("purged-relay", store=store_url, destinations=listed)
     svc = app.agent("svc")
 
     @svc.operation

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,10 +35,19 @@ FAST = sw.WorkerOptions(
     drain_timeout=5,
 )
 CLIENTS = {
-    "billing": ("submit", "read", "events", "cancel", "agent:desk"),
-    "reader": ("read",),
+    "billing": ("submit", "read", "events", "cancel", "agent:desk", "channels=orders,r"),
+    "reader": ("read", "channels=orders,r"),
     "submitter": ("submit",),
 }
+"""Each client's scopes, and its settings (`SETTING=VALUE`)."""
+
+
+def new_client(name: str, spec: Iterable[str]) -> tuple[str, _tokens.Client]:
+    """A client of `spec`: its scopes, and its settings (those holding `=`)."""
+    given = list(spec)
+    return _tokens.new_client(
+        name, [s for s in given if "=" not in s], [s for s in given if "=" in s]
+    )
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class Tokens:
 
 @pytest.fixture
 def tokens(tmp_path: Path) -> Tokens:
-    made = {name: _tokens.new_client(name, scopes) for name, scopes in CLIENTS.items()}
+    made = {name: new_client(name, spec) for name, spec in CLIENTS.items()}
     path = tmp_path / "api-tokens"
     lines = ["# NAME SCOPES SHA256(TOKEN)", *(client.line() for _, client in made.values())]
     path.write_text("\n".join(lines) + "\n")

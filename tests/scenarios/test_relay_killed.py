@@ -23,7 +23,10 @@ def test_a_worker_killed_mid_delivery_loses_nothing(cluster: Cluster, tmp_path: 
     redis.start()
     try:
         name = unique("killed")
-        first = cluster.start("w1")
+        listed = tmp_path / "destinations"
+        listed.write_text(f"own redis://127.0.0.1:{redis.port} *\n")
+        cluster.app.destinations = redis.listed()
+        first = cluster.start("w1", "--destinations", str(listed))
         # The last step waits for the gate, opened after the kill: however fast the relay,
         # no task's last messages can have been delivered before it.
         gate = tmp_path / "gate"
@@ -43,7 +46,7 @@ def test_a_worker_killed_mid_delivery_loses_nothing(cluster: Cluster, tmp_path: 
         assert not [m for m in before if m["kind"] == "processed"]
 
         gate.touch()
-        cluster.start("w2")
+        cluster.start("w2", "--destinations", str(listed))
         for task_id in task_ids:
             assert cluster.wait_finished(task_id, timeout=60).process_state == PROCESSED
 

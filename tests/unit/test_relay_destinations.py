@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from stepwarden import ConfigurationError
-from stepwarden.relay import SCHEMES, Brokers, Destination, destination, is_destination
+from stepwarden.destinations import (
+    SCHEMES,
+    Destination,
+    Destinations,
+    destination,
+    is_destination,
+)
+from stepwarden.relay import Brokers
+from stepwarden.states import FINISHED_TASK_STATES
 from stepwarden.store import _sql
 
 
@@ -112,3 +120,101 @@ def test_a_credentials_file_others_may_read_is_refused(tmp_path: Path) -> None:
     path.chmod(0o640)
     with pytest.raises(ConfigurationError, match="chmod 600"):
         Brokers.from_file(str(path))
+
+
+LIST = """
+# NAME    BROKER                   NAMES
+shop      amqp://Rabbit            orders,replies.*
+events    nats://nats:4223         shop.events.*
+anything  redis://[::1]:6380       *
+"""
+
+
+@pytest.mark.parametrize(
+    ("reply_to", "entry"),
+    [
+        ("amqp://rabbit:5672/orders", "shop"),
+        ("amqp://RABBIT/orders", "shop"),  # a host's name in any case
+        ("amqp://rabbit/replies.a.b", "shop"),
+        ("amqp://rabbit/orders2", None),  # a name is the whole name
+        ("amqp://rabbit/replies", None),  # replies.* is the names after "replies."
+        ("amqp://rabbit:5673/orders", None),  # another port: another broker
+        ("amqp://rabbit.evil/orders", None),  # the entry's broker is not a prefix of URLs
+        ("amqp://rabbit.evil:5672/orders", None),
+        ("redis://rabbit/orders", None),
+        ("nats://nats:4223/shop.events.paid", "events"),
+        ("nats://nats/shop.events.paid", None),  # 4222
+        ("redis://[::1]:6380/anything-at-all", "anything"),
+        ("redis://127.0.0.1:6380/x", None),
+    ],
+)
+def test_a_destination_is_listed_by_its_parsed_parts(reply_to: str, entry: str | None) -> None:
+    listed = Destinations.parse(LIST)
+    found = listed.find(destination(reply_to))
+    assert (found.name if found else None) == entry
+    assert listed.names() == {"shop", "events", "anything"}
+    if entry is None:
+        with pytest.raises(ConfigurationError, match="is not listed in the destinations file"):
+            listed.check(reply_to)
+    else:
+        assert listed.check(reply_to) == destination(reply_to)
+        assert listed.find(destination(reply_to), among=["other"]) is None
+        with pytest.raises(ConfigurationError, match="not a destination this client may name"):
+            listed.check(reply_to, among=["other"])
+
+
+def test_without_a_list_no_destination_is_listed(tmp_path: Path) -> None:
+    none = Destinations.from_env({})
+    assert none.entries == () and none.source is None
+    with pytest.raises(ConfigurationError, match="no broker destination is allowed"):
+        none.check("amqp://rabbit/orders")
+    path = tmp_path / "destinations"
+    path.write_text(LIST)
+    listed = Destinations.from_env({"STEPWARDEN_DESTINATIONS": str(path)})
+    assert listed == Destinations.from_file(path)
+    assert listed.source == str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("shop amqp://rabbit", "line 1: expected NAME BROKER NAMES"),
+        ("shop amqp://me:pa55word@rabbit orders", "line 1: 'amqp://rabbit' is not a broker"),
+        ("shop amqp://rabbit/orders orders", "line 1: 'amqp://rabbit' is not a broker"),
+        ("shop kafka://k orders", "line 1: 'kafka://k' is not a broker"),
+        ("shop amqp://rabbit:99999 orders", "line 1: 'amqp://rabbit' is not a broker"),
+        ("# x\nshop amqp://rabbit a\nshop amqp://rabbit b", "line 3: the entry 'shop' is named"),
+        ("shop amqp://rabbit a*b", "line 1: 'a*b': a name, or a start of names followed by"),
+        ("shop amqp://rabbit ,", "line 1: give the entry at least one name"),
+        ("sh/op amqp://rabbit a", "line 1: an entry's name is 1 to 64 letters"),
+    ],
+)
+def test_a_wrong_destinations_file_is_refused_naming_the_line(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"^the destinations file, ") as refused:
+        Destinations.parse(text)
+    assert fragment in str(refused.value)
+    assert "pa55word" not in str(refused.value)
+
+
+def test_a_destinations_file_others_may_write_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "destinations"
+    path.write_text(LIST)
+    path.chmod(0o644)  # no credentials in it: others may read it
+    assert len(Destinations.from_file(path).entries) == 3
+    path.chmod(0o664)
+    with pytest.raises(ConfigurationError, match=r"may be written by others .* \(mode 664\)"):
+        Destinations.from_file(path)
+
+
+def test_a_clients_unfinished_tasks_are_counted_in_the_states_of_the_index() -> None:
+    """The count of a client's unfinished tasks names the finished states as its partial
+    index does (migration 0019), so that it is read through it."""
+    states = "', '".join(sorted(FINISHED_TASK_STATES))
+    for dialect in ("sqlite", "postgres"):
+        [index] = [m.sql for m in _sql.migrations(dialect) if m.name == "0019_clients.sql"]
+        query = _sql.queries(dialect)["client_unfinished"]
+        for text in (index, query):
+            found = re.search(r"process_state NOT IN \(([^)]*)\)", text)
+            assert found is not None
+            listed = sorted(s.strip().strip("'") for s in found.group(1).split(","))
+            assert "', '".join(listed) == states, (dialect, text)

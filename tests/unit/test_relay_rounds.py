@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from stepwarden import relay as relay_module
+from stepwarden.destinations import Destination, Destinations
 from stepwarden.errors import TransientStoreError
 from stepwarden.records import OutboxMessage
-from stepwarden.relay import BrokerAccess, Destination, Relay
+from stepwarden.relay import BrokerAccess, Relay
 from stepwarden.store.base import Subscription
 
 BROKER = "redis://127.0.0.1:6390"
+LISTED = Destinations.parse(f"a {BROKER} *\nb redis://127.0.0.1:6391 *")
 
 
 class Outbox:
@@ -52,6 +54,9 @@ class Outbox:
         self.delivered += ids
         if ids:
             self.recorded.set()
+
+    async def relay_refused(self, refused: list[tuple[int, str]]) -> None:
+        assert not refused, f"refused: {refused}"
 
     async def relay_failed(self, message_id: int, error: str, delay: float) -> None:
         await asyncio.sleep(0)
@@ -133,7 +138,7 @@ def _fake_publishers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _relay(outbox: Outbox, deadline: float = 1.0) -> Relay:
     store: Any = outbox
-    return Relay(store, deadline=deadline)
+    return Relay(store, destinations=LISTED, deadline=deadline)
 
 
 async def test_a_publisher_given_up_after_the_deadline_is_closed_once_no_send_uses_it() -> None:

@@ -67,7 +67,8 @@ export interface Stack {
 /** A new client's token, its line appended to a tokens file of its own (`NAME.tokens`). */
 async function token(dir: string, name: string, scopes: string[]): Promise<string> {
   const args = ["-m", "stepwarden", "api-token", name, "--append", join(dir, `${name}.tokens`)];
-  for (const scope of scopes) args.push("--scope", scope);
+  // A scope, or a setting (SETTING=VALUE) of the client's line.
+  for (const scope of scopes) args.push(scope.includes("=") ? "--set" : "--scope", scope);
   const { stdout } = await run(python(), args, { cwd: ROOT, env: processEnv() });
   const found = /\bsw_[A-Za-z0-9_-]{20,}/.exec(stdout);
   if (found === null) throw new Error(`stepwarden api-token printed no token: ${stdout}`);
@@ -93,7 +94,7 @@ async function terminate(child: ChildProcess): Promise<void> {
   }
 }
 
-/** Start the server and the worker, with these clients (name: scopes). */
+/** Start the server and the worker, with these clients (name: scopes and settings). */
 export async function startStack(clients: Record<string, string[]>): Promise<Stack> {
   const dir = await mkdtemp(join(tmpdir(), "stepwarden-ts-"));
   // Made at once, each in a file of its own; the server's file holds their lines.

@@ -27,7 +27,7 @@ import {
 import { dashboardGet, deferred, type Deferred, AGENT_EXAMPLE, SUBMIT_EXAMPLE, startStack, TIMEOUT, until, type Stack } from "./stack.js";
 
 const CLIENTS = {
-  app: ["submit", "read", "events", "cancel"],
+  app: ["submit", "read", "events", "cancel", "channels=orders,updates"],
   reader: ["read"],
   shipper: ["agent:shipping"],
   other: ["agent:local"],

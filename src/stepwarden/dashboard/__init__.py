@@ -11,7 +11,8 @@ signed-in session on any other address (`auth_reads`);
 operator actions are POSTs that need the API token, or a signed-in session and its CSRF
 token. Requests addressed to a host it does not serve are refused, on every address. Values
 marked secret are shown as `***`. Every request of the application API needs a client's
-token with the scope of its route (submit, read, events, cancel), on every address.
+token with the scope of its route (submit, read, events, cancel), on every address, and
+stays within the bounds of the client's settings in the tokens file.
 """
 
 from __future__ import annotations
@@ -110,13 +111,16 @@ def serve(
     asyncio.run(run())
 
 
-def new_api_client(name: str, scopes: Iterable[str]) -> tuple[str, str]:
+def new_api_client(
+    name: str, scopes: Iterable[str], settings: Iterable[str] = ()
+) -> tuple[str, str]:
     """A new client of the application API, as `stepwarden api-token` makes it: its token
     (give it to the client; it is kept nowhere else) and its line for the tokens file,
-    `NAME SCOPES SHA256`, which holds the token's SHA-256 digest. `scopes`: among submit,
-    read, events and cancel (`agent:NAME` is reserved). ConfigurationError for a bad name
-    or scope."""
-    token, client = _tokens.new_client(name, scopes)
+    `NAME SCOPES SHA256 [SETTING=VALUE ...]`, which holds the token's SHA-256 digest.
+    `scopes`: among submit, read, events and cancel (`agent:NAME` is reserved); `settings`:
+    `SETTING=VALUE` each (`stepwarden api-token --help` lists them). ConfigurationError for
+    a bad name, scope or setting."""
+    token, client = _tokens.new_client(name, scopes, settings)
     return token, client.line()
 
 

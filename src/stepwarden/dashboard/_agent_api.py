@@ -10,6 +10,9 @@ the fencing token its claim gave (task_id, seq, attempt, instance), and the stor
 only while the step is held so (`Store.complete_steps`, `heartbeat_step`, ...). A late or
 zombie remote agent changes nothing, exactly as one in a worker's process; and a client can
 only ever touch the steps its own instances claimed, for the agents it may serve.
+
+A client's settings in the tokens file bound its alive registrations, their capacity and
+ttl, and its claims that wait and its wake-up streams at once (`_quotas.py`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations.
@@ -20,9 +23,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from .. import _json
+from .. import _json, _tokens
 from ..app import App
 from ..errors import StoreError
 from ..records import (
@@ -61,11 +64,13 @@ from ._app_api import (
     PREFIX,
     SCOPES_KEY,
     TOO_BIG,
+    ClientEntry,
     ClientName,
     _answers,
     _as_json,
     _scoped,
 )
+from ._quotas import HeldStream, Quotas
 
 AGENTS = f"{PREFIX}/agents"
 KEEPALIVE = 15.0
@@ -121,10 +126,12 @@ def _requests(found: list[StepRequest]) -> Response:
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-def router(app: App, stopping: asyncio.Event) -> APIRouter:
-    """The agent protocol's routes, each under the scope of the agent its path names; the
-    claims' long polls and the wake-up streams end when `stopping` is set."""
+def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> APIRouter:
+    """The agent protocol's routes, each under the scope of the agent its path names, each
+    client within its bounds (`quotas`: by default, of this router's own); the claims' long
+    polls and the wake-up streams end when `stopping` is set."""
     api = APIRouter()
+    quotas = quotas or Quotas(app.destinations)
     scoped = _scoped("agent:{agent}")
     names: Any = Literal[tuple(sorted(app.agents))] if app.agents else str
     AgentName = Annotated[names, Path(description="An agent the App declares.")]
@@ -149,27 +156,33 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     @api.post(
         f"{AGENTS}/{{agent}}/beat",
         operation_id="agentBeat",
-        summary="Register or refresh an agent instance (its operations, capacity, breaker).",
+        summary="Register or refresh an agent instance (its operations, capacity, breaker). "
+        "A client's instances, their capacity and ttl are bounded by its settings (instances: "
+        "429 past it; capacity, ttl: 422).",
         status_code=204,
         openapi_extra=scoped,
         responses=_answers(r413=TOO_BIG, r422=INVALID),
     )
-    async def beat(agent: AgentName, body: BeatRequest, client: ClientName, db: Db) -> Response:
+    async def beat(
+        agent: AgentName, body: BeatRequest, client: ClientName, entry: ClientEntry, db: Db
+    ) -> Response:
         _mine(client, body.instance)
-        await db.beat(
-            [
-                AgentBeat(
-                    instance=body.instance,
-                    agent=agent,
-                    operations=tuple(sorted(set(body.operations))),
-                    capacity=body.capacity,
-                    inflight=body.inflight,
-                    breaker=body.breaker,
-                    breaker_detail=body.breaker_detail,
-                )
-            ],
-            body.ttl,
-        )
+        quotas.check_beat(entry, body.capacity, body.ttl)
+        async with quotas.registering(entry, body.instance, agent, db.client_agents):
+            await db.beat(
+                [
+                    AgentBeat(
+                        instance=body.instance,
+                        agent=agent,
+                        operations=tuple(sorted(set(body.operations))),
+                        capacity=body.capacity,
+                        inflight=body.inflight,
+                        breaker=body.breaker,
+                        breaker_detail=body.breaker_detail,
+                    )
+                ],
+                body.ttl,
+            )
         return Response(status_code=204)
 
     @api.post(
@@ -214,7 +227,12 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         ),
     )
     async def claim(
-        agent: AgentName, body: ClaimRequest, client: ClientName, db: Db, request: Request
+        agent: AgentName,
+        body: ClaimRequest,
+        client: ClientName,
+        entry: ClientEntry,
+        db: Db,
+        request: Request,
     ) -> Response:
         _mine(client, body.instance)
         limits = {
@@ -249,6 +267,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
 
         if body.wait <= 0:
             return _requests(await take())
+        held = quotas.hold(entry, _tokens.POLLS)
         sub = db.subscribe(CHANNEL_REQUESTS)
         try:
             with contextlib.suppress(StoreError):
@@ -263,6 +282,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 await _woken(sub, agent, left, stopping, request.is_disconnected)
         finally:
             db.unsubscribe(CHANNEL_REQUESTS, sub)
+            held.release()
 
     @api.post(
         f"{AGENTS}/{{agent}}/held",
@@ -409,6 +429,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def wakeups(
         agent: AgentName,
         client: ClientName,
+        entry: ClientEntry,
         db: Db,
         instance: Annotated[str, Query(min_length=3, max_length=200)],
         seconds: Annotated[
@@ -423,10 +444,11 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         _mine(client, instance)
         with contextlib.suppress(StoreError):
             await db.listen()
-        return StreamingResponse(
+        return HeldStream(
             _wakeup_stream(db, agent, stopping, seconds),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            held=quotas.hold(entry, _tokens.STREAMS),
         )
 
     return api

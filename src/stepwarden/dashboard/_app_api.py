@@ -13,7 +13,10 @@ route's, checked before the request's body is read (`ClientGuard`, called by the
 access guard); the route's scope is its OpenAPI security requirement, the one place it is
 said. The dashboard's own token and sessions are not clients' tokens, nor the reverse.
 Requests the models or the engine refuse are answered 422, every error as JSON
-`{"error": ...}`. The OpenAPI document of these routes alone is at /api/v1/openapi.json."""
+`{"error": ...}`. Each client asks within the bounds its settings in the tokens file set
+(`_quotas.py`): its rates, its input's size, its priorities, its unfinished tasks, its long
+polls and streams at once, the channels and destinations it may name and read. The OpenAPI
+document of these routes alone is at /api/v1/openapi.json."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
@@ -27,7 +30,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.openapi.utils import get_openapi
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
@@ -54,6 +57,7 @@ from ._app_models import (
 )
 from ._auth import MAX_FAILURES, Throttle, Verdict, client_address
 from ._models import MAX_EVENT_ID, Error, OutcomeAnswer, SendAnswer, SendRequest
+from ._quotas import HeldStream, Quotas
 
 PREFIX = "/api/v1"
 DOCUMENT = f"{PREFIX}/openapi.json"
@@ -64,6 +68,8 @@ CLIENT_TOKEN = "client-token"
 CLIENT_KEY = "stepwarden_client"
 SCOPES_KEY = "stepwarden_client_scopes"
 """Where the request's state keeps its client's scopes."""
+ENTRY_KEY = "stepwarden_client_entry"
+"""Where the request's state keeps its client, as the tokens file names it (its settings)."""
 ANY_AGENT = "agent:*"
 """The scope of a route any agent's token may call (`agent:NAME`, whatever the name)."""
 """Where the guard leaves the name of the request's client (the request's state)."""
@@ -84,6 +90,10 @@ DESCRIPTION = (
     "cancel; the clients are the server's tokens file, --api-tokens): without a known token "
     f"401, without the scope 403, both decided before the body is read. An address that sends "
     f"{MAX_FAILURES} wrong tokens within a minute is refused (429, Retry-After) for a minute. "
+    "Each client asks within the bounds of its settings in the tokens file (submits and bytes "
+    "of input a second, an input's size, its priorities, its unfinished tasks, its long polls "
+    "and streams at once, the channels and broker destinations it may name): past one, 429 "
+    "(Retry-After), 413 or 422, the error naming the bound and its setting. "
     "Requests and answers are JSON (but the status messages' text/event-stream); a body over "
     '2 MiB is refused (413); a request refused is answered {"error": ...}: 422 when it is '
     "invalid (an unknown workflow: the error names those declared). Values marked secret are "
@@ -140,11 +150,17 @@ def _as_json(answers: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[s
 INVALID = (Error, "The request is invalid; the error says what is wrong, and where.")
 NO_TASK = (Error, "No such task.")
 UNAUTHORISED = (Error, "No client token, or a wrong one (Authorization: Bearer TOKEN).")
-FORBIDDEN = (Error, "The client's token does not have this route's scope.")
+FORBIDDEN = (
+    Error,
+    "The client's token does not have this route's scope (or the request names what is not "
+    "the client's: a channel, an agent instance).",
+)
 THROTTLED = (
     Error,
-    f"{MAX_FAILURES} wrong tokens came from this address within a minute: every token it "
-    "sends is refused for a minute.",
+    "Refused for now, Retry-After seconds: past a bound of the client, which the error names "
+    "(a rate, or what it may have at once: unfinished tasks, long polls, streams, agent "
+    f"registrations), or {MAX_FAILURES} wrong tokens came from this address within a minute "
+    "(every token it sends is then refused for a minute).",
 )
 TOO_BIG = (Error, "The request body is over 2 MiB.")
 
@@ -155,7 +171,10 @@ class ClientGuard:
     count against the request's address in `throttle` (the dashboard's: 429)."""
 
     def __init__(
-        self, clients: _tokens.Clients | None, routes: Sequence[BaseRoute], throttle: Throttle
+        self,
+        clients: _tokens.TokensFile | None,
+        routes: Sequence[BaseRoute],
+        throttle: Throttle,
     ) -> None:
         self.clients = clients
         self.routes = [r for r in routes if getattr(r, "path", "").startswith(PREFIX + "/")]
@@ -187,19 +206,21 @@ class ClientGuard:
         if wait > 0:
             reason = f"too many wrong tokens from this address: try again in {wait} s"
             return Verdict(False, 429, reason, retry_after=wait)
-        if not self.clients:
+        known = None if self.clients is None else self.clients.clients()
+        if not known:
             return Verdict(
                 False,
                 401,
                 "this server knows no client: serve it with a tokens file (--api-tokens FILE "
                 "or STEPWARDEN_API_TOKENS)",
             )
-        client = self.clients.find(given.strip())
+        client = known.find(given.strip())
         if client is None:
             self.throttle.failed(address)
             return Verdict(False, 401, "the client's token is wrong")
         needed = self.needed(request.scope)
         request.scope.setdefault("state", {})[SCOPES_KEY] = tuple(sorted(client.scopes))
+        request.scope["state"][ENTRY_KEY] = client
         if needed == ANY_AGENT and any(s.startswith(_tokens.AGENT_SCOPE) for s in client.scopes):
             needed = None
         if needed is not None and needed not in client.scopes:
@@ -221,6 +242,17 @@ def acting_client(request: Request) -> str:
 
 
 ClientName = Annotated[str, Depends(acting_client)]
+
+
+def client_entry(request: Request) -> _tokens.Client:
+    """The request's client as the tokens file names it, with its settings."""
+    found = request.scope.get("state", {}).get(ENTRY_KEY)
+    if not isinstance(found, _tokens.Client):
+        raise HTTPException(401, "send a client's token: Authorization: Bearer TOKEN")
+    return found
+
+
+ClientEntry = Annotated[_tokens.Client, Depends(client_entry)]
 
 
 def status_dict(t: TaskRecord) -> dict[str, Any]:
@@ -306,14 +338,16 @@ async def _stream(
             pumping.exception()  # retrieved: a failed store ends the stream, the client resumes
 
 
-class EventStream(StreamingResponse):
+class EventStream(HeldStream):
     media_type = "text/event-stream"
 
 
-def router(app: App, stopping: asyncio.Event) -> APIRouter:
-    """The routes of this API, each with its scope; their long polls and streams end when
+def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> APIRouter:
+    """The routes of this API, each with its scope, each client within its bounds
+    (`quotas`: by default, of this router's own); their long polls and streams end when
     `stopping` is set (the server shuts down)."""
     api = APIRouter()
+    quotas = quotas or Quotas(app.destinations)
     SubmitRequest = submit_request(sorted(app.workflows))
 
     async def _task(task_id: str) -> TaskRecord | Response:
@@ -339,14 +373,22 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
             "the same workflow and input: left as it is (created false)."),
             r409=(Error, "A task of this id exists: submitted by another client (nothing of "
             "it is compared), or before with another workflow or input."),
-            r413=TOO_BIG,
-            r422=INVALID,
+            r413=(Error, "The body is over 2 MiB, or the task's input over the client's "
+            "bound (input_bytes), which the error names."),
+            r422=(Error, "The request is invalid, its priority outside the client's "
+            "(priority), or its reply_to a channel or destination the client may not name "
+            "(channels, destinations); the error says which."),
+            r429=(Error, "Past a bound of the client, which the error names: its submits a "
+            "second (submit_rate), its bytes of input a second (submit_bytes), its tasks not "
+            "finished (unfinished); or too many wrong tokens from this address. Retry-After: "
+            "the seconds to wait."),
         ),
     )
     async def submit(
         request: Request,
         body: SubmitRequest,  # type: ignore[valid-type]
         client: ClientName,
+        entry: ClientEntry,
     ) -> Response:
         given: Any = body
         try:
@@ -365,7 +407,19 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
             )
         except StepwardenError as exc:
             return error(422, str(exc))
-        if await app.submit_one_async(task):
+        size = len(task.input.encode())
+        quotas.check_submit(entry, size, task.priority)
+        if task.reply_to is not None:
+            quotas.check_reply_to(entry, task.reply_to)
+        quotas.take_submit(entry, size)
+        store = await app.store()
+        admission = await quotas.admit(entry, store.client_unfinished)
+        created = False
+        try:
+            created = await app.submit_one_async(task)
+        finally:
+            admission.created(created)
+        if created:
             where = request.scope.get("root_path", "") + f"{PREFIX}/tasks/"
             return json_response(
                 {"task_id": task.task_id, "created": True},
@@ -419,6 +473,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     async def result(
         request: Request,
         task_id: TaskId,
+        entry: ClientEntry,
         timeout: Annotated[
             float,
             Query(
@@ -434,7 +489,8 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         if isinstance(found, Response):
             return found
         if found.process_state not in FINISHED_TASK_STATES and timeout > 0:
-            await _until_finished(app, task_id, timeout, stopping)
+            async with quotas.holding(entry, _tokens.POLLS):
+                await _until_finished(app, task_id, timeout, stopping, request)
             found = await _task(task_id)
             if isinstance(found, Response):
                 return found
@@ -473,6 +529,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     )
     async def messages(
         task_id: TaskId,
+        entry: ClientEntry,
         last_event_id: Annotated[
             int | None,
             Header(
@@ -491,6 +548,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
                 409,
                 f"task {task_id!r} was submitted without reply_to: it has no status messages",
             )
+        quotas.check_reply_to(entry, found.reply_to, 403)
         after = last_event_id or 0
         if found.process_state in FINISHED_TASK_STATES:
             store = await app.store()
@@ -501,6 +559,7 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
         return EventStream(
             _stream(app.watch(task_id, after=after), stopping),
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            held=quotas.hold(entry, _tokens.STREAMS),
         )
 
     @api.post(
@@ -575,19 +634,32 @@ def router(app: App, stopping: asyncio.Event) -> APIRouter:
     return api
 
 
-async def _until_finished(app: App, task_id: str, timeout: float, stopping: asyncio.Event) -> None:
-    """Wait up to `timeout` seconds for the task to finish, or for the server to stop."""
+async def _until_finished(
+    app: App, task_id: str, timeout: float, stopping: asyncio.Event, request: Request
+) -> None:
+    """Wait up to `timeout` seconds for the task to finish, for the server to stop, or for
+    the client to go (asked each second: its long poll then no longer counts)."""
     waiter = asyncio.create_task(app.result_async(task_id))
     stop = asyncio.create_task(stopping.wait())
+    gone = asyncio.create_task(_gone(request, stopping))
     try:
-        await asyncio.wait({waiter, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {waiter, stop, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
-        waiter.cancel()
-        stop.cancel()
+        for task in (waiter, stop, gone):
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError, TaskFailed, TaskNotFound):
             await waiter
-        with contextlib.suppress(asyncio.CancelledError):
-            await stop
+        await asyncio.gather(stop, gone, return_exceptions=True)
+
+
+async def _gone(request: Request, stopping: asyncio.Event) -> None:
+    """Once the client of `request` has gone (or the server stops)."""
+    while not await request.is_disconnected():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), 1.0)
+            return
 
 
 def document(routes: Sequence[BaseRoute]) -> dict[str, Any]:

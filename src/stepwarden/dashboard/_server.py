@@ -49,6 +49,7 @@ from ._auth import (
 )
 from ._data import Reader
 from ._models import BULK_ACTIONS, MAX_LIST
+from ._quotas import Quotas
 from ._views import activity_chart, render, step_timeline
 
 FORM_BODY = 64 * 1024
@@ -173,10 +174,13 @@ def create_app(
     body is limited before it is read (64 KiB for a form, 2 MiB for the API).
 
     The application API (`/api/v1/...`: submit, status, result, status messages, events,
-    cancel) needs a client's token from the tokens file `api_tokens` (`NAME SCOPES SHA256`
-    lines, `stepwarden api-token`), with the scope of each route; without the file, every
-    request to it is refused (401). Its long polls and streams end when the server that
-    `serve` runs stops (`web.state.stopping` set).
+    cancel) needs a client's token from the tokens file `api_tokens` (`NAME SCOPES SHA256
+    [SETTING=VALUE ...]` lines, `stepwarden api-token`; read again when it changes), with
+    the scope of each route, within the bounds of the client's settings; without the file,
+    every request to it is refused (401). The broker destinations a client may name are
+    those of the App's destinations file (`app.destinations`) that its settings give it. Its
+    long polls and streams end when the server that `serve` runs stops (`web.state.stopping`
+    set).
 
     `auth`, instead of `token`, is for the API mounted in the application's own FastAPI
     service (`service.mount("/ops", create_app(app, auth=staff))`): a FastAPI dependency of
@@ -197,10 +201,15 @@ def create_app(
     assert token is not None
     guard = Guard(token)
     reader = Reader(app)
-    clients = None if api_tokens is None else _tokens.read(api_tokens)
+    clients = (
+        None
+        if api_tokens is None
+        else _tokens.TokensFile(api_tokens, destinations=app.destinations.names())
+    )
     stopping = asyncio.Event()
-    application = _app_api.router(app, stopping)
-    agents = _agent_api.router(app, stopping)
+    quotas = Quotas(app.destinations)
+    application = _app_api.router(app, stopping, quotas)
+    agents = _agent_api.router(app, stopping, quotas)
     served_routes = [*application.routes, *agents.routes]
     clients_guard = _app_api.ClientGuard(clients, served_routes, guard.throttle)
 

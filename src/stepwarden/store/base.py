@@ -464,6 +464,12 @@ class Store(abc.ABC):
             counts[TaskState(row["process_state"])] = int(row["n"])
         return counts
 
+    async def client_unfinished(self, client: str) -> int:
+        """How many tasks the application API's client `client` submitted that have not
+        finished (`submitted_by`)."""
+        [row] = await self._read_one("client_unfinished", client=client)
+        return int(row["unfinished"])
+
     async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None:
         """Record (task_id, kind, detail) events; an `alert` also goes to the outbox."""
         if events:
@@ -540,6 +546,13 @@ class Store(abc.ABC):
         """Record a failed delivery: the error, and the next try in `retry_in` seconds (the
         task's later messages wait for it)."""
         await self._write_one(policy.relay_failed(message_id, error, retry_in))
+
+    async def relay_refused(self, refused: Sequence[tuple[int, str]]) -> None:
+        """Record that the relay never sends these status messages (message id, error):
+        their destination is not one it may send to. They are done, not delivered, and no
+        longer in the backlog; those of a task already purged are deleted."""
+        if refused:
+            await self._write_one(policy.relay_refused(refused))
 
     async def relay_backlog(self) -> list[RelayBacklog]:
         """Per broker destination, what the relay has yet to deliver."""
@@ -795,6 +808,14 @@ class Store(abc.ABC):
     async def list_agents(self) -> list[AgentInstance]:
         """The registry: every agent instance, alive or gone, by agent then start."""
         return [_rows.agent_instance(r) for r in await self._read_one("list_agents")]
+
+    async def client_agents(self, client: str, instance: str, agent: str) -> tuple[int, bool]:
+        """The alive agent registrations of the application API's client `client` (its
+        instances are named `client/...`), and whether `instance`'s for `agent` is one."""
+        [row] = await self._read_one(
+            "client_agents", prefix=client + "/", instance=instance, agent=agent
+        )
+        return int(row["alive"]), bool(row["known"])
 
     async def agent_room(self) -> int | None:
         """How many more tasks the agents have room for: the capacity of the alive agent

@@ -250,6 +250,11 @@ def relay_failed(message_id: int, error: str, retry_in: float) -> Query:
     return Query("relay_failed", {"id": message_id, "error": error, "retry_in": float(retry_in)})
 
 
+def relay_refused(refused: Sequence[tuple[int, str]]) -> Query:
+    """Status messages the relay never sends: done, with their error."""
+    return Query("relay_refused", each=[{"id": i, "error": e} for i, e in refused])
+
+
 def purge(older_than: float, limit: int) -> Query:
     return Query("purge", {"older_than": float(older_than), "limit": limit})
 

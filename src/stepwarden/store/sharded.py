@@ -496,6 +496,9 @@ class ShardedStore(Store):
                 counts[state] += n
         return counts
 
+    async def client_unfinished(self, client: str) -> int:
+        return sum(await self._each(lambda s: s.client_unfinished(client)))
+
     async def events(
         self, *, task_id: str | None = None, kind: str | None = None, limit: int = 1000
     ) -> list[EventRecord]:

@@ -944,6 +944,23 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
 ORDER BY created_at, task_id
 LIMIT %(limit)s
 
+-- name: client_unfinished
+-- The tasks an application API client submitted that have not finished, for its quota,
+-- through the partial index of migration 0019 (its states: `states.FINISHED_TASK_STATES`;
+-- a unit test keeps them the same).
+SELECT count(*) AS unfinished FROM stepwarden_tasks
+WHERE submitted_by = %(client)s
+  AND process_state NOT IN ('processed', 'error', 'compensated', 'compensation_failed',
+                            'cancelled')
+
+-- name: client_agents
+-- The alive agent registrations of a client (its instances are named CLIENT/...), and
+-- whether this instance's for this agent is one of them.
+SELECT count(*) AS alive,
+       coalesce(bool_or(instance = %(instance)s AND agent = %(agent)s), false) AS known
+FROM stepwarden_agents
+WHERE substr(instance, 1, length(%(prefix)s)) = %(prefix)s AND expires_at > now()
+
 -- name: count_tasks
 -- The number of tasks in each state.
 SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
@@ -1381,6 +1398,23 @@ UPDATE stepwarden_outbox
 SET attempts = attempts + 1, error = %(error)s,
     next_at = now() + make_interval(secs => %(retry_in)s::float8)
 WHERE id = %(id)s AND next_at IS NOT NULL
+
+-- name: relay_refused
+-- Status messages the relay never sends (their destination is not one it may send to): done,
+-- never delivered, with their error; those of a task purged meanwhile deleted.
+WITH d AS (
+    SELECT o.id, u.error, o.task_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM stepwarden_tasks t WHERE t.task_id = o.task_id) AS purged
+    FROM stepwarden_outbox o
+    JOIN unnest(%(id)s::bigint[], %(error)s::text[]) AS u(id, error) ON o.id = u.id
+    WHERE o.next_at IS NOT NULL
+), gone AS (
+    DELETE FROM stepwarden_outbox o USING d WHERE o.id = d.id AND d.purged
+)
+UPDATE stepwarden_outbox o
+SET next_at = NULL, attempts = o.attempts + 1, error = d.error
+FROM d
+WHERE o.id = d.id AND NOT d.purged
 
 -- name: relay_backlog
 -- Per broker destination: status messages not yet delivered, the oldest one's age, those

@@ -618,6 +618,23 @@ WHERE (:state IS NULL OR process_state = :state)
 ORDER BY created_at, task_id
 LIMIT :limit
 
+-- name: client_unfinished
+-- The tasks an application API client submitted that have not finished, for its quota,
+-- through the partial index of migration 0019 (its states: `states.FINISHED_TASK_STATES`;
+-- a unit test keeps them the same).
+SELECT count(*) AS unfinished FROM stepwarden_tasks INDEXED BY stepwarden_tasks_submitted_by
+WHERE submitted_by = :client
+  AND process_state NOT IN ('processed', 'error', 'compensated', 'compensation_failed',
+                            'cancelled')
+
+-- name: client_agents
+-- The alive agent registrations of a client (its instances are named CLIENT/...), and
+-- whether this instance's for this agent is one of them.
+SELECT count(*) AS alive,
+       coalesce(max(instance = :instance AND agent = :agent), 0) AS known
+FROM stepwarden_agents
+WHERE substr(instance, 1, length(:prefix)) = :prefix AND expires_at > :now
+
 -- name: count_tasks
 SELECT process_state, count(*) AS n FROM stepwarden_tasks GROUP BY process_state
 
@@ -992,6 +1009,16 @@ DELETE FROM stepwarden_outbox WHERE id = :id AND :purged;
 UPDATE stepwarden_outbox
 SET attempts = attempts + 1, error = :error, next_at = :now + :retry_in
 WHERE id = :id AND next_at IS NOT NULL
+
+-- name: relay_refused
+-- Status messages the relay never sends (their destination is not one it may send to): done,
+-- never delivered, with their error; those of a task purged meanwhile deleted.
+SELECT o.id, o.task_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM stepwarden_tasks t WHERE t.task_id = o.task_id) AS purged
+FROM stepwarden_outbox o WHERE o.id = :id AND o.next_at IS NOT NULL;
+UPDATE stepwarden_outbox SET next_at = NULL, attempts = attempts + 1, error = :error
+WHERE id = :id AND NOT :purged;
+DELETE FROM stepwarden_outbox WHERE id = :id AND :purged;
 
 -- name: relay_backlog
 -- Per broker destination: status messages not yet delivered, the oldest one's age, those
