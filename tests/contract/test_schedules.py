@@ -173,8 +173,9 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
             while not set(await created()) - before:
                 await leader.tick()
                 await asyncio.sleep(0.05)
-        [new] = set(await created()) - before
-        assert datetime.fromisoformat(new.split("@", 1)[1]).timestamp() > resumed_at
+        made = set(await created()) - before  # one tick or more, on a busy machine
+        for new in made:  # each after the resume: none of the hour paused
+            assert datetime.fromisoformat(new.split("@", 1)[1]).timestamp() > resumed_at
         triggered = await app.trigger_schedule_async("tick")
         assert triggered.startswith("tick@now-")
         assert (await app.status_async(triggered)).input == "hello"

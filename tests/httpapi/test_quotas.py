@@ -43,7 +43,9 @@ def served_with(
 
 @contextlib.asynccontextmanager
 async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
-    limits = httpx.Limits(max_connections=200)
+    # Idle connections are dropped before the server closes them (uvicorn: after 5 s), so
+    # that none is reused as the server closes it.
+    limits = httpx.Limits(max_connections=200, keepalive_expiry=1.0)
     async with httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT, limits=limits) as c:
         yield c
 
