@@ -426,19 +426,40 @@ def test_an_ipv6_client_is_counted_by_its_64_network() -> None:
     assert address("::ffff:192.0.2.1") == address("192.0.2.1") == "192.0.2.1"
 
 
-def test_the_dashboard_extra_excludes_the_releases_with_known_flaws() -> None:
-    """Starlette before 0.49.1 spends quadratic time on a Range header of a static file (the
-    dashboard serves them without sign-in); FastAPI before 0.120.1 requires such a Starlette;
-    Jinja2 before 3.1.6 lets a template escape its sandbox. The installed ones qualify."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = {
-        (r := Requirement(spec)).name.lower(): r.specifier
-        for spec in project["optional-dependencies"]["dashboard"]
+KNOWN_FLAWS = {
+    # (where the requirement is, the package): (the last flawed release, the first fixed one)
+    ("dependencies", "orjson"): ("3.11.5", "3.11.6"),  # CVE-2025-67221: unbounded recursion
+    # CVE-2026-48710, CVE-2026-48818, CVE-2026-54282, CVE-2026-54283 (and 0.49.0's quadratic
+    # Range header, CVE-2025-62727, before them)
+    ("dashboard", "starlette"): ("1.3.0", "1.3.1"),
+    ("dashboard", "fastapi"): ("0.132.1", "0.133.0"),  # the first to admit Starlette 1.x
+    ("dashboard", "h11"): ("0.15.0", "0.16.0"),  # CVE-2025-43859: request smuggling
+    ("dashboard", "uvicorn"): ("0.30.6", "0.31.0"),  # networks in forwarded_allow_ips
+    ("dashboard", "jinja2"): ("3.1.5", "3.1.6"),  # CVE-2025-27516: the sandbox escaped
+    ("examples", "django"): ("5.2.18", "5.2.19"),  # each 5.2 release fixes security issues
+    ("examples", "aiohttp"): ("3.14.2", "3.14.3"),  # CVE-2026-47265 and follow-ups
+    ("examples", "tqdm"): ("4.66.2", "4.66.3"),  # CVE-2024-34062: its arguments evaluated
+    ("dev", "pytest"): ("9.0.2", "9.0.3"),  # CVE-2025-71176: a shared temporary directory
+    ("build-system", "setuptools"): ("78.1.0", "78.1.1"),  # CVE-2024-6345, CVE-2025-47273
+    ("build-system", "wheel"): ("0.46.1", "0.46.2"),  # CVE-2026-24049: a path traversal
+}
+
+
+def test_no_floor_admits_a_release_with_a_known_flaw() -> None:
+    """Each requirement that a published advisory concerns excludes the flawed releases and
+    admits the first fixed one; the installed release qualifies (but the build's, which is
+    not installed here)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    where = {
+        "dependencies": project["dependencies"],
+        "build-system": pyproject["build-system"]["requires"],
+        **project["optional-dependencies"],
     }
-    for name, last_flawed, first_fixed in (
-        ("starlette", "0.49.0", "0.49.1"),
-        ("fastapi", "0.120.0", "0.120.1"),
-        ("jinja2", "3.1.5", "3.1.6"),
-    ):
-        assert last_flawed not in wanted[name] and first_fixed in wanted[name], name
-        assert metadata.version(name) in wanted[name], name
+    for (place, name), (last_flawed, first_fixed) in KNOWN_FLAWS.items():
+        [wanted] = [
+            r.specifier for spec in where[place] if (r := Requirement(spec)).name.lower() == name
+        ]
+        assert last_flawed not in wanted and first_fixed in wanted, (place, name, wanted)
+        if place != "build-system":
+            assert metadata.version(name) in wanted, (place, name)
