@@ -46,13 +46,16 @@ def _ipv6() -> bool:
 
 @contextlib.contextmanager
 def dashboard(
-    store_url: str, *args: str, token: tuple[str, ...] = ("--token", TOKEN)
+    store_url: str,
+    *args: str,
+    token: tuple[str, ...] = ("--token", TOKEN),
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A real `stepwarden dashboard` process on a free port; it and the port it listens on."""
     proc = subprocess.Popen(
         [STEPWARDEN, "--store", store_url, "dashboard", "--port", "0", *token, *args],
         cwd=REPO,
-        env=process_env(),
+        env=process_env(env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -124,8 +127,7 @@ def test_on_loopback_a_request_through_a_proxy_is_read_as_a_remote_one(
     sqlite_migrated: str,
 ) -> None:
     """A reverse proxy on this machine reaches the dashboard from loopback: the headers it
-    adds mark its requests as remote, whose reads need the token; its clients' wrong tokens
-    count against the address it names for each."""
+    adds mark its requests as remote, whose reads need the token."""
     proxied = [{"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}]
     with dashboard(sqlite_migrated) as (_, port):
         assert _get("127.0.0.1", port, "/api/overview").status_code == 200
@@ -136,16 +138,107 @@ def test_on_loopback_a_request_through_a_proxy_is_read_as_a_remote_one(
                 assert _get("127.0.0.1", port, path, headers={**headers, **BEARER}).is_success
             page = _get("127.0.0.1", port, "/alerts", headers=headers)
             assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2Falerts")
-        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
-        for _ in range(10):
-            answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **wrong})
-            assert answer.status_code == 401
-        answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **BEARER})
-        assert answer.status_code == 429
-        other = {"X-Forwarded-For": "203.0.113.10", **BEARER}
-        assert _get("127.0.0.1", port, "/api/tasks", headers=other).status_code == 200
     with dashboard(sqlite_migrated, "--no-auth-reads") as (_, port):  # open, as asked
         assert _get("127.0.0.1", port, "/api/overview", headers=proxied[0]).status_code == 200
+
+
+WRONG = {"Authorization": "Bearer wrong-token-0123456789"}
+
+
+def _burst(port: str, forwarded_for: str) -> None:
+    """Ten wrong bearer tokens, each saying it comes from `forwarded_for`."""
+    for _ in range(10):
+        headers = {"X-Forwarded-For": forwarded_for, **WRONG}
+        answer = _get("127.0.0.1", port, "/api/tasks", headers=headers)
+        assert answer.status_code == 401, answer.text
+
+
+def test_forwarded_addresses_are_believed_only_from_the_proxies_named(
+    sqlite_migrated: str,
+) -> None:
+    """A process that reaches the dashboard can say it is any address in X-Forwarded-For:
+    unless its peer is a proxy the operator named (--forwarded-allow-ips,
+    STEPWARDEN_FORWARDED_ALLOW_IPS), its wrong tokens count against its peer's address all
+    the same (it cannot lock another address out, nor get round its own count by naming
+    another each time), and X-Forwarded-Proto does not make the session cookie Secure."""
+
+    def as_(address: str, headers: dict[str, str]) -> dict[str, str]:
+        return {"X-Forwarded-For": address, **headers}
+
+    with dashboard(sqlite_migrated) as (_, port):
+        _burst(port, "203.0.113.9")
+        for address in ("203.0.113.9", "203.0.113.10", "198.51.100.1"):
+            answer = _get("127.0.0.1", port, "/api/tasks", headers=as_(address, WRONG))
+            assert answer.status_code == 429, (address, answer.text)  # 127.0.0.1's count
+        assert _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", BEARER)).is_success
+        signed_in = httpx.post(
+            f"http://127.0.0.1:{port}/login",
+            data={"token": TOKEN},
+            headers={"X-Forwarded-Proto": "https"},
+            timeout=10,
+        )
+        assert signed_in.status_code == 303
+        assert "secure" not in signed_in.headers["set-cookie"].lower()
+    with dashboard(sqlite_migrated, env={"STEPWARDEN_FORWARDED_ALLOW_IPS": "127.0.0.1"}) as (
+        _,
+        port,
+    ):
+        _burst(port, "203.0.113.9")
+        refused = _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", WRONG))
+        assert refused.status_code == 429
+        for address in ("203.0.113.10", "127.0.0.1"):  # another client of the proxy; the proxy
+            answer = _get("127.0.0.1", port, "/api/tasks", headers=as_(address, WRONG))
+            assert answer.status_code == 401, (address, answer.text)
+        assert _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", BEARER)).is_success
+        signed_in = httpx.post(
+            f"http://127.0.0.1:{port}/login",
+            data={"token": TOKEN},
+            headers={"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.20"},
+            timeout=10,
+        )
+        assert signed_in.status_code == 303
+        assert "secure" in signed_in.headers["set-cookie"].lower()
+    dash = ("--store", sqlite_migrated, "dashboard", "--port", "0", "--token", TOKEN)
+    refused_option = invoke(*dash, "--forwarded-allow-ips", "127.0.0.1,proxy.example")
+    message = assert_refused(refused_option, exit_code=2)
+    assert "--forwarded-allow-ips" in message and "'proxy.example'" in message, message
+
+
+def test_a_sign_in_a_page_of_another_site_sends_is_refused_and_not_counted(
+    sqlite_migrated: str,
+) -> None:
+    """A page of another site can make a browser post the sign-in form (to sign it in as it
+    likes, or to spend that address's wrong tokens): the browser says so in Sec-Fetch-Site or
+    Origin, and such a POST is refused (403) before its token is looked at, as every other
+    POST of the dashboard is; a program, which sends neither header, signs in as before, and
+    the application API's clients are not concerned."""
+    cross_site = [
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1"},
+        {"Origin": "https://elsewhere.example"},
+        {"Origin": "null"},
+    ]
+    with dashboard(sqlite_migrated) as (_, port):
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=10) as web:
+            assert web.get("/login").status_code == 200
+            for headers in cross_site * 5:
+                answer = web.post("/login", data={"token": "wrong"}, headers=headers)
+                assert answer.status_code == 403, (headers, answer.text)
+                answer = web.post("/login", data={"token": TOKEN}, headers=headers)
+                assert answer.status_code == 403 and "set-cookie" not in answer.headers
+            for path in ("/logout", "/api/actions", "/api/tasks/t-1/pause"):
+                answer = web.post(path, json={}, headers={**cross_site[0], **BEARER})
+                assert answer.status_code == 403, (path, answer.text)
+            # None of the 40 was counted: the first wrong sign-in from here is a 401.
+            same = {"Sec-Fetch-Site": "same-origin", "Origin": url}
+            assert web.post("/login", data={"token": "wrong"}, headers=same).status_code == 401
+            for headers in (same, {}):  # a browser of this site; a program
+                signed_in = web.post("/login", data={"token": TOKEN}, headers=headers)
+                assert signed_in.status_code == 303, signed_in.text
+            # The application API answers its clients whatever they send (no client here).
+            api = web.post("/api/v1/tasks", json={}, headers={**cross_site[0], **WRONG})
+            assert api.status_code == 401, api.text
 
 
 def _peak_rss_kb(pid: int) -> int:
@@ -347,11 +440,12 @@ def test_the_token_is_read_from_a_file_only_its_owner_may_read(
     assert "warning: --token shows in the process list" in given.stderr
 
 
-def test_ten_wrong_tokens_in_a_minute_refuse_the_address_for_a_minute(
+def test_a_right_token_is_always_taken_and_each_door_counts_its_wrong_ones(
     sqlite_migrated: str,
 ) -> None:
-    """After 10 wrong tokens from one address (bearer or sign-in), every token it sends is
-    answered 429 with Retry-After, the right one too; other addresses are not affected."""
+    """Ten wrong tokens from one address (as bearer tokens, or to sign in) have its next wrong
+    ones answered 429 with Retry-After; its right token is taken all the same, and the
+    sign-in and the bearer token count apart; other addresses are not affected."""
     dry_run = {"action": "cancel", "task_ids": ["t-1"], "dry_run": True}
     wrong = {"Authorization": "Bearer wrong-token-0123456789"}
 
@@ -368,21 +462,27 @@ def test_ten_wrong_tokens_in_a_minute_refuse_the_address_for_a_minute(
                 for _ in range(10):
                     answer = await guesser.post("/api/actions", json=dry_run, headers=wrong)
                     assert answer.status_code == 401, answer.text
-                refused = await guesser.post("/api/actions", json=dry_run, headers=BEARER)
+                refused = await guesser.post("/api/actions", json=dry_run, headers=wrong)
                 assert refused.status_code == 429, refused.text
                 assert 0 < int(refused.headers["retry-after"]) <= 60
                 assert "too many wrong API tokens" in refused.json()["error"]
-                signing_in = await guesser.post("/login", data={"token": TOKEN})
-                assert signing_in.status_code == 429
-                assert "stepwarden_session" not in signing_in.cookies
-                allowed = await other.post("/api/actions", json=dry_run, headers=BEARER)
+                allowed = await guesser.post("/api/actions", json=dry_run, headers=BEARER)
                 assert allowed.status_code == 200, allowed.text
-            async with client("198.51.100.9") as guesser:  # wrong sign-ins count the same
+                signing_in = await guesser.post("/login", data={"token": TOKEN})
+                assert signing_in.status_code == 303  # the sign-in's own count is untouched
+                assert "stepwarden_session" in signing_in.cookies
+                answer = await other.post("/api/actions", json=dry_run, headers=wrong)
+                assert answer.status_code == 401
+            async with client("198.51.100.9") as guesser:  # wrong sign-ins count apart
                 for _ in range(10):
                     answer = await guesser.post("/login", data={"token": "wrong"})
                     assert answer.status_code == 401
-                answer = await guesser.post("/login", data={"token": TOKEN})
+                answer = await guesser.post("/login", data={"token": "wrong"})
                 assert answer.status_code == 429 and "retry-after" in answer.headers
+                answer = await guesser.post("/login", data={"token": TOKEN})
+                assert answer.status_code == 303, answer.text
+                answer = await guesser.post("/api/actions", json=dry_run, headers=wrong)
+                assert answer.status_code == 401
         finally:
             await app.aclose()
 

@@ -19,7 +19,6 @@ Requests the models or the engine refuse are answered 422, every error as JSON
 # which are local to `router`.
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Annotated, Any
@@ -57,6 +56,8 @@ from ._models import MAX_EVENT_ID, Error, OutcomeAnswer, SendAnswer, SendRequest
 
 PREFIX = "/api/v1"
 DOCUMENT = f"{PREFIX}/openapi.json"
+AGENTS = f"{PREFIX}/agents"
+"""The agent protocol's routes (`_agent_api`), throttled apart from the others."""
 SCHEME = "client"
 """The security scheme of the clients' bearer tokens in the OpenAPI documents."""
 CLIENT_TOKEN = "client-token"
@@ -82,8 +83,9 @@ DESCRIPTION = (
     "events), send it an event, cancel it. Every route needs a client's token, "
     "`Authorization: Bearer TOKEN`, whose scopes include the route's (submit, read, events or "
     "cancel; the clients are the server's tokens file, --api-tokens): without a known token "
-    f"401, without the scope 403, both decided before the body is read. An address that sends "
-    f"{MAX_FAILURES} wrong tokens within a minute is refused (429, Retry-After) for a minute. "
+    f"401, without the scope 403, both decided before the body is read. A known token is "
+    f"always taken; an address that sends {MAX_FAILURES} wrong tokens within a minute has its "
+    "wrong tokens answered 429 (Retry-After) for a minute. "
     "Requests and answers are JSON (but the status messages' text/event-stream); a body over "
     '2 MiB is refused (413); a request refused is answered {"error": ...}: 422 when it is '
     "invalid (an unknown workflow: the error names those declared). Values marked secret are "
@@ -143,23 +145,24 @@ UNAUTHORISED = (Error, "No client token, or a wrong one (Authorization: Bearer T
 FORBIDDEN = (Error, "The client's token does not have this route's scope.")
 THROTTLED = (
     Error,
-    f"{MAX_FAILURES} wrong tokens came from this address within a minute: every token it "
-    "sends is refused for a minute.",
+    f"The token is wrong, and {MAX_FAILURES} wrong tokens came from this address within a "
+    "minute: its wrong tokens are answered 429 for a minute (a known token is taken).",
 )
 TOO_BIG = (Error, "The request body is over 2 MiB.")
 
 
 class ClientGuard:
     """Who may call a route of this API: a known client's token (401), with the route's
-    scope (403), decided from the request's headers before its body is read. Wrong tokens
-    count against the request's address in `throttle` (the dashboard's: 429)."""
+    scope (403), decided from the request's headers before its body is read. A known token
+    is always taken; wrong ones count against the request's address (429 past
+    MAX_FAILURES), in a throttle of the application API's (`throttle`) or of the agent
+    protocol's (`agent_throttle`), each apart from the dashboard's own."""
 
-    def __init__(
-        self, clients: _tokens.Clients | None, routes: Sequence[BaseRoute], throttle: Throttle
-    ) -> None:
+    def __init__(self, clients: _tokens.Clients | None, routes: Sequence[BaseRoute]) -> None:
         self.clients = clients
         self.routes = [r for r in routes if getattr(r, "path", "").startswith(PREFIX + "/")]
-        self.throttle = throttle
+        self.throttle = Throttle()
+        self.agent_throttle = Throttle()
 
     @staticmethod
     def guards(path: str) -> bool:
@@ -182,11 +185,6 @@ class ClientGuard:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             return Verdict(False, 401, "send a client's token: Authorization: Bearer TOKEN")
-        address = client_address(request)
-        wait = math.ceil(self.throttle.wait(address))
-        if wait > 0:
-            reason = f"too many wrong tokens from this address: try again in {wait} s"
-            return Verdict(False, 429, reason, retry_after=wait)
         if not self.clients:
             return Verdict(
                 False,
@@ -196,8 +194,12 @@ class ClientGuard:
             )
         client = self.clients.find(given.strip())
         if client is None:
-            self.throttle.failed(address)
-            return Verdict(False, 401, "the client's token is wrong")
+            path = request.scope.get("path", "")
+            agents = path.startswith(request.scope.get("root_path", "") + AGENTS + "/")
+            throttle = self.agent_throttle if agents else self.throttle
+            return throttle.wrong(
+                client_address(request), "the client's token is wrong", "wrong tokens"
+            )
         needed = self.needed(request.scope)
         request.scope.setdefault("state", {})[SCOPES_KEY] = tuple(sorted(client.scopes))
         if needed == ANY_AGENT and any(s.startswith(_tokens.AGENT_SCOPE) for s in client.scopes):
