@@ -137,6 +137,28 @@ async def test_a_step_served_over_http_is_called_once_with_its_key_and_recorded(
         assert any(a.agent == "remote" and a.instance.startswith("shipper/") for a in agents)
 
 
+async def test_bursts_of_wrong_tokens_from_its_address_do_not_stop_a_remote_agent(
+    store_url: str, served: Server
+) -> None:
+    """A remote worker serves its agent from an address that also sends bursts of wrong
+    tokens (any process of that machine could, or a page its browser shows), to the agent
+    protocol and to the application API: its beats, claims and outcomes are taken all the
+    same, and its steps are called and recorded."""
+    remote = Remote(store_url)
+    wrong = {"Authorization": "Bearer sw_wrong-0123456789"}
+    async with remote.app, httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        async with remote_worker(remote, served):
+            for n in range(3):
+                for path in (f"{AGENTS}/remote/beat", "/api/v1/tasks"):
+                    for _ in range(12):
+                        answer = await http.post(path, json={}, headers=wrong)
+                        assert answer.status_code in (401, 429), answer.text
+                task_id = await remote.app.submit_async("order", n, task_id=f"burst-{n}")
+                result = await remote.app.result_async(task_id, timeout=TIMEOUT)
+                assert result == {"shipped": 2 * n}
+        assert (await http.post(f"{AGENTS}/remote/beat", json={}, headers=wrong)).status_code == 429
+
+
 async def test_a_token_serves_only_its_agents_as_instances_of_its_client(
     store_url: str, served: Server
 ) -> None:
