@@ -1350,7 +1350,8 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     show_default=True,
     type=click.FloatRange(min=0.1, max=3600),
     help="Seconds a connection has to send a request's headers whole (from its start, or "
-    "from the end of the previous answer); past them it is answered 408 and closed.",
+    "from the end of the previous answer); past them it is closed (answered 408 if it had "
+    "sent part of a request).",
 )
 @_opt(
     "--body-timeout",
@@ -1368,8 +1369,9 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     show_default=True,
     type=click.IntRange(min=1),
     help="Connections open at once (long polls and streams included), never more than the "
-    "open-file limit allows (less 64). Past it, a new connection takes the place of one "
-    "that has waited over a second for its request's headers, or is answered 503.",
+    "open-file limit allows (less the files open at start and 64 more; the soft limit is "
+    "raised toward the hard one if need be). Past it, a new connection takes the place of "
+    "one that has waited over a second for its request's headers, or is answered 503.",
 )
 @_event_bound_options
 @click.pass_obj

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 import stepwarden as sw
+from stepwarden import cli
+from stepwarden import dashboard as web
 from tests.cli.helpers import REPO, STEPWARDEN, process_env
 from tests.conftest import STORES
 
@@ -274,3 +276,11 @@ def test_past_the_cap_a_connection_is_answered_503_or_takes_a_waiting_ones_place
         assert held.ended([idle]) == {idle: b""}  # without an answer: it asked nothing
         assert held.ended(under_way) == {}  # the requests under way are still open
     assert "past the cap of 4" in served.log()
+
+
+def test_the_command_line_s_defaults_are_the_server_s() -> None:
+    defaults = {p.name: p.default for p in cli.dashboard.params}
+    assert defaults["header_timeout"] == web.DEFAULT_HEADER_TIMEOUT
+    assert defaults["body_timeout"] == web.DEFAULT_BODY_TIMEOUT
+    assert defaults["max_connections"] == web.DEFAULT_MAX_CONNECTIONS
+    assert defaults["forwarded_allow_ips"] == ""

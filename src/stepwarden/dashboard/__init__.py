@@ -102,7 +102,7 @@ def serve(
     to); reads need the token unless bound to a loopback address, where those of a request
     that came through a proxy still do (or as `auth_reads` says). The application API's
     clients are those of the tokens file `api_tokens`. The proxies whose `X-Forwarded-For`
-    and `X-Forwarded-Proto` are believed are `forwarded_allow_ips` (see `config`); the read
+    and `X-Forwarded-Proto` are believed are `forwarded_allow_ips` (see `_config`); the read
     deadlines and the cap on connections, `limits` (by default `Limits()`, its cap within
     this process's open-file limit: `connection_room`). A store that cannot be opened raises
     its error (StoreError, SchemaVersionError) before serving."""
