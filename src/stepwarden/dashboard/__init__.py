@@ -137,17 +137,19 @@ def serve(
 
 def _config(web: Any, forwarded_allow_ips: Sequence[str], gate: Gate) -> uvicorn.Config:
     """The uvicorn configuration `serve` runs the ASGI application `web` with: HTTP/1.1 by
-    h11 with the read deadlines of `gate` (whose socket caps the connections); no access
-    log; `X-Forwarded-For` and `X-Forwarded-Proto` believed only from a peer among
-    `forwarded_allow_ips` (addresses or networks, `*` for any, as uvicorn and gunicorn name
-    them), never by default: a process that can reach the dashboard cannot then pass for
-    another address (nor lock it out, nor get around the count of its own wrong tokens)."""
+    h11 with the read deadlines of `gate` (whose socket caps the connections), and no
+    WebSocket; no access log; `X-Forwarded-For` and `X-Forwarded-Proto` believed only from
+    a peer among `forwarded_allow_ips` (addresses or networks, `*` for any, as uvicorn and
+    gunicorn name them), never by default: a process that can reach the dashboard cannot
+    then pass for another address (nor lock it out, nor get around the count of its own
+    wrong tokens)."""
     import uvicorn
 
     trusted = [address for address in forwarded_allow_ips if address]
     return uvicorn.Config(
         web,
         http=gate.protocol(),
+        ws="none",  # no route is a WebSocket; an upgrade would leave the gate's count
         log_level="warning",
         access_log=False,
         lifespan="on",

@@ -95,22 +95,28 @@ def _open_files() -> int:
 
 @dataclass
 class _Tally:
-    """The connections closed since the last report, said in one line."""
+    """The connections closed since the last report, said in one line a minute at most (the
+    first refusal after a quiet minute at once: a cap reached is news)."""
 
     max_connections: int
     refused: int = 0
     replaced: int = 0
     late: int = 0
+    last: float = float("-inf")
+    """When the last report was made (the event loop's clock)."""
     scheduled: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     def count(self, kind: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         if self.scheduled is None:
-            self.scheduled = asyncio.get_running_loop().call_later(REPORT_EVERY, self.report)
-            if kind != "late":
-                self.report(reschedule=False)  # the first refusal at the cap is said at once
+            loop = asyncio.get_running_loop()
+            quiet = loop.time() - self.last >= REPORT_EVERY
+            delay = 0.0 if quiet and kind != "late" else REPORT_EVERY
+            self.scheduled = loop.call_later(delay, self.report)
 
-    def report(self, reschedule: bool = True) -> None:
+    def report(self) -> None:
+        self.scheduled = None
+        self.last = asyncio.get_running_loop().time()
         said = []
         if self.refused:
             said.append(f"{self.refused} refused (503) past the cap of {self.max_connections}")
@@ -122,8 +128,6 @@ class _Tally:
             level = logging.WARNING if self.refused or self.replaced else logging.INFO
             logger.log(level, "connections: %s", "; ".join(said))
         self.refused = self.replaced = self.late = 0
-        if reschedule:
-            self.scheduled = None
 
 
 def _raw(status: bytes, message: bytes) -> bytes:
