@@ -1380,6 +1380,46 @@ def purge(obj: _Ctx, older_than: float, batch: int) -> None:
     "A client's `destinations` setting names the entries it may name; the App's own code "
     "may name any."
 )
+@_opt(
+    "--forwarded-allow-ips",
+    envvar="STEPWARDEN_FORWARDED_ALLOW_IPS",
+    default="",
+    metavar="ADDRESSES",
+    help="The reverse proxies whose X-Forwarded-For and X-Forwarded-Proto headers are "
+    "believed (the client's address for the count of wrong tokens, https for the session "
+    "cookie): addresses or networks separated by commas (10.0.0.0/8), or * for any. Given "
+    "none (the default), every request counts against its peer's address, whatever it says.",
+)
+@_opt(
+    "--header-timeout",
+    envvar="STEPWARDEN_DASHBOARD_HEADER_TIMEOUT",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1, max=3600),
+    help="Seconds a connection has to send a request's headers whole (from its start, or "
+    "from the end of the previous answer); past them it is closed (answered 408 if it had "
+    "sent part of a request).",
+)
+@_opt(
+    "--body-timeout",
+    envvar="STEPWARDEN_DASHBOARD_BODY_TIMEOUT",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1, max=3600),
+    help="Seconds a request has to send its body whole, once its headers have arrived; past "
+    "them it is answered 408 and closed.",
+)
+@_opt(
+    "--max-connections",
+    envvar="STEPWARDEN_DASHBOARD_MAX_CONNECTIONS",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Connections open at once (long polls and streams included), never more than the "
+    "open-file limit allows (less the files open at start and 64 more; the soft limit is "
+    "raised toward the hard one if need be). Past it, a new connection takes the place of "
+    "one that has waited over a second for its request's headers, or is answered 503.",
+)
 @_event_bound_options
 @click.pass_obj
 def dashboard(
@@ -1393,6 +1433,10 @@ def dashboard(
     auth_reads: bool | None,
     api_tokens: str | None,
     destinations: str | None,
+    forwarded_allow_ips: str,
+    header_timeout: float,
+    body_timeout: float,
+    max_connections: int,
     max_events_per_task: int | None,
     max_event_payload: int | None,
 ) -> None:
@@ -1405,6 +1449,10 @@ def dashboard(
         raise click.ClickException(
             f"the dashboard needs the dashboard extra: pip install 'stepwarden[dashboard]' ({exc})"
         ) from exc
+    try:
+        proxies = web.forwarded_allow_ips(forwarded_allow_ips)
+    except StepwardenError as exc:
+        raise click.BadParameter(_one_line(exc), param_hint="--forwarded-allow-ips") from exc
     token = _dashboard_token(token, token_file)
     if app_ref or obj.app_ref:
         app = obj.app(app_ref)
@@ -1431,6 +1479,15 @@ def dashboard(
         click.echo("reads need the API token or a signed-in session (--auth-reads)")
     if clients is not None:
         _echo(f"application API (/api/v1): {len(clients)} client(s) of {api_tokens}")
+    room, open_files = web.connection_room(max_connections)
+    if room < max_connections:
+        _echo(
+            f"at most {room} connections at once (--max-connections {max_connections}): the "
+            f"open-file limit is {open_files} (ulimit -n)"
+        )
+    limits = web.Limits(
+        header_timeout=header_timeout, body_timeout=body_timeout, max_connections=room
+    )
     written = None
     if token is None:
         try:
@@ -1450,6 +1507,8 @@ def dashboard(
                 allowed_hosts=allowed_hosts,
                 auth_reads=auth_reads,
                 api_tokens=api_tokens,
+                forwarded_allow_ips=proxies,
+                limits=limits,
             )
     except StepwardenError as exc:
         raise click.ClickException(_one_line(exc)) from exc

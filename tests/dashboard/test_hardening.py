@@ -46,13 +46,16 @@ def _ipv6() -> bool:
 
 @contextlib.contextmanager
 def dashboard(
-    store_url: str, *args: str, token: tuple[str, ...] = ("--token", TOKEN)
+    store_url: str,
+    *args: str,
+    token: tuple[str, ...] = ("--token", TOKEN),
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A real `stepwarden dashboard` process on a free port; it and the port it listens on."""
     proc = subprocess.Popen(
         [STEPWARDEN, "--store", store_url, "dashboard", "--port", "0", *token, *args],
         cwd=REPO,
-        env=process_env(),
+        env=process_env(env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -124,8 +127,7 @@ def test_on_loopback_a_request_through_a_proxy_is_read_as_a_remote_one(
     sqlite_migrated: str,
 ) -> None:
     """A reverse proxy on this machine reaches the dashboard from loopback: the headers it
-    adds mark its requests as remote, whose reads need the token; its clients' wrong tokens
-    count against the address it names for each."""
+    adds mark its requests as remote, whose reads need the token."""
     proxied = [{"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}]
     with dashboard(sqlite_migrated) as (_, port):
         assert _get("127.0.0.1", port, "/api/overview").status_code == 200
@@ -136,16 +138,107 @@ def test_on_loopback_a_request_through_a_proxy_is_read_as_a_remote_one(
                 assert _get("127.0.0.1", port, path, headers={**headers, **BEARER}).is_success
             page = _get("127.0.0.1", port, "/alerts", headers=headers)
             assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2Falerts")
-        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
-        for _ in range(10):
-            answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **wrong})
-            assert answer.status_code == 401
-        answer = _get("127.0.0.1", port, "/api/tasks", headers={**proxied[0], **BEARER})
-        assert answer.status_code == 429
-        other = {"X-Forwarded-For": "203.0.113.10", **BEARER}
-        assert _get("127.0.0.1", port, "/api/tasks", headers=other).status_code == 200
     with dashboard(sqlite_migrated, "--no-auth-reads") as (_, port):  # open, as asked
         assert _get("127.0.0.1", port, "/api/overview", headers=proxied[0]).status_code == 200
+
+
+WRONG = {"Authorization": "Bearer wrong-token-0123456789"}
+
+
+def _burst(port: str, forwarded_for: str) -> None:
+    """Ten wrong bearer tokens, each saying it comes from `forwarded_for`."""
+    for _ in range(10):
+        headers = {"X-Forwarded-For": forwarded_for, **WRONG}
+        answer = _get("127.0.0.1", port, "/api/tasks", headers=headers)
+        assert answer.status_code == 401, answer.text
+
+
+def test_forwarded_addresses_are_believed_only_from_the_proxies_named(
+    sqlite_migrated: str,
+) -> None:
+    """A process that reaches the dashboard can say it is any address in X-Forwarded-For:
+    unless its peer is a proxy the operator named (--forwarded-allow-ips,
+    STEPWARDEN_FORWARDED_ALLOW_IPS), its wrong tokens count against its peer's address all
+    the same (it cannot lock another address out, nor get round its own count by naming
+    another each time), and X-Forwarded-Proto does not make the session cookie Secure."""
+
+    def as_(address: str, headers: dict[str, str]) -> dict[str, str]:
+        return {"X-Forwarded-For": address, **headers}
+
+    with dashboard(sqlite_migrated) as (_, port):
+        _burst(port, "203.0.113.9")
+        for address in ("203.0.113.9", "203.0.113.10", "198.51.100.1"):
+            answer = _get("127.0.0.1", port, "/api/tasks", headers=as_(address, WRONG))
+            assert answer.status_code == 429, (address, answer.text)  # 127.0.0.1's count
+        assert _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", BEARER)).is_success
+        signed_in = httpx.post(
+            f"http://127.0.0.1:{port}/login",
+            data={"token": TOKEN},
+            headers={"X-Forwarded-Proto": "https"},
+            timeout=10,
+        )
+        assert signed_in.status_code == 303
+        assert "secure" not in signed_in.headers["set-cookie"].lower()
+    with dashboard(sqlite_migrated, env={"STEPWARDEN_FORWARDED_ALLOW_IPS": "127.0.0.1"}) as (
+        _,
+        port,
+    ):
+        _burst(port, "203.0.113.9")
+        refused = _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", WRONG))
+        assert refused.status_code == 429
+        for address in ("203.0.113.10", "127.0.0.1"):  # another client of the proxy; the proxy
+            answer = _get("127.0.0.1", port, "/api/tasks", headers=as_(address, WRONG))
+            assert answer.status_code == 401, (address, answer.text)
+        assert _get("127.0.0.1", port, "/api/tasks", headers=as_("203.0.113.9", BEARER)).is_success
+        signed_in = httpx.post(
+            f"http://127.0.0.1:{port}/login",
+            data={"token": TOKEN},
+            headers={"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.20"},
+            timeout=10,
+        )
+        assert signed_in.status_code == 303
+        assert "secure" in signed_in.headers["set-cookie"].lower()
+    dash = ("--store", sqlite_migrated, "dashboard", "--port", "0", "--token", TOKEN)
+    refused_option = invoke(*dash, "--forwarded-allow-ips", "127.0.0.1,proxy.example")
+    message = assert_refused(refused_option, exit_code=2)
+    assert "--forwarded-allow-ips" in message and "'proxy.example'" in message, message
+
+
+def test_a_sign_in_a_page_of_another_site_sends_is_refused_and_not_counted(
+    sqlite_migrated: str,
+) -> None:
+    """A page of another site can make a browser post the sign-in form (to sign it in as it
+    likes, or to spend that address's wrong tokens): the browser says so in Sec-Fetch-Site or
+    Origin, and such a POST is refused (403) before its token is looked at, as every other
+    POST of the dashboard is; a program, which sends neither header, signs in as before, and
+    the application API's clients are not concerned."""
+    cross_site = [
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1"},
+        {"Origin": "https://elsewhere.example"},
+        {"Origin": "null"},
+    ]
+    with dashboard(sqlite_migrated) as (_, port):
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=10) as web:
+            assert web.get("/login").status_code == 200
+            for headers in cross_site * 5:
+                answer = web.post("/login", data={"token": "wrong"}, headers=headers)
+                assert answer.status_code == 403, (headers, answer.text)
+                answer = web.post("/login", data={"token": TOKEN}, headers=headers)
+                assert answer.status_code == 403 and "set-cookie" not in answer.headers
+            for path in ("/logout", "/api/actions", "/api/tasks/t-1/pause"):
+                answer = web.post(path, json={}, headers={**cross_site[0], **BEARER})
+                assert answer.status_code == 403, (path, answer.text)
+            # None of the 40 was counted: the first wrong sign-in from here is a 401.
+            same = {"Sec-Fetch-Site": "same-origin", "Origin": url}
+            assert web.post("/login", data={"token": "wrong"}, headers=same).status_code == 401
+            for headers in (same, {}):  # a browser of this site; a program
+                signed_in = web.post("/login", data={"token": TOKEN}, headers=headers)
+                assert signed_in.status_code == 303, signed_in.text
+            # The application API answers its clients whatever they send (no client here).
+            api = web.post("/api/v1/tasks", json={}, headers={**cross_site[0], **WRONG})
+            assert api.status_code == 401, api.text
 
 
 def _peak_rss_kb(pid: int) -> int:
@@ -347,11 +440,12 @@ def test_the_token_is_read_from_a_file_only_its_owner_may_read(
     assert "warning: --token shows in the process list" in given.stderr
 
 
-def test_ten_wrong_tokens_in_a_minute_refuse_the_address_for_a_minute(
+def test_a_right_token_is_always_taken_and_each_door_counts_its_wrong_ones(
     sqlite_migrated: str,
 ) -> None:
-    """After 10 wrong tokens from one address (bearer or sign-in), every token it sends is
-    answered 429 with Retry-After, the right one too; other addresses are not affected."""
+    """Ten wrong tokens from one address (as bearer tokens, or to sign in) have its next wrong
+    ones answered 429 with Retry-After; its right token is taken all the same, and the
+    sign-in and the bearer token count apart; other addresses are not affected."""
     dry_run = {"action": "cancel", "task_ids": ["t-1"], "dry_run": True}
     wrong = {"Authorization": "Bearer wrong-token-0123456789"}
 
@@ -368,21 +462,27 @@ def test_ten_wrong_tokens_in_a_minute_refuse_the_address_for_a_minute(
                 for _ in range(10):
                     answer = await guesser.post("/api/actions", json=dry_run, headers=wrong)
                     assert answer.status_code == 401, answer.text
-                refused = await guesser.post("/api/actions", json=dry_run, headers=BEARER)
+                refused = await guesser.post("/api/actions", json=dry_run, headers=wrong)
                 assert refused.status_code == 429, refused.text
                 assert 0 < int(refused.headers["retry-after"]) <= 60
                 assert "too many wrong API tokens" in refused.json()["error"]
-                signing_in = await guesser.post("/login", data={"token": TOKEN})
-                assert signing_in.status_code == 429
-                assert "stepwarden_session" not in signing_in.cookies
-                allowed = await other.post("/api/actions", json=dry_run, headers=BEARER)
+                allowed = await guesser.post("/api/actions", json=dry_run, headers=BEARER)
                 assert allowed.status_code == 200, allowed.text
-            async with client("198.51.100.9") as guesser:  # wrong sign-ins count the same
+                signing_in = await guesser.post("/login", data={"token": TOKEN})
+                assert signing_in.status_code == 303  # the sign-in's own count is untouched
+                assert "stepwarden_session" in signing_in.cookies
+                answer = await other.post("/api/actions", json=dry_run, headers=wrong)
+                assert answer.status_code == 401
+            async with client("198.51.100.9") as guesser:  # wrong sign-ins count apart
                 for _ in range(10):
                     answer = await guesser.post("/login", data={"token": "wrong"})
                     assert answer.status_code == 401
-                answer = await guesser.post("/login", data={"token": TOKEN})
+                answer = await guesser.post("/login", data={"token": "wrong"})
                 assert answer.status_code == 429 and "retry-after" in answer.headers
+                answer = await guesser.post("/login", data={"token": TOKEN})
+                assert answer.status_code == 303, answer.text
+                answer = await guesser.post("/api/actions", json=dry_run, headers=wrong)
+                assert answer.status_code == 401
         finally:
             await app.aclose()
 
@@ -426,19 +526,40 @@ def test_an_ipv6_client_is_counted_by_its_64_network() -> None:
     assert address("::ffff:192.0.2.1") == address("192.0.2.1") == "192.0.2.1"
 
 
-def test_the_dashboard_extra_excludes_the_releases_with_known_flaws() -> None:
-    """Starlette before 0.49.1 spends quadratic time on a Range header of a static file (the
-    dashboard serves them without sign-in); FastAPI before 0.120.1 requires such a Starlette;
-    Jinja2 before 3.1.6 lets a template escape its sandbox. The installed ones qualify."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = {
-        (r := Requirement(spec)).name.lower(): r.specifier
-        for spec in project["optional-dependencies"]["dashboard"]
+KNOWN_FLAWS = {
+    # (where the requirement is, the package): (the last flawed release, the first fixed one)
+    ("dependencies", "orjson"): ("3.11.5", "3.11.6"),  # CVE-2025-67221: unbounded recursion
+    # CVE-2026-48710, CVE-2026-48818, CVE-2026-54282, CVE-2026-54283 (and 0.49.0's quadratic
+    # Range header, CVE-2025-62727, before them)
+    ("dashboard", "starlette"): ("1.3.0", "1.3.1"),
+    ("dashboard", "fastapi"): ("0.132.1", "0.133.0"),  # the first to admit Starlette 1.x
+    ("dashboard", "h11"): ("0.15.0", "0.16.0"),  # CVE-2025-43859: request smuggling
+    ("dashboard", "uvicorn"): ("0.30.6", "0.31.0"),  # networks in forwarded_allow_ips
+    ("dashboard", "jinja2"): ("3.1.5", "3.1.6"),  # CVE-2025-27516: the sandbox escaped
+    ("examples", "django"): ("5.2.18", "5.2.19"),  # each 5.2 release fixes security issues
+    ("examples", "aiohttp"): ("3.14.2", "3.14.3"),  # CVE-2026-47265 and follow-ups
+    ("examples", "tqdm"): ("4.66.2", "4.66.3"),  # CVE-2024-34062: its arguments evaluated
+    ("dev", "pytest"): ("9.0.2", "9.0.3"),  # CVE-2025-71176: a shared temporary directory
+    ("build-system", "setuptools"): ("78.1.0", "78.1.1"),  # CVE-2024-6345, CVE-2025-47273
+    ("build-system", "wheel"): ("0.46.1", "0.46.2"),  # CVE-2026-24049: a path traversal
+}
+
+
+def test_no_floor_admits_a_release_with_a_known_flaw() -> None:
+    """Each requirement that a published advisory concerns excludes the flawed releases and
+    admits the first fixed one; the installed release qualifies (but the build's, which is
+    not installed here)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    where = {
+        "dependencies": project["dependencies"],
+        "build-system": pyproject["build-system"]["requires"],
+        **project["optional-dependencies"],
     }
-    for name, last_flawed, first_fixed in (
-        ("starlette", "0.49.0", "0.49.1"),
-        ("fastapi", "0.120.0", "0.120.1"),
-        ("jinja2", "3.1.5", "3.1.6"),
-    ):
-        assert last_flawed not in wanted[name] and first_fixed in wanted[name], name
-        assert metadata.version(name) in wanted[name], name
+    for (place, name), (last_flawed, first_fixed) in KNOWN_FLAWS.items():
+        [wanted] = [
+            r.specifier for spec in where[place] if (r := Requirement(spec)).name.lower() == name
+        ]
+        assert last_flawed not in wanted and first_fixed in wanted, (place, name, wanted)
+        if place != "build-system":
+            assert metadata.version(name) in wanted, (place, name)

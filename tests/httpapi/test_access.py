@@ -1,7 +1,8 @@
 """Who may call the application API: a client's token from the tokens file (401 without a
 known one), whose scopes include the route's (403), decided before the body is read; the
 dashboard's token and a client's are each good for their own routes only; wrong tokens from
-one address are throttled (429); a server without a tokens file refuses every request."""
+one address are throttled (429), each API apart, and a right token is always taken; a server
+without a tokens file refuses every request."""
 
 from __future__ import annotations
 
@@ -89,17 +90,43 @@ async def test_each_route_needs_its_scope(client: httpx.AsyncClient, tokens: Tok
     assert made.status_code == 201, made.text
 
 
-async def test_wrong_tokens_from_one_address_are_throttled(
+async def test_wrong_tokens_refuse_no_right_one_and_each_api_counts_its_own(
     client: httpx.AsyncClient, tokens: Tokens
 ) -> None:
+    """A burst of wrong tokens from an address (any local process, or a page of another
+    site, can send one) has its next wrong ones answered 429, and nothing more: the clients
+    of that address that have their token are served, and the application API, the agent
+    protocol and the dashboard's own token and sign-in each count their wrong tokens apart."""
     wrong = {"Authorization": "Bearer sw_guess"}
+    dry_run = {"action": "cancel", "task_ids": ["x"], "dry_run": True}
     for _ in range(10):
         assert (await client.get("/api/v1/tasks/x", headers=wrong)).status_code == 401
-    for headers in (wrong, tokens.auth("reader")):  # the right token too, for a while
-        answer = await client.get("/api/v1/tasks/x", headers=headers)
-        assert answer.status_code == 429, answer.text
-        assert 0 < int(answer.headers["retry-after"]) <= 60
-        assert "too many wrong tokens" in answer.json()["error"]
+    answer = await client.get("/api/v1/tasks/x", headers=wrong)
+    assert answer.status_code == 429, answer.text
+    assert 0 < int(answer.headers["retry-after"]) <= 60
+    assert "too many wrong tokens" in answer.json()["error"]
+    # Every right token is taken, on every door; the other doors' counts are untouched.
+    answer = await client.get("/api/v1/tasks/x", headers=tokens.auth("reader"))
+    assert answer.status_code == 404, answer.text  # served: no such task
+    whoami = await client.get("/api/v1/agents/whoami", headers=tokens.auth("billing"))
+    assert whoami.json() == {"client": "billing", "agents": ["desk"]}
+    assert (await client.get("/api/v1/agents/whoami", headers=wrong)).status_code == 401
+    operator = {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}
+    answer = await client.post("/api/actions", json=dry_run, headers=operator)
+    assert answer.status_code == 200, answer.text
+    answer = await client.post("/api/actions", json=dry_run, headers=wrong)
+    assert answer.status_code == 401, answer.text
+    signed_in = await client.post("/login", data={"token": DASHBOARD_TOKEN})
+    assert signed_in.status_code == 303, signed_in.text
+    # The agent protocol's own burst (ten with the one above) leaves the application API's
+    # clients as they were.
+    for _ in range(9):
+        assert (await client.get("/api/v1/agents/whoami", headers=wrong)).status_code == 401
+    assert (await client.get("/api/v1/agents/whoami", headers=wrong)).status_code == 429
+    whoami = await client.get("/api/v1/agents/whoami", headers=tokens.auth("billing"))
+    assert whoami.status_code == 200, whoami.text
+    answer = await client.get("/api/v1/tasks/x", headers=tokens.auth("reader"))
+    assert answer.status_code == 404, answer.text
 
 
 async def test_a_server_without_a_tokens_file_refuses_every_client(store_url: str) -> None:

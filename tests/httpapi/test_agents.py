@@ -146,6 +146,28 @@ async def test_a_step_served_over_http_is_called_once_with_its_key_and_recorded(
         assert any(a.agent == "remote" and a.instance.startswith("shipper/") for a in agents)
 
 
+async def test_bursts_of_wrong_tokens_from_its_address_do_not_stop_a_remote_agent(
+    store_url: str, served: Server
+) -> None:
+    """A remote worker serves its agent from an address that also sends bursts of wrong
+    tokens (any process of that machine could, or a page its browser shows), to the agent
+    protocol and to the application API: its beats, claims and outcomes are taken all the
+    same, and its steps are called and recorded."""
+    remote = Remote(store_url)
+    wrong = {"Authorization": "Bearer sw_wrong-0123456789"}
+    async with remote.app, httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        async with remote_worker(remote, served):
+            for n in range(3):
+                for path in (f"{AGENTS}/remote/beat", "/api/v1/tasks"):
+                    for _ in range(12):
+                        answer = await http.post(path, json={}, headers=wrong)
+                        assert answer.status_code in (401, 429), answer.text
+                task_id = await remote.app.submit_async("order", n, task_id=f"burst-{n}")
+                result = await remote.app.result_async(task_id, timeout=TIMEOUT)
+                assert result == {"shipped": 2 * n}
+        assert (await http.post(f"{AGENTS}/remote/beat", json={}, headers=wrong)).status_code == 429
+
+
 async def test_a_token_serves_only_its_agents_as_instances_of_its_client(
     store_url: str, served: Server
 ) -> None:
@@ -381,3 +403,134 @@ async def test_a_remote_worker_started_before_its_server_waits_for_it_and_logs_n
     assert "serving agent(s) remote" in text, text
     assert len(said()) == len([x for x in text.splitlines() if "WARNING" in x and UNREACHED in x])
     assert not [x for x in text.splitlines() if " httpx: " in x or " httpcore" in x], text
+
+
+class TwoServices:
+    """An App whose two agents are served over HTTP by clients of their own: `payments` by
+    `payer`, `shipping` by `shipper`; each workflow is one step of one of them."""
+
+    CLIENTS: dict[str, Iterable[str]] = {
+        "payer": ("agent:payments",),
+        "shipper": ("agent:shipping",),
+    }
+
+    def __init__(self, store_url: str) -> None:
+        self.app = sw.App("two-services", store=store_url)
+        payments = self.app.agent("payments")
+        shipping = self.app.agent("shipping")
+
+        @payments.operation
+        async def charge(call: sw.Call, n: int) -> int:
+            return n
+
+        @shipping.operation
+        async def ship(call: sw.Call, n: int) -> int:
+            return n
+
+        @self.app.workflow(name="pay")
+        async def pay(ctx: sw.Context, n: int) -> int:
+            charged: int = await ctx.step(charge, n)
+            return charged
+
+        @self.app.workflow(name="ship")
+        async def ship_it(ctx: sw.Context, n: int) -> int:
+            shipped: int = await ctx.step(ship, n)
+            return shipped
+
+
+async def test_a_wake_up_names_to_an_instance_only_the_tasks_of_the_steps_it_holds(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The wake-up stream says which tasks' calls may have to stop: to each instance, only
+    those of the steps it holds. A shipping task cancelled reaches the shipping instance that
+    holds its step, not another instance of that client, nor the payments client's."""
+    services = TwoServices(store_url)
+    with api_server(lambda: TwoServices(store_url).app, TwoServices.CLIENTS, tmp_path) as (
+        url,
+        tokens,
+    ):
+        options = dataclasses.replace(FAST, roles=frozenset({"scheduler", "supervisor"}))
+        async with (
+            services.app,
+            running(services.app, options),
+            httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http,
+        ):
+            streams: dict[str, asyncio.Queue[list[str]]] = {}
+            readers = []
+            agent_of = {"payer": "payments", "shipper": "shipping"}
+
+            def auth(instance: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {tokens[instance.partition('/')[0]]}"}
+
+            async def follow(instance: str, ready: asyncio.Event) -> None:
+                """Each `calls` event of the instance's stream, in order."""
+                agent = agent_of[instance.partition("/")[0]]
+                async with http.stream(
+                    "GET",
+                    f"{AGENTS}/{agent}/wakeups",
+                    params={"instance": instance},
+                    headers=auth(instance),
+                    timeout=httpx.Timeout(None, connect=TIMEOUT),
+                ) as answer:
+                    assert answer.status_code == 200
+                    event = ""
+                    async for line in answer.aiter_lines():
+                        ready.set()
+                        if line.startswith("event:"):
+                            event = line.removeprefix("event:").strip()
+                        elif line.startswith("data:") and event == "calls":
+                            await streams[instance].put(json.loads(line.removeprefix("data:")))
+
+            operation_of = {"payments": "charge", "shipping": "ship"}
+            for instance in ("payer/a", "shipper/a", "shipper/b"):
+                agent = agent_of[instance.partition("/")[0]]
+                beat = {"instance": instance, "operations": [operation_of[agent]], "ttl": 60}
+                answer = await http.post(
+                    f"{AGENTS}/{agent}/beat", json={**beat, "capacity": 1}, headers=auth(instance)
+                )
+                assert answer.status_code == 204, answer.text
+                streams[instance] = asyncio.Queue()
+                ready = asyncio.Event()
+                readers.append(asyncio.create_task(follow(instance, ready)))
+                await asyncio.wait_for(ready.wait(), TIMEOUT)
+            try:
+
+                async def claim(instance: str, task_id: str) -> None:
+                    """Submit `task_id`, and have `instance` claim its step."""
+                    agent = agent_of[instance.partition("/")[0]]
+                    workflow = "pay" if agent == "payments" else "ship"
+                    await services.app.submit_async(workflow, 1, task_id=task_id)
+                    body = {"instance": instance, "operations": [operation_of[agent]]}
+
+                    async def claimed() -> Any:
+                        answer = await http.post(
+                            f"{AGENTS}/{agent}/claim",
+                            json={**body, "limit": 1, "wait": 1},
+                            headers=auth(instance),
+                        )
+                        assert answer.status_code == 200, answer.text
+                        return answer.json()["requests"]
+
+                    [request] = await until(f"{instance} to claim {task_id}", claimed)
+                    assert request["task_id"] == task_id
+
+                async def told(instance: str) -> list[str]:
+                    return await asyncio.wait_for(streams[instance].get(), TIMEOUT)
+
+                await claim("shipper/a", "ship-1")
+                await claim("payer/a", "pay-1")
+                await services.app.cancel_async("ship-1")
+                assert await told("shipper/a") == ["ship-1"]
+                await claim("shipper/b", "ship-2")
+                await services.app.cancel_async("ship-2")
+                assert await told("shipper/b") == ["ship-2"]  # not ship-1: it never held it
+                await services.app.cancel_async("pay-1")
+                assert await told("payer/a") == ["pay-1"]  # neither shipping task came before
+                await claim("shipper/a", "ship-3")
+                await services.app.cancel_async("ship-3")
+                assert await told("shipper/a") == ["ship-3"]  # not ship-2, nor pay-1
+                assert all(queue.empty() for queue in streams.values())
+            finally:
+                for reader in readers:
+                    reader.cancel()
+                await asyncio.gather(*readers, return_exceptions=True)

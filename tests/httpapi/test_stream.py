@@ -13,7 +13,16 @@ import pytest
 
 import stepwarden as sw
 
-from .conftest import Event, Served, Tokens, events, serving, submit, waiting_for_approval
+from .conftest import (
+    Event,
+    Served,
+    Tokens,
+    events,
+    serving,
+    submit,
+    until,
+    waiting_for_approval,
+)
 
 
 async def _outbox(store_url: str, task_id: str) -> list[sw.OutboxMessage]:
@@ -153,6 +162,14 @@ async def test_a_server_that_stops_ends_its_streams_and_long_polls(
                         headers=tokens.auth("reader"),
                     )
                 )
+
+                async def polling() -> bool:  # the stream's request and the poll's, under way
+                    assert served.uvicorn_server is not None
+                    return len(served.uvicorn_server.server_state.tasks) >= 2
+
+                # Stopped before the poll's request arrived, the server would close its
+                # connection unanswered: the poll is under way first.
+                await until("the long poll to be under way", polling)
                 started = time.monotonic()
                 stopping = asyncio.create_task(asyncio.to_thread(served.stop))
                 rest = [e async for e in stream]  # ends when the server stops

@@ -13,13 +13,19 @@ only ever touch the steps its own instances claimed, for the agents it may serve
 
 A client's settings in the tokens file bound its alive registrations, their capacity and
 ttl, and its claims that wait and its wake-up streams at once (`_quotas.py`).
+
+An instance's wake-up stream tells it of the tasks whose calls may have to stop only when it
+holds one of their steps: the server remembers the steps it handed each instance (`Held`),
+from the answers of its claims and of `held`, until they are written or their complete_by
+passes. The tasks of other clients and instances are never named to it.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations.
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -59,9 +65,9 @@ from ._agent_models import (
 )
 from ._api import json_response
 from ._app_api import (
+    AGENTS,
     ANY_AGENT,
     INVALID,
-    PREFIX,
     SCOPES_KEY,
     TOO_BIG,
     ClientEntry,
@@ -72,7 +78,6 @@ from ._app_api import (
 )
 from ._quotas import HeldStream, Quotas
 
-AGENTS = f"{PREFIX}/agents"
 KEEPALIVE = 15.0
 """Seconds of silence after which the wake-up stream sends a comment (proxies keep it)."""
 
@@ -99,6 +104,66 @@ def _fence(h: Handback) -> dict[str, Any]:
         "agent_instance": h.instance,
         "reason": h.reason,
     }
+
+
+HELD_GRACE = 5.0
+"""Seconds past a step's complete_by that a wake-up about its task still reaches the instance
+that held it (the supervisor may end the step after its deadline)."""
+PRUNE_EVERY = 60.0
+
+
+class Held:
+    """The steps this server handed each agent instance (agent, instance -> task_id, seq ->
+    when its hold ends, on this process's clock), from the answers of its claims and of
+    `held`, until a write of the instance about them (complete, hand-back, stopped) or
+    HELD_GRACE seconds past their complete_by (a heartbeat moves it on). Only what this
+    server answered is known: an instance that claims through another server too is told of
+    those steps' tasks by its poll (`lost`), as of any wake-up lost."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[str, str], dict[tuple[str, int], float]] = {}
+        self.pruned = time.monotonic()
+
+    def took(self, agent: str, instance: str, requests: Iterable[StepRequest]) -> None:
+        now = time.monotonic()
+        mine = None
+        for r in requests:
+            mine = mine if mine is not None else self.steps.setdefault((agent, instance), {})
+            mine[(r.task_id, r.seq)] = now + r.remaining + HELD_GRACE
+        if now - self.pruned > PRUNE_EVERY:
+            self.pruned = now
+            for key in list(self.steps):
+                self._live(key, now)
+
+    def beat(self, agent: str, instance: str, task_id: str, seq: int, left: float) -> None:
+        mine = self.steps.get((agent, instance), {})
+        if (task_id, seq) in mine:
+            mine[(task_id, seq)] = time.monotonic() + left + HELD_GRACE
+
+    def wrote(self, agent: str, instance: str, keys: Iterable[tuple[str, int]]) -> None:
+        mine = self.steps.get((agent, instance))
+        if mine is not None:
+            for key in keys:
+                mine.pop(key, None)
+            if not mine:
+                del self.steps[(agent, instance)]
+
+    def left(self, instance: str, agents: Iterable[str]) -> None:
+        for agent in agents:
+            self.steps.pop((agent, instance), None)
+
+    def tasks(self, agent: str, instance: str) -> set[str]:
+        """The tasks of the steps the instance holds of `agent`."""
+        mine = self._live((agent, instance), time.monotonic())
+        return {task_id for task_id, _ in mine}
+
+    def _live(self, key: tuple[str, str], now: float) -> dict[tuple[str, int], float]:
+        mine = self.steps.get(key, {})
+        for step in [step for step, until in mine.items() if until < now]:
+            del mine[step]
+        if not mine:
+            self.steps.pop(key, None)
+        return mine
 
 
 def _request_dict(r: StepRequest) -> dict[str, Any]:
@@ -132,6 +197,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     polls and the wake-up streams end when `stopping` is set."""
     api = APIRouter()
     quotas = quotas or Quotas(app.destinations)
+    held_by = Held()
     scoped = _scoped("agent:{agent}")
     names: Any = Literal[tuple(sorted(app.agents))] if app.agents else str
     AgentName = Annotated[names, Path(description="An agent the App declares.")]
@@ -198,6 +264,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     ) -> Response:
         _mine(client, body.instance)
         await db.leave(body.instance, [agent])
+        held_by.left(body.instance, [agent])
         return Response(status_code=204)
 
     @api.post(
@@ -266,7 +333,9 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             return found
 
         if body.wait <= 0:
-            return _requests(await take())
+            found = await take()
+            held_by.took(agent, body.instance, found)
+            return _requests(found)
         held = quotas.hold(entry, _tokens.POLLS)
         sub = db.subscribe(CHANNEL_REQUESTS)
         try:
@@ -278,6 +347,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
                 found = await take()
                 left = until - loop.time()
                 if found or left <= 0 or stopping.is_set() or await request.is_disconnected():
+                    held_by.took(agent, body.instance, found)
                     return _requests(found)
                 await _woken(sub, agent, left, stopping, request.is_disconnected)
         finally:
@@ -294,7 +364,9 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     )
     async def held(agent: AgentName, body: InstanceRequest, client: ClientName, db: Db) -> Response:
         _mine(client, body.instance)
-        return _requests(await db.held_steps(body.instance, agent))
+        found = await db.held_steps(body.instance, agent)
+        held_by.took(agent, body.instance, found)
+        return _requests(found)
 
     @api.post(
         f"{AGENTS}/{{agent}}/lost",
@@ -345,6 +417,8 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         remaining = await db.heartbeat_step(
             body.task_id, body.seq, body.attempt, body.instance, detail
         )
+        if remaining is not None:
+            held_by.beat(agent, body.instance, body.task_id, body.seq, remaining)
         return json_response({"remaining": remaining})
 
     @api.post(
@@ -380,7 +454,9 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             )
             for o in body.items
         ]
-        return json_response({"applied": await db.complete_steps(outcomes)})
+        applied = await db.complete_steps(outcomes)
+        _forget(held_by, agent, body.items)
+        return json_response({"applied": applied})
 
     @api.post(
         f"{AGENTS}/{{agent}}/hand-back",
@@ -395,6 +471,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     ) -> Response:
         _mine(client, *(h.instance for h in body.items))
         applied = await db.hand_back([RequestHandback(**_fence(h)) for h in body.items])
+        _forget(held_by, agent, body.items)
         return json_response({"applied": applied})
 
     @api.post(
@@ -409,13 +486,15 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     ) -> Response:
         _mine(client, *(h.instance for h in body.items))
         applied = await db.stop_calls([CallStop(**_fence(h)) for h in body.items])
+        _forget(held_by, agent, body.items)
         return json_response({"applied": applied})
 
     @api.get(
         f"{AGENTS}/{{agent}}/wakeups",
         operation_id="agentWakeups",
         summary="Wake-ups as server-sent events: `requests` (requests queued for the agent) "
-        "and `calls` (tasks whose calls may have to stop: ask `lost`). A lost one costs a poll.",
+        "and `calls` (tasks of steps the instance holds whose calls may have to stop: ask "
+        "`lost`). A lost one costs a poll.",
         openapi_extra=scoped,
         response_class=Response,
         responses=_as_json(_answers(r422=INVALID))
@@ -445,7 +524,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         with contextlib.suppress(StoreError):
             await db.listen()
         return HeldStream(
-            _wakeup_stream(db, agent, stopping, seconds),
+            _wakeup_stream(db, agent, stopping, seconds, lambda: held_by.tasks(agent, instance)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
             held=quotas.hold(entry, _tokens.STREAMS),
@@ -474,12 +553,22 @@ async def _woken(
             return
 
 
+def _forget(held_by: Held, agent: str, items: Iterable[Any]) -> None:
+    """The instances of `items` (outcomes, hand-backs, stops) no longer call their steps."""
+    for item in items:
+        held_by.wrote(agent, item.instance, [(item.task_id, item.seq)])
+
+
 async def _wakeup_stream(
-    db: Store, agent: str, stopping: asyncio.Event, seconds: float
+    db: Store,
+    agent: str,
+    stopping: asyncio.Event,
+    seconds: float,
+    holds: Callable[[], set[str]],
 ) -> AsyncIterator[str]:
     """`requests` when requests are queued for `agent`, `calls` with the tasks whose calls
-    may have to stop, a comment after KEEPALIVE seconds of neither; until the server stops
-    (or the client goes)."""
+    may have to stop among those of the steps the instance holds (`holds`), a comment after
+    KEEPALIVE seconds of neither; until the server stops (or the client goes)."""
     requests = db.subscribe(CHANNEL_REQUESTS)
     calls = db.subscribe(CHANNEL_CALLS)
     loop = asyncio.get_running_loop()
@@ -501,8 +590,9 @@ async def _wakeup_stream(
             tasks = told.result() if told in done else None
             if named is not None and agent in named:
                 yield f"event: requests\ndata: {_json.dumps([agent])}\n\n"
-            if tasks:
-                yield f"event: calls\ndata: {_json.dumps(sorted(set(tasks)))}\n\n"
+            mine = sorted(set(tasks) & holds()) if tasks else []
+            if mine:
+                yield f"event: calls\ndata: {_json.dumps(mine)}\n\n"
             if named is None and tasks is None and not stopping.is_set():
                 yield ": keepalive\n\n"
     finally:

@@ -22,7 +22,6 @@ document of these routes alone is at /api/v1/openapi.json."""
 # which are local to `router`.
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Annotated, Any
@@ -61,6 +60,8 @@ from ._quotas import HeldStream, Quotas
 
 PREFIX = "/api/v1"
 DOCUMENT = f"{PREFIX}/openapi.json"
+AGENTS = f"{PREFIX}/agents"
+"""The agent protocol's routes (`_agent_api`), throttled apart from the others."""
 SCHEME = "client"
 """The security scheme of the clients' bearer tokens in the OpenAPI documents."""
 CLIENT_TOKEN = "client-token"
@@ -88,8 +89,9 @@ DESCRIPTION = (
     "events), send it an event, cancel it. Every route needs a client's token, "
     "`Authorization: Bearer TOKEN`, whose scopes include the route's (submit, read, events or "
     "cancel; the clients are the server's tokens file, --api-tokens): without a known token "
-    f"401, without the scope 403, both decided before the body is read. An address that sends "
-    f"{MAX_FAILURES} wrong tokens within a minute is refused (429, Retry-After) for a minute. "
+    f"401, without the scope 403, both decided before the body is read. A known token is "
+    f"always taken; an address that sends {MAX_FAILURES} wrong tokens within a minute has its "
+    "wrong tokens answered 429 (Retry-After) for a minute. "
     "Each client asks within the bounds of its settings in the tokens file (submits and bytes "
     "of input a second, an input's size, its priorities, its unfinished tasks, its long polls "
     "and streams at once, the channels and broker destinations it may name): past one, 429 "
@@ -159,26 +161,28 @@ THROTTLED = (
     Error,
     "Refused for now, Retry-After seconds: past a bound of the client, which the error names "
     "(a rate, or what it may have at once: unfinished tasks, long polls, streams, agent "
-    f"registrations), or {MAX_FAILURES} wrong tokens came from this address within a minute "
-    "(every token it sends is then refused for a minute).",
+    f"registrations), or the token is wrong and {MAX_FAILURES} wrong tokens came from this "
+    "address within a minute (its wrong tokens are answered 429 for a minute; a known token "
+    "is taken).",
 )
 TOO_BIG = (Error, "The request body is over 2 MiB.")
 
 
 class ClientGuard:
     """Who may call a route of this API: a known client's token (401), with the route's
-    scope (403), decided from the request's headers before its body is read. Wrong tokens
-    count against the request's address in `throttle` (the dashboard's: 429)."""
+    scope (403), decided from the request's headers before its body is read; the clients
+    are the tokens file's as it is now (`_tokens.TokensFile`, read again when it changes). A
+    known token is always taken; wrong ones count against the request's address (429 past
+    MAX_FAILURES), in a throttle of the application API's (`throttle`) or of the agent
+    protocol's (`agent_throttle`), each apart from the dashboard's own."""
 
     def __init__(
-        self,
-        clients: _tokens.TokensFile | None,
-        routes: Sequence[BaseRoute],
-        throttle: Throttle,
+        self, clients: _tokens.TokensFile | None, routes: Sequence[BaseRoute]
     ) -> None:
         self.clients = clients
         self.routes = [r for r in routes if getattr(r, "path", "").startswith(PREFIX + "/")]
-        self.throttle = throttle
+        self.throttle = Throttle()
+        self.agent_throttle = Throttle()
 
     @staticmethod
     def guards(path: str) -> bool:
@@ -201,11 +205,6 @@ class ClientGuard:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             return Verdict(False, 401, "send a client's token: Authorization: Bearer TOKEN")
-        address = client_address(request)
-        wait = math.ceil(self.throttle.wait(address))
-        if wait > 0:
-            reason = f"too many wrong tokens from this address: try again in {wait} s"
-            return Verdict(False, 429, reason, retry_after=wait)
         known = None if self.clients is None else self.clients.clients()
         if not known:
             return Verdict(
@@ -216,8 +215,12 @@ class ClientGuard:
             )
         client = known.find(given.strip())
         if client is None:
-            self.throttle.failed(address)
-            return Verdict(False, 401, "the client's token is wrong")
+            path = request.scope.get("path", "")
+            agents = path.startswith(request.scope.get("root_path", "") + AGENTS + "/")
+            throttle = self.agent_throttle if agents else self.throttle
+            return throttle.wrong(
+                client_address(request), "the client's token is wrong", "wrong tokens"
+            )
         needed = self.needed(request.scope)
         request.scope.setdefault("state", {})[SCOPES_KEY] = tuple(sorted(client.scopes))
         request.scope["state"][ENTRY_KEY] = client

@@ -7,9 +7,16 @@ for a request that came through a proxy, and need the token or a session otherwi
 that carries either the API token (`Authorization: Bearer TOKEN`), or the session cookie the
 sign-in page sets together with that session's CSRF token (`X-CSRF-Token` header, or a
 `csrf_token` form field). The cookie alone is not enough: another site can make a browser
-send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after sign-in. An
-address that sends MAX_FAILURES wrong tokens (signing in, or a bearer token) within a minute
-is refused (429) for a minute, whatever token it sends.
+send it, but cannot read the CSRF token. A session ends SESSION_SECONDS after sign-in.
+
+A right token is always taken: only wrong ones are counted, against the address they came
+from (`client_address`), and an address that sends MAX_FAILURES wrong ones within a minute
+has its next wrong ones answered 429 for a minute instead of 401. The sign-in and the API
+token have a throttle each (`Guard`), as have the application API and the agent protocol
+(`_app_api.ClientGuard`): wrong tokens sent to one do not refuse anything of another, and
+none refuses a client that has its token. Guessing is not what this stops (a token is
+random, and 192 or 256 bits long when stepwarden makes it): it keeps a client that sends a
+stale token from being told so thousands of times a second.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ MAX_FAILURES = 10
 """Wrong tokens one address may send within FAILURE_WINDOW seconds before it is refused."""
 FAILURE_WINDOW = 60.0
 REFUSED_FOR = 60.0
-"""Seconds an address that sent MAX_FAILURES wrong tokens is answered 429, right or wrong."""
+"""Seconds an address that sent MAX_FAILURES wrong tokens has its wrong tokens answered 429
+(its right ones are taken)."""
 MAX_ADDRESSES = 10_000
 """Addresses remembered at once (in each of the throttle's tables); the one heard from least
 recently is forgotten first."""
@@ -147,7 +155,9 @@ def through_proxy(request: Request) -> bool:
 
 def client_address(request: Request) -> str:
     """Whom a request's wrong tokens count against: its client's address, an IPv6 address by
-    its /64 network (which one machine may have whole)."""
+    its /64 network (which one machine may have whole). The address is the connection's
+    peer, but for a peer the server was told to believe (`dashboard.config`
+    forwarded_allow_ips), whose `X-Forwarded-For` names it."""
     host = request.client.host if request.client else ""
     try:
         address = ipaddress.ip_address(host)
@@ -183,6 +193,16 @@ class Throttle:
         del self.refused[address]
         return 0.0
 
+    def wrong(self, address: str, wrong: str, too_many: str) -> Verdict:
+        """`address` sent a wrong token: 401 (`wrong` says why), counted; or, while the
+        address is refused, 429 (`too many`: what it sent too many of)."""
+        wait = math.ceil(self.wait(address))
+        if wait > 0:
+            reason = f"too many {too_many} from this address: try again in {wait} s"
+            return Verdict(False, 429, reason, retry_after=wait)
+        self.failed(address)
+        return Verdict(False, 401, wrong)
+
     def failed(self, address: str) -> None:
         """`address` sent a wrong token."""
         now = self.clock()
@@ -208,22 +228,23 @@ class Guard:
     sessions: dict[str, tuple[str, float]] = field(default_factory=dict)
     """Session id -> its CSRF token and when it ends (monotonic seconds)."""
     throttle: Throttle = field(default_factory=Throttle)
+    """The wrong API tokens sent as `Authorization: Bearer`."""
+    sign_ins: Throttle = field(default_factory=Throttle)
+    """The wrong API tokens sent to sign in."""
 
     def __post_init__(self) -> None:
         check_token(self.token)
 
-    def try_token(self, request: Request, given: str) -> Verdict:
-        """The API token the request gives: right, or wrong (counted against its address);
-        while its address is refused (429), not looked at."""
-        address = client_address(request)
-        wait = math.ceil(self.throttle.wait(address))
-        if wait > 0:
-            reason = f"too many wrong API tokens from this address: try again in {wait} s"
-            return Verdict(False, 429, reason, retry_after=wait)
+    def try_token(self, request: Request, given: str, *, signing_in: bool = False) -> Verdict:
+        """The API token the request gives: right (taken, whatever came before from its
+        address), or wrong: counted against its address in the bearer token's throttle, or
+        the sign-in's, and 401, or 429 while that address is refused there."""
         if hmac.compare_digest(given.encode(), self.token.encode()):
             return Verdict(True, identity=API_TOKEN)
-        self.throttle.failed(address)
-        return Verdict(False, 401, "the API token is wrong")
+        throttle = self.sign_ins if signing_in else self.throttle
+        return throttle.wrong(
+            client_address(request), "the API token is wrong", "wrong API tokens"
+        )
 
     def sign_in(self) -> str:
         """A new session; its id goes in the cookie."""

@@ -1,11 +1,14 @@
 """The dashboard's web application: the pages, the JSON API (`_api.py`, with its generated
 OpenAPI document at /openapi.json), the application API (`_app_api.py`, under /api/v1, with
-its own document at /api/v1/openapi.json), /metrics, and the guards in front of them all."""
+its own document at /api/v1/openapi.json), /metrics, and the guards in front of them all:
+the Host check, the refusal of a POST a page of another site makes a browser send (the
+sign-in's included), the body limit, and the access check."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -19,7 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -52,6 +55,8 @@ from ._models import BULK_ACTIONS, MAX_LIST
 from ._quotas import Quotas
 from ._views import activity_chart, render, step_timeline
 
+logger = logging.getLogger("stepwarden.dashboard")
+
 FORM_BODY = 64 * 1024
 """The largest body of a form (sign-in, sign-out), in bytes."""
 API_BODY = 2 * 1024 * 1024
@@ -80,9 +85,11 @@ DESCRIPTION = (
     "Read the tasks, steps, history and alerts of a stepwarden store, and act on tasks as an "
     "operator. Reads need nothing on a loopback address, and the API token (or a signed-in "
     "session) elsewhere (401 without); actions are POSTs that need the dashboard's API token, "
-    "or a signed-in session and its CSRF token, checked before the body is read (401, 403). "
-    f"An address that sends {MAX_FAILURES} wrong API tokens within a minute is refused (429, "
-    "Retry-After) for a minute, whatever token it sends. A body over 2 MiB is refused (413) "
+    "or a signed-in session and its CSRF token, checked before the body is read (401, 403); "
+    "a POST that a page of another site makes a browser send is refused (403). The right "
+    f"token is always taken; an address that sends {MAX_FAILURES} wrong API tokens within a "
+    "minute has its wrong ones answered 429 (Retry-After) for a minute, the sign-in's apart. "
+    "A body over 2 MiB is refused (413) "
     'before it is read. Values marked secret are shown as "***". The application API, under '
     "/api/v1 (its own document: /api/v1/openapi.json), needs a client's token instead, with "
     "the scope of each route, and answers an invalid request 422."
@@ -211,7 +218,7 @@ def create_app(
     application = _app_api.router(app, stopping, quotas)
     agents = _agent_api.router(app, stopping, quotas)
     served_routes = [*application.routes, *agents.routes]
-    clients_guard = _app_api.ClientGuard(clients, served_routes, guard.throttle)
+    clients_guard = _app_api.ClientGuard(clients, served_routes)
 
     def page(
         request: Request, template: str, live: str, status: int = 200, **context: Any
@@ -341,7 +348,7 @@ def create_app(
     async def login(request: Request) -> Response:
         form = _form(await request.body())
         next_ = _safe_next(form.get("next"))
-        verdict = guard.try_token(request, form.get("token", ""))
+        verdict = guard.try_token(request, form.get("token", ""), signing_in=True)
         if verdict.status == 429:
             refused = html_error(request, 429, verdict.reason)
             refused.headers.update(verdict.headers)
@@ -434,8 +441,10 @@ def create_app(
         redoc_url=None,
         routes=pages,
         middleware=[
+            Middleware(_ClientGone),
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
+            Middleware(_SameOrigin, exempt=(_app_api.PREFIX + "/",)),
             Middleware(_BodyLimit),
             Middleware(_Access, guard=guard, auth_reads=auth_reads, clients=clients_guard),
         ],
@@ -486,6 +495,7 @@ def _mounted_api(app: App, auth: Callable[..., Any], hosts: Sequence[str] | None
         docs_url=None,
         redoc_url=None,
         middleware=[
+            Middleware(_ClientGone),
             Middleware(_SecurityHeaders),
             *([Middleware(_HostCheck, hosts=hosts)] if hosts is not None else []),
             Middleware(_SameOrigin),
@@ -624,28 +634,62 @@ class _HostCheck:
 
 
 class _SameOrigin:
-    """Mounted behind the service's own auth, which may rest on a cookie the browser sends by
-    itself: an action a page of another site makes the browser send is refused (403), as the
-    browser names it (`Sec-Fetch-Site` other than same-origin or none, or an `Origin` whose
-    host is not the request's). Calls from programs, which send neither, are not affected."""
+    """A state-changing request that a page of another site makes the browser send is
+    refused (403), as the browser names it: by `Sec-Fetch-Site` (other than same-origin or
+    none) when it sends one, which every current browser does; else by an `Origin` whose host
+    is not the request's (or `null`). Calls from programs, which send neither, are not
+    affected. Behind the service's own auth, which may rest on a cookie the browser sends by
+    itself, this guards every action; in the token's dashboard, the sign-in too (a page of
+    another site could sign a browser in, or spend an address's wrong tokens), and every POST
+    but those under `exempt` (the application API's, whose clients are programs with a
+    bearer token that no page can make a browser send)."""
 
     SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+    def __init__(self, inner: ASGIApp, exempt: Sequence[str] = ()) -> None:
+        self.inner = inner
+        self.exempt = tuple(exempt)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] not in self.SAFE
+            and not _route_path(scope).startswith(self.exempt or ("\0",))
+            and _cross_site(Headers(scope=scope))
+        ):
+            await _refuse(scope, send, 403, "an action sent from another site is refused")
+            return
+        await self.inner(scope, receive, send)
+
+
+def _cross_site(headers: Headers) -> bool:
+    """Whether the browser says that the request was made by a page of another site."""
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = headers.get("origin")
+    return origin is not None and (
+        origin == "null" or urlsplit(origin).netloc != headers.get("host", "")
+    )
+
+
+class _ClientGone:
+    """A client that goes before its request's body has arrived (or that the server closes
+    for being too slow) ends its request with one line in the log, at debug level, instead of
+    a traceback: its connection is gone, and there is no one to answer."""
 
     def __init__(self, inner: ASGIApp) -> None:
         self.inner = inner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in self.SAFE:
-            headers = Headers(scope=scope)
-            site = headers.get("sec-fetch-site")
-            origin = headers.get("origin")
-            other_origin = origin is not None and (
-                origin == "null" or urlsplit(origin).netloc != headers.get("host", "")
+        try:
+            await self.inner(scope, receive, send)
+        except ClientDisconnect:
+            logger.debug(
+                "%s %s: the client went before its request's body arrived",
+                scope.get("method", ""),
+                _route_path(scope),
             )
-            if (site is not None and site not in ("same-origin", "none")) or other_origin:
-                await _refuse(scope, send, 403, "an action sent from another site is refused")
-                return
-        await self.inner(scope, receive, send)
 
 
 class _BodyLimit:
