@@ -81,7 +81,7 @@ def configuration_page() -> str:
         commands = ", ".join(f"`{c}`" for c in row["commands"])
         options = ", ".join(f"`{o}`" for o in row["options"])
         lines.append(f"| `{name}` | {options} | {commands} | {_cell(row['help'])} |")
-    from stepwarden import relay
+    from stepwarden import relay, sealing
 
     lines += [
         "",
@@ -93,6 +93,17 @@ def configuration_page() -> str:
         "relayed to the application's own broker (`reply_to` `amqp://`, `nats://`, "
         "`redis://`): only its owner may read it ([status messages on a broker]"
         "(../howto/observing.md#status-messages)) |",
+        "",
+        "Read by every process that seals or opens secrets (the App, `stepwarden worker`, "
+        "`stepwarden dashboard`, `stepwarden reseal`; [secrets sealed at rest]"
+        "(../howto/secrets.md)), one or the other:",
+        "",
+        "| variable | what it sets |",
+        "|---|---|",
+        f"| `{sealing.KEYRING_ENV}` | the keyring's file (`stepwarden keys new FILE`): only "
+        "its owner may read it |",
+        f"| `{sealing.KEYS_ENV}` | the keyring's text itself: `seal ID KEY` and `digest ID "
+        "KEY` entries, separated by newlines or `;` |",
         "",
         "From Python, an application is configured by its arguments:",
         "[`App`](api.md#stepwarden.App), [`WorkerOptions`](api.md#stepwarden.WorkerOptions),",
