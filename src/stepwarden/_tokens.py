@@ -35,12 +35,12 @@ import math
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ._files import OWNERS_TO_WRITE, read_guarded
 from .errors import ConfigurationError
 
 T = TypeVar("T")
@@ -388,19 +388,8 @@ def _known(destinations: Collection[str], given: Sequence[tuple[str, Given]]) ->
 def read(path: str | os.PathLike[str], destinations: Collection[str] | None = None) -> Clients:
     """The clients of the tokens file at `path`. A file that others than its owner may write
     is refused: whoever can write it can add a client."""
-    shown = os.fspath(path)
-    try:
-        with open(path, "rb") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            if stat.S_ISREG(mode) and mode & 0o022:
-                raise ConfigurationError(
-                    f"{shown!r} may be written by others than its owner (mode "
-                    f"{stat.S_IMODE(mode):o}): make it theirs alone to write, chmod 644 or 600"
-                )
-            text = file.read().decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"cannot read the API tokens file {shown!r}: {exc}") from exc
-    return parse(text, repr(shown), destinations)
+    text = read_guarded(path, "the API tokens file", OWNERS_TO_WRITE)
+    return parse(text, repr(os.fspath(path)), destinations)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from ._files import OWNERS_TO_WRITE, read_guarded
 from .errors import ConfigurationError
 from .secret import public_url
 
@@ -175,19 +175,8 @@ class Destinations:
     def from_file(cls, path: str | os.PathLike[str]) -> Destinations:
         """From the file at `path`. A file others than its owner may write is refused:
         whoever can write it can send status messages anywhere."""
-        shown = os.fspath(path)
-        try:
-            with open(path, "rb") as file:
-                mode = os.fstat(file.fileno()).st_mode
-                if stat.S_ISREG(mode) and mode & 0o022:
-                    raise ConfigurationError(
-                        f"the destinations file {shown!r} may be written by others than its "
-                        f"owner (mode {stat.S_IMODE(mode):o}): chmod 644 or 600"
-                    )
-                text = file.read().decode()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"cannot read the destinations file {shown!r}: {exc}") from exc
-        return cls.parse(text, shown)
+        text = read_guarded(path, "the destinations file", OWNERS_TO_WRITE)
+        return cls.parse(text, os.fspath(path))
 
     @classmethod
     def parse(cls, text: str, source: str = "the destinations file") -> Destinations:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from typing import Any, Protocol
 
 from . import _json
 from ._aio import sleep_unless, to_the_end
+from ._files import PRIVATE, read_guarded
 from .destinations import BROKERS_ENV, Destination, Destinations, broker
 from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
@@ -107,17 +107,8 @@ class Brokers:
         """From a JSON object of `"scheme://host[:port]": {fields}`. A file its group or
         others may read or write is refused (`chmod 600`), as is an unknown field (named,
         never its value)."""
-        try:
-            mode = os.stat(path).st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise ConfigurationError(
-                    f"{ENV}: {path} may be read or written by others than its owner: "
-                    f"chmod 600 {path}"
-                )
-            with open(path, "rb") as file:
-                raw = _json.loads(file.read(), what=f"{ENV} file {path}")
-        except OSError as exc:
-            raise ConfigurationError(f"{ENV}: cannot read {path}: {exc.strerror}") from None
+        text = read_guarded(path, f"{ENV}: the brokers' file", PRIVATE)
+        raw = _json.loads(text, what=f"{ENV} file {path}")
         if not isinstance(raw, dict):
             raise ConfigurationError(f"{ENV}: {path} must hold a JSON object")
         access = {}

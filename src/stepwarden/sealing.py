@@ -37,13 +37,13 @@ import hmac
 import os
 import re
 import secrets
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ._files import PRIVATE, read_guarded
 from .errors import KeyringError
 
 SEALED_KEY = "$sealed"
@@ -149,19 +149,8 @@ class Keyring:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
         """The keyring in the file at `path`, which only its owner may read or write."""
-        shown = os.fspath(path)
-        try:
-            with open(path, "rb") as file:
-                mode = os.fstat(file.fileno()).st_mode
-                if stat.S_ISREG(mode) and mode & 0o077:
-                    raise KeyringError(
-                        f"the keyring {shown!r} may be read or written by others than its "
-                        f"owner (mode {stat.S_IMODE(mode):o}): chmod 600 {shown}"
-                    )
-                text = file.read().decode()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KeyringError(f"cannot read the keyring {shown!r}: {exc}") from None
-        return cls.parse(text, f"the keyring {shown!r}")
+        text = read_guarded(path, "the keyring", PRIVATE, KeyringError)
+        return cls.parse(text, f"the keyring {os.fspath(path)!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Keyring | None:

@@ -18,7 +18,6 @@ import contextlib
 import resource
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden import _tokens
+from tests.brokers.test_destinations import Listener
 from tests.cli.helpers import REPO, STEPWARDEN, process_env
 from tests.httpapi.api_app import STORE_ENV
 
@@ -40,31 +40,6 @@ CLIENTS = {
     "billing": ("submit", "read"),
     "desk": ("agent:desk",),
 }
-
-
-class Listener:
-    """A TCP listener of the test's own: counts the connections made to it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = int(self.sock.getsockname()[1])
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError, OSError):
-                conn, _ = self.sock.accept()
-                self.accepted += 1
-                conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ import ipaddress
 import math
 import os
 import secrets
-import stat
 import tempfile
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from .._files import PRIVATE, read_guarded
 from ..errors import ConfigurationError
 
 SESSION_COOKIE = "stepwarden_session"
@@ -70,20 +70,7 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     """The API token held in the file at `path`, its surrounding whitespace (a trailing
     newline) ignored. A file its group or others may read or write is refused: the token is
     a password, and such a file shares it."""
-    try:
-        with open(path, "rb") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            if stat.S_ISREG(mode) and mode & 0o077:
-                raise ConfigurationError(
-                    f"{os.fspath(path)!r} may be read or written by others than its owner "
-                    f"(mode {stat.S_IMODE(mode):o}): make it private, chmod 600"
-                )
-            text = file.read().decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(
-            f"cannot read the API token from {os.fspath(path)!r}: {exc}"
-        ) from exc
-    return check_token(text.strip())
+    return check_token(read_guarded(path, "the API token's file", PRIVATE).strip())
 
 
 def state_directory() -> Path:
