@@ -303,19 +303,22 @@ class GonePlan:
     (its task's calls go on); else back to not_started past its complete_by, claimed by
     none, for the scheduler that resumes the task to dispatch again."""
     release_as: TaskState | None
-    """The state a task a scheduler holds is released into (`release_state`), failure_count
-    unchanged, for a scheduler to take up again at once and adopt the step (its own may be
-    gone with the agent, and a step's complete_by never passes its task's, which is set
-    anew at the next claim); None for a task no scheduler holds, left as it is."""
+    """The state a task held by a scheduler instance found gone (with the agent, as a
+    worker of every role dies) is released into (`release_state`), failure_count
+    unchanged, for a scheduler to take up again at once and adopt the step; None for a
+    task no scheduler holds, left as it is, and for one an alive scheduler holds, which
+    waits on for the step queued again under its own attempt (its complete_by never past
+    the task's)."""
 
 
-def plan_gone_step(*, task_state: TaskState, task_held: bool) -> GonePlan:
+def plan_gone_step(*, task_state: TaskState, task_held: bool, holder_gone: bool) -> GonePlan:
     """Where a gone instance's running step goes, whatever the state of its task (read in
-    the sweep's transaction, with whether a scheduler holds it): queued again in time for
-    a task in the CALL_TASK_STATES (held, released, waiting: its calls go on); past its
-    complete_by for any other (paused: no call runs until it is resumed), as the instance's
-    own word that its call stopped would (`plan_call_stopped`); a held task released."""
-    held = task_held and task_state in HELD_TASK_STATES
+    the sweep's transaction, with whether a scheduler holds it and whether that scheduler
+    is found gone): queued again in time for a task in the CALL_TASK_STATES (held,
+    released, waiting: its calls go on); past its complete_by for any other (paused: no
+    call runs until it is resumed), as the instance's own word that its call stopped would
+    (`plan_call_stopped`); a task held by a gone scheduler released."""
+    held = task_held and holder_gone and task_state in HELD_TASK_STATES
     return GonePlan(
         in_time=task_state in CALL_TASK_STATES,
         release_as=release_state(task_state) if held else None,

@@ -205,13 +205,19 @@ def _literal(value: float | None) -> str:
 
 
 async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store, agents: AgentPort) -> None:
+    """A worker of every role dies: its agent instance and its scheduler instance are found
+    gone. The step goes back to the queue and its task is released with it."""
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
     await agents.beat([beat(A1)], ttl=30)
+    await store.beat_schedulers(
+        [SchedulerBeat(instance="s1", workflows=("wf",), capacity=10, held=1)], ttl=30
+    )
     await running_step(store, agents, "t1")
     assert await sweep(store, term) == []  # a1 is alive
     assert await sweep(store, term + 1) == []  # not the lease's term: nothing
     await agents.leave(A1, ["pay"])
+    await store.leave_scheduler("s1")
     assert await sweep(store, term + 1) == []
     [swept] = await sweep(store, term)
     assert (swept.task_id, swept.seq, swept.kind, swept.instance) == ("t1", 1, "reassigned", A1)
@@ -239,6 +245,44 @@ async def test_the_steps_of_a_gone_instance_are_reassigned(store: Store, agents:
     assert await agents.complete_steps([outcome("t1", 2, instance=A2)]) == [True]
     [event] = [e for e in await store.events(task_id="t1") if e.kind == "reassigned"]
     assert event.detail["from"] == A1 and event.detail["attempt"] == 2
+
+
+async def test_a_gone_instances_step_of_a_task_an_alive_scheduler_holds_is_queued_for_it(
+    store: Store, agents: AgentPort
+) -> None:
+    """Only the agent instance is gone: the scheduler holding the task is alive and waits
+    for the step. The step is queued again under that scheduler's attempt of the task, its
+    complete_by never past the task's; the task stays held (no release, no new claim), and
+    the scheduler adopts the step as it stands."""
+    term = await store.acquire_lease(LEASE, "sup", 30)
+    assert term is not None
+    await agents.beat([beat(A1)], ttl=30)
+    await store.beat_schedulers(
+        [SchedulerBeat(instance="s1", workflows=("wf",), capacity=10, held=1)], ttl=30
+    )
+    await running_step(store, agents, "t1")
+    held = await store.get_task("t1")
+    assert held is not None and held.complete_by is not None
+    await agents.leave(A1, ["pay"])
+    [swept] = await sweep(store, term)
+    assert (swept.task_id, swept.kind) == ("t1", "reassigned")
+    task = await store.get_task("t1")
+    assert task is not None
+    assert (task.process_state, task.locked_by, task.attempt, task.failure_count) == (
+        TaskState.PROCESSING,
+        "s1",
+        held.attempt,
+        0,
+    )
+    [step] = await store.get_steps("t1")
+    assert (step.state, step.attempt, step.task_attempt) == (StepState.NOT_STARTED, 2, held.attempt)
+    assert step.complete_by is not None and step.complete_by <= held.complete_by
+    adopt = dispatch("t1", held.attempt, scheduler="s1", kind="adopt", expected=2)
+    [adopted] = await store.dispatch_steps([adopt])
+    assert adopted is not None and adopted.attempt == 2
+    [req] = await agents.claim_requests(A2, "pay", ["charge"], 1)
+    assert req.attempt == 2
+    assert await agents.complete_steps([outcome("t1", 2, instance=A2)]) == [True]
 
 
 async def _task_in(store: Store, agents: AgentPort, state: str) -> tuple[int, str]:
@@ -272,9 +316,7 @@ async def _task_in(store: Store, agents: AgentPort, state: str) -> tuple[int, st
     return 1, "charge"
 
 
-@pytest.mark.parametrize(
-    "state", ["pending", "processing", "waiting", "compensating", "paused"]
-)
+@pytest.mark.parametrize("state", ["pending", "processing", "waiting", "compensating", "paused"])
 async def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_task(
     store: Store, agents: AgentPort, state: str
 ) -> None:
@@ -302,8 +344,9 @@ async def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_tas
     )
     task = await store.get_task("t1")
     assert task is not None and before is not None and task.failure_count == 0
-    if state == "processing":  # released by the sweep, for a scheduler to take up again
-        assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PENDING, None, 2)
+    if state == "processing":  # s2 (alive) keeps it; the step is queued under its attempt
+        assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PROCESSING, "s2", 2)
+        assert step.task_attempt == 2
     else:
         assert (task.process_state, task.locked_by) == (before.process_state, None)
     assert await sweep(store, term) == []  # once
@@ -342,7 +385,8 @@ async def test_a_gone_instances_step_waits_for_a_claim_of_its_task_under_way(
     another transaction holds locked (a claim under way) is left for the next sweep. Given
     back meanwhile, on the task as it stood before the claim, it would leave the new holder
     a step it can neither adopt nor dispatch again (the attempt moved), its task held until
-    its complete_by; after the claim, it is given back and the task released with it."""
+    its complete_by; after the claim, it is given back under the new holder's attempt, for
+    that holder (alive) to adopt."""
     term = await store.acquire_lease(LEASE, "sup", 30)
     assert term is not None
     await agents.beat([beat(A1)], ttl=30)
@@ -360,7 +404,9 @@ async def test_a_gone_instances_step_waits_for_a_claim_of_its_task_under_way(
     assert (swept.task_id, swept.kind) == ("t1", "reassigned")
     task = await store.get_task("t1")
     assert task is not None
-    assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PENDING, None, 2)
+    assert (task.process_state, task.locked_by, task.attempt) == (TaskState.PROCESSING, "s2", 2)
+    [step] = await store.get_steps("t1")
+    assert (step.state, step.task_attempt) == (StepState.NOT_STARTED, 2)
 
 
 async def test_agent_room_counts_only_what_alive_instances_hold(

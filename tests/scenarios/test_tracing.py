@@ -95,6 +95,9 @@ def test_one_trace_from_a_web_request_through_two_workers_a_kill_a_retry_and_a_s
         steps = {s.seq: s for s in app.show(task_id).steps}
         first_dispatch_of_second = _span_id(steps[2].trace_context)
         cluster.kill(a)
+        # The run worker-a held when it was killed (its first, or a later one when its hold
+        # ran out on a busy machine and it claimed the task again): its span never ended.
+        killed_run = _span_id(app.status(task_id).run_trace)
         b = cluster.start("worker-b", *QUICK, env=env, app=APP)
         result = app.result(task_id, timeout=60)
         assert result == [a.pid, b.pid, b.pid]
@@ -144,13 +147,15 @@ def test_one_trace_from_a_web_request_through_two_workers_a_kill_a_retry_and_a_s
     call_first = one(of_a, "call svc.first")
     assert call_first.parent_id == dispatch_first.span_id
     first_run = dispatch_first.parent_id
+    assert first_run not in {s.span_id for s in spans}  # worker-a's first run never ended
     assert not named(of_a, "run ")  # still open when the process was killed
 
-    # worker-b: a run after the kill linked to the first run, then one after the timer
+    # worker-b: a run after the kill linked to worker-a's last run, then one after the timer
     # linked to it (more if the store's timing made a run stop early: each links to the last).
     runs = sorted(named(of_b, "run traced"), key=lambda s: int(s.attr("stepwarden.task_attempt")))
     assert len(runs) >= 2, [r.attributes for r in runs]
-    previous = first_run
+    assert killed_run not in {s.span_id for s in spans}  # open when it was killed
+    previous = killed_run
     for run in runs:
         assert run.parent_id == submit.span_id
         assert run.links == [(trace_id, previous)]

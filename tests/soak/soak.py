@@ -77,10 +77,17 @@ BEGIN
     VALUES (NEW.task_id, 'dispatch', NEW.task_attempt, NEW.seq);
 END;
 CREATE TRIGGER soak_redispatch AFTER UPDATE OF task_attempt, attempt ON stepwarden_steps
-WHEN NEW.task_attempt <> OLD.task_attempt OR NEW.attempt <> OLD.attempt
+WHEN (NEW.task_attempt <> OLD.task_attempt OR NEW.attempt <> OLD.attempt)
+     AND NEW.reassignments = OLD.reassignments
 BEGIN
     INSERT INTO soak_audit (task_id, what, attempt, seq)
     VALUES (NEW.task_id, 'dispatch', NEW.task_attempt, NEW.seq);
+END;
+CREATE TRIGGER soak_requeue AFTER UPDATE OF reassignments ON stepwarden_steps
+WHEN NEW.reassignments <> OLD.reassignments
+BEGIN
+    INSERT INTO soak_audit (task_id, what, attempt, seq)
+    VALUES (NEW.task_id, 'requeue', NEW.task_attempt, NEW.seq);
 END;
 """
 
@@ -102,8 +109,11 @@ CREATE TRIGGER soak_task AFTER UPDATE ON stepwarden_tasks
 FOR EACH ROW EXECUTE FUNCTION soak_task();
 CREATE FUNCTION soak_step() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'INSERT' OR NEW.task_attempt <> OLD.task_attempt OR NEW.attempt <> OLD.attempt
-    THEN
+    IF TG_OP = 'UPDATE' AND NEW.reassignments <> OLD.reassignments THEN
+        INSERT INTO soak_audit (task_id, what, attempt, seq)
+        VALUES (NEW.task_id, 'requeue', NEW.task_attempt, NEW.seq);
+    ELSIF TG_OP = 'INSERT' OR NEW.task_attempt <> OLD.task_attempt
+          OR NEW.attempt <> OLD.attempt THEN
         INSERT INTO soak_audit (task_id, what, attempt, seq)
         VALUES (NEW.task_id, 'dispatch', NEW.task_attempt, NEW.seq);
     END IF;
@@ -142,7 +152,9 @@ def read_audit(url: str) -> list[tuple[str, str, int, int | None]]:
 
 def check_holds(audit: Sequence[tuple[str, str, int, int | None]]) -> list[str]:
     """Each claim follows the release of the hold before it; each dispatch falls inside the
-    hold of the attempt it names."""
+    hold of the attempt it names; a step the supervisor queues again (its agent instance
+    gone) names the attempt holding its task, or its task is held by none (the next claim
+    adopts it)."""
     problems: list[str] = []
     held: dict[str, int | None] = {}  # the attempt holding each task now, None when free
     for task_id, what, attempt, seq in audit:
@@ -158,6 +170,11 @@ def check_holds(audit: Sequence[tuple[str, str, int, int | None]]) -> list[str]:
         elif what == "dispatch" and current != attempt:
             problems.append(
                 f"{task_id}: step {seq} dispatched under attempt {attempt} while {current} held it"
+            )
+        elif what == "requeue" and current not in (attempt, None):
+            problems.append(
+                f"{task_id}: step {seq} queued again under attempt {attempt} while {current}"
+                " held it"
             )
     return problems
 

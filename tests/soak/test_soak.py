@@ -54,3 +54,9 @@ def test_the_hold_check_finds_overlaps_and_stale_writes() -> None:
     assert check_holds(overlap) == ["t: claimed as attempt 2 while 1 held it"]
     stale = [*fine, ("t", "dispatch", 1, 2)]
     assert check_holds(stale) == ["t: step 2 dispatched under attempt 1 while 2 held it"]
+    # The supervisor queues a gone agent's step again: under its holder's attempt, or held
+    # by none; never under an attempt that no longer holds it.
+    requeued = [*fine, ("t", "requeue", 2, 1), ("t", "release", 2, None), ("t", "requeue", 2, 1)]
+    assert check_holds(requeued) == []
+    late = [*fine, ("t", "requeue", 1, 1)]
+    assert check_holds(late) == ["t: step 1 queued again under attempt 1 while 2 held it"]

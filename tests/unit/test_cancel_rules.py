@@ -124,14 +124,15 @@ def test_a_gone_instances_step_is_given_back_whatever_the_state_of_its_task(
     task: TaskState,
 ) -> None:
     """Queued in time while the task's calls go on, past its complete_by otherwise (as the
-    instance's own word that its call stopped would be); a task held is released as its
-    scheduler's release would be, and one held by none is left as it is."""
-    for held in (True, False):
-        plan = plan_gone_step(task_state=task, task_held=held)
+    instance's own word that its call stopped would be); a task held by a gone scheduler
+    is released as that scheduler's release would be; one held by an alive scheduler, or
+    by none, is left as it is."""
+    for held, holder_gone in ((True, True), (True, False), (False, False)):
+        plan = plan_gone_step(task_state=task, task_held=held, holder_gone=holder_gone)
         assert plan.in_time == (task in CALL_TASK_STATES)
         stopped = plan_call_stopped(attempt=1, instance="a1", found=found(task=task))
         assert plan.in_time == (stopped == "hand_back")
-        if held and task in (TaskState.PROCESSING, TaskState.COMPENSATING):
+        if holder_gone and task in (TaskState.PROCESSING, TaskState.COMPENSATING):
             assert plan.release_as == (
                 TaskState.PENDING if task == TaskState.PROCESSING else TaskState.COMPENSATING
             )

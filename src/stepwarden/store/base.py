@@ -932,10 +932,11 @@ class Store(abc.ABC):
         reassign: bool = True,
     ) -> list[StepSwept]:
         """Under the lease (holder, term): reassign the running steps of gone agent
-        instances (not_started, attempt + 1, reassignments + 1, a full complete_by) and
-        release their tasks (pending, or compensating unheld; failure_count unchanged) for a
-        scheduler to take up again at once, since the task's own scheduler may be gone with
-        the agent; fail the steps no agent claimed within their pick-up timeout and the open
+        instances (not_started, attempt + 1, reassignments + 1, a full complete_by, named
+        after the task's attempt) and release those of their tasks held by a scheduler
+        instance found gone (pending, or compensating unheld; failure_count unchanged) for a
+        scheduler to take up again at once (an alive holder keeps its task and waits for the
+        step); fail the steps no agent claimed within their pick-up timeout and the open
         steps past their total timeout (an open one as abandoned: it may have taken effect),
         and forget instances gone for `forget_after` seconds (without `reassign`, the gone
         instances are left alone). Nothing is written when the lease is no longer held at

@@ -1142,13 +1142,14 @@ def sweep_steps(
     wake: Wakeups,
 ) -> Flow[list[StepSwept]]:
     """Under the lease: the running steps (in time) of gone agent instances go back to
-    not_started under a new attempt, whatever the state of their task, as
-    `rules.plan_gone_step` says: queued again with a full complete_by while the task's
-    calls go on (held, released, waiting), past its complete_by for a paused one; a held
-    task is released (failure_count unchanged), since its scheduler may be gone with the
-    agent. Steps no agent claimed within their pick-up timeout, and open steps past their
-    total timeout, fail (`rules.pickup_failure`, `rules.total_failure`); instances gone
-    for `forget_after` seconds are forgotten."""
+    not_started under a new attempt named after the task's, whatever the state of their
+    task, as `rules.plan_gone_step` says: queued again with a full complete_by while the
+    task's calls go on (held, released, waiting), past its complete_by for a paused one; a
+    task held by a scheduler found gone is released (failure_count unchanged), one held by
+    an alive scheduler kept (it waits on for the step). Steps no agent claimed within
+    their pick-up timeout, and open steps past their total timeout, fail
+    (`rules.pickup_failure`, `rules.total_failure`); instances gone for `forget_after`
+    seconds are forgotten."""
     if limit <= 0:
         return []
     held, gone, pickup, total = yield [
@@ -1172,7 +1173,9 @@ def sweep_steps(
     moves = []
     for r in gone:
         plan = plan_gone_step(
-            task_state=TaskState(r["task_state"]), task_held=r["task_locked_by"] is not None
+            task_state=TaskState(r["task_state"]),
+            task_held=r["task_locked_by"] is not None,
+            holder_gone=bool(r["task_holder_gone"]),
         )
         released_as = None if plan.release_as is None else str(plan.release_as)
         moves.append(

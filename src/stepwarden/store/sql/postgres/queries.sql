@@ -610,11 +610,14 @@ WHERE task_id = %(task_id)s AND seq = %(seq)s
 
 -- name: gone_holders
 -- Running steps in time whose agent instance is gone, whatever the state of their task
--- (held, released, waiting, paused...), with that task's state, holder and attempt: both
--- rows locked, so that the task is not claimed meanwhile (a claim skips it, and adopts the
--- step given back once this commits) and its hold as read is the one released.
+-- (held, released, waiting, paused...), with that task's state, holder and attempt, and
+-- whether its holder is a scheduler instance found gone: both rows locked, so that the task
+-- is not claimed meanwhile (a claim skips it, and adopts the step given back once this
+-- commits) and its hold as read is the one kept or released.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
-       t.process_state AS task_state, t.locked_by AS task_locked_by
+       t.process_state AS task_state, t.locked_by AS task_locked_by,
+       EXISTS (SELECT 1 FROM stepwarden_schedulers g
+               WHERE g.instance = t.locked_by AND g.expires_at <= now()) AS task_holder_gone
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.complete_by > now()
   AND NOT EXISTS (SELECT 1 FROM stepwarden_agents a
@@ -643,11 +646,13 @@ FOR UPDATE SKIP LOCKED
 -- name: reassign_steps
 -- The running steps of gone agent instances back to not_started under a new attempt, as
 -- the caller planned (rules.plan_gone_step), each fenced by the attempt, state and holder
--- read: `in_time`, with a full complete_by of its own, for another instance to claim;
--- otherwise past its complete_by (its task paused), for the scheduler resuming the task to
--- dispatch again. A task held under the attempt and state read is released into
--- `released_as` (when given), failure_count unchanged, for a scheduler to take up again at
--- once (it adopts the step): its own scheduler may be gone with the agent.
+-- read, and named after the task's attempt read (its holder's, or the last one's, whose
+-- next claim adopts it): `in_time`, with a full complete_by of its own (never past the
+-- complete_by of a task kept held), for another instance to claim; otherwise past its
+-- complete_by (its task paused), for the scheduler resuming the task to dispatch again. A
+-- task held under the attempt and state read by a scheduler instance found gone is
+-- released into `released_as` (when given), failure_count unchanged, for a scheduler to
+-- take up again at once (it adopts the step).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(attempt)s::int[],
                          %(instance)s::text[], %(in_time)s::bool[], %(task_attempt)s::int[],
@@ -657,13 +662,14 @@ WITH d AS (
 ), r AS (
     UPDATE stepwarden_steps s
     SET state = 'not_started', attempt = s.attempt + 1, reassignments = s.reassignments + 1,
-        locked_by = NULL, claimed_at = NULL, dispatched_at = now(),
-        ranked_at = now() - (s.dispatched_at - s.ranked_at),
+        task_attempt = d.task_attempt, locked_by = NULL, claimed_at = NULL,
+        dispatched_at = now(), ranked_at = now() - (s.dispatched_at - s.ranked_at),
         complete_by = CASE WHEN d.in_time THEN stepwarden_step_deadline(
             now(),
             coalesce(make_interval(secs => s.complete_within), s.complete_by - s.dispatched_at),
-            NULL, s.give_up_by, NULL) ELSE LEAST(s.complete_by, now()) END
-    FROM d
+            CASE WHEN d.released_as IS NULL THEN t.complete_by END, s.give_up_by, NULL)
+            ELSE LEAST(s.complete_by, now()) END
+    FROM d JOIN stepwarden_tasks t ON t.task_id = d.task_id
     WHERE s.task_id = d.task_id AND s.seq = d.seq AND s.attempt = d.attempt
       AND s.state = 'running' AND s.locked_by = d.instance
     RETURNING d.ord, s.task_id, s.seq, s.attempt, d.instance, d.task_attempt, d.held_as,

@@ -402,9 +402,12 @@ WHERE task_id = :task_id AND seq = :seq
 
 -- name: gone_holders
 -- Running steps in time whose agent instance is gone, whatever the state of their task
--- (held, released, waiting, paused...), with that task's state, holder and attempt.
+-- (held, released, waiting, paused...), with that task's state, holder and attempt, and
+-- whether its holder is a scheduler instance found gone.
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.locked_by, t.attempt AS task_attempt,
-       t.process_state AS task_state, t.locked_by AS task_locked_by
+       t.process_state AS task_state, t.locked_by AS task_locked_by,
+       EXISTS (SELECT 1 FROM stepwarden_schedulers g
+               WHERE g.instance = t.locked_by AND g.expires_at <= :now) AS task_holder_gone
 FROM stepwarden_steps s INDEXED BY stepwarden_steps_holder
 JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.complete_by > :now
@@ -428,18 +431,22 @@ LIMIT :limit
 
 -- name: reassign_steps
 -- The running step of a gone agent instance back to not_started under a new attempt, as the
--- caller planned (rules.plan_gone_step), fenced by the attempt, state and holder read:
--- `in_time`, with a full complete_by of its own, for another instance to claim; otherwise
--- past its complete_by (its task paused), for the scheduler resuming the task to dispatch
--- again. A task held under the attempt and state read is released into `released_as` (when
--- given), failure_count unchanged, for a scheduler to take up again at once (it adopts the
--- step): its own scheduler may be gone with the agent.
+-- caller planned (rules.plan_gone_step), fenced by the attempt, state and holder read, and
+-- named after the task's attempt read (its holder's, or the last one's, whose next claim
+-- adopts it): `in_time`, with a full complete_by of its own (never past the complete_by of
+-- a task kept held), for another instance to claim; otherwise past its complete_by (its
+-- task paused), for the scheduler resuming the task to dispatch again. A task held under
+-- the attempt and state read by a scheduler instance found gone is released into
+-- `released_as` (when given), failure_count unchanged, for a scheduler to take up again at
+-- once (it adopts the step).
 UPDATE stepwarden_steps
 SET state = 'not_started', attempt = attempt + 1, reassignments = reassignments + 1,
-    locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
+    task_attempt = :task_attempt, locked_by = NULL, claimed_at = NULL, dispatched_at = :now,
     ranked_at = :now - (dispatched_at - ranked_at),
     complete_by = CASE WHEN :in_time THEN stepwarden_step_deadline(
-        :now, coalesce(complete_within, complete_by - dispatched_at), NULL, give_up_by, NULL)
+        :now, coalesce(complete_within, complete_by - dispatched_at),
+        (SELECT t.complete_by FROM stepwarden_tasks t
+         WHERE t.task_id = :task_id AND :released_as IS NULL), give_up_by, NULL)
         ELSE MIN(complete_by, :now) END
 WHERE task_id = :task_id AND seq = :seq AND attempt = :attempt AND state = 'running'
   AND locked_by = :instance
