@@ -99,9 +99,11 @@ def load_app(ref: str) -> App:
         raise click.UsageError(f"cannot import module {module_name!r}: {exc}") from exc
     except StepwardenError as exc:  # e.g. the module's App names an invalid store URL
         raise click.UsageError(f"cannot load application {ref!r}: {_one_line(exc)}") from exc
-    app = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise click.UsageError(f"module {module_name!r} has no attribute {attr!r}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        raise click.UsageError(f"{ref!r} is not a stepwarden.App")
+        raise click.UsageError(f"{ref!r} is not a stepwarden.App (it is {type(app).__name__})")
     return app
 
 
@@ -168,7 +170,56 @@ def _listed(app: App, path: str | None) -> None:
             raise click.BadParameter(_one_line(exc), param_hint="--destinations") from exc
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The command line's group. Its options that take a value (`--app`, `--store`,
+    `--log-level`, `--log-format`) are accepted after the command too (`stepwarden worker
+    --app shop:app`): they are moved before it, where the group reads them, so that given
+    twice the one after the command wins. Nothing after `--` is moved."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._hoisted(ctx, args))
+
+    def _hoisted(self, ctx: click.Context, args: list[str]) -> list[str]:
+        own = _valued_options([self])
+        at = 0
+        while at < len(args) and args[at].startswith("-") and args[at] != "--":
+            at += 2 if args[at] in own else 1
+        if at >= len(args) or args[at] == "--":
+            return args
+        command = self.get_command(ctx, args[at])
+        if command is None:
+            return args
+        below = [command, *(command.commands.values() if isinstance(command, click.Group) else ())]
+        theirs = _valued_options(below)
+        moved: list[str] = []
+        kept: list[str] = []
+        rest = iter(args[at + 1 :])
+        for arg in rest:
+            if arg == "--":
+                kept += [arg, *rest]
+            elif arg in own:
+                moved += [arg, *[value for value in [next(rest, None)] if value is not None]]
+            elif arg.partition("=")[0] in own:
+                moved.append(arg)
+            else:
+                kept.append(arg)
+                if arg in theirs:  # its value is the command's, whatever it reads like
+                    kept += [value for value in [next(rest, None)] if value is not None]
+        return [*args[:at], *moved, args[at], *kept]
+
+
+def _valued_options(commands: Sequence[click.Command]) -> set[str]:
+    """The option strings of `commands` that take a value."""
+    return {
+        name
+        for command in commands
+        for param in command.params
+        if isinstance(param, click.Option) and not param.is_flag and not param.count
+        for name in param.opts
+    }
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @_opt(
     "--app",
     "app_ref",
@@ -205,7 +256,10 @@ def _listed(app: App, path: str | None) -> None:
 def cli(
     ctx: click.Context, app_ref: str | None, store: str | None, log_level: str, log_format: str
 ) -> None:
-    """stepwarden: durable multi-step operations (Scheduler-Agent-Supervisor)."""
+    """stepwarden: durable multi-step operations (Scheduler-Agent-Supervisor).
+
+    --app, --store, --log-level and --log-format may be given before the command or after it
+    (`stepwarden worker --app shop:app`)."""
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())

@@ -127,7 +127,10 @@ class Worker:
         if opts.agents is not None:
             missing = opts.agents - set(app.agents)
             if missing:
-                raise UnknownNameError(f"unknown agent(s): {', '.join(sorted(missing))}")
+                known = ", ".join(sorted(app.agents)) or "none"
+                raise UnknownNameError(
+                    f"unknown agent(s): {', '.join(sorted(missing))} (declared: {known})"
+                )
 
     async def run(self) -> None:
         """Run the roles until `stop` is set (or SIGTERM/SIGINT when run by `run_forever`)."""

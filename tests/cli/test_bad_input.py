@@ -135,8 +135,11 @@ def test_naming_no_store_and_no_application_is_a_usage_error() -> None:
     [
         ("cli_app", "invalid application 'cli_app': expected MODULE:ATTRIBUTE"),
         ("tests.cli.no_such_module:app", "cannot import module 'tests.cli.no_such_module'"),
-        ("tests.cli.cli_app:nothing", "'tests.cli.cli_app:nothing' is not a stepwarden.App"),
-        ("tests.cli.cli_app:build", "'tests.cli.cli_app:build' is not a stepwarden.App"),
+        ("tests.cli.cli_app:nothing", "module 'tests.cli.cli_app' has no attribute 'nothing'"),
+        (
+            "tests.cli.cli_app:build",
+            "'tests.cli.cli_app:build' is not a stepwarden.App (it is function)",
+        ),
         (
             "tests.cli.broken_app:app",
             "cannot load application 'tests.cli.broken_app:app': invalid store URL",

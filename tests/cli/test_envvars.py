@@ -146,7 +146,7 @@ def test_worker_roles_and_agents_read_their_environment_variables() -> None:
     )
     done = run("worker", env={**env, "STEPWARDEN_AGENTS": "desk,ghost"}, timeout=30)
     assert done.returncode == 1
-    assert error_line(done.stderr) == "Error: unknown agent(s): ghost"
+    assert error_line(done.stderr) == "Error: unknown agent(s): ghost (declared: desk)"
 
 
 def test_the_application_store_is_used_unless_a_store_is_named(

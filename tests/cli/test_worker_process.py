@@ -146,3 +146,28 @@ def test_a_full_worker_runs_a_submitted_task_and_exits_0_on_sigterm(
     assert proc.returncode == 0, log
     assert re.search(r"running agents, scheduler, supervisor$", log, re.MULTILINE), log
     assert "Traceback" not in log
+
+
+def test_the_application_and_the_log_format_are_taken_after_the_command(
+    migrated_url: str, start_worker: StartWorker
+) -> None:
+    """`stepwarden worker --app M:A --log-format json` works as `stepwarden --app M:A
+    --log-format json worker` does (the form the error without an application names)."""
+    proc = start_worker(
+        {"STEPWARDEN_STORE": migrated_url, "STEPWARDEN_POLL_INTERVAL": "0.02"},
+        "--app",
+        APP,
+        "--log-format",
+        "json",
+    )
+    _submit(migrated_url, "w-3", '{"n": 4}')
+
+    def processed() -> dict[str, Any] | None:
+        task = _show(migrated_url, "w-3")
+        return task if task["process_state"] == "processed" else None
+
+    _wait_until(proc, processed)
+    _, log = _stop(proc)
+    assert proc.returncode == 0, log
+    records = [orjson.loads(line) for line in log.splitlines()]
+    assert any(r["message"].endswith("running agents, scheduler, supervisor") for r in records)
