@@ -691,8 +691,9 @@ class App:
         """Send the event `name` with its JSON `payload` to a task: kept until its workflow
         waits for that name (`ctx.wait_for_event`), and waking the task at once if it waits
         for it now, in one transaction. `event_id` makes the send idempotent: an event_id sent
-        before is not sent again (`SendOutcome.sent` is False). Raises TaskNotFound, or
-        EventRefused when the task is finished or the event is beyond a bound
+        before is not sent again (`SendOutcome.sent` is False, whatever the task's state now:
+        also once that event has finished the task). Raises TaskNotFound, or EventRefused when
+        the task is finished (for an event_id it never took) or the event is beyond a bound
         (`max_events_per_task`, `max_event_payload`)."""
         event = self._event(task_id, name, payload, event_id)
         got = await (await self.store()).send_event(*event, self.event_bounds)

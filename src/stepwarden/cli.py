@@ -1064,8 +1064,10 @@ def send(
     max_event_payload: int | None,
 ) -> None:
     """Send the event NAME with PAYLOAD_JSON to TASK_ID: kept until its workflow waits for
-    NAME (ctx.wait_for_event), and waking the task if it waits for it now. Refused (exit 1)
-    for a finished task, or beyond --max-events-per-task or --max-event-payload."""
+    NAME (ctx.wait_for_event), and waking the task if it waits for it now. An --event-id
+    sent before is not sent again (exit 0, said on stderr), whatever the task's state now.
+    Refused (exit 1) for a finished task, or beyond --max-events-per-task or
+    --max-event-payload."""
     payload = _json_argument(payload_json, "PAYLOAD_JSON", "the event's payload")
     app = _bounded(
         App("stepwarden-send", store=obj.store_url(), auto_migrate=False),

@@ -129,7 +129,8 @@ class ChildFailed(StepwardenError):
 
 
 class EventRefused(StepwardenError):
-    """An event a task does not take, and did not keep: the task is finished (`state`), or
+    """An event a task does not take, and did not keep: the task is finished (`state`; an
+    event_id it took before is answered as sent before instead), or
     the event is beyond a bound of the App that sent it (`bound`: "max_events_per_task",
     the task keeps that many events already, or "max_event_payload", its payload has more
     bytes; `limit`: the bound's value, `found`: the events kept, or the payload's bytes).

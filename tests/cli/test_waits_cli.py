@@ -82,7 +82,7 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                     auth = {"Authorization": f"Bearer {TOKEN}"}
                     answer = await client.post(
                         "/api/tasks/api/send",
-                        json={"name": "approved", "payload": {"ok": True}},
+                        json={"name": "approved", "payload": {"ok": True}, "event_id": "ok"},
                         headers=auth,
                     )
                     assert answer.status_code == 200 and answer.json() == {
@@ -91,6 +91,16 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                     }
                     assert await app.result_async("api", timeout=20) == {
                         "approved": {"ok": True}
+                    }
+                    # Sent again once it finished the task: sent before, not refused.
+                    resent = await client.post(
+                        "/api/tasks/api/send",
+                        json={"name": "approved", "payload": {"ok": True}, "event_id": "ok"},
+                        headers=auth,
+                    )
+                    assert resent.status_code == 200 and resent.json() == {
+                        "sent": False,
+                        "woke": False,
                     }
                     finished = await client.post(
                         "/api/tasks/api/send", json={"name": "approved"}, headers=auth
@@ -106,6 +116,9 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
     asyncio.run(scenario())
     gone = invoke("--store", migrated_url, "send", "cli", "approved")
     assert_refused(gone, "task 'cli' is processed: it takes no event", exit_code=1)
+    again = invoke("--store", migrated_url, "send", "cli", "approved", "2", "--event-id", "e-1")
+    assert again.exit_code == 0, again.output
+    assert again.stderr == "cli: event 'approved' was sent before: nothing sent\n"
     assert_refused(invoke("--store", migrated_url, "send", "nobody", "x"), "no task", exit_code=1)
 
 

@@ -158,6 +158,38 @@ async def test_an_event_sent_after_the_wait_wakes_the_task(store_url: str) -> No
         await app.aclose()
 
 
+async def test_an_event_sent_again_after_it_finished_the_task_is_answered_as_sent_before(
+    store_url: str,
+) -> None:
+    """A sender whose answer was lost sends again: once the event has finished the task, the
+    answer is still "sent before" (not EventRefused), whatever the task's state; an event_id
+    the task never took is refused."""
+    shop = Approvals(store_url)
+    app = shop.app
+    try:
+        async with running(app):
+            await app.submit_async("approval", 60, task_id="a3")
+            await in_state(app, "a3", sw.TaskState.WAITING)
+            first = await app.send_event_async("a3", "approved", "ana", event_id="ok-a3")
+            assert first.sent and first.woke
+            assert await app.result_async("a3", timeout=20) == {"approved": "ana"}
+        again = await app.send_event_async("a3", "approved", "ana", event_id="ok-a3")
+        assert again == sw.SendOutcome(task_id="a3", sent=False, woke=False)
+        with pytest.raises(sw.EventRefused, match="processed"):
+            await app.send_event_async("a3", "approved", "bob", event_id="other")
+        # A cancelled task: the event it kept is answered as sent before, too.
+        await app.submit_async("approval", 60, task_id="a4")
+        assert (await app.send_event_async("a4", "approved", 1, event_id="kept")).sent
+        assert await app.cancel_async("a4") == sw.TaskState.CANCELLED
+        assert not (await app.send_event_async("a4", "approved", 1, event_id="kept")).sent
+        with pytest.raises(sw.EventRefused, match="cancelled"):
+            await app.send_event_async("a4", "approved", 1, event_id="new")
+        received = await (await app.store()).events(task_id="a3", kind="event_received")
+        assert [e.detail["event_id"] for e in received] == ["ok-a3"]  # recorded once
+    finally:
+        await app.aclose()
+
+
 async def test_an_event_sent_before_the_wait_is_kept_for_it(store_url: str) -> None:
     shop = Approvals(store_url)
     app = shop.app

@@ -211,7 +211,8 @@ export class Client {
   }
 
   /** Send the task an event (scope events): kept until its workflow waits for `name`.
-   * `eventId` makes it idempotent. */
+   * `eventId` makes it idempotent: sent again, it answers `{ sent: false }`, whatever the
+   * task's state now. */
   async sendEvent(
     taskId: string,
     name: string,

@@ -77,7 +77,7 @@ export interface StatusMessage {
 
 /** `POST /api/v1/events/{id}`. */
 export interface SendAnswer {
-  /** False when this event_id was sent before. */
+  /** False when this event_id was sent before, whatever the task's state now. */
   sent: boolean;
   /** The task was waiting for this event and is pending again. */
   woke: boolean;

@@ -287,7 +287,9 @@ test("an event sent to a task that waits for it wakes it, once per event id", as
   gate = null;
   const done = await result("approval-1");
   assert.deepEqual(done.result, { approved_by: "ann", shipped: { tracking: "T-approval-1/2", items: 2 } });
-  // A finished task takes no event, and cannot be cancelled.
+  // Sent again once it finished the task: answered as sent before, not refused.
+  assert.deepEqual(await client.sendEvent("approval-1", "approve", "ann", "approval-1-ann"), { sent: false, woke: false });
+  // A finished task takes no other event, and cannot be cancelled.
   for (const refused of [() => client.sendEvent("approval-1", "approve", "bob"), () => client.cancel("approval-1")]) {
     await assert.rejects(refused(), (error: unknown) => error instanceof StepwardenError && error.status === 409);
   }

@@ -260,13 +260,17 @@ def router(
         "waking the task if it waits for it now (e.g. an approval).",
         openapi_extra={"security": SECURED},
         responses=_answers(
-            r200=(SendAnswer, "Sent (or sent before, with this event_id)."),
+            r200=(
+                SendAnswer,
+                "Sent, or sent before with this event_id (sent is false), whatever the "
+                "task's state now.",
+            ),
             r400=BAD,
             r401=UNAUTHORISED,
             r403=FORBIDDEN,
             r429=THROTTLED,
             r404=(Error, "No such task."),
-            r409=(Error, "The task is finished: it takes no event."),
+            r409=(Error, "The task is finished: it takes no event it did not take before."),
             r413=(
                 Error,
                 "The event is beyond a bound, named in the error: the task keeps "

@@ -572,9 +572,13 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         "(ctx.wait_for_event), and waking the task if it waits for it now.",
         openapi_extra=_scoped("events"),
         responses=_answers(
-            r200=(SendAnswer, "Sent (or sent before, with this event_id)."),
+            r200=(
+                SendAnswer,
+                "Sent, or sent before with this event_id (sent is false), whatever the "
+                "task's state now.",
+            ),
             r404=NO_TASK,
-            r409=(Error, "The task is finished: it takes no event."),
+            r409=(Error, "The task is finished: it takes no event it did not take before."),
             r413=(Error, "The body is over 2 MiB, or the event is beyond a bound named in the "
             "error (the events a task keeps, the bytes of a payload)."),
             r422=INVALID,

@@ -78,7 +78,9 @@ class SendRequest(_Closed):
 
 
 class SendAnswer(_Closed):
-    sent: bool = Field(description="False when this event_id was sent before.")
+    sent: bool = Field(
+        description="False when this event_id was sent before, whatever the task's state now."
+    )
     woke: bool = Field(description="The task was waiting for this event and is pending again.")
 
 

@@ -1462,22 +1462,24 @@ def send_event(
 ) -> Flow[SendOutcome | TaskState | EventBeyond | None]:
     """An event for a task, kept in its inbox until a wait of its workflow takes it; a task
     waiting with an open wait for it becomes pending at once, in the same transaction.
-    Returns the outcome, or the state of a task that takes no event (finished), or the bound
-    a new event is beyond (`rules.event_beyond`: the events the task keeps are counted with
-    its row locked, so that concurrent sends cannot pass the bound), or None when there is
-    no task."""
+    Returns the outcome (not sent, when the task took this event_id before, whatever its
+    state now: a sender whose answer was lost is told it was taken, even once the event has
+    finished the task), or the state of a task that takes no new event (finished), or the
+    bound a new event is beyond (`rules.event_beyond`: the events the task keeps are counted
+    with its row locked, so that concurrent sends cannot pass the bound), or None when there
+    is no task."""
     task = yield from fetch("send_read_task", task_id=task_id)
     if not task:
         return None
     state = TaskState(task[0]["process_state"])
+    [kept] = yield from fetch("inbox_kept", task_id=task_id, event_id=event_id)
+    if kept["sent_before"]:
+        return SendOutcome(task_id=task_id, sent=False, woke=False)
     if state in FINISHED_TASK_STATES:
         return state
-    [kept] = yield from fetch("inbox_kept", task_id=task_id, event_id=event_id)
-    if not kept["sent_before"]:
-        size = len(payload.encode())
-        beyond = event_beyond(bounds, kept=int(kept["kept"]), size=size)
-        if beyond is not None:
-            return beyond
+    beyond = event_beyond(bounds, kept=int(kept["kept"]), size=len(payload.encode()))
+    if beyond is not None:
+        return beyond
     new = {"task_id": task_id, "event_id": event_id, "name": name, "payload": payload}
     sent = yield from fetch("insert_inbox", **new)
     woke = False
