@@ -12,6 +12,7 @@ Nothing is kept by hand: a new option or route shows on the next build.
 
 from __future__ import annotations
 
+import copy
 import re
 import tempfile
 from collections.abc import Iterator
@@ -24,6 +25,31 @@ from mkdocs.structure.files import File, Files
 
 CONFIGURATION = "reference/configuration.md"
 HTTP_API = "reference/http-api.md"
+
+
+def on_startup(command: str, dirty: bool) -> None:
+    _unset_defaults_shown_as_none()
+
+
+def _unset_defaults_shown_as_none() -> None:
+    """mkdocs-click writes an option's default as it is: with click 8.2 and later an option
+    given no default holds click's `UNSET` sentinel, which would show as `Sentinel.UNSET` in
+    the Default column. Such an option is shown as one whose default is None (or
+    "_required")."""
+    from mkdocs_click import _docs
+
+    row = _docs._format_table_option_row
+    if getattr(row, "unset_as_none", False):
+        return
+
+    def shown(option: click.Option) -> str:
+        if option.default is not None and type(option.default).__name__ == "Sentinel":
+            option = copy.copy(option)
+            option.default = None
+        return row(option)
+
+    shown.unset_as_none = True  # type: ignore[attr-defined]
+    _docs._format_table_option_row = shown
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
@@ -70,8 +96,10 @@ def configuration_page() -> str:
         "",
         "Generated from the command line's options at each build of these pages: every",
         "option below also reads the environment variable beside it (the option, when given,",
-        "wins). The command line's global options (`stepwarden --store URL COMMAND`) come",
-        "before the command. [The command line](cli.md) has each command's options in full.",
+        "wins). The command line's global options (`--app`, `--store`, `--log-level`,",
+        "`--log-format`) go before the command or after it (`stepwarden --store URL tasks` or",
+        "`stepwarden tasks --store URL`). [The command line](cli.md) has each command's",
+        "options in full.",
         "",
         "| variable | option | commands | what it sets |",
         "|---|---|---|---|",

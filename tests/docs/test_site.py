@@ -75,6 +75,9 @@ def test_the_site_builds_strictly_offline(tmp_path: Path) -> None:
     assert isinstance(cli, click.Group)
     for command in cli.commands:
         assert f"stepwarden {command}" in commands, command
+    # An option without a default shows none (click's sentinel is not written out).
+    assert "UNSET" not in commands and "Sentinel" not in commands
+    assert "<code>--app</code>" in commands
     # The old paths of the docs still lead to their pages.
     for old in ("RELIABILITY", "PERFORMANCE", "OPERATIONS"):
         assert (site / old / "index.html").exists(), old
