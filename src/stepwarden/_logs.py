@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +66,32 @@ def trace_ids() -> dict[str, str]:
     if not context.is_valid:
         return {}
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+class Quiet:
+    """At most one line of a kind every `every` seconds: `admit(kind)` says whether to log it
+    now, with how many of its kind were held back since the last one (the next line says
+    so), or None to hold it back. Its memory is bounded: past `kinds` kinds, those quiet no
+    longer are forgotten."""
+
+    def __init__(
+        self, every: float, *, kinds: int = 1000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every = every
+        self.kinds = kinds
+        self.clock = clock
+        self._quiet: dict[str, tuple[float, int]] = {}
+
+    def admit(self, kind: str) -> int | None:
+        now = self.clock()
+        until, held = self._quiet.get(kind, (0.0, 0))
+        if now < until:
+            self._quiet[kind] = (until, held + 1)
+            return None
+        if len(self._quiet) >= self.kinds:
+            self._quiet = {k: v for k, v in self._quiet.items() if v[0] > now}
+        self._quiet[kind] = (now + self.every, 0)
+        return held
 
 
 class JsonFormatter(logging.Formatter):

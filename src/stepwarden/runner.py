@@ -67,6 +67,9 @@ DEFAULT_HEARTBEAT = 1.0
 """Seconds between an agent instance's heartbeats in the registry."""
 DEFAULT_GONE_AFTER = 5.0
 """Seconds without a heartbeat after which an agent instance is gone."""
+RETRY_LOG_EVERY = 10.0
+"""Seconds between two info lines about an operation's retries (those between are logged at
+debug, and counted in the next info line)."""
 
 
 class _Lost(Exception):
@@ -270,6 +273,9 @@ class AgentRunner:
         self.breaker = (
             None if agent.breaker is None else CircuitBreaker(agent.breaker, self._on_breaker)
         )
+        self._retries = _logs.Quiet(RETRY_LOG_EVERY)
+        """A retry is logged at info at most once every RETRY_LOG_EVERY seconds per
+        operation (the others at debug, counted in the next line)."""
 
     # -- gauges of its metrics, read at a scrape ------------------------------------------
     def calls_in_flight(self) -> int:
@@ -791,13 +797,15 @@ class AgentRunner:
                 tracing.failed(hold.span, error)
                 return
             tracing.event(hold.span, "retry", try_number=tries, delay=delay, error=message)
-            logger.debug(
-                "%s for %s: try %d failed (%s), retrying in %.2fs",
+            held = self._retries.admit(op.qualname)
+            (logger.debug if held is None else logger.info)(
+                "%s for %s: try %d failed (%s), retrying in %.2fs%s",
                 op.qualname,
                 request.idempotency_key,
                 tries,
                 message,
                 delay,
+                f" ({held} other retries of {op.qualname} since the last line)" if held else "",
             )
             self.metrics.step_retried(self.agent.name, request.operation)
             try:

@@ -275,8 +275,8 @@ class Supervisor:
         """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),
         made pending for a scheduler to resume."""
 
-        def say(w: Woke) -> None:
-            logger.info(
+        def say(w: Woke) -> None:  # the ordinary end of a wait: its history records it
+            logger.debug(
                 "task %s: woke (it waited for %s)",
                 w.task_id,
                 w.waited_for,
