@@ -326,12 +326,20 @@ class NatsPublisher:
             return self._client.jetstream(timeout=DEADLINE)
         await self.close()
 
+        heard: list[Exception] = []
+
         async def quiet(*_: Any) -> None:  # errors surface where a publish fails
             return None
+
+        async def kept(exc: Exception) -> None:  # why a connection failed to open
+            heard[:] = [exc]
 
         scheme = "tls" if self.access.tls else "nats"
         host = f"[{self.dest.host}]" if ":" in self.dest.host else self.dest.host
         try:
+            # nats-py tries its one server again and again while it may reconnect to it (0
+            # attempts means no bound): one more try, then it gives up ("no servers"), and
+            # the error is the last connection's (refused, say), not a timeout.
             self._client = await nats.connect(
                 servers=[f"{scheme}://{host}:{self.dest.port}"],
                 user=self.access.username,
@@ -339,14 +347,15 @@ class NatsPublisher:
                 token=self.access.token.reveal() if self.access.token else None,
                 allow_reconnect=False,
                 connect_timeout=DEADLINE,
-                max_reconnect_attempts=0,
-                error_cb=quiet,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                error_cb=kept,
                 disconnected_cb=quiet,
                 closed_cb=quiet,
             )
         except Exception as exc:
             await to_the_end(self.close())
-            raise Unreachable(_describe(exc)) from None
+            raise Unreachable(_describe(heard[0] if heard else exc)) from None
         return self._client.jetstream(timeout=DEADLINE)
 
     async def publish(self, dest: Destination, message_id: str, kind: str, body: bytes) -> None:

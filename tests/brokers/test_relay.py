@@ -25,6 +25,8 @@ from stepwarden.dashboard._models import Overview
 from stepwarden.destinations import Destinations, destination
 from stepwarden.records import OutboxMessage, RelayBacklog
 from stepwarden.relay import (
+    _PUBLISHERS,
+    DEADLINE,
     AmqpPublisher,
     BrokerAccess,
     Brokers,
@@ -332,3 +334,20 @@ async def test_an_amqp_connection_that_fails_to_open_is_closed(
     with pytest.raises(Unreachable):
         await publisher.publish(dest, "t:1", "received", b"{}")
     assert len(made) == 1 and made[0].is_closed
+
+
+@pytest.mark.parametrize(("scheme", "name"), [("amqp", "q"), ("nats", "subject"), ("redis", "s")])
+async def test_a_broker_refusing_connections_is_unreachable_and_says_refused(
+    scheme: str, name: str
+) -> None:
+    """Nobody listens on the port: the publisher says the connection was refused (the
+    relay's error for the broker's messages), rather than running into the relay's deadline
+    ("no acknowledgement within 10.0 s")."""
+    dest = destination(f"{scheme}://127.0.0.1:{free_port()}/{name}")
+    publisher = _PUBLISHERS[scheme](dest, BrokerAccess())
+    try:
+        async with asyncio.timeout(3 * DEADLINE):  # a backstop: nats-py tried for ever
+            with pytest.raises(Unreachable, match="Connect call failed"):
+                await publisher.publish(dest, "t:1", "received", b"{}")
+    finally:
+        await publisher.close()
