@@ -208,7 +208,9 @@ class Metrics:
         self._live.supervisors.append(gauges)
 
     def describe_worker(self, instance: str, roles: Iterable[str]) -> None:
-        self._live.info = {"instance": instance, "roles": ",".join(sorted(roles))}
+        # Labelled `worker`, not `instance`: Prometheus gives each scraped series the
+        # target's `instance` label, and would rename this one `exported_instance`.
+        self._live.info = {"worker": instance, "roles": ",".join(sorted(roles))}
 
     # -- the scheduler --------------------------------------------------------------------
     def tasks_claimed(self, workflows: Iterable[str]) -> None:

@@ -125,7 +125,8 @@ def test_the_gauges_are_read_at_each_scrape() -> None:
     assert r.get_sample_value("stepwarden_agent_breaker", {**breaker, "state": "closed"}) == 0
     assert r.get_sample_value("stepwarden_supervisor_leader") == 1
     assert r.get_sample_value("stepwarden_scheduler_tasks_held") == 3
-    info = {"instance": "abc", "roles": "agents,scheduler,supervisor"}
+    # `worker`: the `instance` label is the one Prometheus gives the scraped target.
+    info = {"worker": "abc", "roles": "agents,scheduler,supervisor"}
     assert r.get_sample_value("stepwarden_worker_info", info) == 1
 
 

@@ -69,7 +69,7 @@ async def families(app: App) -> list[Metric]:
 
 async def _agent_families(app: App) -> list[Metric]:
     """From the agent registry: each instance's breaker, calls in flight and capacity."""
-    labels = ["agent", "instance"]
+    labels = ["agent", "agent_instance"]  # `instance` is the label of the scraped target
     breaker = GaugeMetricFamily(
         "stepwarden_agent_breaker_state",
         "1 for the state each agent instance's circuit breaker is in, 0 for the others.",
