@@ -7,7 +7,8 @@ bodies are never called (no worker of the tests serves `shipping` in Python).
 - `haul`: one shipping step that runs until its call is stopped (the tests cancel it);
 - `flaky`: one shipping step that fails `fails` times before it succeeds;
 - `refused`: one shipping step that fails for good; the task stops in error;
-- `approved`: waits for the event `approve`, then ships the order.
+- `approved`: waits for the event `approve`, then ships the order;
+- `stalled`: one shipping step of 2 s, whose first call returns only past its complete_by.
 
 Run as `stepwarden --store URL dashboard|worker tests.typescript.ts_app:app`.
 """
@@ -53,6 +54,11 @@ async def refuse(call: sw.Call, reason: str) -> None:
     raise ServedElsewhere("shipping.refuse is served by the TypeScript agent")
 
 
+@shipping.operation
+async def stall(call: sw.Call, parcel: str) -> dict[str, Any]:
+    raise ServedElsewhere("shipping.stall is served by the TypeScript agent")
+
+
 @app.workflow(complete_within=timedelta(seconds=60))
 async def order(ctx: sw.Context, order: dict[str, Any]) -> dict[str, Any]:
     doubled = await ctx.step(double, int(order["n"]))
@@ -73,6 +79,11 @@ async def flaky(ctx: sw.Context, fails: int) -> dict[str, Any]:
 @app.workflow(complete_within=timedelta(seconds=60), on_failure="stop")
 async def refused(ctx: sw.Context, reason: str) -> None:
     await ctx.step(refuse, reason)
+
+
+@app.workflow(complete_within=timedelta(seconds=60))
+async def stalled(ctx: sw.Context, parcel: str) -> dict[str, Any]:
+    return await ctx.step(stall, parcel, complete_within=timedelta(seconds=2))
 
 
 @app.workflow(complete_within=timedelta(seconds=60))

@@ -236,6 +236,15 @@ class Hold {
     }, wait);
   }
 
+  /** Whether complete_by has passed, by this clock: then the hold ends as expired, though its
+   * timer has not fired yet (the process was stopped past it, say, and runs again). */
+  expireIfPast(): boolean {
+    if (this.ending === undefined && this.remainingMs() <= 0) {
+      this.#end("expired", new DOMException("complete_by passed", "TimeoutError"));
+    }
+    return this.ending === "expired";
+  }
+
   /** The step is no longer the call's: the server said why (a stop is reported once the
    * call has ended). */
   lose(why: string): void {
@@ -757,7 +766,10 @@ export class Agent {
   /** Ask which of these calls (by default, those in flight) no longer hold their step, and
    * abort those. */
   async #checkCalls(holds?: Hold[]): Promise<void> {
-    const asked = holds ?? [...this.#holds.values()].filter((h) => h.ending === undefined && !h.answered);
+    // A call past its complete_by is not asked about: nothing is reported of it any more.
+    const asked = (holds ?? [...this.#holds.values()].filter((h) => h.ending === undefined && !h.answered)).filter(
+      (h) => !h.expireIfPast(),
+    );
     if (asked.length === 0) return;
     let lost;
     try {
@@ -814,6 +826,9 @@ export class Agent {
       const call = new Call(hold, tries, beat);
       const running = (async () => op.fn(call, ...args))();
       const settled = await settle(running, hold.controller.signal);
+      // Settled past complete_by (its timer not fired yet: the process was stopped, say): an
+      // outcome now would be refused, so none is reported.
+      hold.expireIfPast();
       if (hold.ending !== undefined || settled.kind === "aborted") {
         // Whatever it answered once its step was not its own any more is discarded.
         return this.#afterAbort(hold, what, running);

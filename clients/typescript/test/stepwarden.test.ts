@@ -123,6 +123,14 @@ function newAgent(token: string): Agent {
         note("refuse", call, [reason]);
         throw new PermanentError(reason);
       },
+      stall: async (call: Call, parcel: string) => {
+        note("stall", call, [parcel]);
+        // Its first call holds the process past complete_by, as a process stopped (SIGSTOP)
+        // and continued: no timer fires meanwhile, and it returns once complete_by has passed.
+        const until = call.completeBy.getTime() + 200;
+        if (call.attempt === 1) while (Date.now() < until) { /* the process stands still */ }
+        return { parcel, attempt: call.attempt };
+      },
     },
   });
 }
@@ -333,6 +341,16 @@ test("a call that throws is tried again; a PermanentError fails the step at once
   assert.equal(failed.state, "error");
   assert.match(failed.error ?? "", /PermanentError: no courier goes there/);
   assert.equal(seen.filter((s) => s.key === "refused-1/1").length, 1);
+});
+
+test("a call that returns past its complete_by reports nothing, and is not asked about", async () => {
+  await client.submit("stalled", "crate", { taskId: "stalled-1" });
+  const done = await result("stalled-1");
+  assert.deepEqual(done.result, { parcel: "crate", attempt: 2 }); // dispatched again
+  const lines = log.filter((line) => line.includes("stalled-1"));
+  assert.ok(lines.includes("info: shipping.stall for stalled-1/1: complete_by passed, stopping"), lines.join("\n"));
+  // Not reported late (and refused), nor aborted after it had returned.
+  assert.ok(!lines.some((line) => /late outcome|aborting the call|stopped \(/.test(line)), lines.join("\n"));
 });
 
 test("a token serves only its agents: another agent's token cannot claim (403)", async () => {
