@@ -13,7 +13,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
@@ -710,17 +710,26 @@ def tasks(
             _echo_json(_json.display(_task_dict(t)))
         return
     _echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
+    ids = _width(28, (t.task_id for t in found))
+    names = _width(18, (t.workflow for t in found))
     if found:
         _echo(
-            f"{'TASK':<28} {'WORKFLOW':<18} {'VER':>3} {'STATE':<11} {'FAIL':>4} {'ATT':>3}  "
-            "UPDATED"
+            f"{'TASK':<{ids}} {'WORKFLOW':<{names}} {'VER':>3} {'STATE':<11} {'FAIL':>4} "
+            f"{'ATT':>3}  UPDATED"
         )
     for t in found:
         waiting = f"  {t.waiting_for} until {_time(t.wake_at)}" if t.waiting_for else ""
         _echo(
-            f"{t.task_id:<28} {t.workflow:<18} {t.version:>3} {t.process_state.value:<11} "
-            f"{t.failure_count:>4} {t.attempt:>3}  {_time(t.updated_at)}{waiting}"
+            f"{t.task_id:<{ids}} {t.workflow:<{names}} {t.version:>3} "
+            f"{t.process_state.value:<11} {t.failure_count:>4} {t.attempt:>3}  "
+            f"{_time(t.updated_at)}{waiting}"
         )
+
+
+def _width(least: int, values: Iterable[str]) -> int:
+    """A column's width: `least`, or the longest of its values (a long task id, a long
+    instance name), so that the columns after it stay aligned."""
+    return max([least, *(len(v) for v in values)])
 
 
 @cli.command()
@@ -728,20 +737,23 @@ def tasks(
 @click.pass_obj
 def agents(obj: _Ctx, as_json: bool) -> None:
     """List the agent registry: each agent instance, alive or gone, with its capacity, calls
-    in flight and circuit breaker."""
+    in flight (none for a gone one: its steps are given back) and circuit breaker."""
     found = _run(_read_store(obj, lambda store: store.list_agents()))
+    names = _width(16, (a.agent for a in found))
+    instances = _width(24, (a.instance for a in found))
     if not as_json and not found:
         _echo("no agent instance has registered")
     elif not as_json:
         _echo(
-            f"{'AGENT':<16} {'INSTANCE':<24} {'STATUS':<6} {'INFLIGHT':>8} {'CAPACITY':>8}  "
-            f"{'BREAKER':<9}  HEARTBEAT"
+            f"{'AGENT':<{names}} {'INSTANCE':<{instances}} {'STATUS':<6} {'INFLIGHT':>8} "
+            f"{'CAPACITY':>8}  {'BREAKER':<9}  HEARTBEAT"
         )
     for a in found:
         status = "alive" if a.alive else "gone"
+        inflight = a.inflight if a.alive else "-"  # a gone one's steps are given back
         line = (
-            f"{a.agent:<16} {a.instance:<24} {status:<6} {a.inflight:>8} {a.capacity:>8}  "
-            f"{a.breaker:<9}  {_time(a.heartbeat_at)}"
+            f"{a.agent:<{names}} {a.instance:<{instances}} {status:<6} {inflight:>8} "
+            f"{a.capacity:>8}  {a.breaker:<9}  {_time(a.heartbeat_at)}"
         )
         _echo_record(a, as_json, line)
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 
 import orjson
 
-from .helpers import assert_ok, assert_refused, invoke, json_lines
+from stepwarden.records import AgentBeat
+from stepwarden.store import open_store
+
+from .helpers import APP, assert_ok, assert_refused, invoke, json_lines
 
 TASK_FIELDS = {
     "task_id",
@@ -153,3 +157,54 @@ def test_show_of_an_unknown_task_fails_clearly(migrated_url: str) -> None:
             "no task 'no-such-task'",
             exit_code=1,
         )
+
+
+def test_tasks_as_text_keeps_its_columns_aligned_for_a_long_task_id(migrated_url: str) -> None:
+    long_id = "signup-" + "4" * 25  # 32 characters, as an id made of a name and a uuid
+    for task_id in (long_id, "s-1"):
+        assert_ok(
+            invoke("--app", APP, "--store", migrated_url, "submit", "process", "{}",
+                   "--task-id", task_id)
+        )  # fmt: skip
+    _, header, *rows = assert_ok(invoke("--store", migrated_url, "tasks")).splitlines()
+    assert len(rows) == 2 and {r.split()[0] for r in rows} == {long_id, "s-1"}
+    for column in ("WORKFLOW", "STATE", "UPDATED"):
+        at = header.index(column)
+        for row in rows:
+            assert row[at - 1] == " " and row[at] != " ", (column, header, row)
+
+
+def test_agents_as_text_shows_no_calls_for_a_gone_instance(migrated_url: str) -> None:
+    """A gone instance's calls are given back: its last heartbeat's count is not shown as
+    calls in flight. A long instance name (a client's, over HTTP) keeps the columns."""
+    alive = "billing-service/agent-0123456789abcdef"
+
+    async def registry() -> None:
+        store = open_store(migrated_url)
+        await store.open(migrate=False)
+        try:
+            beats = [_beat(alive, inflight=3), _beat("agent-gone", inflight=2)]
+            await store.beat(beats, ttl=30)
+            await store.leave("agent-gone", ["desk"])
+        finally:
+            await store.close()
+
+    asyncio.run(registry())
+    _, *rows = assert_ok(invoke("--store", migrated_url, "agents")).splitlines()
+    fields = {r.split()[1]: r.split() for r in rows}
+    assert fields[alive][2:4] == ["alive", "3"]
+    assert fields["agent-gone"][2:4] == ["gone", "-"]
+    at = {r.index(" alive ") if " alive " in r else r.index(" gone ") for r in rows}
+    assert len(at) == 1, rows
+
+
+def _beat(instance: str, *, inflight: int) -> AgentBeat:
+    return AgentBeat(
+        instance=instance,
+        agent="desk",
+        operations=("stamp",),
+        capacity=10,
+        inflight=inflight,
+        breaker="closed",
+        breaker_detail={},
+    )
