@@ -14,7 +14,8 @@ What it does:
    its reservation released), then prints a summary: submitted, processed, compensated,
    error, lost, retries, deadlines missed, duplicate effects prevented by the idempotency keys
    and duplicate effects applied. It exits 1 if an order was lost, an effect applied twice,
-   or an order left charged without being processed.
+   or an order left charged without being processed. A temporary work folder (the store,
+   the ledger, the logs) is removed after a good run, unless --keep.
 
 With --ts-shipping, the shipping agent is served by the TypeScript library's example agent
 (clients/typescript/examples/shipping.ts, compiled into the workdir; Node 20+ and npm needed)
@@ -43,7 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import httpx
 from tqdm import tqdm  # type: ignore[import-untyped]
@@ -71,7 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--orders", type=int, default=300, help="orders to place (default 300)")
     p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     p.add_argument("--store", help="store URL (default: an SQLite file in --workdir)")
-    p.add_argument("--workdir", help="where the store, ledger and logs go (default: a new tmp dir)")
+    p.add_argument(
+        "--workdir",
+        help="where the store, ledger and logs go, kept (default: a new temporary folder, "
+        "removed at the end unless --keep or the run failed)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the temporary folder (its path is printed)"
+    )
     p.add_argument("--declined", type=float, default=0.03, help="share of declined cards")
     p.add_argument(
         "--undeliverable",
@@ -353,7 +361,9 @@ class Summary(TypedDict):
     shipping_agents_killed: int
     payment_service_crashes: int
     seconds: float
-    workdir: str
+    workdir: NotRequired[str]
+    """The folder of the store, ledger and logs; left out once removed (a temporary one, after a
+    good run)."""
 
 
 async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
@@ -474,11 +484,24 @@ async def summarise(
     }
 
 
+NOTES = {
+    "compensated": "(declined, undeliverable or unapproved: undone)",
+    "duplicate_effects_prevented": "(the payment service saw the same idempotency key)",
+    "awaiting_approval": "(orders over 150 that reached the approval step)",
+    "approval_timeouts": "(undone: refunded, released)",
+}
+"""What a line of the summary means, printed after it."""
+
+
 def print_table(summary: Summary) -> None:
     width = max(len(k) for k in summary)
     print()
     for key, value in summary.items():
-        print(f"  {key.replace('_', ' '):<{width}}  {value}")
+        note = NOTES.get(key, "")
+        if key == "charged_not_processed" and value == 0:
+            note = "(every order still charged was processed)"
+        name = key.replace("_", " ")
+        print(f"  {name:<{width}}  {value!s:<9} {note}" if note else f"  {name:<{width}}  {value}")
     print("\n  " + ("OK: nothing lost, nothing applied twice" if healthy(summary) else "FAILED"))
 
 
@@ -524,11 +547,16 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(run(args, procs, url))
     finally:
         procs.stop()
+    ok = healthy(summary)
+    if args.workdir is None and not args.keep and ok:
+        # A temporary folder is the demo's own: nothing in it is wanted after a good run.
+        shutil.rmtree(workdir, ignore_errors=True)
+        del summary["workdir"]
     if args.json:
         print(json.dumps(summary))
     else:
         print_table(summary)
-    return 0 if healthy(summary) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
