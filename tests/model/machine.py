@@ -1478,16 +1478,17 @@ class StoreModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, 9), event=st.sampled_from(["e1", "e2", "e3"]))
     def send(self, i: int, event: str) -> None:
         """An event "go" for a task: kept (once per event_id) until a wait takes it, and the
-        task woken if it waits for it; refused for a finished task."""
+        task woken if it waits for it; an event_id sent before is answered as sent before,
+        whatever the task's state; a new one is refused by a finished task."""
         t = self.task_at(i, prefer=lambda t: t.state == TaskState.WAITING)
         payload = f'"{event}"'
         out, span = self.call(self.s.send_event(t.task_id, "go", payload, event))
-        if t.state in FINISHED_TASK_STATES:
+        new = all(e.event_id != event for e in t.inbox)
+        if new and t.state in FINISHED_TASK_STATES:
             assert out == t.state, f"a send to {t.task_id} ({t.state}): {out}"
             self.refused = True
             return
         assert isinstance(out, SendOutcome), f"a send to {t.task_id} ({t.state}): {out}"
-        new = all(e.event_id != event for e in t.inbox)
         assert out.sent == new, f"send {event} to {t.task_id}: sent={out.sent}"
         if not new:
             assert not out.woke
