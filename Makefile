@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo demo-ts test lint clean bench chromium packages docs
+.PHONY: demo demo-ts test check lint clean bench chromium packages docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,11 @@ packages: chromium
 TEST_WORKERS ?= 2
 test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# make check: the unit and contract tests on SQLite (no server, no browser, no broker), for
+# the loop of a change; make test runs them on PostgreSQL too, with everything else.
+check: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit tests/contract -k "not postgres"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site
