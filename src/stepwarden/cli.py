@@ -198,7 +198,10 @@ class _Cli(click.Group):
             if arg == "--":
                 kept += [arg, *rest]
             elif arg in own:
-                moved += [arg, *[value for value in [next(rest, None)] if value is not None]]
+                value = next(rest, None)
+                if value is None:
+                    raise click.UsageError(f"Option '{arg}' requires an argument.", ctx=ctx)
+                moved += [arg, value]
             elif arg.partition("=")[0] in own:
                 moved.append(arg)
             else:

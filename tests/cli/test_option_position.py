@@ -69,3 +69,7 @@ def test_the_error_without_an_application_names_a_form_that_works(migrated_url: 
     line = assert_refused(invoke("submit", "process", "{}", "--store", migrated_url), exit_code=2)
     assert "--app MODULE:ATTRIBUTE" in line
     assert_ok(invoke("submit", "process", "{}", "--store", migrated_url, "--app", APP))
+
+
+def test_a_group_option_after_the_command_without_its_value_is_a_usage_error() -> None:
+    assert_refused(invoke("tasks", "--store"), "Option '--store' requires an argument", exit_code=2)
