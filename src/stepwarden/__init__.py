@@ -26,6 +26,7 @@ from .errors import (
     StepLost,
     StepwardenError,
     StoreError,
+    SubmitConflict,
     TaskFailed,
     TaskNotFound,
     TransientStoreError,
@@ -41,6 +42,8 @@ from .records import (
     SchedulerInstance,
     SendOutcome,
     StepRecord,
+    Submission,
+    Submitted,
     TaskRecord,
 )
 from .retry import Backoff, Retry
@@ -98,6 +101,9 @@ __all__ = [
     "StepState",
     "StepwardenError",
     "StoreError",
+    "Submission",
+    "SubmitConflict",
+    "Submitted",
     "TaskFailed",
     "TaskId",
     "TaskNotFound",

@@ -37,11 +37,11 @@ from .records import (
     Adopt,
     Held,
     NewStep,
-    NewTask,
     ParkRequest,
     Redispatch,
     StepDispatch,
     StepRecord,
+    Submission,
     WaitOutcome,
     WaitRequest,
 )
@@ -128,6 +128,7 @@ class StepRunner(Protocol):
     keys: Keyring | None
     """The keyring that seals the secrets the workflow hands to its steps and children
     (None: stored plain)."""
+
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
         """The App's workflows by (name, version): the children a workflow may start."""
@@ -425,7 +426,8 @@ class Context:
         found = self._recorded.get(position)
         if found is not None or position in self._waits:
             what = (
-                f"step {found.name!r}" if found is not None
+                f"step {found.name!r}"
+                if found is not None
                 else f"a {_wait_name(*self._waits[position][1:])}"
             )
             for b in branches:
@@ -746,7 +748,7 @@ class Context:
         held = self._held
         child_id = child_task_id(held.task_id, position) if task_id is None else task_id
         _check.new_task_id(child_id)
-        new = NewTask(
+        new = Submission(
             task_id=child_id,
             workflow=wf.name,
             input=_json.dumps(
@@ -777,7 +779,7 @@ class Context:
         *,
         delay: float = 0.0,
         until: datetime | None = None,
-        child: NewTask | None = None,
+        child: Submission | None = None,
     ) -> WaitOutcome:
         held = self._held
         step = self._recorded.get(position)
@@ -880,6 +882,5 @@ def _wait_name(kind: str, name: str) -> str:
 def _check_wait(what: str, value: object) -> None:
     if not isinstance(value, timedelta) or not timedelta(0) <= value <= MAX_WAIT:
         raise ConfigurationError(
-            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not "
-            f"{_check.shown(value)}"
+            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not {_check.shown(value)}"
         )

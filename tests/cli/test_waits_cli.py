@@ -89,9 +89,7 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                         "sent": True,
                         "woke": True,
                     }
-                    assert await app.result_async("api", timeout=20) == {
-                        "approved": {"ok": True}
-                    }
+                    assert await app.result_async("api", timeout=20) == {"approved": {"ok": True}}
                     finished = await client.post(
                         "/api/tasks/api/send", json={"name": "approved"}, headers=auth
                     )
@@ -107,9 +105,6 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
     gone = invoke("--store", migrated_url, "send", "cli", "approved")
     assert_refused(gone, "task 'cli' is processed: it takes no event", exit_code=1)
     assert_refused(invoke("--store", migrated_url, "send", "nobody", "x"), "no task", exit_code=1)
-
-
-
 
 
 def test_schedules_from_the_command_line(migrated_url: str) -> None:
