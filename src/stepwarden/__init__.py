@@ -45,6 +45,7 @@ from .records import (
     Submission,
     Submitted,
     TaskRecord,
+    TaskStatus,
 )
 from .retry import Backoff, Retry
 from .sealing import Keyring
@@ -109,6 +110,7 @@ __all__ = [
     "TaskNotFound",
     "TaskRecord",
     "TaskState",
+    "TaskStatus",
     "TaskTransaction",
     "TaskView",
     "TransientStoreError",

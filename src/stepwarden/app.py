@@ -59,6 +59,8 @@ from .records import (
     Submission,
     Submitted,
     TaskRecord,
+    TaskStatus,
+    status_of,
 )
 from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
@@ -729,6 +731,16 @@ class App:
 
     def status(self, task_id: str) -> TaskRecord:
         return self._call(self.status_async(task_id))
+
+    async def task_status_async(self, task_id: str) -> TaskStatus:
+        """The task's status (`stepwarden.TaskStatus`): its state and what it waits for, as
+        the application API answers it (`GET /api/v1/tasks/{task_id}`). TaskNotFound for an
+        unknown task."""
+        return status_of(await self.status_async(task_id))
+
+    def task_status(self, task_id: str) -> TaskStatus:
+        """The blocking form of `task_status_async`."""
+        return self._call(self.task_status_async(task_id))
 
     @overload
     async def result_async(

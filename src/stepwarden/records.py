@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from .states import StepState, TaskState
+from .states import FINISHED_TASK_STATES, StepState, TaskState
 
 
 def step_key(task_id: str, seq: int) -> str:
@@ -158,6 +158,53 @@ class TaskRecord:
     child or a schedule's tick)."""
     input_digest: str | None = None
     """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStatus:
+    """A task's status, as `App.task_status` returns it and the application API answers it
+    (`GET /api/v1/tasks/{task_id}`, field for field): its state and what it waits for."""
+
+    task_id: str
+    workflow: str
+    version: int
+    """The version of its workflow the task runs."""
+    state: TaskState
+    finished: bool
+    """The task is in a finished state (processed, error, compensated, compensation_failed,
+    cancelled): `App.result` answers at once."""
+    priority: int
+    reply_to: str | None
+    parent_id: str | None
+    """A child task's parent."""
+    error: str | None
+    waiting_for: str | None
+    """A waiting task's: "timer", "event:NAME", "child:ID" or "start"."""
+    wake_at: datetime | None
+    """A waiting task's: when its timer fires, its wait times out or it starts."""
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+def status_of(task: TaskRecord) -> TaskStatus:
+    """The status of a task read."""
+    return TaskStatus(
+        task_id=task.task_id,
+        workflow=task.workflow,
+        version=task.version,
+        state=task.process_state,
+        finished=task.process_state in FINISHED_TASK_STATES,
+        priority=task.priority,
+        reply_to=task.reply_to,
+        parent_id=task.parent_id,
+        error=task.error,
+        waiting_for=task.waiting_for,
+        wake_at=task.wake_at,
+        created_at=task.created_at,
+        updated_at=task.updated_at,
+        finished_at=task.finished_at,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

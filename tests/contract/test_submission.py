@@ -63,6 +63,11 @@ async def test_a_resubmit_is_created_then_the_same(app: sw.App) -> None:
     assert task.input == {"n": 1} and task.version == 2
     [answer] = await app.submit_many_async([app.new_task("order", {"n": 1}, task_id="o-1")])
     assert (answer.outcome, answer.differs, answer.created) == ("same", (), False)
+    status = await app.task_status_async("o-1")
+    assert isinstance(status, sw.TaskStatus)
+    assert (status.task_id, status.workflow, status.version) == ("o-1", "order", 2)
+    assert (status.state, status.finished, status.priority) == (TaskState.PENDING, False, 0)
+    assert await asyncio.to_thread(app.task_status, "o-1") == status
     assert len(await app.tasks_async()) == 1
 
 

@@ -57,3 +57,10 @@ def test_a_resubmit_is_the_same_only_with_the_same_workflow_version_input_and_cl
     assert (differs.workflow, differs.version) == ("refund", 1)
     other = rules.resubmit(new, workflow="order", version=2, submitted_by=None, same_input=True)
     assert (other.outcome, other.differs, other.workflow) == ("conflict", ("client",), None)
+
+
+def test_a_task_s_status_is_shaped_as_the_application_api_answers_it() -> None:
+    from stepwarden.dashboard._app_models import TaskStatus as Answer
+
+    fields = [f.name for f in dataclasses.fields(sw.TaskStatus)]
+    assert fields == list(Answer.model_fields)

@@ -22,6 +22,7 @@ document of these routes alone is at /api/v1/openapi.json."""
 # which are local to `router`.
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -42,7 +43,7 @@ from ..errors import (
     TaskFailed,
     TaskNotFound,
 )
-from ..records import OutboxMessage, Submitted, TaskRecord
+from ..records import OutboxMessage, Submitted, TaskRecord, status_of
 from ..states import FINISHED_TASK_STATES
 from ._api import RETRY_AFTER, TaskId, error, json_response, outcome_dict
 from ._app_models import (
@@ -256,22 +257,10 @@ ClientEntry = Annotated[_tokens.Client, Depends(client_entry)]
 
 
 def status_dict(t: TaskRecord) -> dict[str, Any]:
-    return {
-        "task_id": t.task_id,
-        "workflow": t.workflow,
-        "version": t.version,
-        "state": str(t.process_state),
-        "finished": t.process_state in FINISHED_TASK_STATES,
-        "priority": t.priority,
-        "reply_to": t.reply_to,
-        "parent_id": t.parent_id,
-        "error": t.error,
-        "waiting_for": t.waiting_for,
-        "wake_at": t.wake_at,
-        "created_at": t.created_at,
-        "updated_at": t.updated_at,
-        "finished_at": t.finished_at,
-    }
+    """A task's status (`records.TaskStatus`, `App.task_status`) as the answer's JSON."""
+    answer = dataclasses.asdict(status_of(t))
+    answer["state"] = str(answer["state"])
+    return answer
 
 
 def _result_dict(t: TaskRecord) -> dict[str, Any]:
