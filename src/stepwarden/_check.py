@@ -121,6 +121,59 @@ def seconds(what: str, value: Any, low: float = 0.0, high: float | None = None) 
     return float(found)
 
 
+class Seconds:
+    """A dataclass field of a duration (`Duration`): given as a timedelta or a number of
+    seconds, at least `low`; read as seconds (a float). The options' dataclasses
+    (`Retry`, `Backoff`, `Breaker`, `Limit`, `WorkerOptions`) take durations so."""
+
+    def __init__(self, default: float, *, low: float = 0.0) -> None:
+        self._default = default
+        self._low = low
+        self._slot = ""
+        self._what = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_seconds"
+        self._what = f"{owner.__name__}.{name}"
+
+    def __get__(self, obj: object | None, owner: Any = None) -> float:
+        if obj is None:
+            return self._default
+        return getattr(obj, self._slot)  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: Duration) -> None:
+        object.__setattr__(obj, self._slot, seconds(self._what, value, self._low))
+
+    def __repr__(self) -> str:
+        return repr(self._default)
+
+
+class OptionalSeconds:
+    """`Seconds`, or None (no duration: what None means is the field's)."""
+
+    def __init__(self, default: float | None, *, low: float = 0.0) -> None:
+        self._default = default
+        self._low = low
+        self._slot = ""
+        self._what = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_seconds"
+        self._what = f"{owner.__name__}.{name}"
+
+    def __get__(self, obj: object | None, owner: Any = None) -> float | None:
+        if obj is None:
+            return self._default
+        return getattr(obj, self._slot)  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: Duration | None) -> None:
+        found = None if value is None else seconds(self._what, value, self._low)
+        object.__setattr__(obj, self._slot, found)
+
+    def __repr__(self) -> str:
+        return repr(self._default)
+
+
 def timeout(value: Any) -> float | None:
     """Seconds to wait: None (no limit) or a duration (`Duration`), at least 0."""
     return None if value is None else seconds("timeout", value)

@@ -68,7 +68,7 @@ from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
-from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, workflow_name
+from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, as_within, workflow_name
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -201,14 +201,14 @@ class App:
         workflow: str | WorkflowFn,
         *,
         cron: str | None = None,
-        every: timedelta | None = None,
+        every: _check.Duration | None = None,
         input: Any = None,
         timezone: str = "UTC",
         catch_up: str = "skip",
     ) -> ScheduleSpec:
         """Run `workflow` with `input` at each tick of `cron` (a cron expression, read in
-        `timezone`) or `every` (a timedelta): the supervisor leader stores the schedule and
-        creates exactly one task per tick, whose id is the schedule's name and the tick
+        `timezone`) or `every` (a timedelta or seconds): the supervisor leader stores the
+        schedule and creates exactly one task per tick, whose id is the schedule's name and the tick
         (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
         (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
         newest does); the ticks that come while it is paused are never made. Its tasks run the
@@ -224,13 +224,8 @@ class App:
             raise ConfigurationError(
                 f"schedule {name!r}: not a cron expression: {_check.shown(cron)}"
             )
-        if every is not None and (
-            not isinstance(every, timedelta) or not timedelta(seconds=1) <= every <= MAX_WAIT
-        ):
-            raise ConfigurationError(
-                f"schedule {name!r}: every must be a timedelta from 1 s to {MAX_WAIT.days} days,"
-                f" not {_check.shown(every)}"
-            )
+        if every is not None:
+            every = _check.seconds(f"schedule {name!r}: every", every, 1, MAX_WAIT.total_seconds())
         try:
             ZoneInfo(timezone)
         except (ValueError, TypeError, ZoneInfoNotFoundError):
@@ -256,7 +251,7 @@ class App:
             max_failures=wf.max_failures,
             on_failure=str(wf.on_failure),
             cron=cron,
-            every=None if every is None else every.total_seconds(),
+            every=None if every is None else float(every),
             timezone=timezone,
             catch_up=catch_up,
             version=wf.version,
@@ -346,7 +341,7 @@ class App:
         fn: W,
         *,
         name: str | None = None,
-        complete_within: timedelta = ...,
+        complete_within: _check.Duration = ...,
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -359,7 +354,7 @@ class App:
         fn: None = None,
         *,
         name: str | None = None,
-        complete_within: timedelta = ...,
+        complete_within: _check.Duration = ...,
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -371,7 +366,7 @@ class App:
         fn: W | None = None,
         *,
         name: str | None = None,
-        complete_within: timedelta = timedelta(seconds=30),
+        complete_within: _check.Duration = timedelta(seconds=30),
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -379,7 +374,8 @@ class App:
     ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
-        `complete_within` bounds each claim of the task (its complete_by) and is the default
+        `complete_within` (a timedelta or seconds) bounds each claim of the task (its
+        complete_by) and is the default
         deadline of each step; `max_failures` is how many expiries the supervisor tolerates
         before the task is given up. `on_failure` says what a task that cannot succeed
         does: "compensate" (undo its completed steps, the default), "retry" (at
@@ -409,7 +405,7 @@ class App:
             wf = Workflow(
                 wf_name,
                 fn,
-                complete_within,
+                as_within(f"workflow {wf_name!r}", complete_within),
                 max_failures,
                 on_failure=policy,
                 alert_after=alert_after,

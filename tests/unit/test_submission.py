@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from datetime import timedelta
 
 import pytest
 
@@ -64,3 +65,20 @@ def test_a_task_s_status_is_shaped_as_the_application_api_answers_it() -> None:
 
     fields = [f.name for f in dataclasses.fields(sw.TaskStatus)]
     assert fields == list(Answer.model_fields)
+
+
+def test_a_duration_is_a_timedelta_or_seconds_everywhere() -> None:
+    minute = timedelta(minutes=1)
+    assert sw.Retry(initial=minute, maximum=2 * minute) == sw.Retry(initial=60, maximum=120.0)
+    assert sw.Backoff(initial=minute, maximum=minute).maximum == 60.0
+    assert sw.Breaker(reset_after=minute).reset_after == 60.0
+    assert sw.Limit(rate=1, per=minute).per == 60.0
+    options = sw.WorkerOptions(agent_heartbeat=timedelta(seconds=2), drain_timeout=minute)
+    assert (options.agent_heartbeat, options.drain_timeout, options.retention) == (
+        2.0,
+        60.0,
+        sw.WorkerOptions().retention,
+    )
+    for refused in ("60", True, float("nan"), -1):
+        with pytest.raises(sw.ConfigurationError, match=r"Retry\.initial must be a timedelta or"):
+            sw.Retry(initial=refused)  # type: ignore[arg-type]
