@@ -361,12 +361,14 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             r200=(
                 SubmitAnswer,
                 "A task of this id was submitted before by this client, with "
-                "the same workflow and input: left as it is (created false).",
+                "the same workflow, version and input: left as it is (created false), this "
+                "submit's other options ignored.",
             ),
             r409=(
                 Error,
                 "A task of this id exists: submitted by another client (nothing of "
-                "it is compared), or before with another workflow or input.",
+                "it is compared), or before with another workflow, version or input, which the "
+                "error names.",
             ),
             r413=(
                 Error,

@@ -37,8 +37,10 @@ class _Submit(_Closed):
         default=None,
         json_schema_extra={"not": {"enum": [".", ".."]}},
         description="The task's id (default: a new one). A submit is idempotent by it: a task "
-        "of this id submitted before, with the same workflow and input, is left as it is "
-        "(200, created false); with another workflow or input, the submit is refused (409).",
+        "of this id submitted before by this client, with the same workflow, version and "
+        "input, is left as it is (200, created false; the other options are ignored); with "
+        "another workflow, version or input, or by another client, the submit is refused "
+        "(409).",
     )
     priority: Priority = Field(  # type: ignore[valid-type]
         default=0, description="Higher runs first among the tasks waiting for a scheduler."
@@ -97,8 +99,8 @@ def submit_request(workflows: Sequence[str]) -> type[_Submit]:
 class SubmitAnswer(_Closed):
     task_id: str
     created: bool = Field(
-        description="False when a task of this id was submitted before, with the same workflow "
-        "and input: it is left as it is."
+        description="False when a task of this id was submitted before, with the same workflow, "
+        "version and input: it is left as it is."
     )
 
 
