@@ -145,7 +145,7 @@ class HeartbeatAnswer(BaseModel):
     )
 
 
-class Outcome(_Closed):
+class OutcomeModel(_Closed):
     task_id: Name
     seq: Seq  # type: ignore[valid-type]
     attempt: Attempt  # type: ignore[valid-type]
@@ -160,7 +160,7 @@ class CompleteRequest(_Closed):
     """Record outcomes: each only while its step is held by its attempt and instance, before
     its complete_by."""
 
-    items: list[Outcome] = Field(min_length=1, max_length=1000)
+    items: list[OutcomeModel] = Field(min_length=1, max_length=1000)
 
 
 class Handback(_Closed):
