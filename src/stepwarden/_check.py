@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeAlias
 
 from ._text import first_unsafe
 from .errors import ConfigurationError
@@ -98,20 +99,84 @@ def flag(what: str, value: Any) -> bool:
     return value
 
 
-def timeout(value: Any) -> float | None:
-    """Seconds to wait: None (no limit) or a number, at least 0."""
-    if value is None:
-        return None
+Duration: TypeAlias = timedelta | float
+"""A duration as the Python API takes it everywhere: a `timedelta`, or a number of seconds."""
+
+
+def seconds(what: str, value: Any, low: float = 0.0, high: float | None = None) -> float:
+    """A duration (`Duration`: a timedelta, or a number of seconds, neither a bool nor NaN)
+    as seconds, from `low` to `high`."""
+    found = value.total_seconds() if isinstance(value, timedelta) else value
     if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or math.isnan(value)
-        or value < 0
+        isinstance(found, bool)
+        or not isinstance(found, int | float)
+        or math.isnan(found)
+        or found < low
+        or (high is not None and found > high)
     ):
+        bound = f"at least {low:g}" if high is None else f"from {low:g} to {high:g}"
         raise ConfigurationError(
-            f"timeout must be None or a number of seconds, at least 0, not {shown(value)}"
+            f"{what} must be a timedelta or a number of seconds, {bound}, not {shown(value)}"
         )
-    return float(value)
+    return float(found)
+
+
+class Seconds:
+    """A dataclass field of a duration (`Duration`): given as a timedelta or a number of
+    seconds, at least `low`; read as seconds (a float). The options' dataclasses
+    (`Retry`, `Backoff`, `Breaker`, `Limit`, `WorkerOptions`) take durations so."""
+
+    def __init__(self, default: float, *, low: float = 0.0) -> None:
+        self._default = default
+        self._low = low
+        self._slot = ""
+        self._what = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_seconds"
+        self._what = f"{owner.__name__}.{name}"
+
+    def __get__(self, obj: object | None, owner: Any = None) -> float:
+        if obj is None:
+            return self._default
+        return getattr(obj, self._slot)  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: Duration) -> None:
+        object.__setattr__(obj, self._slot, seconds(self._what, value, self._low))
+
+    def __repr__(self) -> str:
+        return repr(self._default)
+
+
+class OptionalSeconds:
+    """`Seconds`, or None (no duration: what None means is the field's)."""
+
+    def __init__(self, default: float | None, *, low: float = 0.0) -> None:
+        self._default = default
+        self._low = low
+        self._slot = ""
+        self._what = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}_seconds"
+        self._what = f"{owner.__name__}.{name}"
+
+    def __get__(self, obj: object | None, owner: Any = None) -> float | None:
+        if obj is None:
+            return self._default
+        return getattr(obj, self._slot)  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: Duration | None) -> None:
+        found = None if value is None else seconds(self._what, value, self._low)
+        object.__setattr__(obj, self._slot, found)
+
+    def __repr__(self) -> str:
+        return repr(self._default)
+
+
+def timeout(value: Any) -> float | None:
+    """Seconds to wait: None (no limit) or a duration (`Duration`), at least 0."""
+    return None if value is None else seconds("timeout", value)
 
 
 def state(value: Any) -> TaskState | None:

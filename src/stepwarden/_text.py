@@ -21,9 +21,7 @@ _UNSAFE = (
     (0x2066, 0x2069),
     (0x2028, 0x2029),  # line and paragraph separators
 )
-_CLASS = "".join(
-    f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in _UNSAFE
-)
+_CLASS = "".join(f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in _UNSAFE)
 _FIND = re.compile(f"[{_CLASS}]")
 SAFE_PATTERN = f"^[^{_CLASS}]+$"
 """A regular expression (Python's and JSON Schema's dialect) of a non-empty text without an

@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar, TypeVarTuple, overload
 
 from . import _check
 from ._aio import in_daemon_thread
+from ._check import Seconds
 from .breaker import Breaker
 from .deadline import Deadline
 from .errors import ConfigurationError, PayloadError
@@ -47,7 +48,7 @@ class Limit:
     concurrency: int | None = None
     per_instance: int | None = None
     rate: int | None = None
-    per: float = 1.0
+    per: Seconds = Seconds(1.0)
     key: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:

@@ -172,9 +172,7 @@ class _HideWebhookURLs(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and _HIDDEN:
-            record.args = tuple(
-                public_url(str(a)) if str(a) in _HIDDEN else a for a in record.args
-            )
+            record.args = tuple(public_url(str(a)) if str(a) in _HIDDEN else a for a in record.args)
         return True
 
 

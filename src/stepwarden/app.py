@@ -34,6 +34,7 @@ from .errors import (
     EventRefused,
     ResultTimeout,
     StoreError,
+    SubmitConflict,
     TaskFailed,
     TaskNotFound,
     TransientStoreError,
@@ -42,12 +43,12 @@ from .errors import (
 from .records import (
     DEFAULT_MAX_EVENT_PAYLOAD,
     DEFAULT_MAX_EVENTS_PER_TASK,
+    SUBMIT_OPTIONS,
     ActionOutcome,
     AgentInstance,
     EventBeyond,
     EventBounds,
     EventRecord,
-    NewTask,
     OperatorAction,
     OutboxMessage,
     ScheduleRecord,
@@ -55,7 +56,11 @@ from .records import (
     ScheduleSpec,
     SendOutcome,
     StepRecord,
+    Submission,
+    Submitted,
     TaskRecord,
+    TaskStatus,
+    status_of,
 )
 from .retry import Retry
 from .rules import CATCH_UP, plan_action, submit_version
@@ -63,7 +68,7 @@ from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
 from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
-from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, workflow_name
+from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, as_within, workflow_name
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -112,13 +117,17 @@ class TaskId(str, Generic[R_co]):
 
 
 class SubmitOptions(TypedDict, total=False):
-    """The keyword options of a submit (`App.submit`), as its typed overloads name them."""
+    """The keyword options of a submit (`App.submit`) for the type checker: the option
+    fields of `Submission` (`records.SUBMIT_OPTIONS`), where their meaning and defaults are
+    written (a unit test keeps both the same). None for any of them: its default (for
+    `task_id`, a new id; for `version`, the newest the App declares). `start_after` is a
+    `timedelta` or a number of seconds."""
 
     task_id: str | None
     priority: int
     reply_to: str | None
     start_at: datetime | None
-    start_after: timedelta | None
+    start_after: timedelta | float | None
     version: int | None
 
 
@@ -177,7 +186,7 @@ class App:
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         """Held while a loop's store opens: callers at once share the one store it opens."""
-        self._submits: dict[asyncio.AbstractEventLoop, Batcher[NewTask, bool]] = {}
+        self._submits: dict[asyncio.AbstractEventLoop, Batcher[Submission, Submitted]] = {}
         """Per event loop, the group commit of `submit_async`: the submits of concurrent
         callers share a transaction."""
         self._portal: _Portal | None = None
@@ -192,14 +201,14 @@ class App:
         workflow: str | WorkflowFn,
         *,
         cron: str | None = None,
-        every: timedelta | None = None,
+        every: _check.Duration | None = None,
         input: Any = None,
         timezone: str = "UTC",
         catch_up: str = "skip",
     ) -> ScheduleSpec:
         """Run `workflow` with `input` at each tick of `cron` (a cron expression, read in
-        `timezone`) or `every` (a timedelta): the supervisor leader stores the schedule and
-        creates exactly one task per tick, whose id is the schedule's name and the tick
+        `timezone`) or `every` (a timedelta or seconds): the supervisor leader stores the
+        schedule and creates exactly one task per tick, whose id is the schedule's name and the tick
         (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
         (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
         newest does); the ticks that come while it is paused are never made. Its tasks run the
@@ -215,13 +224,8 @@ class App:
             raise ConfigurationError(
                 f"schedule {name!r}: not a cron expression: {_check.shown(cron)}"
             )
-        if every is not None and (
-            not isinstance(every, timedelta) or not timedelta(seconds=1) <= every <= MAX_WAIT
-        ):
-            raise ConfigurationError(
-                f"schedule {name!r}: every must be a timedelta from 1 s to {MAX_WAIT.days} days,"
-                f" not {_check.shown(every)}"
-            )
+        if every is not None:
+            every = _check.seconds(f"schedule {name!r}: every", every, 1, MAX_WAIT.total_seconds())
         try:
             ZoneInfo(timezone)
         except (ValueError, TypeError, ZoneInfoNotFoundError):
@@ -247,7 +251,7 @@ class App:
             max_failures=wf.max_failures,
             on_failure=str(wf.on_failure),
             cron=cron,
-            every=None if every is None else every.total_seconds(),
+            every=None if every is None else float(every),
             timezone=timezone,
             catch_up=catch_up,
             version=wf.version,
@@ -275,7 +279,7 @@ class App:
             raise UnknownNameError(f"no schedule {name!r} is stored (a supervisor stores them)")
         s = found[0]
         task_id = f"{name}@now-{uuid.uuid4().hex[:12]}"
-        task = NewTask(
+        task = Submission(
             task_id=task_id,
             workflow=s.workflow,
             input=_json.dumps(
@@ -290,7 +294,8 @@ class App:
             on_failure=s.on_failure,
             version=s.version,
         )
-        await (await self.store()).submit([task])
+        [answer] = await (await self.store()).submit([task])
+        refuse_conflict(task, answer)
         return task.task_id
 
     def schedules(self) -> list[ScheduleRecord]:
@@ -336,7 +341,7 @@ class App:
         fn: W,
         *,
         name: str | None = None,
-        complete_within: timedelta = ...,
+        complete_within: _check.Duration = ...,
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -349,7 +354,7 @@ class App:
         fn: None = None,
         *,
         name: str | None = None,
-        complete_within: timedelta = ...,
+        complete_within: _check.Duration = ...,
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -361,7 +366,7 @@ class App:
         fn: W | None = None,
         *,
         name: str | None = None,
-        complete_within: timedelta = timedelta(seconds=30),
+        complete_within: _check.Duration = timedelta(seconds=30),
         max_failures: int = 3,
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
@@ -369,7 +374,8 @@ class App:
     ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
-        `complete_within` bounds each claim of the task (its complete_by) and is the default
+        `complete_within` (a timedelta or seconds) bounds each claim of the task (its
+        complete_by) and is the default
         deadline of each step; `max_failures` is how many expiries the supervisor tolerates
         before the task is given up. `on_failure` says what a task that cannot succeed
         does: "compensate" (undo its completed steps, the default), "retry" (at
@@ -399,7 +405,7 @@ class App:
             wf = Workflow(
                 wf_name,
                 fn,
-                complete_within,
+                as_within(f"workflow {wf_name!r}", complete_within),
                 max_failures,
                 on_failure=policy,
                 alert_after=alert_after,
@@ -516,54 +522,51 @@ class App:
         workflow: str | WorkflowFn,
         input: Any = None,
         *,
-        task_id: str | None = None,
-        priority: int = 0,
-        reply_to: str | None = None,
-        start_at: datetime | None = None,
-        start_after: timedelta | None = None,
-        version: int | None = None,
         submitted_by: str | None = None,
-    ) -> NewTask:
-        """Validate a submission and build its record, without writing anything. The task
-        runs the newest version of the workflow this App declares, or `version`.
-        `submitted_by`: the application API's client that submits it (recorded with it)."""
-        wf = self.find_workflow(workflow, version)
-        if start_at is not None and start_after is not None:
+        **options: Unpack[SubmitOptions],
+    ) -> Submission:
+        """Validate a submit and build its `Submission`, without writing anything: what
+        every submit writes (`submit`, `submit_many`, `TaskTransaction.submit`, the
+        application API, `stepwarden submit`). The task runs the newest version of the
+        workflow this App declares, or `version`. `submitted_by`: the application API's
+        client that submits it (recorded with it, and compared at a re-submit)."""
+        unknown = sorted(set(options) - set(SUBMIT_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown submit options: {', '.join(unknown)}")
+        asked: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        wf = self.find_workflow(workflow, asked.pop("version", None))
+        if "start_at" in asked and "start_after" in asked:
             raise ConfigurationError("give start_at or start_after, not both")
+        start_at = asked.get("start_at")
         if start_at is not None and (not isinstance(start_at, datetime) or not start_at.tzinfo):
             raise ConfigurationError(
                 f"start_at must be a datetime with its time zone, not {_check.shown(start_at)}"
             )
-        if start_after is not None and (
-            not isinstance(start_after, timedelta) or not timedelta(0) <= start_after <= MAX_WAIT
-        ):
-            raise ConfigurationError(
-                f"start_after must be a timedelta from 0 to {MAX_WAIT.days} days, not "
-                f"{_check.shown(start_after)}"
+        if "start_after" in asked:
+            asked["start_after"] = _check.seconds(
+                "start_after", asked["start_after"], 0, MAX_WAIT.total_seconds()
             )
-        if task_id is None:
-            task_id = uuid.uuid4().hex
+        task_id = asked.pop("task_id") if "task_id" in asked else uuid.uuid4().hex
         _check.new_task_id(task_id)
-        _check.integer("priority", priority, -_check.MAX_INT - 1)
+        if "priority" in asked:
+            _check.integer("priority", asked["priority"], -_check.MAX_INT - 1)
+        reply_to = asked.get("reply_to")
         if reply_to is not None and not _check.name("reply_to", reply_to).strip():
             raise ConfigurationError("reply_to must be a non-empty channel name")
         if reply_to is not None and is_destination(reply_to):
             self.destinations.check(reply_to)  # listed, never with credentials
         text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
-        return NewTask(
-            task_id=task_id,
+        return Submission(
             workflow=wf.name,
             input=text,
-            priority=priority,
+            task_id=task_id,
+            version=wf.version,
             complete_within=wf.complete_within.total_seconds(),
             max_failures=wf.max_failures,
             on_failure=str(wf.on_failure),
-            reply_to=reply_to,
-            start_at=start_at,
-            start_after=0.0 if start_after is None else start_after.total_seconds(),
-            version=wf.version,
             submitted_by=submitted_by,
             input_digest=input_digest(_json.plain(input), self.keys),
+            **asked,
         )
 
     @overload
@@ -588,44 +591,31 @@ class App:
     ) -> TaskId[Any]: ...
 
     async def submit_async(
-        self,
-        workflow: str | WorkflowFn,
-        input: Any = None,
-        *,
-        task_id: str | None = None,
-        priority: int = 0,
-        reply_to: str | None = None,
-        start_at: datetime | None = None,
-        start_after: timedelta | None = None,
-        version: int | None = None,
+        self, workflow: str | WorkflowFn, input: Any = None, **options: Unpack[SubmitOptions]
     ) -> TaskId[Any]:
-        """Submit a task; returns its id. A task_id already submitted is not created again.
-        With `reply_to`, the task's status messages (received, step_completed, processed,
-        error, compensating, compensated, ...) are published on that channel: follow them
-        with `watch(task_id)` or `subscribe(channel)`. With `start_at` (a datetime with its
-        time zone) or `start_after` (a timedelta, by the store's clock), the task waits
-        (`waiting`, for "start") until then. The task runs to its end on the newest version
-        of the workflow this App declares, or on `version` (one it declares)."""
-        task = self.new_task(
-            workflow,
-            input,
-            task_id=task_id,
-            priority=priority,
-            reply_to=reply_to,
-            start_at=start_at,
-            start_after=start_after,
-            version=version,
-        )
-        return await self._submit(task)
+        """Submit a task; returns its id. The options are the fields of
+        `stepwarden.Submission` (`task_id`, `priority`, `reply_to`, `start_at`,
+        `start_after`, `version`). With `reply_to`, the task's status messages (received,
+        step_completed, processed, error, compensating, compensated, ...) are published on
+        that channel: follow them with `watch(task_id)` or `subscribe(channel)`. With
+        `start_at` (a datetime with its time zone) or `start_after` (a timedelta or seconds,
+        by the store's clock), the task waits (`waiting`, for "start") until then. The task
+        runs to its end on the newest version of the workflow this App declares, or on
+        `version` (one it declares).
 
-    async def _submit(self, task: NewTask) -> TaskId[Any]:
-        await self.submit_one_async(task)
+        A `task_id` submitted before creates nothing: the same submit (the same workflow,
+        version and input, from Python) returns the id, its other options ignored; another
+        raises SubmitConflict, naming what differs."""
+        return await self._submit(self.new_task(workflow, input, **options))
+
+    async def _submit(self, task: Submission) -> TaskId[Any]:
+        refuse_conflict(task, await self.submit_one_async(task))
         return TaskId(task.task_id)
 
-    async def submit_one_async(self, task: NewTask) -> bool:
+    async def submit_one_async(self, task: Submission) -> Submitted:
         """Submit a task built with `new_task`, in the group commit that `submit_async`'s
-        callers share: True when it was created, False when its task_id was submitted
-        before (that task is left as it is)."""
+        callers share: the store's answer, created, the same submit as the task of its id
+        (left as it is), or a conflict with it (nothing written; not raised here)."""
         loop = asyncio.get_running_loop()
         submits = self._submits.get(loop)
         if submits is None:
@@ -634,9 +624,9 @@ class App:
             return await submits.submit(task)
         with _submit_span(task.workflow, [task]) as span:
             task = dataclasses.replace(task, trace_context=tracing.stored(span))
-            created = await submits.submit(task)
-            _created(span, created)
-        return created
+            answer = await submits.submit(task)
+            _answered(span, answer)
+        return answer
 
     @overload
     def submit(
@@ -660,29 +650,10 @@ class App:
     ) -> TaskId[Any]: ...
 
     def submit(
-        self,
-        workflow: str | WorkflowFn,
-        input: Any = None,
-        *,
-        task_id: str | None = None,
-        priority: int = 0,
-        reply_to: str | None = None,
-        start_at: datetime | None = None,
-        start_after: timedelta | None = None,
-        version: int | None = None,
+        self, workflow: str | WorkflowFn, input: Any = None, **options: Unpack[SubmitOptions]
     ) -> TaskId[Any]:
         """The blocking form of `submit_async`."""
-        task = self.new_task(
-            workflow,
-            input,
-            task_id=task_id,
-            priority=priority,
-            reply_to=reply_to,
-            start_at=start_at,
-            start_after=start_after,
-            version=version,
-        )
-        return self._call(self._submit(task))
+        return self._call(self._submit(self.new_task(workflow, input, **options)))
 
     # -- events from outside ----------------------------------------------------------------
     async def send_event_async(
@@ -716,24 +687,26 @@ class App:
         seal = self._seal(Binding.event(task_id, event_id))
         return task_id, name, _json.dumps(payload, what="the event's payload", seal=seal), event_id
 
-    async def submit_many_async(self, tasks: Sequence[NewTask]) -> list[bool]:
-        """Submit tasks built with `new_task` in one transaction; True where created. Traced,
+    async def submit_many_async(self, tasks: Sequence[Submission]) -> list[Submitted]:
+        """Submit tasks built with `new_task` in one transaction: the store's answer to
+        each, created, the same submit as the task of its id, or a conflict with it
+        (nothing raised: a conflict creates nothing, and the others are written). Traced,
         they share one submit span (the parent of their runs)."""
         store = await self.store()
         if not tracing.active() or not tasks:
             return await store.submit(tasks)
         with _submit_span(tasks[0].workflow, tasks) as span:
             context = tracing.stored(span)
-            created = await store.submit(
+            answers = await store.submit(
                 [
                     t if t.trace_context else dataclasses.replace(t, trace_context=context)
                     for t in tasks
                 ]
             )
-            span.set_attributes(tracing.attributes(created=sum(created)))
-            return created
+            span.set_attributes(tracing.attributes(created=sum(a.created for a in answers)))
+            return answers
 
-    def submit_many(self, tasks: Sequence[NewTask]) -> list[bool]:
+    def submit_many(self, tasks: Sequence[Submission]) -> list[Submitted]:
         """The blocking form of `submit_many_async`."""
         return self._call(self.submit_many_async(tasks))
 
@@ -756,20 +729,32 @@ class App:
     def status(self, task_id: str) -> TaskRecord:
         return self._call(self.status_async(task_id))
 
-    @overload
-    async def result_async(self, task_id: TaskId[R], *, timeout: float | None = None) -> R: ...
+    async def task_status_async(self, task_id: str) -> TaskStatus:
+        """The task's status (`stepwarden.TaskStatus`): its state and what it waits for, as
+        the application API answers it (`GET /api/v1/tasks/{task_id}`). TaskNotFound for an
+        unknown task."""
+        return status_of(await self.status_async(task_id))
+
+    def task_status(self, task_id: str) -> TaskStatus:
+        """The blocking form of `task_status_async`."""
+        return self._call(self.task_status_async(task_id))
 
     @overload
-    async def result_async(self, task_id: Id, *, timeout: float | None = None) -> Any: ...
+    async def result_async(
+        self, task_id: TaskId[R], *, timeout: _check.Duration | None = None
+    ) -> R: ...
 
-    async def result_async(self, task_id: str, *, timeout: float | None = None) -> Any:
+    @overload
+    async def result_async(self, task_id: Id, *, timeout: _check.Duration | None = None) -> Any: ...
+
+    async def result_async(self, task_id: str, *, timeout: _check.Duration | None = None) -> Any:
         """Wait until the task finishes: its result when processed; TaskFailed when it ended
         otherwise (error, compensated, compensation_failed, cancelled); ResultTimeout when
-        `timeout` seconds pass first; TaskNotFound for an unknown task. While the store is
-        unreachable it goes on waiting, within `timeout`. Given a `TaskId[R]` (what `submit`
-        returns), the result is typed `R`."""
+        `timeout` (a timedelta or seconds) passes first; TaskNotFound for an unknown task.
+        While the store is unreachable it goes on waiting, within `timeout`. Given a
+        `TaskId[R]` (what `submit` returns), the result is typed `R`."""
         _check.name("task_id", task_id)
-        _check.timeout(timeout)
+        timeout = _check.timeout(timeout)
         store = await self._listening()
         sub = store.subscribe(CHANNEL_TASK_DONE)
         awaited = False  # once the store knows of this wait, the task's end wakes `sub`
@@ -793,17 +778,17 @@ class App:
                         return task.result
                     await sub.wait(store.default_poll_interval)
         except TimeoutError:
-            raise ResultTimeout(f"task {task_id!r} did not finish within {timeout}s") from None
+            raise ResultTimeout(f"task {task_id!r} did not finish within {timeout:g}s") from None
         finally:
             store.unsubscribe(CHANNEL_TASK_DONE, sub)
 
     @overload
-    def result(self, task_id: TaskId[R], *, timeout: float | None = None) -> R: ...
+    def result(self, task_id: TaskId[R], *, timeout: _check.Duration | None = None) -> R: ...
 
     @overload
-    def result(self, task_id: Id, *, timeout: float | None = None) -> Any: ...
+    def result(self, task_id: Id, *, timeout: _check.Duration | None = None) -> Any: ...
 
-    def result(self, task_id: str, *, timeout: float | None = None) -> Any:
+    def result(self, task_id: str, *, timeout: _check.Duration | None = None) -> Any:
         """The blocking form of `result_async`."""
         return self._call(self.result_async(task_id, timeout=timeout))
 
@@ -1133,35 +1118,19 @@ class TaskTransaction:
     ) -> TaskId[Any]: ...
 
     async def submit(
-        self,
-        workflow: str | WorkflowFn,
-        input: Any = None,
-        *,
-        task_id: str | None = None,
-        priority: int = 0,
-        reply_to: str | None = None,
-        start_at: datetime | None = None,
-        start_after: timedelta | None = None,
-        version: int | None = None,
+        self, workflow: str | WorkflowFn, input: Any = None, **options: Unpack[SubmitOptions]
     ) -> TaskId[Any]:
         """Submit a task in the application's transaction (see `App.submit_async`): it is
-        created only if the transaction commits."""
-        task = self._app.new_task(
-            workflow,
-            input,
-            task_id=task_id,
-            priority=priority,
-            reply_to=reply_to,
-            start_at=start_at,
-            start_after=start_after,
-            version=version,
-        )
+        created only if the transaction commits. SubmitConflict as `App.submit_async`."""
+        task = self._app.new_task(workflow, input, **options)
         if not tracing.active():
-            await self._tx.submit([task])
-            return TaskId(task.task_id)
-        with _submit_span(task.workflow, [task]) as span:
-            task = dataclasses.replace(task, trace_context=tracing.stored(span))
-            _created(span, (await self._tx.submit([task]))[0])
+            [answer] = await self._tx.submit([task])
+        else:
+            with _submit_span(task.workflow, [task]) as span:
+                task = dataclasses.replace(task, trace_context=tracing.stored(span))
+                [answer] = await self._tx.submit([task])
+                _answered(span, answer)
+        refuse_conflict(task, answer)
         return TaskId(task.task_id)
 
     async def send_event(
@@ -1174,7 +1143,7 @@ class TaskTransaction:
 
 
 @contextlib.contextmanager
-def _submit_span(workflow: str, tasks: Sequence[NewTask]) -> Iterator[Span]:
+def _submit_span(workflow: str, tasks: Sequence[Submission]) -> Iterator[Span]:
     """The span of a submit (`tracing`), a child of the caller's current span."""
     one = tasks[0] if len(tasks) == 1 else None
     attrs = {
@@ -1198,9 +1167,21 @@ def _submit_span(workflow: str, tasks: Sequence[NewTask]) -> Iterator[Span]:
         yield span
 
 
-def _created(span: Span, created: Any) -> None:
-    """Say on a submit's span whether its task was created (False: the id existed)."""
-    span.set_attributes(tracing.attributes(outcome="created" if created else "exists"))
+def _answered(span: Span, answer: Submitted) -> None:
+    """Say on a submit's span whether its task was created ("exists": the id was taken)."""
+    span.set_attributes(tracing.attributes(outcome="created" if answer.created else "exists"))
+
+
+def refuse_conflict(task: Submission, answer: Submitted) -> None:
+    """Raise SubmitConflict for a submit the store answered with a conflict: how every entry
+    point in Python maps the store's answer (the command line's too)."""
+    if answer.outcome == "conflict":
+        raise SubmitConflict(
+            task.task_id,
+            answer.differs,
+            workflow=(answer.workflow, task.workflow),
+            version=(answer.version, task.version),
+        )
 
 
 def _for_version(spec: ScheduleSpec, wf: Workflow) -> ScheduleSpec:

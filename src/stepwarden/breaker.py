@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _check
+from ._check import Seconds
 from .errors import ConfigurationError
 
 CLOSED = "closed"
@@ -29,8 +30,9 @@ class Breaker:
 
     failures: int = 5
     """Consecutive transient failures that open the breaker."""
-    reset_after: float = 30.0
-    """Seconds the breaker stays open before letting trial calls through (half-open)."""
+    reset_after: Seconds = Seconds(30.0)
+    """How long (a timedelta or seconds) the breaker stays open before letting trial calls
+    through (half-open)."""
     trial_calls: int = 1
     """Calls let through at once while half-open."""
 

@@ -14,7 +14,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TypeVar
@@ -25,7 +25,7 @@ import orjson
 from . import _check, _json, _tokens, sealing
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
-from .app import MAX_EVENT_PAGE, App, TaskView
+from .app import MAX_EVENT_PAGE, App, TaskView, refuse_conflict
 from .destinations import ENV as DESTINATIONS_ENV
 from .destinations import Destinations
 from .errors import ConfigurationError, StepwardenError
@@ -35,6 +35,7 @@ from .records import (
     ActionOutcome,
     EventBounds,
     SendOutcome,
+    Submitted,
     TaskRecord,
 )
 from .retry import Backoff
@@ -333,8 +334,7 @@ _BACKOFF = Backoff()
     default=_worker_default("supervisor_interval"),
     show_default=True,
     type=click.FloatRange(min=0.01),
-    help="Seconds between sweeps (sooner when a registry row or another's lease is due to "
-    "expire).",
+    help="Seconds between sweeps (sooner when a registry row or another's lease is due to expire).",
 )
 @_opt(
     "--lease-ttl",
@@ -516,8 +516,7 @@ def worker(
         )
         if not agent_token:
             raise click.UsageError(
-                "--agent-url needs the client's token: STEPWARDEN_AGENT_TOKEN or "
-                "--agent-token-file"
+                "--agent-url needs the client's token: STEPWARDEN_AGENT_TOKEN or --agent-token-file"
             )
         if roles == ",".join(ROLES):  # the default: an agent server serves the agents only
             roles = "agents"
@@ -543,9 +542,7 @@ def worker(
             metrics_host=metrics_host,
             agent_url=agent_url,
             agent_token=agent_token,
-            shards=frozenset(x.strip() for x in shards.split(",") if x.strip())
-            if shards
-            else None,
+            shards=frozenset(x.strip() for x in shards.split(",") if x.strip()) if shards else None,
         )
         if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
             # One line per HTTP request (an agent protocol's call, a webhook's delivery) is
@@ -572,7 +569,9 @@ def worker(
     "--task-id",
     envvar="STEPWARDEN_TASK_ID",
     default=None,
-    help="The task id (default: a random one). Submitting an id again creates nothing.",
+    help="The task id (default: a random one). Submitting an id again creates nothing: "
+    "the same submit (same workflow, version and input) prints the id, its other options "
+    "ignored; another fails, naming what differs.",
 )
 @_opt(
     "--priority",
@@ -609,6 +608,15 @@ def worker(
     help="The version of WORKFLOW the task runs, one the application declares [default: "
     "the newest it declares].",
 )
+@_opt(
+    "--reply-to",
+    envvar="STEPWARDEN_REPLY_TO",
+    default=None,
+    metavar="CHANNEL",
+    help="The channel of the task's status messages (received, step_completed, processed, "
+    "...), or a broker destination the operator lists (amqp://, nats://, redis://) "
+    "[default: none].",
+)
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -620,6 +628,7 @@ def submit(
     start_after: float | None,
     start_at: str | None,
     workflow_version: int | None,
+    reply_to: str | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
     as its input; prints the task id. The task runs to its end on the newest version of
@@ -636,29 +645,34 @@ def submit(
             raise click.BadParameter(f"not UTF-8 text: {exc}", param_hint=hint) from exc
     value = _json_argument("null" if input_json is None else input_json, hint, "the task input")
     when = None if start_at is None else _datetime(start_at, "--start-at")
-    after = None if start_after is None else timedelta(seconds=start_after)
     app = obj.app()
 
-    async def go() -> tuple[str, bool]:
+    async def go() -> Submitted:
         try:
             task = app.new_task(
                 workflow,
                 value,
                 task_id=task_id,
                 priority=priority,
+                reply_to=reply_to,
                 start_at=when,
-                start_after=after,
+                start_after=start_after,
                 version=workflow_version,
             )
-            [created] = await app.submit_many_async([task])
-            return task.task_id, created
+            [answer] = await app.submit_many_async([task])
+            refuse_conflict(task, answer)
+            return answer
         finally:
             await app.aclose()
 
-    submitted, created = _run(go())
-    _echo(submitted)
-    if not created:
-        _echo(f"task {submitted!r} already exists: nothing submitted", err=True)
+    answer = _run(go())
+    _echo(answer.task_id)
+    if answer.outcome == "same":
+        _echo(
+            f"task {answer.task_id!r} was submitted before with the same workflow, version and "
+            "input: nothing submitted",
+            err=True,
+        )
 
 
 @cli.command()
@@ -782,8 +796,7 @@ def schedulers(obj: _Ctx, as_json: bool) -> None:
         _echo("no scheduler instance has registered")
     elif not as_json:
         _echo(
-            f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  {'HEARTBEAT':<29}  "
-            "RUNS"
+            f"{'INSTANCE':<28} {'STATUS':<6} {'HELD':>6} {'CAPACITY':>8}  {'HEARTBEAT':<29}  RUNS"
         )
     for s in found:
         status = "alive" if s.alive else "gone"

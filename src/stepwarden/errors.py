@@ -19,6 +19,8 @@ StepwardenError
 ├── StepFailed                a step failed permanently; raised inside the workflow
 ├── EventTimeout              ctx.wait_for_event: no event came in time; raised inside it
 ├── ChildFailed               ctx.child: the child task ended otherwise than processed
+├── SubmitConflict            App.submit: a task of this id exists, made by another submit
+│                             (another client, workflow, version or input)
 ├── EventRefused              App.send_event: the task is finished, or the event is beyond
 │                             max_events_per_task or max_event_payload
 ├── StepLost                  Call.heartbeat: this call no longer holds the step
@@ -163,6 +165,46 @@ class EventRefused(StepwardenError):
         self.bound = bound
         self.limit = limit
         self.found = found
+
+
+class SubmitConflict(StepwardenError):
+    """A submit under a task id that a task already has, made by another submit: by another
+    client, or with another workflow, version or input (`differs`: those that differ, of
+    "client", "workflow", "version" and "input"; only "client" when another client
+    submitted it, as nothing else of that task is compared). Nothing was written. The
+    application API answers 409 for it. A submit that is the same as the first (same
+    workflow, version, input and client) is no conflict: it returns the task's id, and its
+    other options (priority, reply_to, start_at, start_after) are ignored."""
+
+    def __init__(
+        self,
+        task_id: str,
+        differs: tuple[str, ...],
+        *,
+        workflow: tuple[str | None, str] | None = None,
+        version: tuple[int | None, int] | None = None,
+    ) -> None:
+        if "client" in differs:
+            message = (
+                f"task {task_id!r} exists, submitted by another client: a task id names one "
+                "submit (leave task_id out for a new one)"
+            )
+        else:
+            told = []
+            for name in differs:
+                if name == "workflow" and workflow is not None:
+                    told.append(f"workflow {workflow[0]!r} (this submit: {workflow[1]!r})")
+                elif name == "version" and version is not None:
+                    told.append(f"version {version[0]} (this submit: {version[1]})")
+                else:
+                    told.append(f"another {name}")
+            message = (
+                f"task {task_id!r} was submitted before with {', '.join(told)}: a task id "
+                "names one submit"
+            )
+        super().__init__(message)
+        self.task_id = task_id
+        self.differs = differs
 
 
 class PermanentError(StepwardenError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from .states import StepState, TaskState
+from .states import FINISHED_TASK_STATES, StepState, TaskState
 
 
 def step_key(task_id: str, seq: int) -> str:
@@ -40,21 +40,38 @@ def idempotency_key(task_id: str, seq: int) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NewTask:
-    task_id: str
+class Submission:
+    """A task to create, as every entry point builds it: `App.submit`, `submit_async`,
+    `TaskTransaction.submit` and `App.new_task`, the application API's `POST /api/v1/tasks`,
+    `stepwarden submit`, a schedule's tick and `ctx.child`. The submit's options are its
+    fields from `task_id` to `version`, with their defaults (`App.submit` takes them as
+    keywords: `task_id=None` there makes a new id).
+
+    A submit under a task_id taken already creates nothing: it is the same submit
+    (`Submitted.outcome` "same") when the task was submitted with the same workflow, version
+    and input (compared by `input_digest`) by the same client, and a conflict otherwise. A
+    same re-submit's other options (priority, reply_to, start_at, start_after) are ignored:
+    the task keeps those of its first submit."""
+
     workflow: str
-    input: str  # JSON text
-    priority: int
-    complete_within: float
-    max_failures: int
-    on_failure: str = "compensate"
+    input: str
+    """The task's input as JSON text (its secrets sealed)."""
+    task_id: str
+    priority: int = 0
+    """Higher runs first among the tasks waiting for a scheduler (`rules.head_start`)."""
     reply_to: str | None = None
+    """The channel, or broker destination, of the task's status messages; None: it has
+    none."""
     start_at: datetime | None = None
     """Start no sooner than this (the task waits until then, `waiting_for` "start")."""
     start_after: float = 0.0
     """Start no sooner than this many seconds after the submit, by the store's clock."""
     version: int = 1
     """The version of the workflow the task runs, from its first claim to its end."""
+    complete_within: float
+    """Seconds each claim of the task may hold it (its workflow's `complete_within`)."""
+    max_failures: int
+    on_failure: str = "compensate"
     parent_id: str | None = None
     """A child task's parent: the task whose workflow started it (`Context.child`)."""
     parent_position: str | None = None
@@ -63,10 +80,37 @@ class NewTask:
     """The W3C trace context (JSON text) of the task's submit span, the parent of its runs'
     spans (`tracing`); None when tracing is off."""
     submitted_by: str | None = None
-    """The application API's client that submitted the task (None: the App, in Python)."""
+    """The application API's client that submitted the task (None: the App, in Python, a
+    child or a schedule's tick)."""
     input_digest: str | None = None
     """A keyed digest of the task's canonical input (`sealing.input_digest`): what a
     re-submit under its id is compared by."""
+
+
+SUBMIT_OPTIONS = ("task_id", "priority", "reply_to", "start_at", "start_after", "version")
+"""The fields of a `Submission` that a submit's caller chooses (`App.submit`'s keywords)."""
+
+SubmitOutcome = Literal["created", "same", "conflict"]
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """The store's answer to one submit: `created`; `same`, a task of this id was submitted
+    before with the same workflow, version and input by the same client (it is left as it
+    is); or `conflict`, a task of this id exists that another submit made. `differs`, on a
+    conflict, what differs, of "client", "workflow", "version" and "input" (only "client"
+    when another client submitted it: nothing else of that task is compared); and then,
+    when the same client submitted it, the `workflow` and `version` it runs."""
+
+    task_id: str
+    outcome: SubmitOutcome
+    differs: tuple[str, ...] = ()
+    workflow: str | None = None
+    version: int | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.outcome == "created"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +158,53 @@ class TaskRecord:
     child or a schedule's tick)."""
     input_digest: str | None = None
     """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStatus:
+    """A task's status, as `App.task_status` returns it and the application API answers it
+    (`GET /api/v1/tasks/{task_id}`, field for field): its state and what it waits for."""
+
+    task_id: str
+    workflow: str
+    version: int
+    """The version of its workflow the task runs."""
+    state: TaskState
+    finished: bool
+    """The task is in a finished state (processed, error, compensated, compensation_failed,
+    cancelled): `App.result` answers at once."""
+    priority: int
+    reply_to: str | None
+    parent_id: str | None
+    """A child task's parent."""
+    error: str | None
+    waiting_for: str | None
+    """A waiting task's: "timer", "event:NAME", "child:ID" or "start"."""
+    wake_at: datetime | None
+    """A waiting task's: when its timer fires, its wait times out or it starts."""
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+def status_of(task: TaskRecord) -> TaskStatus:
+    """The status of a task read."""
+    return TaskStatus(
+        task_id=task.task_id,
+        workflow=task.workflow,
+        version=task.version,
+        state=task.process_state,
+        finished=task.process_state in FINISHED_TASK_STATES,
+        priority=task.priority,
+        reply_to=task.reply_to,
+        parent_id=task.parent_id,
+        error=task.error,
+        waiting_for=task.waiting_for,
+        wake_at=task.wake_at,
+        created_at=task.created_at,
+        updated_at=task.updated_at,
+        finished_at=task.finished_at,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -632,7 +723,7 @@ class WaitRequest:
     park: bool = True
     """Park the task when the wait cannot end at once; otherwise answer "blocked" and leave
     the park to `ParkRequest`, once every branch of the workflow waits."""
-    child: NewTask | None = None
+    child: Submission | None = None
     """A child wait's task, created (once) with the wait."""
 
 

@@ -348,7 +348,6 @@ class RemoteAgentPort:
             await asyncio.sleep(RECONNECT)
 
 
-
 def _request(row: Mapping[str, Any]) -> Request:
     request = Request(
         task_id=row["task_id"],

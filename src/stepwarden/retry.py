@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ._check import Seconds
 from .errors import ConfigurationError, PermanentError, StoreError, TransientStoreError
 
 T = TypeVar("T")
@@ -67,13 +68,13 @@ class Retry:
 
     `max_attempts` counts calls within one dispatch of a step (1 means no retry); every call
     also stops at the step's complete_by. Delays grow from `initial` by `multiplier` up to
-    `maximum` seconds, with full jitter. Exceptions listed in `permanent` (and
+    `maximum` (each a timedelta or seconds), with full jitter. Exceptions listed in `permanent` (and
     `stepwarden.PermanentError`) are never retried: the step fails and the task goes to Error.
     """
 
     max_attempts: int = 5
-    initial: float = 0.1
-    maximum: float = 5.0
+    initial: Seconds = Seconds(0.1)
+    maximum: Seconds = Seconds(5.0)
     multiplier: float = 2.0
     jitter: bool = True
     permanent: tuple[type[BaseException], ...] = field(default=())
@@ -100,10 +101,10 @@ class Retry:
 class Backoff:
     """How long the supervisor keeps a reset task waiting before a scheduler may claim it
     (and how long alert delivery waits before trying a failing sink again): `initial`,
-    doubling with each failure in a row, up to `maximum` seconds."""
+    doubling with each failure in a row, up to `maximum` (each a timedelta or seconds)."""
 
-    initial: float = 0.5
-    maximum: float = 30.0
+    initial: Seconds = Seconds(0.5)
+    maximum: Seconds = Seconds(30.0)
 
     def __post_init__(self) -> None:
         _check_delays("Backoff", self.initial, self.maximum, 2.0)

@@ -34,6 +34,8 @@ from .records import (
     OpLimit,
     ScheduleSpec,
     StepRecord,
+    Submission,
+    Submitted,
     TaskOutcome,
     VersionBacklog,
 )
@@ -781,6 +783,32 @@ def schedule_task_id(name: str, tick: float) -> str:
     creates one task however many race for it."""
     at = datetime.fromtimestamp(tick, tz=UTC).isoformat()
     return f"{name}@{at}"
+
+
+# -- submits ------------------------------------------------------------------------------
+
+
+def resubmit(
+    new: Submission, *, workflow: str, version: int, submitted_by: str | None, same_input: bool
+) -> Submitted:
+    """A submit under a task id taken by a task of `workflow` at `version`, submitted by
+    `submitted_by` (None: in Python), whose input is the new one's or not (`same_input`,
+    compared by digest): the same submit, or a conflict naming what differs. Of a task
+    another client submitted, nothing else is compared, nor told: its client differs."""
+    if submitted_by != new.submitted_by:
+        return Submitted(new.task_id, "conflict", ("client",))
+    differs = tuple(
+        name
+        for name, same in (
+            ("workflow", workflow == new.workflow),
+            ("version", version == new.version),
+            ("input", same_input),
+        )
+        if not same
+    )
+    if not differs:
+        return Submitted(new.task_id, "same", workflow=workflow, version=version)
+    return Submitted(new.task_id, "conflict", differs, workflow=workflow, version=version)
 
 
 # -- workflow versions ---------------------------------------------------------------------

@@ -200,8 +200,10 @@ class Keyring:
     def check(self, key_id: str | None = None) -> str:
         """The store's check of a key (the current one by default): a known text sealed
         under it."""
-        ring = self if key_id is None else Keyring(
-            self.seal_keys, key_id, self.digest_keys, self.digest_current
+        ring = (
+            self
+            if key_id is None
+            else Keyring(self.seal_keys, key_id, self.digest_keys, self.digest_current)
         )
         return ring.seal(CHECK, Binding("", f"key/{ring.current}"))
 

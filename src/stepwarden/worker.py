@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ._check import OptionalSeconds, Seconds
 from .alerts import AlertDeliverer, WebhookSink
 from .app import App
 from .errors import (
@@ -51,24 +52,24 @@ class WorkerOptions:
     queued and running); False claims up to `concurrency` whatever the agents' load."""
     agent_concurrency: int = 100
     """Calls each agent makes at once (its capacity in the registry)."""
-    agent_heartbeat: float = DEFAULT_HEARTBEAT
+    agent_heartbeat: Seconds = Seconds(DEFAULT_HEARTBEAT)
     """Seconds between an agent instance's heartbeats in the registry."""
-    agent_gone_after: float = DEFAULT_GONE_AFTER
+    agent_gone_after: Seconds = Seconds(DEFAULT_GONE_AFTER)
     """Seconds without a heartbeat after which an agent instance is gone and the supervisor
     hands its running steps to another."""
-    scheduler_heartbeat: float = DEFAULT_SCHEDULER_HEARTBEAT
+    scheduler_heartbeat: Seconds = Seconds(DEFAULT_SCHEDULER_HEARTBEAT)
     """Seconds between a scheduler instance's heartbeats in the registry."""
-    scheduler_gone_after: float = DEFAULT_SCHEDULER_GONE_AFTER
+    scheduler_gone_after: Seconds = Seconds(DEFAULT_SCHEDULER_GONE_AFTER)
     """Seconds without a heartbeat after which a scheduler instance is gone and the
     supervisor gives its tasks back for another scheduler to resume."""
-    poll_interval: float | None = None
-    supervisor_interval: float = 1.0
-    lease_ttl: float | None = None
+    poll_interval: OptionalSeconds = OptionalSeconds(None)
+    supervisor_interval: Seconds = Seconds(1.0)
+    lease_ttl: OptionalSeconds = OptionalSeconds(None)
     backoff: Backoff = field(default_factory=Backoff)
-    drain_timeout: float = 30.0
+    drain_timeout: Seconds = Seconds(30.0)
     store_url: str | None = None
     migrate: bool = True
-    retention: float | None = DEFAULT_RETENTION
+    retention: OptionalSeconds = OptionalSeconds(DEFAULT_RETENTION)
     """Seconds finished tasks are kept before the supervisor deletes them; None keeps them."""
     alert_webhooks: tuple[str, ...] = ()
     """Webhooks alerts are POSTed to, besides the App's own sinks: each `URL` or `NAME=URL`

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,11 +38,11 @@ from .records import (
     Adopt,
     Held,
     NewStep,
-    NewTask,
     ParkRequest,
     Redispatch,
     StepDispatch,
     StepRecord,
+    Submission,
     WaitOutcome,
     WaitRequest,
 )
@@ -66,12 +67,28 @@ _BRANCH: contextvars.ContextVar[tuple[Context, str] | None] = contextvars.Contex
 of its places ("3.2.")."""
 
 
-def _check_within(what: str, value: object, option: str = "complete_within") -> None:
-    if not isinstance(value, timedelta) or not timedelta(0) < value <= MAX_COMPLETE_WITHIN:
+def as_within(what: str, value: object, option: str = "complete_within") -> timedelta:
+    """A bound of a claim or a step (`_check.Duration`: a timedelta or seconds), positive
+    and at most MAX_COMPLETE_WITHIN, as a timedelta."""
+    found = _duration(value)
+    if found is None or not timedelta(0) < found <= MAX_COMPLETE_WITHIN:
         raise ConfigurationError(
-            f"{what}: {option} must be a timedelta, positive and at most "
+            f"{what}: {option} must be a timedelta or seconds, positive and at most "
             f"{MAX_COMPLETE_WITHIN.days} days, not {_check.shown(value)}"
         )
+    return found
+
+
+def _duration(value: object) -> timedelta | None:
+    """A timedelta, or a number of seconds (neither a bool nor NaN) as one; None otherwise."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        return timedelta.max
 
 
 def _diverged(task_id: str, position: str | None, what: str) -> NonDeterminismError:
@@ -99,7 +116,7 @@ class Workflow:
 
     def __post_init__(self) -> None:
         _check.integer(f"workflow {self.name!r}: version", self.version, 1)
-        _check_within(f"workflow {self.name!r}", self.complete_within)
+        as_within(f"workflow {self.name!r}", self.complete_within)
         _check.integer(f"workflow {self.name!r}: alert_after", self.alert_after, 2)
         _check.integer(f"workflow {self.name!r}: max_failures", self.max_failures, 1)
 
@@ -505,11 +522,11 @@ class Context:
         self,
         operation: Operation[*Args, R],
         *args: *Args,
-        complete_within: timedelta | None = None,
+        complete_within: _check.Duration | None = None,
         name: str | None = None,
         compensate: Operation[*Args, Any] | None = None,
-        pickup_within: timedelta | None = None,
-        total_within: timedelta | None = None,
+        pickup_within: _check.Duration | None = None,
+        total_within: _check.Duration | None = None,
     ) -> R:
         """Run `operation(*args)` through its agent and return its result.
 
@@ -560,14 +577,16 @@ class Context:
                     f"{_wait_name(kind, wait_name)} is recorded there"
                 ),
             )
-        for what, value in (
-            ("complete_within", complete_within),
-            ("pickup_within", pickup_within),
-            ("total_within", total_within),
-        ):
-            if value is not None:
-                _check_within(f"step {step_name!r}", value, what)
-        within = complete_within or self._runner.workflow_of(self._held).complete_within
+        bounds = {
+            what: None if value is None else as_within(f"step {step_name!r}", value, what)
+            for what, value in (
+                ("complete_within", complete_within),
+                ("pickup_within", pickup_within),
+                ("total_within", total_within),
+            )
+        }
+        pickup, total = bounds["pickup_within"], bounds["total_within"]
+        bound = bounds["complete_within"] or self._runner.workflow_of(self._held).complete_within
         held = self._held
         scheduler = self._runner.instance
         if recorded is None:
@@ -586,12 +605,12 @@ class Context:
                 operation=operation.name,
                 input=payload,
                 priority=held.priority,
-                complete_within=within.total_seconds(),
+                complete_within=bound.total_seconds(),
                 compensation=None if compensate is None else compensate.qualname,
                 compensation_input=None if compensate is None else payload,
                 limit_key=None if operation.limit is None else operation.limit.key_of(args),
-                pickup_within=None if pickup_within is None else pickup_within.total_seconds(),
-                total_within=None if total_within is None else total_within.total_seconds(),
+                pickup_within=None if pickup is None else pickup.total_seconds(),
+                total_within=None if total is None else total.total_seconds(),
                 position=position,
             )
             await self._recorded_markers()
@@ -608,7 +627,7 @@ class Context:
                     f"recorded step is {found[0]!r} ({found[1]}.{found[2]})"
                 ),
             )
-        replayed: R = await self._recorded_step(recorded, step_name, within)
+        replayed: R = await self._recorded_step(recorded, step_name, bound)
         return replayed
 
     async def _recorded_step(self, recorded: StepRecord, step_name: str, within: timedelta) -> Any:
@@ -687,11 +706,12 @@ class Context:
             self._changed()
 
     # -- waits ----------------------------------------------------------------------------
-    async def sleep(self, delay: timedelta) -> None:
-        """A durable timer: the task is released and resumed `delay` later (by the store's
-        clock), wherever a scheduler runs; on replay, once fired, it returns at once."""
-        _check_wait("sleep", delay)
-        await self._wait(self._place(), "timer", "", delay=delay.total_seconds())
+    async def sleep(self, delay: _check.Duration) -> None:
+        """A durable timer: the task is released and resumed `delay` (a timedelta or seconds)
+        later (by the store's clock), wherever a scheduler runs; on replay, once fired, it
+        returns at once."""
+        wait = _check_wait("sleep", delay)
+        await self._wait(self._place(), "timer", "", delay=wait.total_seconds())
 
     async def sleep_until(self, when: datetime) -> None:
         """A durable timer to `when` (a datetime with its time zone)."""
@@ -701,16 +721,16 @@ class Context:
             )
         await self._wait(self._place(), "timer", "", until=when)
 
-    async def wait_for_event(self, name: str, *, timeout: timedelta) -> Any:
+    async def wait_for_event(self, name: str, *, timeout: _check.Duration) -> Any:
         """The JSON payload of the next event `name` sent to this task (`App.send_event`),
         one sent before the workflow got here included; each event is taken by one wait, in
         the order sent. The task is released while it waits. Raises EventTimeout when none
-        comes within `timeout`."""
+        comes within `timeout` (a timedelta or seconds)."""
         _check.name("the event's name", name)
-        _check_wait("wait_for_event: timeout", timeout)
-        outcome = await self._wait(self._place(), "event", name, delay=timeout.total_seconds())
+        wait = _check_wait("wait_for_event: timeout", timeout)
+        outcome = await self._wait(self._place(), "event", name, delay=wait.total_seconds())
         if outcome.state == "timed_out":
-            raise EventTimeout(name, timeout.total_seconds())
+            raise EventTimeout(name, wait.total_seconds())
         return outcome.payload
 
     @overload
@@ -764,7 +784,7 @@ class Context:
         held = self._held
         child_id = child_task_id(held.task_id, position) if task_id is None else task_id
         _check.new_task_id(child_id)
-        new = NewTask(
+        new = Submission(
             task_id=child_id,
             workflow=wf.name,
             input=_json.dumps(
@@ -795,7 +815,7 @@ class Context:
         *,
         delay: float = 0.0,
         until: datetime | None = None,
-        child: NewTask | None = None,
+        child: Submission | None = None,
     ) -> WaitOutcome:
         held = self._held
         step = self._recorded.get(position)
@@ -899,8 +919,11 @@ def _wait_name(kind: str, name: str) -> str:
     return f"child task {name!r}" if kind == "child" else f"wait for event {name!r}"
 
 
-def _check_wait(what: str, value: object) -> None:
-    if not isinstance(value, timedelta) or not timedelta(0) <= value <= MAX_WAIT:
+def _check_wait(what: str, value: object) -> timedelta:
+    found = _duration(value)
+    if found is None or not timedelta(0) <= found <= MAX_WAIT:
         raise ConfigurationError(
-            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not {_check.shown(value)}"
+            f"{what} must be a timedelta or seconds from 0 to {MAX_WAIT.days} days, not "
+            f"{_check.shown(value)}"
         )
+    return found

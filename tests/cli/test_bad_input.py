@@ -160,11 +160,21 @@ def test_an_application_that_cannot_be_loaded_is_a_usage_error(
 def test_submitting_a_task_id_twice_creates_one_task_and_says_so(migrated_url: str) -> None:
     first = run(*_submit(migrated_url, "process", '{"v": 1}', "--task-id", "dup"))
     assert (first.returncode, first.stdout, first.stderr) == (0, "dup\n", "")
-    again = run(*_submit(migrated_url, "process", '{"v": 2}', "--task-id", "dup"))
-    assert again.returncode == 0 and again.stdout == "dup\n"
-    assert again.stderr == "task 'dup' already exists: nothing submitted\n"
+    # The same submit again (its priority ignored): the id, and a word that nothing was made.
+    same = run(*_submit(migrated_url, "process", '{"v": 1}', "--task-id", "dup", "--priority", "5"))
+    assert same.returncode == 0 and same.stdout == "dup\n"
+    assert same.stderr == (
+        "task 'dup' was submitted before with the same workflow, version and input: nothing "
+        "submitted\n"
+    )
+    # Another input under the same id: an error naming the task and what differs.
+    other = run(*_submit(migrated_url, "process", '{"v": 2}', "--task-id", "dup"))
+    assert (other.returncode, other.stdout) == (1, "")
+    assert other.stderr == (
+        "Error: task 'dup' was submitted before with another input: a task id names one submit\n"
+    )
     [task] = json_lines(assert_ok(invoke("--store", migrated_url, "tasks", "--json")))
-    assert task["task_id"] == "dup" and task["input"] == {"v": 1}
+    assert task["task_id"] == "dup" and task["input"] == {"v": 1} and task["priority"] == 0
     assert snapshot(migrated_url).tasks == 1
 
 
@@ -191,9 +201,7 @@ def test_a_real_process_exits_with_the_documented_codes(migrated_url: str) -> No
 
 
 @pytest.mark.parametrize("role", ["agent", "scheduler"])
-def test_a_gone_after_no_longer_than_its_heartbeat_is_refused(
-    migrated_url: str, role: str
-) -> None:
+def test_a_gone_after_no_longer_than_its_heartbeat_is_refused(migrated_url: str, role: str) -> None:
     for beat, gone in (("1", "1"), ("2", "1.5")):
         assert_refused(
             invoke(

@@ -41,7 +41,7 @@ CONTROL = "must not contain control characters"
 NOT_UNICODE = "is not valid Unicode text (an undecodable byte or a lone surrogate)"
 INT_RANGE = "must be an integer from 1 to 2147483647"
 PRIORITY_RANGE = "priority must be an integer from -2147483648 to 2147483647"
-TIMEOUT = "timeout must be None or a number of seconds, at least 0"
+TIMEOUT = "timeout must be a timedelta or a number of seconds, at least 0"
 REASON_LIMIT = "reason must be a string of at most 1000 characters"
 NOT_JSON = "is not JSON-serialisable"
 NOT_UTF8 = "str is not valid UTF-8"
@@ -252,7 +252,7 @@ def _app() -> sw.App:
     return sw.App("decl", store="sqlite:///never-opened.db")
 
 
-WITHIN = "complete_within must be a timedelta, positive and at most 365 days"
+WITHIN = "complete_within must be a timedelta or seconds, positive and at most 365 days"
 
 DECLARATION_CASES: list[tuple[Callable[[], object], str]] = [
     (lambda: sw.App(5, store="sqlite:///x.db"), f"the App's name {NAME_LIMIT}, not 5"),  # type: ignore[arg-type]
@@ -265,7 +265,7 @@ DECLARATION_CASES: list[tuple[Callable[[], object], str]] = [
     (lambda: _app().workflow(5), "workflow '5' must be an async function"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, name=5), f"the workflow's name {NAME_LIMIT}, not 5"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, name=""), f"the workflow's name {NAME_LIMIT}, not ''"),
-    (lambda: _app().workflow(_noop, complete_within=30), f"{WITHIN}, not 30"),  # type: ignore[call-overload]
+    (lambda: _app().workflow(_noop, complete_within="30"), f"{WITHIN}, not '30'"),  # type: ignore[call-overload]
     (lambda: _app().workflow(_noop, complete_within=timedelta(0)), WITHIN),
     (lambda: _app().workflow(_noop, complete_within=timedelta(days=10**7)), WITHIN),
     (lambda: _app().workflow(_noop, max_failures="3"), f"max_failures {INT_RANGE}, not '3'"),  # type: ignore[call-overload]

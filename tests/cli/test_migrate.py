@@ -39,8 +39,10 @@ def test_migrate_creates_the_schema_and_a_second_run_changes_nothing(empty_store
     missing = (
         ("there is no database at", "create it with `stepwarden migrate`")
         if url.startswith("sqlite")  # a new file: nothing is there yet
-        else ("the database schema is at version 0, older than this stepwarden needs",
-              "run `stepwarden migrate`")
+        else (
+            "the database schema is at version 0, older than this stepwarden needs",
+            "run `stepwarden migrate`",
+        )
     )
     assert_refused(invoke("--store", url, "tasks"), *missing, exit_code=1)
     assert assert_ok(invoke("--store", url, "migrate")) == f"schema version {latest}\n"

@@ -122,9 +122,6 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
     assert_refused(invoke("--store", migrated_url, "send", "nobody", "x"), "no task", exit_code=1)
 
 
-
-
-
 def test_schedules_from_the_command_line(migrated_url: str) -> None:
     """A supervisor stores the application's schedules; `schedules` lists them, `schedule
     pause|resume|trigger NAME` acts on them, and an unknown one is refused."""

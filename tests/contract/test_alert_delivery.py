@@ -142,7 +142,7 @@ async def test_a_webhook_url_is_shown_nowhere(
             sql(
                 store_url,
                 "UPDATE stepwarden_outbox SET delivered_to = "
-                f"'[\"log\", \"webhook:{hook.url(secret=True)}\"]'",
+                f'\'["log", "webhook:{hook.url(secret=True)}"]\'',
             )
             dashboard = create_app(app, token="t" * 24)
             transport = httpx.ASGITransport(app=dashboard)

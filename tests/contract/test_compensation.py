@@ -206,4 +206,3 @@ async def test_on_failure_retry_waits_for_the_fault_to_clear(store_url: str) -> 
     reasons = [e.detail["reason"] for e in view.events if e.kind == "alert"]
     assert reasons.count("max_failures") == 1  # once, not at each expiry after it
     assert view.task.failure_count >= 2
-

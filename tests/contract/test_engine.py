@@ -123,8 +123,10 @@ async def test_an_order_runs_its_three_steps_once(shop: Shop, workers: Workers) 
 
 async def test_submitting_the_same_task_id_twice_creates_one_task(shop: Shop) -> None:
     first = await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
-    second = await shop.app.submit_async(shop.process_order, {"id": 999}, task_id="order-1")
+    second = await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
     assert first == second == "order-1"
+    with pytest.raises(sw.SubmitConflict, match=r"task 'order-1' .* another input"):
+        await shop.app.submit_async(shop.process_order, {"id": 999}, task_id="order-1")
     tasks = await shop.app.tasks_async()
     assert [(t.task_id, t.input) for t in tasks] == [("order-1", {"id": 1})]
 

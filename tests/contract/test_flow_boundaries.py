@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from stepwarden.records import NewTask
+from stepwarden.records import Submission
 from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store, policy, postgres
@@ -49,7 +49,7 @@ class Case:
 
 async def held(store: Store, *ids: str) -> dict[str, int]:
     await store.submit(
-        [NewTask(task_id=i, workflow="wf", input="{}", priority=0, complete_within=30,
+        [Submission(task_id=i, workflow="wf", input="{}", priority=0, complete_within=30,
                  max_failures=3, on_failure="compensate") for i in ids]
     )  # fmt: skip
     return {c.task.task_id: c.task.attempt for c in await store.claim_tasks("s1", ["wf"], 9)}

@@ -220,9 +220,7 @@ async def test_racing_senders_never_pass_the_bound(store_url: str) -> None:
     apps = [_app(store_url, max_events_per_task=5) for _ in range(3)]
     try:
         await apps[0].submit_async("voting", 1, task_id="t")
-        sends = [
-            apps[n % 3].send_event_async("t", "vote", n, event_id=f"e{n}") for n in range(30)
-        ]
+        sends = [apps[n % 3].send_event_async("t", "vote", n, event_id=f"e{n}") for n in range(30)]
         outcomes = await asyncio.gather(*sends, return_exceptions=True)
         sent = [o for o in outcomes if isinstance(o, sw.SendOutcome)]
         refused = [o for o in outcomes if isinstance(o, sw.EventRefused)]

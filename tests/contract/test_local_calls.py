@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
-from stepwarden.records import DispatchedStep, NewStep, NewTask, StepOutcome, TaskOutcome
+from stepwarden.records import DispatchedStep, NewStep, StepOutcome, Submission, TaskOutcome
 from stepwarden.store import Store
 
 from ..agentserver import Workers
@@ -190,8 +190,8 @@ async def test_a_first_step_handed_at_once_is_written_alone_and_fenced(store: St
     assert await store.claim_requests("a2", "svc", ["quick"], 10) == []
 
 
-def app_task(task_id: str) -> NewTask:
-    return NewTask(
+def app_task(task_id: str) -> Submission:
+    return Submission(
         task_id=task_id,
         workflow="wf",
         input="null",

@@ -304,7 +304,7 @@ async def test_tasks_stored_before_input_digests_get_theirs_when_migrated(
             url,
             "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
             f" complete_within, eligible_at, created_at, updated_at) VALUES ('old-{n}', 'wf',"
-            f" '{{\"b\": {n}, \"a\": {{\"$secret\": \"pin-{n}\"}}}}', 'pending', 3, 30, {now},"
+            f' \'{{"b": {n}, "a": {{"$secret": "pin-{n}"}}}}\', \'pending\', 3, 30, {now},'
             f" {now}, {now})",
         )
     store = open_store(url)

@@ -138,8 +138,11 @@ async def test_subscribe_follows_a_channel_and_resumes_after_an_id(store_url: st
     await saga.app.aclose()
     assert all(task in ("o1", "o3") for task, _ in seen)
     assert Counter(seen) == Counter(
-        {(t, k): n for t in ("o1", "o3") for k, n in
-         (("received", 1), ("step_completed", 3), ("processed", 1))}
+        {
+            (t, k): n
+            for t in ("o1", "o3")
+            for k, n in (("received", 1), ("step_completed", 3), ("processed", 1))
+        }
     )
 
 

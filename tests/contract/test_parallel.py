@@ -308,8 +308,10 @@ async def test_a_replay_that_finds_a_gather_where_a_step_was_or_the_reverse_fail
                 await app.result_async("t", timeout=30)
         assert failed.value.state == sw.TaskState.ERROR
         assert "NonDeterminismError" in (failed.value.error or "")
-        wanted = "branches of a gather are recorded there" if change == "gather_to_step" else (
-            "asked for a gather but step"
+        wanted = (
+            "branches of a gather are recorded there"
+            if change == "gather_to_step"
+            else ("asked for a gather but step")
         )
         assert wanted in (failed.value.error or "")
     finally:

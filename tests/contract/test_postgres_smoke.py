@@ -12,9 +12,9 @@ import pytest
 
 from stepwarden.errors import ConfigurationError, SchemaVersionError, StoreError
 from stepwarden.records import (
-    NewTask,
     StepDispatch,
     StepOutcome,
+    Submission,
     TaskOutcome,
     step_key,
 )
@@ -35,8 +35,10 @@ from ..dispatching import step_dispatch
 from ..rawsql import generic_plan
 
 
-def task(task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3) -> NewTask:
-    return NewTask(
+def task(
+    task_id: str, *, priority: int = 0, within: float = 30, max_failures: int = 3
+) -> Submission:
+    return Submission(
         task_id=task_id,
         workflow="wf",
         input='{"n": 1}',
@@ -155,10 +157,10 @@ async def test_listen_wakes_another_store(pg_url: str) -> None:
         results, done = a.subscribe(CHANNEL_RESULTS), a.subscribe(CHANNEL_TASK_DONE)
         # A submit is one statement (autocommit) that wakes the schedulers itself: only when
         # a task became pending (not one already there, nor one whose start is delayed).
-        assert await b.submit([task("t1"), task("t2")]) == [True, True]
+        assert [a.created for a in await b.submit([task("t1"), task("t2")])] == [True, True]
         assert await tasks.wait(5) == [""]
         later = replace(task("later"), start_after=60)
-        assert await b.submit([task("t1"), later]) == [False, True]
+        assert [a.created for a in await b.submit([task("t1"), later])] == [False, True]
         assert await tasks.wait(0.5) is None
         # Someone waits for t1's result (noted while it is pending), nobody for t2's.
         pending = await a.await_task("t1")
@@ -192,7 +194,7 @@ async def test_listen_wakes_another_store(pg_url: str) -> None:
         async with b.transaction() as tx:
             await tx.execute("CREATE TABLE orders (id text primary key)")
             await tx.execute("INSERT INTO orders VALUES (%s)", ["o1"])
-            assert await tx.submit([task("t4")]) == [True]
+            assert [a.created for a in await tx.submit([task("t4")])] == [True]
             assert await tasks.wait(0.3) is None
         assert await tasks.wait(5) == [""]
         with pytest.raises(RuntimeError):
@@ -227,7 +229,7 @@ async def test_claims_carry_steps_and_batches_with_duplicates(pg_url: str) -> No
     store = PostgresStore(pg_url)
     await store.open()
     try:
-        assert await store.submit([task("t1"), task("t1"), task("t2")]) == [
+        assert [a.created for a in await store.submit([task("t1"), task("t1"), task("t2")])] == [
             True,
             False,
             True,

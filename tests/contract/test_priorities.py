@@ -7,7 +7,7 @@ moved back, as if submitted that much earlier."""
 
 from __future__ import annotations
 
-from stepwarden.records import NewTask, StepDispatch
+from stepwarden.records import StepDispatch, Submission
 from stepwarden.rules import head_start
 from stepwarden.store import Store
 from tests.rawsql import is_sqlite, sql
@@ -20,8 +20,8 @@ ARRIVING, CLAIMED = 3, 2  # a round: more work of priority HIGH arrives than is 
 ROUNDS = 60
 
 
-def _task(task_id: str, priority: int) -> NewTask:
-    return NewTask(
+def _task(task_id: str, priority: int) -> Submission:
+    return Submission(
         task_id=task_id,
         workflow="wf",
         input="{}",

@@ -19,7 +19,7 @@ from ..server_warnings import LOG_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
-INNER = '''
+INNER = """
 import subprocess
 import sys
 
@@ -54,7 +54,7 @@ async def test_a_notice_is_not_a_warning(pg_url):
             await tx.execute("CREATE TABLE IF NOT EXISTS stepwarden_tasks (x int)")
     finally:
         await store.close()
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -169,7 +169,8 @@ async def test_adding_a_shard_moves_no_task_and_submits_stay_idempotent(
     a, b, c = shard_urls
     ids = [f"x-{i}" for i in range(300)]
     async with shop(f"{a} {b}") as app:
-        assert all(await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids]))
+        made = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids])
+        assert all(a.created for a in made)
         before = {url: ids_on(url) for url in (a, b)}
         store = await app.store()
         assert isinstance(store, ShardedStore)
@@ -182,14 +183,21 @@ async def test_adding_a_shard_moves_no_task_and_submits_stay_idempotent(
         assert store.shard_map.generation == 2
         moved = [t for t in ids if store.shard_map.home(t) == "s3"]
         assert len(moved) > 50
-        # The same ids again: none created, none copied to the new shard.
+        # The same ids again: none created, none copied to the new shard; the same submit
+        # where it lives (a shard that owned its slot before); another input conflicts.
         again = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids])
-        assert not any(again) and not ids_on(c)
+        assert {a.outcome for a in again} == {"same"} and not ids_on(c)
+        other = await app.submit_many_async([app.new_task("twice", 2, task_id=t) for t in moved])
+        assert {(a.outcome, a.differs) for a in other} == {("conflict", ("input",))}
+        with pytest.raises(sw.SubmitConflict, match=f"task {moved[0]!r} .*another input"):
+            await app.submit_async("twice", 2, task_id=moved[0])
+        assert not ids_on(c)
         for t in moved:
             assert (await app.status_async(t)).task_id == t
         # New ids go to their home, the new shard among them.
         new = [f"y-{i}" for i in range(100)]
-        assert all(await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in new]))
+        made = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in new])
+        assert all(a.created for a in made)
         assert ids_on(c) == {t for t in new if store.shard_map.home(t) == "s3"} != set()
         async with running(app):
             for t in [*moved[:5], *new[:5]]:
@@ -343,7 +351,8 @@ async def test_a_database_with_tasks_becomes_the_first_shard_and_keeps_them(
         # b, which holds tasks, is s1 and owned every slot in generation 1; a was added.
         assert store.names == ["s2", "s1"] and store.shard_map.generation == 2
         again = await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in ids])
-        assert not any(again) and ids_on(b) == set(ids) and not ids_on(a)
+        assert {a.outcome for a in again} == {"same"} and ids_on(b) == set(ids)
+        assert not ids_on(a)
         for t in ids[:5]:
             assert (await app.status_async(t)).task_id == t
         new = [f"new-{i}" for i in range(40)]

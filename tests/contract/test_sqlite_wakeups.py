@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBMIT = textwrap.dedent(
     """
     import asyncio, sys
-    from stepwarden.records import NewTask
+    from stepwarden.records import Submission
     from stepwarden.store import open_store
 
     async def main() -> None:
         store = open_store(sys.argv[1])
         await store.open(migrate=False)
-        await store.submit([NewTask(task_id=sys.argv[2], workflow="wf", input="{}",
+        await store.submit([Submission(task_id=sys.argv[2], workflow="wf", input="{}",
                                     priority=0, complete_within=30, max_failures=3,
                                     on_failure="stop")])
         await store.close()

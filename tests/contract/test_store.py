@@ -8,8 +8,9 @@ from typing import Literal
 import pytest
 
 from stepwarden.errors import SchemaVersionError
-from stepwarden.records import NewTask, StepDispatch, StepOutcome, TaskOutcome
+from stepwarden.records import StepDispatch, StepOutcome, Submission, TaskOutcome
 from stepwarden.retry import Backoff
+from stepwarden.sealing import input_digest
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import CHANNEL_REQUESTS, CHANNEL_RESULTS, Store, open_store
 
@@ -23,11 +24,12 @@ def new_task(
     within: float = 30,
     max_failures: int = 3,
     workflow: str = "wf",
-) -> NewTask:
-    return NewTask(
+) -> Submission:
+    return Submission(
         task_id=task_id,
         workflow=workflow,
         input='{"n": 1}',
+        input_digest=input_digest('{"n": 1}'),
         priority=priority,
         complete_within=within,
         max_failures=max_failures,
@@ -113,8 +115,8 @@ async def test_migrate_is_idempotent_and_versions_are_checked(store: Store, stor
 
 
 async def test_submit_same_task_id_twice_creates_one_task(store: Store) -> None:
-    assert await store.submit([new_task("t1")]) == [True]
-    assert await store.submit([new_task("t1", priority=9)]) == [False]
+    assert [a.outcome for a in await store.submit([new_task("t1")])] == ["created"]
+    assert [a.outcome for a in await store.submit([new_task("t1", priority=9)])] == ["same"]
     task = await store.get_task("t1")
     assert task is not None
     assert task.priority == 0

@@ -29,11 +29,15 @@ def test_sqlite_sweep_uses_the_expiry_indexes(sqlite_url: str) -> None:
         ((f"t{i}",) for i in range(FINISHED)),
     )
     queries = _sql.queries("sqlite")
-    for name, index in [("expired_tasks", "stepwarden_tasks_expiry"),
-                        ("expired_steps", "stepwarden_steps_expiry")]:
+    for name, index in [
+        ("expired_tasks", "stepwarden_tasks_expiry"),
+        ("expired_steps", "stepwarden_steps_expiry"),
+    ]:
         plan = " | ".join(
-            row[3] for row in db.execute(
-                "EXPLAIN QUERY PLAN " + queries[name], {"now": 1e12, "limit": 100})
+            row[3]
+            for row in db.execute(
+                "EXPLAIN QUERY PLAN " + queries[name], {"now": 1e12, "limit": 100}
+            )
         )
         assert index in plan, plan
         assert "SCAN stepwarden_tasks" not in plan.replace("USING INDEX", ""), plan

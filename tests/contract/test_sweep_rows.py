@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stepwarden.alerts import AlertDeliverer
-from stepwarden.records import NewTask, StepOutcome, TaskOutcome
+from stepwarden.records import StepOutcome, Submission, TaskOutcome
 from stepwarden.retry import Backoff
 from stepwarden.rules import AlertReason
 from stepwarden.states import StepState, TaskState
@@ -23,8 +23,8 @@ from .test_sweep_compensation import undoable
 BACKOFF = Backoff(initial=0.5, maximum=30.0)
 
 
-def task(task_id: str, *, on_failure: str = "compensate", max_failures: int = 3) -> NewTask:
-    return NewTask(
+def task(task_id: str, *, on_failure: str = "compensate", max_failures: int = 3) -> Submission:
+    return Submission(
         task_id=task_id,
         workflow="wf",
         input="{}",

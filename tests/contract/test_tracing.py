@@ -173,7 +173,7 @@ async def test_submits_in_a_transaction_and_in_a_batch_are_traced(store_url: str
             created = await app.submit_many_async(
                 [app.new_task(flow, n, task_id=f"many-{n}") for n in range(3)]
             )
-            assert created == [True, True, True]
+            assert [a.created for a in created] == [True, True, True]
             tasks = {t: await app.status_async(t) for t in ("in-tx", "many-0", "many-2")}
         spans = records(exporter.get_finished_spans())
     submits = named(spans, "submit flow")

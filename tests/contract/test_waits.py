@@ -56,9 +56,7 @@ class Approvals:
         async def approval(ctx: sw.Context, timeout: float) -> Any:
             await ctx.step(desk.reserve, timeout, compensate=desk.release)
             try:
-                decision = await ctx.wait_for_event(
-                    "approved", timeout=timedelta(seconds=timeout)
-                )
+                decision = await ctx.wait_for_event("approved", timeout=timedelta(seconds=timeout))
             except sw.EventTimeout:
                 return {"timed_out": True}
             await ctx.step(desk.ship, decision)
@@ -319,10 +317,10 @@ async def test_waits_and_wake_ups_are_fenced(store: Store) -> None:
     """A wait from a scheduler that no longer holds the task (another one, or an older
     attempt) records nothing and parks nothing; a wake-up under a stale lease term wakes
     nothing; a task parked twice is parked once."""
-    from stepwarden.records import NewTask, WaitRequest
+    from stepwarden.records import Submission, WaitRequest
 
     await store.submit(
-        [NewTask(task_id="f", workflow="wf", input="{}", priority=0, complete_within=30,
+        [Submission(task_id="f", workflow="wf", input="{}", priority=0, complete_within=30,
                  max_failures=3)]
     )  # fmt: skip
     [claimed] = await store.claim_tasks("s1", ["wf"], 1)

@@ -230,7 +230,7 @@ def test_a_request_sent_too_slowly_is_answered_408_and_closed(
     asyncio.run(migrate.aclose())
     half_api = (
         b"POST /api/actions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"act"
+        b"Authorization: Bearer " + TOKEN.encode() + b'\r\nContent-Length: 100\r\n\r\n{"act'
     )
     timeouts = ("--header-timeout", "1", "--body-timeout", "1")
     with dashboard(sqlite_url, tmp_path, *timeouts) as served, Watched(served) as slow:
@@ -260,9 +260,12 @@ def test_past_the_cap_a_connection_is_answered_503_or_takes_a_waiting_ones_place
     migrate = sw.App("migrate", store=sqlite_url)
     asyncio.run(migrate.store())
     asyncio.run(migrate.aclose())
-    with dashboard(
-        sqlite_url, tmp_path, "--max-connections", "4", "--body-timeout", "600"
-    ) as served, Watched(served) as held:
+    with (
+        dashboard(
+            sqlite_url, tmp_path, "--max-connections", "4", "--body-timeout", "600"
+        ) as served,
+        Watched(served) as held,
+    ):
         under_way = [held.open(HALF_SIGN_IN) for _ in range(4)]
         for _ in range(3):
             with served.connect() as refused:

@@ -26,7 +26,7 @@ from starlette.requests import Request
 import stepwarden as sw
 from stepwarden.dashboard import create_app
 from stepwarden.dashboard._auth import MAX_ADDRESSES, Throttle, client_address
-from stepwarden.records import NewTask
+from stepwarden.records import Submission
 from tests.cli.helpers import REPO, STEPWARDEN, assert_refused, invoke, process_env
 
 from .conftest import TOKEN, Served, run_async
@@ -324,8 +324,19 @@ def test_history_pages_and_odd_ids_on_the_dashboard(served: Served) -> None:
         try:
             s = await store.store()
             await s.record_events([("order-1", "note", {"n": n}) for n in range(250)])
-            await s.submit([NewTask(task_id=".", workflow="process", input="{}", priority=0,
-                                    complete_within=60.0, max_failures=3, on_failure="stop")])
+            await s.submit(
+                [
+                    Submission(
+                        task_id=".",
+                        workflow="process",
+                        input="{}",
+                        priority=0,
+                        complete_within=60.0,
+                        max_failures=3,
+                        on_failure="stop",
+                    )
+                ]
+            )
         finally:
             await store.aclose()
 
@@ -356,9 +367,6 @@ def sqlite_migrated(tmp_path: Path) -> str:
 
     asyncio.run(migrate())
     return url
-
-
-
 
 
 def test_a_payload_nested_too_deep_is_refused_with_400(sqlite_migrated: str) -> None:
@@ -519,8 +527,8 @@ def test_an_ipv6_client_is_counted_by_its_64_network() -> None:
     def address(host: str) -> str:
         return client_address(Request({"type": "http", "client": (host, 1), "headers": []}))
 
-    assert address("2001:db8:1:2:aaaa::1") == address("2001:db8:1:2:bbbb::2") == (
-        "2001:db8:1:2::/64"
+    assert (
+        address("2001:db8:1:2:aaaa::1") == address("2001:db8:1:2:bbbb::2") == ("2001:db8:1:2::/64")
     )
     assert address("2001:db8:1:3::1") != address("2001:db8:1:2::1")
     assert address("::ffff:192.0.2.1") == address("192.0.2.1") == "192.0.2.1"

@@ -324,7 +324,7 @@ async def test_a_claim_whose_client_went_claims_nothing_after(
         assert step.locked_by == "shipper/staying"
 
 
-REMOTE_APP = '''\
+REMOTE_APP = """\
 import stepwarden as sw
 
 app = sw.App("remote", store="sqlite:///never-opened.db")
@@ -334,7 +334,7 @@ remote = app.agent("remote")
 @remote.operation
 async def ship(call: sw.Call, n: int) -> dict:
     return {"shipped": n, "by": "process"}
-'''
+"""
 UNREACHED = "cannot reach the agent server"
 
 

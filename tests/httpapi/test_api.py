@@ -36,11 +36,20 @@ async def test_a_submit_is_idempotent_by_task_id(client: httpx.AsyncClient, toke
     reordered = {**body, "input": {"price": 1.5, "items": ["pen", "ink"], "id": 7}}
     same = await client.post("/api/v1/tasks", json=reordered, headers=tokens.auth("submitter"))
     assert (same.status_code, same.json()["created"]) == (200, False)
-    # Another submit under a taken id is refused: the id names one submit.
-    for other in ({**body, "input": {**order, "id": 8}}, {**body, "workflow": "echo"}):
+    # The same submit with other options: they are ignored, the task is the first's.
+    options = {**body, "priority": 7, "start_after": 3600}
+    ignored = await client.post("/api/v1/tasks", json=options, headers=tokens.auth("submitter"))
+    assert (ignored.status_code, ignored.json()["created"]) == (200, False)
+    # Another submit under a taken id is refused, naming the task and what differs.
+    for other, told in (
+        ({**body, "input": {**order, "id": 8}}, "another input"),
+        ({**body, "workflow": "echo"}, "workflow 'approval' (this submit: 'echo')"),
+    ):
         refused = await client.post("/api/v1/tasks", json=other, headers=tokens.auth("submitter"))
         assert refused.status_code == 409, refused.text
-        assert "order/7" in refused.json()["error"]
+        assert refused.json()["error"] == (
+            f"task 'order/7' was submitted before with {told}: a task id names one submit"
+        )
     # Submits racing on one new id: one creates the task.
     racing = {"workflow": "approval", "input": order, "task_id": "order/8"}
     answers = await asyncio.gather(
@@ -53,6 +62,7 @@ async def test_a_submit_is_idempotent_by_task_id(client: httpx.AsyncClient, toke
     task = await status(client, tokens, "order/7")
     assert (task["task_id"], task["workflow"], task["version"]) == ("order/7", "approval", 1)
     assert task["state"] in ("pending", "processing", "waiting") and not task["finished"]
+    assert task["priority"] == 0 and task["waiting_for"] != "start"
 
 
 async def test_a_submit_s_options_are_the_task_s(client: httpx.AsyncClient, tokens: Tokens) -> None:

@@ -54,8 +54,18 @@ def test_the_application_api_matches_its_openapi_document(
             WAKEUPS,
             *(
                 f"POST /api/v1/agents/{{agent}}/{route}"
-                for route in ("beat", "leave", "breaker", "claim", "held", "lost", "heartbeat",
-                              "complete", "hand-back", "stopped")
+                for route in (
+                    "beat",
+                    "leave",
+                    "breaker",
+                    "claim",
+                    "held",
+                    "lost",
+                    "heartbeat",
+                    "complete",
+                    "hand-back",
+                    "stopped",
+                )
             ),
         }
         # The submits last: the reads before them meet no task of theirs that has not ended.

@@ -43,13 +43,13 @@ from hypothesis.stateful import (
 from stepwarden.records import (
     EventRecord,
     NewStep,
-    NewTask,
     OperatorAction,
     ParkRequest,
     RequestHandback,
     SendOutcome,
     StepOutcome,
     StepRecord,
+    Submission,
     TaskOutcome,
     TaskRecord,
     WaitRecord,
@@ -267,9 +267,7 @@ class MTask:
         return any(
             s.compensation is not None
             and s.compensates is None
-            and (
-                s.state in (StepState.COMPLETED, *OPEN_STEP_STATES) or s.abandoned
-            )
+            and (s.state in (StepState.COMPLETED, *OPEN_STEP_STATES) or s.abandoned)
             for s in self.steps.values()
         )
 
@@ -485,9 +483,7 @@ class StoreModel(RuleBasedStateMachine):
                         parent.eligible_at = When.now(span)
                         self.expect_event(parent.task_id, "woke", child=c.task_id, state=c.state)
 
-    def apply_action(
-        self, t: MTask, action: str, span: Span, **detail: Any
-    ) -> None:
+    def apply_action(self, t: MTask, action: str, span: Span, **detail: Any) -> None:
         """What an applied operator action (other than skip) does to a task, and its event."""
         before = t.state
         after = OPERATOR_ACTIONS[action][before]
@@ -570,7 +566,7 @@ class StoreModel(RuleBasedStateMachine):
             task_id = self.order[again % len(self.order)]
         else:
             task_id = f"t{len(self.order) + 1}"
-        new = NewTask(
+        new = Submission(
             task_id=task_id,
             workflow=WORKFLOW,
             input=INPUT,
@@ -579,7 +575,8 @@ class StoreModel(RuleBasedStateMachine):
             max_failures=max_failures,
             on_failure=on_failure,
         )
-        [created], span = self.call(self.s.submit([new]))
+        [answer], span = self.call(self.s.submit([new]))
+        created = answer.created
         assert created == (task_id not in self.tasks), f"submit {task_id}: created={created}"
         if not created:
             self.refused = True
@@ -1012,9 +1009,7 @@ class StoreModel(RuleBasedStateMachine):
                 )
             )
         held_as = t.state
-        (done, dispatched, finished), span = self.call(
-            self.s.advance([o], dispatches, finishes)
-        )
+        (done, dispatched, finished), span = self.call(self.s.advance([o], dispatches, finishes))
         again = recorded_already(s, StepState.COMPLETED, attempt, instance)
         may = True if again else agent_may_write(s, attempt, instance, span)
         agree(may, done[0], f"{instance} completes {t.task_id}/{o.seq}@{attempt} with more")
@@ -1243,8 +1238,10 @@ class StoreModel(RuleBasedStateMachine):
         asked not to park (other branches of the workflow still run), the wait is blocked.
         Event waits are long (they never time out here)."""
         t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING)
-        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
-            SCHEDULERS, t.locked_by
+        scheduler = (
+            (t.locked_by or SCHEDULERS[0])
+            if who == "holder"
+            else self.other(SCHEDULERS, t.locked_by)
         )
         attempt = t.attempt + token
         mine = [q for q, w in t.waits.items() if w.kind != "child"]
@@ -1317,8 +1314,10 @@ class StoreModel(RuleBasedStateMachine):
         (no wake_at), or the wait blocked. A child task id another task has is refused, and
         nothing is written."""
         t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING)
-        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
-            SCHEDULERS, t.locked_by
+        scheduler = (
+            (t.locked_by or SCHEDULERS[0])
+            if who == "holder"
+            else self.other(SCHEDULERS, t.locked_by)
         )
         attempt = t.attempt + token
         kids = [q for q, w in t.waits.items() if w.kind == "child"]
@@ -1331,7 +1330,7 @@ class StoreModel(RuleBasedStateMachine):
         if child_id not in self.tasks and len(self.order) >= MAX_TASKS + MAX_CHILDREN:
             self.refused = True  # no room for another child in this example
             return
-        new = NewTask(
+        new = Submission(
             task_id=child_id, workflow=WORKFLOW, input=INPUT, priority=t.priority,
             complete_within=within, max_failures=2, on_failure=OnFailure.COMPENSATE,
             parent_id=t.task_id, parent_position=str(seq),
@@ -1396,8 +1395,10 @@ class StoreModel(RuleBasedStateMachine):
         t = self.task_at(i, prefer=lambda t: t.state == TaskState.PROCESSING and any(
             w.state == "open" for w in t.waits.values()
         ))  # fmt: skip
-        scheduler = (t.locked_by or SCHEDULERS[0]) if who == "holder" else self.other(
-            SCHEDULERS, t.locked_by
+        scheduler = (
+            (t.locked_by or SCHEDULERS[0])
+            if who == "holder"
+            else self.other(SCHEDULERS, t.locked_by)
         )
         attempt = t.attempt + token
         open_ = sorted(q for q, w in t.waits.items() if w.state == "open")
@@ -1416,8 +1417,7 @@ class StoreModel(RuleBasedStateMachine):
             return
         kept = any(e.taken_by is None for e in t.inbox)
         ready = any3(
-            (w.kind == "event" and kept)
-            or (False if w.wake_at is None else w.wake_at.passed(span))
+            (w.kind == "event" and kept) or (False if w.wake_at is None else w.wake_at.passed(span))
             for w in (t.waits[q] for q in seqs)
         )
         agree(ready, out.state == "ready", f"park of {t.task_id} on {seqs}")
@@ -1463,9 +1463,7 @@ class StoreModel(RuleBasedStateMachine):
             self.refused = True
             return
         live = [t for t in kids if t.state not in FINISHED_TASK_STATES]
-        waited = [
-            t for t in live if self.tasks[t.parent_id or ""].state == TaskState.WAITING
-        ]
+        waited = [t for t in live if self.tasks[t.parent_id or ""].state == TaskState.WAITING]
         c = pick(waited or live or kids, i)
         assert c is not None
         if how != "cancel" and c.held and c.state == TaskState.PROCESSING:
@@ -1515,9 +1513,7 @@ class StoreModel(RuleBasedStateMachine):
         assert self.lease is not None
         holder = self.lease.holder if who == "leader" else who
         term = self.lease.term + token
-        woken, span = self.call(
-            self.s.wake_due(lease=LEASE, holder=holder, term=term, limit=100)
-        )
+        woken, span = self.call(self.s.wake_due(lease=LEASE, holder=holder, term=term, limit=100))
         leased = all3(
             holder == self.lease.holder,
             term == self.lease.term,
@@ -1683,9 +1679,7 @@ class StoreModel(RuleBasedStateMachine):
         found = [t.eligible_at for t in self.tasks.values()]
         found += [t.complete_by for t in self.tasks.values() if t.complete_by is not None]
         found += [s.complete_by for t in self.tasks.values() for s in t.steps.values()]
-        found += [
-            w.wake_at for t in self.tasks.values() for w in t.waits.values() if w.wake_at
-        ]
+        found += [w.wake_at for t in self.tasks.values() for w in t.waits.values() if w.wake_at]
         if self.lease is not None:
             found.append(self.lease.expires)
         return found

@@ -22,7 +22,6 @@ from .harness import COMPLETED, PROCESSED, Cluster, Proc
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_zombie_agent_frozen_past_complete_by_changes_nothing_when_it_wakes(
     cluster: Cluster, kind: str
@@ -57,8 +56,10 @@ def test_a_zombie_agent_frozen_past_complete_by_changes_nothing_when_it_wakes(
     )
     if kind == "async":
         c.wait_until(
-            lambda: "late outcome of z1/1 attempt 1 discarded" in zombie.log()
-            or "for z1/1: cancelled (the step was dispatched again" in zombie.log(),
+            lambda: (
+                "late outcome of z1/1 attempt 1 discarded" in zombie.log()
+                or "for z1/1: cancelled (the step was dispatched again" in zombie.log()
+            ),
             "the zombie to have its late outcome refused, or to discard it",
             task_ids=("z1",),
         )

@@ -22,7 +22,6 @@ from .harness import COMPLETED, FINISHED, PROCESSED, Cluster
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.mark.parametrize("dies", ["before_its_effect", "after_its_effect"])
 def test_an_agent_killed_mid_step_is_retried_under_the_same_key(
     cluster: Cluster, dies: str
@@ -137,8 +136,10 @@ def test_a_step_past_its_complete_by_is_retried_and_its_late_answer_discarded(
     )[0]
     if kind == "async":
         c.wait_until(
-            lambda: "late outcome of t3/1 attempt 1 discarded" in worker.log()
-            or "for t3/1: cancelled (the step was dispatched again" in worker.log(),
+            lambda: (
+                "late outcome of t3/1 attempt 1 discarded" in worker.log()
+                or "for t3/1: cancelled (the step was dispatched again" in worker.log()
+            ),
             "the agent to have the late outcome refused, or to discard it",
             task_ids=("t3",),
         )

@@ -250,11 +250,15 @@ def test_a_frozen_typescript_agent_thawed_late_changes_nothing(stage: Stage) -> 
     # The thawed agent finds its call's complete_by passed, or the step no longer its own:
     # it says so, and its late word (if any) is refused by the fence.
     stage.until(
-        lambda: any(
-            line in stage.log("agent-a")
-            for line in ("complete_by passed", "no longer held", "aborting the call")
-        )
-        or any(c["what"] in ("end", "aborted") and c["pid"] == zombie.pid for c in stage.calls()),
+        lambda: (
+            any(
+                line in stage.log("agent-a")
+                for line in ("complete_by passed", "no longer held", "aborting the call")
+            )
+            or any(
+                c["what"] in ("end", "aborted") and c["pid"] == zombie.pid for c in stage.calls()
+            )
+        ),
         "the thawed agent to end its call",
     )
     stage.killed.add("agent-a")

@@ -29,9 +29,7 @@ def test_tasks_in_flight_finish_on_their_version_after_a_deploy(cluster: Cluster
     old_code = scenario_app.build_app(c.store_url, versions=(1,))
     new_code = scenario_app.build_app(c.store_url, versions=(1, 2))
     try:
-        before = c.start(
-            "worker-v1", "--drain-timeout", "1", env={scenario_app.VERSIONS_ENV: "1"}
-        )
+        before = c.start("worker-v1", "--drain-timeout", "1", env={scenario_app.VERSIONS_ENV: "1"})
         old = [f"old-{i}" for i in range(4)]
         for task_id in old:  # the second step blocks until the gate opens: in flight
             spec = {"first": {}, "second": {"block_until": str(gate), "idempotent": True}}

@@ -35,7 +35,9 @@ async def pay(ctx: sw.Context, order: Order) -> Receipt:
     await ctx.step(fee, "5", "EUR")  # E: misc
     await ctx.step(fee, 5, "EUR", "extra")  # E: misc
     await ctx.step(charge, order, compensate=refund)  # E: misc
-    await ctx.step(charge, order, complete_within=30)  # E: arg-type
+    await ctx.step(charge, order, complete_within="30 s")  # E: arg-type
+    await ctx.sleep(timedelta(seconds=1))
+    await ctx.sleep(1.5)
     await ctx.step(charge, order, retries=3)  # E: call-arg
     text: str = await ctx.step(fee, 5, "EUR")  # E: arg-type
     receipt = await ctx.step(charge, order)
@@ -60,7 +62,10 @@ def submit_and_read() -> None:
     total: str = app.result(task_id)  # E: assignment
     app.result(task_id).upper()  # E: attr-defined
     other: sw.TaskId[str] = task_id  # E: assignment
-    timed_out = app.result(task_id, timeout=timedelta(seconds=1))  # E: call-overload
+    timed_out = app.result(task_id, timeout="1 s")  # E: call-overload
+    app.result(task_id, timeout=timedelta(seconds=1))
+    app.submit(tally, [1, 2], start_after=timedelta(minutes=1))
+    app.submit(tally, [1, 2], start_after=60)
     assert other and timed_out and total
 
 

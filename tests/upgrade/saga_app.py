@@ -158,9 +158,7 @@ def main(out: Path, admin_url: str) -> None:
     # Without psql's meta-commands (`\\restrict`): a test runs the SQL through a driver.
     plain = [line for line in dump.splitlines() if not line.startswith("\\")]
     (out / "mid_compensation.postgres.sql").write_text("\n".join(plain) + "\n")
-    (out / "mid_compensation.postgres.json").write_text(
-        json.dumps(effects, sort_keys=True) + "\n"
-    )
+    (out / "mid_compensation.postgres.json").write_text(json.dumps(effects, sort_keys=True) + "\n")
     workdir.rmdir()
 
 

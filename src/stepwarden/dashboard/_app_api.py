@@ -22,8 +22,8 @@ document of these routes alone is at /api/v1/openapi.json."""
 # which are local to `router`.
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
-from datetime import timedelta
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -34,16 +34,16 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 from .. import __version__, _json, _tokens
-from ..app import App
+from ..app import App, refuse_conflict
 from ..errors import (
     EventRefused,
     StepwardenError,
     StoreError,
+    SubmitConflict,
     TaskFailed,
     TaskNotFound,
 )
-from ..records import OutboxMessage, TaskRecord
-from ..sealing import same_digest
+from ..records import OutboxMessage, Submitted, TaskRecord, status_of
 from ..states import FINISHED_TASK_STATES
 from ._api import RETRY_AFTER, TaskId, error, json_response, outcome_dict
 from ._app_models import (
@@ -176,9 +176,7 @@ class ClientGuard:
     MAX_FAILURES), in a throttle of the application API's (`throttle`) or of the agent
     protocol's (`agent_throttle`), each apart from the dashboard's own."""
 
-    def __init__(
-        self, clients: _tokens.TokensFile | None, routes: Sequence[BaseRoute]
-    ) -> None:
+    def __init__(self, clients: _tokens.TokensFile | None, routes: Sequence[BaseRoute]) -> None:
         self.clients = clients
         self.routes = [r for r in routes if getattr(r, "path", "").startswith(PREFIX + "/")]
         self.throttle = Throttle()
@@ -259,22 +257,10 @@ ClientEntry = Annotated[_tokens.Client, Depends(client_entry)]
 
 
 def status_dict(t: TaskRecord) -> dict[str, Any]:
-    return {
-        "task_id": t.task_id,
-        "workflow": t.workflow,
-        "version": t.version,
-        "state": str(t.process_state),
-        "finished": t.process_state in FINISHED_TASK_STATES,
-        "priority": t.priority,
-        "reply_to": t.reply_to,
-        "parent_id": t.parent_id,
-        "error": t.error,
-        "waiting_for": t.waiting_for,
-        "wake_at": t.wake_at,
-        "created_at": t.created_at,
-        "updated_at": t.updated_at,
-        "finished_at": t.finished_at,
-    }
+    """A task's status (`records.TaskStatus`, `App.task_status`) as the answer's JSON."""
+    answer = dataclasses.asdict(status_of(t))
+    answer["state"] = str(answer["state"])
+    return answer
 
 
 def _result_dict(t: TaskRecord) -> dict[str, Any]:
@@ -372,19 +358,36 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         openapi_extra=_scoped("submit"),
         responses=_answers(
             r201=(SubmitAnswer, "Created (Location: the task's status)."),
-            r200=(SubmitAnswer, "A task of this id was submitted before by this client, with "
-            "the same workflow and input: left as it is (created false)."),
-            r409=(Error, "A task of this id exists: submitted by another client (nothing of "
-            "it is compared), or before with another workflow or input."),
-            r413=(Error, "The body is over 2 MiB, or the task's input over the client's "
-            "bound (input_bytes), which the error names."),
-            r422=(Error, "The request is invalid, its priority outside the client's "
-            "(priority), or its reply_to a channel or destination the client may not name "
-            "(channels, destinations); the error says which."),
-            r429=(Error, "Past a bound of the client, which the error names: its submits a "
-            "second (submit_rate), its bytes of input a second (submit_bytes), its tasks not "
-            "finished (unfinished); or too many wrong tokens from this address. Retry-After: "
-            "the seconds to wait."),
+            r200=(
+                SubmitAnswer,
+                "A task of this id was submitted before by this client, with "
+                "the same workflow, version and input: left as it is (created false), this "
+                "submit's other options ignored.",
+            ),
+            r409=(
+                Error,
+                "A task of this id exists: submitted by another client (nothing of "
+                "it is compared), or before with another workflow, version or input, which the "
+                "error names.",
+            ),
+            r413=(
+                Error,
+                "The body is over 2 MiB, or the task's input over the client's "
+                "bound (input_bytes), which the error names.",
+            ),
+            r422=(
+                Error,
+                "The request is invalid, its priority outside the client's "
+                "(priority), or its reply_to a channel or destination the client may not name "
+                "(channels, destinations); the error says which.",
+            ),
+            r429=(
+                Error,
+                "Past a bound of the client, which the error names: its submits a "
+                "second (submit_rate), its bytes of input a second (submit_bytes), its tasks not "
+                "finished (unfinished); or too many wrong tokens from this address. Retry-After: "
+                "the seconds to wait.",
+            ),
         ),
     )
     async def submit(
@@ -398,15 +401,8 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             task = app.new_task(
                 given.workflow,
                 _json.revive(given.input, what="the task input"),
-                task_id=given.task_id,
-                priority=given.priority,
-                reply_to=given.reply_to,
-                start_at=given.start_at,
-                start_after=None
-                if given.start_after is None
-                else timedelta(seconds=given.start_after),
-                version=given.version,
                 submitted_by=client,
+                **given.options(),
             )
         except StepwardenError as exc:
             return error(422, str(exc))
@@ -417,33 +413,22 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         quotas.take_submit(entry, size)
         store = await app.store()
         admission = await quotas.admit(entry, store.client_unfinished)
-        created = False
+        answer: Submitted | None = None
         try:
-            created = await app.submit_one_async(task)
+            answer = await app.submit_one_async(task)
         finally:
-            admission.created(created)
-        if created:
+            admission.created(answer is not None and answer.created)
+        if answer.created:
             where = request.scope.get("root_path", "") + f"{PREFIX}/tasks/"
             return json_response(
                 {"task_id": task.task_id, "created": True},
                 201,
                 {"Location": where + quote(task.task_id, safe="")},
             )
-        found = await _task(task.task_id)
-        if isinstance(found, Response):  # deleted since: its id was taken all the same
-            return found
-        if found.submitted_by != client:  # nothing of that task is compared, nor told
-            return error(
-                409,
-                f"task {task.task_id!r} exists, submitted by another client: a task id names "
-                "one submit (let the server make one: leave task_id out)",
-            )
-        if found.workflow != task.workflow or not same_digest(found.input_digest, task.input):
-            return error(
-                409,
-                f"task {task.task_id!r} was submitted before with another workflow or input "
-                f"(workflow {found.workflow!r}): a task id names one submit",
-            )
+        try:
+            refuse_conflict(task, answer)
+        except SubmitConflict as exc:
+            return error(409, str(exc))
         return json_response({"task_id": task.task_id, "created": False})
 
     @api.get(
@@ -515,8 +500,10 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             **_as_json(
                 _answers(
                     r404=NO_TASK,
-                    r409=(Error, "The task was submitted without reply_to: it has no status "
-                    "messages."),
+                    r409=(
+                        Error,
+                        "The task was submitted without reply_to: it has no status messages.",
+                    ),
                     r422=INVALID,
                 )
             ),
@@ -579,8 +566,11 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             ),
             r404=NO_TASK,
             r409=(Error, "The task is finished: it takes no event it did not take before."),
-            r413=(Error, "The body is over 2 MiB, or the event is beyond a bound named in the "
-            "error (the events a task keeps, the bytes of a payload)."),
+            r413=(
+                Error,
+                "The body is over 2 MiB, or the event is beyond a bound named in the "
+                "error (the events a task keeps, the bytes of a payload).",
+            ),
             r422=INVALID,
         ),
     )

@@ -11,6 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model, 
 from pydantic.json_schema import SkipJsonSchema
 
 from .._check import MAX_INT
+from ..records import SUBMIT_OPTIONS
 from ..states import TaskState
 from ..workflow import MAX_WAIT
 from ._models import Flag, Name, Payload, Reason, _Closed, _int
@@ -36,8 +37,10 @@ class _Submit(_Closed):
         default=None,
         json_schema_extra={"not": {"enum": [".", ".."]}},
         description="The task's id (default: a new one). A submit is idempotent by it: a task "
-        "of this id submitted before, with the same workflow and input, is left as it is "
-        "(200, created false); with another workflow or input, the submit is refused (409).",
+        "of this id submitted before by this client, with the same workflow, version and "
+        "input, is left as it is (200, created false; the other options are ignored); with "
+        "another workflow, version or input, or by another client, the submit is refused "
+        "(409).",
     )
     priority: Priority = Field(  # type: ignore[valid-type]
         default=0, description="Higher runs first among the tasks waiting for a scheduler."
@@ -52,12 +55,11 @@ class _Submit(_Closed):
     # Each may be left out, but not sent as null: SkipJsonSchema keeps None out of the schema.
     start_at: SkipJsonSchema[None] | AwareDatetime = Field(
         default=None,
-        description="Start no sooner than this time, with its offset (the task waits until "
-        "then).",
+        description="Start no sooner than this time, with its offset (the task waits until then).",
     )
-    start_after: SkipJsonSchema[None] | Annotated[
-        float, Field(ge=0, le=MAX_WAIT.total_seconds())
-    ] = Field(
+    start_after: (
+        SkipJsonSchema[None] | Annotated[float, Field(ge=0, le=MAX_WAIT.total_seconds())]
+    ) = Field(
         default=None,
         description="Start no sooner than this many seconds after the submit, by the store's "
         "clock (not with start_at).",
@@ -66,6 +68,11 @@ class _Submit(_Closed):
         default=None,
         description="The version of the workflow to run (default: the newest declared).",
     )
+
+    def options(self) -> dict[str, Any]:
+        """The submit's options as `App.new_task` takes them (`records.SUBMIT_OPTIONS`: a
+        unit test keeps this model's fields the same)."""
+        return {name: getattr(self, name) for name in SUBMIT_OPTIONS}
 
     @model_validator(mode="after")
     def _one_start(self) -> _Submit:
@@ -92,8 +99,8 @@ def submit_request(workflows: Sequence[str]) -> type[_Submit]:
 class SubmitAnswer(_Closed):
     task_id: str
     created: bool = Field(
-        description="False when a task of this id was submitted before, with the same workflow "
-        "and input: it is left as it is."
+        description="False when a task of this id was submitted before, with the same workflow, "
+        "version and input: it is left as it is."
     )
 
 

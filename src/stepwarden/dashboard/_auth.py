@@ -229,9 +229,7 @@ class Guard:
         if hmac.compare_digest(given.encode(), self.token.encode()):
             return Verdict(True, identity=API_TOKEN)
         throttle = self.sign_ins if signing_in else self.throttle
-        return throttle.wrong(
-            client_address(request), "the API token is wrong", "wrong API tokens"
-        )
+        return throttle.wrong(client_address(request), "the API token is wrong", "wrong API tokens")
 
     def sign_in(self) -> str:
         """A new session; its id goes in the cookie."""

@@ -134,7 +134,9 @@ def _raw(status: bytes, message: bytes) -> bytes:
     """A whole answer, written without h11 (none was begun on the connection)."""
     return (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"connection: close\r\ncontent-length: " + str(len(message)).encode() + b"\r\n\r\n"
+        b"connection: close\r\ncontent-length: "
+        + str(len(message)).encode()
+        + b"\r\n\r\n"
         + message
     )
 

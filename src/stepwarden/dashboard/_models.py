@@ -105,9 +105,9 @@ class BulkRequest(_Closed):
 
     action: Literal["retry", "pause", "resume", "cancel", "compensate"]
     # Each may be left out, but not sent as null: SkipJsonSchema keeps None out of the schema.
-    task_ids: SkipJsonSchema[None] | Annotated[
-        list[Name], Field(min_length=1, max_length=MAX_BULK)
-    ] = None
+    task_ids: (
+        SkipJsonSchema[None] | Annotated[list[Name], Field(min_length=1, max_length=MAX_BULK)]
+    ) = None
     state: SkipJsonSchema[None] | TaskState = None
     workflow: SkipJsonSchema[None] | Name = None
     limit: SkipJsonSchema[None] | BulkLimit = None  # type: ignore[valid-type]

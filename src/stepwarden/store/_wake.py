@@ -62,9 +62,7 @@ def _own_dir(path: Path) -> bool:
 
 def _own_mode(found: os.stat_result) -> bool:
     return (
-        stat.S_ISDIR(found.st_mode)
-        and found.st_uid == os.geteuid()
-        and found.st_mode & 0o077 == 0
+        stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid() and found.st_mode & 0o077 == 0
     )
 
 

@@ -40,7 +40,6 @@ from ..records import (
     EventRecord,
     Expired,
     LeaseRecord,
-    NewTask,
     OperatorAction,
     OpLimit,
     OutboxMessage,
@@ -59,6 +58,8 @@ from ..records import (
     StepRecord,
     StepStats,
     StepSwept,
+    Submission,
+    Submitted,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -154,10 +155,11 @@ class Transaction(abc.ABC):
     async def _run(self, flow: FlowFn[T]) -> T:
         """Drive a flow inside this transaction."""
 
-    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
-        """Record tasks in this transaction; True for each task that was created."""
+    async def submit(self, tasks: Sequence[Submission]) -> list[Submitted]:
+        """Record tasks in this transaction: each created, or the same submit as the task of
+        its id, or a conflict with it (`policy.submit`)."""
         self.store.refuse_plain(t.input for t in tasks)
-        return await self._run(partial(policy.submit, tasks))
+        return await self._run(partial(policy.submit, tasks, self.store.keys))
 
     async def send_event(
         self,
@@ -267,9 +269,11 @@ class Store(abc.ABC):
         return await self._write(lambda wake: _one(query))
 
     async def _write_alone(self, flow: FlowFn[T]) -> T:
-        """Drive a flow of one query in one round, whose SQL sends the wake-ups it owes to
-        other processes itself (PostgreSQL: `pg_notify` in the statement), or that owes none
-        to them: as `_write`, where the dialect cannot run it as a statement of its own."""
+        """Drive a flow whose first query is its write, whose SQL sends the wake-ups it owes
+        to other processes itself (PostgreSQL: `pg_notify` in the statement), or that owes
+        none to them, and whose later queries may each be a statement of their own (a
+        submit's read of the ids it found taken): as `_write`, where the dialect cannot run
+        them as statements of their own."""
         return await self._write(flow)
 
     async def _read_one(self, query: str, /, **params: Any) -> Rows:
@@ -392,13 +396,14 @@ class Store(abc.ABC):
         await self.close()
 
     # -- the application ------------------------------------------------------------------
-    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
-        """Record pending tasks; a task_id already present is left as it is (False). Tried
-        again after a transient failure (a submission is idempotent by task_id; a task whose
-        first try committed without its answer arriving is then reported as not created)."""
+    async def submit(self, tasks: Sequence[Submission]) -> list[Submitted]:
+        """Record pending tasks: each created, or, under a task_id taken, the same submit
+        (same workflow, version, input and client: left as it is) or a conflict
+        (`policy.submit`). Tried again after a transient failure: a task whose first try
+        committed without its answer arriving is then answered the same submit."""
         self.refuse_plain(t.input for t in tasks)
         return await self._again_if_transient(
-            lambda: self._write_alone(partial(policy.submit, tasks))
+            lambda: self._write_alone(partial(policy.submit, tasks, self.keys))
         )
 
     @abc.abstractmethod

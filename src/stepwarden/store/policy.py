@@ -11,6 +11,7 @@ aside for an operator (`rules.plan_set_aside`) and goes on with the others.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 from .. import _json
 from .._json import loads
-from ..errors import ConfigurationError, PermanentStoreError
+from ..errors import ConfigurationError, KeyringError, PermanentStoreError, TransientStoreError
 from ..placement import ShardMap
 from ..records import (
     ActionOutcome,
@@ -31,7 +32,6 @@ from ..records import (
     EventBounds,
     Expired,
     NewStep,
-    NewTask,
     OperatorAction,
     OpLimit,
     ParkRequest,
@@ -46,6 +46,8 @@ from ..records import (
     StepOutcome,
     StepRecord,
     StepSwept,
+    Submission,
+    Submitted,
     TaskOutcome,
     TicksMade,
     WaitOutcome,
@@ -85,11 +87,12 @@ from ..rules import (
     plan_set_aside,
     plan_ticks,
     release_state,
+    resubmit,
     schedule_task_id,
     total_failure,
     waiting_for_all,
 )
-from ..sealing import Binding, Keyring, input_digest
+from ..sealing import Binding, Keyring, input_digest, same_digest
 from ..states import FINISHED_TASK_STATES, StepState, TaskState
 from . import _rows
 from ._flow import Flow, Query, Row, Rows, Wakeups, fetch, first_of_each, together
@@ -120,18 +123,21 @@ def _by_ord(rows: Rows, positions: Sequence[int]) -> dict[int, Row]:
 # -- the application ----------------------------------------------------------------------
 
 
-def submit(tasks: Sequence[NewTask], wake: Wakeups) -> Flow[list[bool]]:
-    """Record pending tasks; an existing task_id is left as it is. A task_id given twice is
-    created once, by its first occurrence."""
+def submit(
+    tasks: Sequence[Submission], keys: Keyring | None, wake: Wakeups
+) -> Flow[list[Submitted]]:
+    """Record pending tasks; each answered created, or, under a task_id taken, the same
+    submit or a conflict (`rules.resubmit`): that task is left as it is. A task_id given
+    twice is created once, by its first occurrence, and the second compared with it."""
     if not tasks:
         return []
     [rows] = yield [Query("insert_tasks", each=_task_params(tasks))]
-    return _created(tasks, rows, wake)
+    return (yield from _answers(tasks, rows, keys, wake))
 
 
 def submit_fenced(
-    generation: int, tasks: Sequence[NewTask], wake: Wakeups
-) -> Flow[list[bool] | None]:
+    generation: int, tasks: Sequence[Submission], keys: Keyring | None, wake: Wakeups
+) -> Flow[list[Submitted] | None]:
     """`submit` on a shard, where the shard map's newest generation is `generation` (the one
     the submitter placed the tasks by); None, and nothing written, where it is not. One
     statement: the map's read holds its table until the commit (`lock_shard_map` waits)."""
@@ -142,10 +148,71 @@ def submit_fenced(
     found = next(int(r["generation"]) for r in rows if r["generation"] is not None)
     if found != generation:
         return None
-    return _created(tasks, [r for r in rows if r["task_id"] is not None], wake)
+    inserted = [r for r in rows if r["task_id"] is not None]
+    return (yield from _answers(tasks, inserted, keys, wake))
 
 
-def _task_params(tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
+def _answers(
+    tasks: Sequence[Submission], rows: Rows, keys: Keyring | None, wake: Wakeups
+) -> Flow[list[Submitted]]:
+    """The answers to `tasks`, of which the insert's `rows` were created: those not created
+    compared with the task of their id. One deleted between the insert and the read (past
+    its retention) is submitted again, its id free."""
+    created = _created(tasks, rows, wake)
+    answers: dict[int, Submitted] = {
+        i: Submitted(t.task_id, "created") for i, t in enumerate(tasks) if created[i]
+    }
+    for _ in range(3):
+        taken = [i for i in range(len(tasks)) if i not in answers]
+        if not taken:
+            break
+        ids = sorted({tasks[i].task_id for i in taken})
+        found = {r["task_id"]: r for r in (yield from fetch("submit_found", task_ids=ids))}
+        for i in taken:
+            row = found.get(tasks[i].task_id)
+            if row is not None:
+                answers[i] = _resubmit(tasks[i], row, keys)
+        gone = [tasks[i] for i in taken if i not in answers]
+        if gone:
+            [again] = yield [Query("insert_tasks", each=_task_params(gone))]
+            made = {r["task_id"] for r in again}
+            for i in taken:
+                if i not in answers and tasks[i].task_id in made:
+                    answers[i] = Submitted(tasks[i].task_id, "created")
+                    made.discard(tasks[i].task_id)
+            if any(not _delayed(t) for t in gone):
+                wake.tasks()
+    for i, t in enumerate(tasks):
+        if i not in answers:  # taken and deleted, over and over, between the two statements
+            raise TransientStoreError(f"task {t.task_id!r} was deleted while submitted again")
+    return [answers[i] for i in range(len(tasks))]
+
+
+def _resubmit(new: Submission, row: Row, keys: Keyring | None) -> Submitted:
+    return resubmit(
+        new,
+        workflow=row["workflow"],
+        version=int(row["version"]),
+        submitted_by=row["submitted_by"],
+        same_input=same_input(new, row["input_digest"], keys),
+    )
+
+
+def same_input(new: Submission, stored: str | None, keys: Keyring | None) -> bool:
+    """Whether the new submit's input has the `stored` digest (taken under the same key,
+    or, after a rotation, under another: compared then with that key)."""
+    if stored is None:
+        return False
+    if new.input_digest is not None and hmac.compare_digest(new.input_digest, stored):
+        return True
+    try:
+        value = loads(new.input, at=Binding.input(new.task_id), keys=keys)
+        return same_digest(stored, _json.plain(value), keys)
+    except KeyringError:  # a comparison that cannot be made is not a match
+        return False
+
+
+def _task_params(tasks: Sequence[Submission]) -> list[dict[str, Any]]:
     return [
         {
             "task_id": t.task_id,
@@ -170,7 +237,7 @@ def _task_params(tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
     ]
 
 
-def _created(tasks: Sequence[NewTask], rows: Rows, wake: Wakeups) -> list[bool]:
+def _created(tasks: Sequence[Submission], rows: Rows, wake: Wakeups) -> list[bool]:
     """Which of `tasks` the insert's rows say were created (a task_id given twice, by its
     first occurrence); the schedulers woken when one of them is pending now."""
     inserted = {r["task_id"] for r in rows}
@@ -219,7 +286,7 @@ def write_shard_map(
     return None
 
 
-def _delayed(task: NewTask) -> bool:
+def _delayed(task: Submission) -> bool:
     return task.start_at is not None or task.start_after > 0
 
 
@@ -1315,7 +1382,7 @@ def wait(req: WaitRequest, keys: Keyring | None, wake: Wakeups) -> Flow[WaitOutc
     replayed = bool(found)
     if not found:
         if req.kind == "child":
-            refused = yield from _start_child(req, wake)
+            refused = yield from _start_child(req, keys, wake)
             if refused is not None:
                 return WaitOutcome(state="refused", reason=refused)
         until = None if req.until is None else req.until.timestamp()
@@ -1370,7 +1437,7 @@ def wait(req: WaitRequest, keys: Keyring | None, wake: Wakeups) -> Flow[WaitOutc
                              [(req.position, req.kind, req.name)]))  # fmt: skip
 
 
-def _start_child(req: WaitRequest, wake: Wakeups) -> Flow[str | None]:
+def _start_child(req: WaitRequest, keys: Keyring | None, wake: Wakeups) -> Flow[str | None]:
     """Create the child task of a child wait recorded now; why not, when its task id is
     taken by another task (nothing is written then)."""
     child = req.child
@@ -1378,8 +1445,8 @@ def _start_child(req: WaitRequest, wake: Wakeups) -> Flow[str | None]:
         raise ValueError("a child wait names the child task it creates")
     found = yield from fetch("child_read", task_id=child.task_id)
     if not found:
-        [created] = yield from submit([child], wake)
-        if created:
+        [answer] = yield from submit([child], keys, wake)
+        if answer.created:
             detail = {"child": child.task_id, "workflow": child.workflow, "seq": req.seq,
                       "position": req.position}  # fmt: skip
             yield [record_events([(req.task_id, "child_started", detail)])]
@@ -1579,7 +1646,7 @@ def create_ticks(
     held, due = yield [_held(lease, holder, term), Query("due_schedules", {"limit": limit})]
     if not held or not due:
         return TicksMade([], {})
-    tasks: list[NewTask] = []
+    tasks: list[Submission] = []
     moves = []
     set_aside: dict[str, str] = {}
     for row in due:
@@ -1591,7 +1658,7 @@ def create_ticks(
             set_aside[spec.name] = str(exc)
             continue
         tasks.extend(
-            NewTask(
+            Submission(
                 task_id=schedule_task_id(spec.name, tick),
                 workflow=spec.workflow,
                 input=text,
@@ -1612,8 +1679,8 @@ def create_ticks(
         yield [Query("set_aside_schedules", each=[{"name": n} for n in set_aside])]
     if not tasks:
         return TicksMade([], set_aside)
-    created = yield from submit(tasks, wake)
-    return TicksMade([t.task_id for t, c in zip(tasks, created, strict=True) if c], set_aside)
+    answers = yield from submit(tasks, keys, wake)
+    return TicksMade([a.task_id for a in answers if a.created], set_aside)
 
 
 def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:

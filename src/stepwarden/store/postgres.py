@@ -390,18 +390,19 @@ class PostgresStore(Store):
         return result
 
     async def _write_alone(self, flow: FlowFn[T]) -> T:
-        # One statement in autocommit: one round trip, no BEGIN, no COMMIT, no pipeline; its
-        # SQL notifies (delivered on its commit), and this process hears of it after.
+        # Each statement in autocommit: one round trip, no BEGIN, no COMMIT, no pipeline; its
+        # SQL notifies (delivered on its commit), and this process hears of it after. A flow's
+        # later statements (a submit's read of the ids it found taken) see what it committed.
         wake = Wakeups()
         steps = flow(wake)
-        [query] = next(steps)
-        rows = await self._write_one(query)
-        try:
-            steps.send([rows])
-        except StopIteration as stop:
-            self.notifier.publish_all(wake)
-            return stop.value  # type: ignore[no-any-return]
-        raise RuntimeError("a flow written alone went on after its one query")
+        queries = next(steps)
+        while True:
+            rows = [await self._write_one(q) for q in queries]
+            try:
+                queries = steps.send(rows)
+            except StopIteration as stop:
+                self.notifier.publish_all(wake)
+                return stop.value  # type: ignore[no-any-return]
 
     # -- lifecycle ------------------------------------------------------------------------
     async def open(self, *, migrate: bool = True) -> None:

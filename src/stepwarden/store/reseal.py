@@ -26,7 +26,6 @@ PLACES = ("tasks", "steps", "inbox", "waits", "schedules", "outbox")
 """Where payloads are kept, in the order a pass goes through them."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Cursor:
     """Where a pass through one place has got to: after the row of this key."""
@@ -96,27 +95,37 @@ def reseal(cursor: Cursor, limit: int, keys: Keyring, wake: Wakeups) -> Flow[Rou
             yield [Query("reseal_step", each=each)]
     elif place == "inbox":
         [rows] = yield [Query("reseal_inbox_rows", {"after_id": cursor.after_id, "limit": limit})]
-        each = [{"id": r["id"], "old": r["doc"], "doc": new} for r, new in
-                _docs(rows, lambda r: Binding.event(r["task_id"], r["event_id"]), keys, done)]
+        each = [
+            {"id": r["id"], "old": r["doc"], "doc": new}
+            for r, new in _docs(
+                rows, lambda r: Binding.event(r["task_id"], r["event_id"]), keys, done
+            )
+        ]
         if each:
             yield [Query("reseal_inbox", each=each)]
     elif place == "waits":
         after = {"after": cursor.after, "after_seq": cursor.after_seq, "limit": limit}
         [rows] = yield [Query("reseal_wait_rows", after)]
-        each = [{"task_id": r["task_id"], "seq": r["seq"], "old": r["doc"], "doc": new}
-                for r, new in _docs(rows, _rows.wait_binding, keys, done)]
+        each = [
+            {"task_id": r["task_id"], "seq": r["seq"], "old": r["doc"], "doc": new}
+            for r, new in _docs(rows, _rows.wait_binding, keys, done)
+        ]
         if each:
             yield [Query("reseal_waits", each=each)]
     elif place == "schedules":
         [rows] = yield [Query("reseal_schedule_rows", {"after": cursor.after, "limit": limit})]
-        each = [{"name": r["name"], "old": r["doc"], "doc": new} for r, new in
-                _docs(rows, lambda r: Binding.schedule(r["name"]), keys, done)]
+        each = [
+            {"name": r["name"], "old": r["doc"], "doc": new}
+            for r, new in _docs(rows, lambda r: Binding.schedule(r["name"]), keys, done)
+        ]
         if each:
             yield [Query("reseal_schedules", each=each)]
     else:
         [rows] = yield [Query("reseal_outbox_rows", {"after_id": cursor.after_id, "limit": limit})]
-        each = [{"id": r["id"], "old": r["doc"], "doc": new} for r, new in
-                _docs(rows, _outbox_binding, keys, done)]
+        each = [
+            {"id": r["id"], "old": r["doc"], "doc": new}
+            for r, new in _docs(rows, _outbox_binding, keys, done)
+        ]
         if each:
             yield [Query("reseal_outbox", each=each)]
     done.resealed = len(each)

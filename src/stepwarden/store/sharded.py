@@ -39,7 +39,6 @@ from ..records import (
     EventPage,
     EventRecord,
     LeaseRecord,
-    NewTask,
     OperatorAction,
     OutboxMessage,
     RelayBacklog,
@@ -48,10 +47,13 @@ from ..records import (
     SendOutcome,
     StepRecord,
     StepStats,
+    Submission,
+    Submitted,
     TaskRecord,
     VersionBacklog,
     WaitRecord,
 )
+from ..rules import resubmit
 from ..sealing import Keyring
 from ..states import TaskState
 from . import _rows, policy
@@ -353,20 +355,28 @@ class ShardedStore(Store):
         return found[0] if found else self._by_name[self._map().home(task_id)]
 
     # -- submits --------------------------------------------------------------------------
-    async def submit(self, tasks: Sequence[NewTask]) -> list[bool]:
+    async def submit(self, tasks: Sequence[Submission]) -> list[Submitted]:
         """Each task created at its id's home, unless a shard that owned its slot before
-        holds it already; tried again with the map read anew when a shard holds a newer
-        generation than this process read."""
-        created: dict[int, bool] = {}
+        holds it already (then compared with it, `rules.resubmit`); tried again with the map
+        read anew when a shard holds a newer generation than this process read."""
+        answers: dict[int, Submitted] = {}
         for _ in range(5):
             shard_map = self._map()
-            todo = [i for i in range(len(tasks)) if i not in created]
+            todo = [i for i in range(len(tasks)) if i not in answers]
             groups: dict[str, list[int]] = {}
             for i in todo:
                 owners = shard_map.owners(tasks[i].task_id)
                 for older in owners[1:]:
-                    if await self._by_name[older].get_task(tasks[i].task_id) is not None:
-                        created[i] = False
+                    part = self._by_name[older]
+                    found = await part.get_task(tasks[i].task_id)
+                    if found is not None:
+                        answers[i] = resubmit(
+                            tasks[i],
+                            workflow=found.workflow,
+                            version=found.version,
+                            submitted_by=found.submitted_by,
+                            same_input=policy.same_input(tasks[i], found.input_digest, part.keys),
+                        )
                         break
                 else:
                     groups.setdefault(owners[0], []).append(i)
@@ -374,16 +384,16 @@ class ShardedStore(Store):
             async def one(name: str, indexes: list[int], shard_map: ShardMap = shard_map) -> bool:
                 part = self._by_name[name]
                 batch = [tasks[i] for i in indexes]
-                flow = partial(policy.submit_fenced, shard_map.generation, batch)
+                flow = partial(policy.submit_fenced, shard_map.generation, batch, part.keys)
                 got = await part._again_if_transient(lambda: part._write_alone(flow))
                 if got is None:
                     return False
-                created.update(zip(indexes, got, strict=True))
+                answers.update(zip(indexes, got, strict=True))
                 return True
 
             fresh = await asyncio.gather(*(one(n, ix) for n, ix in groups.items()))
             if all(fresh):
-                return [created[i] for i in range(len(tasks))]
+                return [answers[i] for i in range(len(tasks))]
             await self._read_map(first=False)
         raise TransientStoreError("the shard map kept changing while tasks were submitted")
 
@@ -535,11 +545,15 @@ class ShardedStore(Store):
         for each in await self._each(lambda p: p.version_backlog(workflows)):
             for b in each:
                 had = merged.get((b.workflow, b.version))
-                merged[(b.workflow, b.version)] = b if had is None else replace(
-                    had,
-                    pending=had.pending + b.pending,
-                    compensating=had.compensating + b.compensating,
-                    oldest=min(had.oldest, b.oldest),
+                merged[(b.workflow, b.version)] = (
+                    b
+                    if had is None
+                    else replace(
+                        had,
+                        pending=had.pending + b.pending,
+                        compensating=had.compensating + b.compensating,
+                        oldest=min(had.oldest, b.oldest),
+                    )
                 )
         return [merged[k] for k in sorted(merged)]
 
@@ -551,17 +565,22 @@ class ShardedStore(Store):
         for each in await self._each(lambda p: p.step_stats()):
             for s in each:
                 had = merged.get((s.agent, s.operation))
-                merged[(s.agent, s.operation)] = s if had is None else replace(
-                    had,
-                    started=had.started + s.started,
-                    completed=had.completed + s.completed,
-                    failed=had.failed + s.failed,
-                    reassignments=had.reassignments + s.reassignments,
-                    retried=had.retried + s.retried,
-                    duration_buckets=tuple(
-                        a + b for a, b in zip(had.duration_buckets, s.duration_buckets, strict=True)
-                    ),
-                    duration_sum=had.duration_sum + s.duration_sum,
+                merged[(s.agent, s.operation)] = (
+                    s
+                    if had is None
+                    else replace(
+                        had,
+                        started=had.started + s.started,
+                        completed=had.completed + s.completed,
+                        failed=had.failed + s.failed,
+                        reassignments=had.reassignments + s.reassignments,
+                        retried=had.retried + s.retried,
+                        duration_buckets=tuple(
+                            a + b
+                            for a, b in zip(had.duration_buckets, s.duration_buckets, strict=True)
+                        ),
+                        duration_sum=had.duration_sum + s.duration_sum,
+                    )
                 )
         return [merged[k] for k in sorted(merged)]
 

@@ -1078,6 +1078,11 @@ WHERE t.task_id = %(task_id)s AND t.process_state = 'waiting'
                 AND w.state = 'open')
 RETURNING t.task_id
 
+-- name: submit_found
+-- The tasks of the given ids that a submit found taken: what a re-submit is compared by.
+SELECT task_id, workflow, version, submitted_by, input_digest FROM stepwarden_tasks
+WHERE task_id = ANY(%(task_ids)s::text[])
+
 -- name: child_read
 -- A task a child wait would create (or did): whose child it is, if anyone's, and its workflow.
 SELECT task_id, parent_id, parent_position, workflow FROM stepwarden_tasks

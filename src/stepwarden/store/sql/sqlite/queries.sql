@@ -754,6 +754,11 @@ WHERE task_id = :task_id AND process_state = 'waiting'
                 AND w.state = 'open')
 RETURNING task_id
 
+-- name: submit_found
+-- The tasks of the given ids that a submit found taken: what a re-submit is compared by.
+SELECT task_id, workflow, version, submitted_by, input_digest FROM stepwarden_tasks
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+
 -- name: child_read
 -- A task a child wait would create (or did): whose child it is, if anyone's, and its workflow.
 SELECT task_id, parent_id, parent_position, workflow FROM stepwarden_tasks
