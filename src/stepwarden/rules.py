@@ -194,6 +194,16 @@ was released: its next scheduler adopts the step). In any other (paused, or fini
 call is stopped."""
 
 
+START_WAIT = "start"
+"""The `waiting_for` of a task waiting for its delayed start."""
+
+
+def start_state(*, start_at: datetime | None, start_after: float) -> TaskState:
+    """The state a new task is recorded in: waiting for its delayed start (at `start_at`, or
+    `start_after` seconds from now by the store's clock), else pending."""
+    return TaskState.WAITING if start_at is not None or start_after > 0 else TaskState.PENDING
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallFacts:
     """A step and its task as stored, as the rules of an agent's call decide on them
