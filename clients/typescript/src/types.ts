@@ -1,3 +1,5 @@
+import type { components } from "./generated/openapi.js";
+
 /**
  * The JSON the server answers, as its OpenAPI documents describe it
  * (`/api/v1/openapi.json`): field names as the server writes them.
@@ -95,62 +97,21 @@ export interface CancelAnswer {
 }
 
 // -- the agent protocol (/api/v1/agents) ------------------------------------------------------
+// Generated from the server's document (openapi.json, `npm run generate`): the wire's own
+// field names.
 
-/** `GET /api/v1/agents/whoami`. */
-export interface WhoAmI {
-  client: string;
-  /** The agents this client's token may serve. */
-  agents: string[];
-}
+type Schemas = components["schemas"];
+
+/** `GET /api/v1/agents/whoami`: the client, the agents it may serve, and what every runner
+ * of the protocol needs to agree on. */
+export type WhoAmI = Schemas["WhoAmI"];
 
 /** A claimed request: a step to call, with the fencing token of its writes (task_id, seq,
- * attempt, and the instance that claimed it). */
-export interface ClaimedRequest {
-  task_id: string;
-  seq: number;
-  attempt: number;
-  agent: string;
-  operation: string;
-  /** The operation's arguments (a JSON array of them). */
-  input: Json;
-  /** The same on every attempt of the step: pass it to the service. */
-  idempotency_key: string;
-  complete_by: string;
-  /** Seconds left before complete_by, at the claim. */
-  remaining: number;
-  /** On a compensation: the seq of the step it undoes. */
-  compensates: number | null;
-  queued: number | null;
-  workflow: string | null;
-  trace_context: string | null;
-}
+ * attempt, and the instance that claimed it). Its `input` is the operation's arguments. */
+export type ClaimedRequest = Omit<Schemas["RequestModel"], "input"> & { input: Json };
 
-export interface OperationLimit {
-  concurrency?: number | null;
-  rate?: number | null;
-  per?: number;
-  room?: number | null;
-}
-
-export interface CallKey {
-  task_id: string;
-  seq: number;
-  attempt: number;
-}
-
-export interface LostCall extends CallKey {
-  why: string;
-}
-
-export interface Outcome extends CallKey {
-  instance: string;
-  state: "completed" | "failed";
-  result: Json;
-  error: string | null;
-  tries: number;
-}
-
-export interface Handback extends CallKey {
-  instance: string;
-  reason: string;
-}
+export type OperationLimit = Schemas["OpLimitModel"];
+export type CallKey = Schemas["CallKey"];
+export type LostCall = Schemas["LostCall"];
+export type Outcome = Omit<Schemas["Outcome-Input"], "result"> & { result?: Json };
+export type Handback = Schemas["Handback"];
