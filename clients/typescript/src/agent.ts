@@ -29,16 +29,18 @@ import { ConfigurationError, PermanentError, StepLostError, StepwardenError } fr
 import { describe as describeError, type ServerOptions } from "./http.js";
 import { AgentProtocol } from "./protocol.js";
 import { Flag, pause, sleep } from "./timing.js";
-import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit } from "./types.js";
+import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit, WhoAmI } from "./types.js";
 
 /** An operation: called with its `Call` and the arguments the workflow's step gave. */
 export type OperationFunction = (call: Call, ...args: any[]) => unknown;
 
 export interface RetryOptions {
-  /** Calls within one dispatch of a step, 1 meaning no retry (default 5). */
+  /** Calls within one dispatch of a step, 1 meaning no retry. */
   maxAttempts?: number;
-  /** Seconds before the second call (default 0.1), growing by `multiplier` (default 2) up
-   * to `maxSeconds` (default 5); with `jitter` (default true), a random part of that. */
+  /** Seconds before the second call, growing by `multiplier` up to `maxSeconds`; with
+   * `jitter`, a random part of that. What is left out is the server's default
+   * (`stepwarden.Retry()`'s, which its `whoami` answers: 5 calls, 0.1 s growing by 2 up
+   * to 5 s, with jitter), and the policy must stay within its bounds. */
   initialSeconds?: number;
   maxSeconds?: number;
   multiplier?: number;
@@ -177,8 +179,6 @@ export class Call {
 }
 
 const MAX_TIMER = 2 ** 31 - 1;
-const MAX_ERROR = 8192;
-const MAX_REASON = 1000;
 const STOPPING = "the agent instance is stopping";
 
 type Ending = "lost" | "expired" | "gone" | "stopping";
@@ -275,10 +275,14 @@ function callKey(r: CallKey): CallKey {
   return { task_id: r.task_id, seq: r.seq, attempt: r.attempt };
 }
 
+type Policy = Required<Omit<RetryOptions, "isPermanent">> & { isPermanent?: (error: unknown) => boolean };
+
 interface Op {
   name: string;
   fn: OperationFunction;
-  retry: Required<Omit<RetryOptions, "isPermanent">> & { isPermanent?: (error: unknown) => boolean };
+  /** The retry options given (the agent's, then the operation's own): over the server's
+   * defaults, the operation's policy once `run` has asked the server. */
+  retry: RetryOptions;
   limit: OperationLimitOptions | undefined;
 }
 
@@ -312,24 +316,44 @@ function positive(name: string, value: number | undefined, fallback: number, max
   return value;
 }
 
-function retryPolicy(given: RetryOptions | undefined, base: Op["retry"]): Op["retry"] {
-  const policy = { ...base, ...given };
-  if (!Number.isInteger(policy.maxAttempts) || policy.maxAttempts < 1) {
-    throw new ConfigurationError(`retry.maxAttempts must be an integer of 1 or more, not ${policy.maxAttempts}`);
+/** The options given, each checked alone (their bounds are the server's: `policyOf`). */
+function retryOptions(given: RetryOptions | undefined): RetryOptions {
+  const options = { ...given };
+  for (const [name, value] of Object.entries(options)) {
+    if (value === undefined) delete options[name as keyof RetryOptions];
   }
-  if (!(policy.initialSeconds >= 0 && policy.initialSeconds <= policy.maxSeconds && policy.multiplier >= 1)) {
-    throw new ConfigurationError("retry needs 0 <= initialSeconds <= maxSeconds and multiplier >= 1");
+  const { maxAttempts, initialSeconds, maxSeconds, multiplier } = options;
+  if (maxAttempts !== undefined && (!Number.isInteger(maxAttempts) || maxAttempts < 1)) {
+    throw new ConfigurationError(`retry.maxAttempts must be an integer of 1 or more, not ${maxAttempts}`);
+  }
+  for (const [name, value] of Object.entries({ initialSeconds, maxSeconds, multiplier })) {
+    if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value) || value < 0)) {
+      throw new ConfigurationError(`retry.${name} must be a finite number of 0 or more, not ${String(value)}`);
+    }
+  }
+  return options;
+}
+
+/** The retry policy of the options given over the server's defaults, within its bounds. */
+function policyOf(given: RetryOptions, me: WhoAmI): Policy {
+  const served = me.retry;
+  const policy: Policy = {
+    maxAttempts: served.max_attempts,
+    initialSeconds: served.initial,
+    maxSeconds: served.maximum,
+    multiplier: served.multiplier,
+    jitter: served.jitter,
+    ...given,
+  };
+  const maxDelay = me.retry_bounds.max_delay;
+  if (!(policy.initialSeconds <= policy.maxSeconds && policy.maxSeconds <= maxDelay && policy.multiplier >= 1)) {
+    throw new ConfigurationError(
+      `retry needs 0 <= initialSeconds <= maxSeconds <= ${maxDelay} and multiplier >= 1, not ` +
+        `initialSeconds ${policy.initialSeconds}, maxSeconds ${policy.maxSeconds}, multiplier ${policy.multiplier}`,
+    );
   }
   return policy;
 }
-
-const DEFAULT_RETRY: Op["retry"] = {
-  maxAttempts: 5,
-  initialSeconds: 0.1,
-  maxSeconds: 5,
-  multiplier: 2,
-  jitter: true,
-};
 
 function consoleLogger(agent: string): Logger {
   const prefix = `stepwarden agent ${agent}:`;
@@ -343,10 +367,10 @@ function consoleLogger(agent: string): Logger {
 
 const SILENT: Logger = { debug: () => undefined, info: () => undefined, warn: () => undefined, error: () => undefined };
 
-/** The error text of a failed step: the error's name and message, as stored. */
+/** The error text of a failed step: the error's name and message (the server cuts a long
+ * one as it stores it). */
 function errorText(error: unknown): string {
-  const text = error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
-  return text.length <= MAX_ERROR ? text : text.slice(0, MAX_ERROR - 30) + `... (${text.length} characters)`;
+  return error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
 }
 
 /** Milliseconds to wait after the `failures`-th failure in a row of a call to the server. */
@@ -383,6 +407,11 @@ export class Agent {
   readonly #checkNow = new Flag();
   #stopping = false;
   #active = false;
+  readonly #policies = new Map<string, Policy>();
+  /** The highest power of a retry's multiplier (the server's bound). */
+  #maxExponent = 32;
+  /** The characters of an error the server keeps. */
+  #maxError = Infinity;
 
   constructor(options: AgentOptions) {
     if (!options || typeof options.agent !== "string" || options.agent === "") {
@@ -408,7 +437,7 @@ export class Agent {
     this.#suffix = suffix;
     this.#onRegistered = options.onRegistered;
     this.#log = options.logger === null ? SILENT : (options.logger ?? consoleLogger(this.name));
-    const base = retryPolicy(options.retry, DEFAULT_RETRY);
+    const base = retryOptions(options.retry);
     const entries = Object.entries(options.operations ?? {});
     if (entries.length === 0) throw new ConfigurationError(`agent ${this.name} has no operations`);
     for (const [name, given] of entries) {
@@ -416,7 +445,9 @@ export class Agent {
       if (typeof spec?.fn !== "function") {
         throw new ConfigurationError(`operation ${name} is a function, or {fn, retry, limit}`);
       }
-      this.#ops.set(name, { name, fn: spec.fn, retry: retryPolicy(spec.retry, base), limit: spec.limit });
+      const retry = { ...base, ...retryOptions(spec.retry) };
+      // Checked alone now; over the server's defaults and within its bounds at `run`.
+      this.#ops.set(name, { name, fn: spec.fn, retry, limit: spec.limit });
     }
   }
 
@@ -458,6 +489,9 @@ export class Agent {
             `its token needs the scope agent:${this.name} (its agents: ${me.agents.join(", ") || "none"})`,
         );
       }
+      for (const op of this.#ops.values()) this.#policies.set(op.name, policyOf(op.retry, me));
+      this.#maxExponent = me.retry_bounds.max_exponent;
+      this.#maxError = me.bounds.max_error;
       this.#instance = `${me.client}/${this.#suffix}`;
       registered = true; // left in the end, should a beat given up have been recorded
       if ((await this.#untilAnswered("register", stop, () => this.#beat(stop))) === undefined) return;
@@ -633,7 +667,7 @@ export class Agent {
     const items: Handback[] = requests.map((r) => ({
       ...callKey(r),
       instance: this.#instance!,
-      reason: reason.slice(0, MAX_REASON),
+      reason,
     }));
     try {
       const applied = await this.#protocol.handBack(items);
@@ -806,6 +840,7 @@ export class Agent {
   async #serve(hold: Hold): Promise<void> {
     const r = hold.request;
     const op = this.#ops.get(r.operation)!;
+    const retry = this.#policies.get(op.name)!;
     const args: unknown[] = Array.isArray(r.input) ? r.input : [r.input];
     const what = `${this.name}.${op.name} for ${r.idempotency_key}`;
     const beat = (detail: Json): Promise<number> => this.#heartbeatOf(hold, detail);
@@ -830,19 +865,19 @@ export class Agent {
       }
       const error = settled.error;
       const message = errorText(error);
-      if (error instanceof PermanentError || op.retry.isPermanent?.(error)) {
+      if (error instanceof PermanentError || retry.isPermanent?.(error)) {
         this.#log.info(`${what}: failed for good (${message})`);
         return this.#report(hold, { state: "failed", result: null, error: message, tries });
       }
-      if (tries >= op.retry.maxAttempts) {
+      if (tries >= retry.maxAttempts) {
         this.#log.warn(`${what}: giving up after ${tries} tries (${message}); the supervisor will retry the step`);
         return;
       }
       const ceiling = Math.min(
-        op.retry.maxSeconds,
-        op.retry.initialSeconds * op.retry.multiplier ** Math.min(tries - 1, 32),
+        retry.maxSeconds,
+        retry.initialSeconds * retry.multiplier ** Math.min(tries - 1, this.#maxExponent),
       );
-      const delay = (op.retry.jitter ? Math.random() * ceiling : ceiling) * 1000;
+      const delay = (retry.jitter ? Math.random() * ceiling : ceiling) * 1000;
       if (hold.passesWithin(delay)) {
         this.#log.info(`${what}: no time left to retry (${message})`);
         return;
@@ -871,7 +906,7 @@ export class Agent {
       }
     }
     this.#log.info(`${what}: stopped (${why})`);
-    const item: Handback = { ...callKey(hold.request), instance: this.#instance!, reason: why.slice(0, MAX_REASON) };
+    const item: Handback = { ...callKey(hold.request), instance: this.#instance!, reason: why };
     await this.#beforeCompleteBy(hold, `cannot say that the call of ${hold.request.idempotency_key} stopped`, () =>
       this.#protocol.stopped([item]),
     );
@@ -883,8 +918,12 @@ export class Agent {
   ): Promise<void> {
     const r = hold.request;
     hold.answered = true;
+    const { error, ...rest } = outcome;
+    // The server keeps the start of a long error, with a marker of its length: only that
+    // start is sent.
+    const cut = error === null ? { error: null } : { error: error.slice(0, this.#maxError), error_length: error.length };
     const applied = await this.#beforeCompleteBy(hold, `cannot record the outcome of ${r.idempotency_key}`, () =>
-      this.#protocol.complete([{ ...callKey(r), instance: this.#instance!, ...outcome }]),
+      this.#protocol.complete([{ ...callKey(r), instance: this.#instance!, ...rest, ...cut }]),
     );
     if (applied === undefined || applied[0]) return;
     this.#log.info(`late outcome of ${r.task_id}/${r.seq} attempt ${r.attempt} discarded`);

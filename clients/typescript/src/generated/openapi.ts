@@ -361,6 +361,41 @@ export interface components {
             ttl: number;
         };
         /**
+         * Bounds
+         * @description What the server accepts of the agent protocol's requests.
+         */
+        Bounds: {
+            /**
+             * Max Body
+             * @description Bytes of a request's body.
+             */
+            max_body: number;
+            /**
+             * Max Claim Wait
+             * @description Seconds a claim's long poll waits at most.
+             */
+            max_claim_wait: number;
+            /**
+             * Max Error
+             * @description Characters of a failed step's error the server keeps (it cuts a longer one, with a marker that says how long it was).
+             */
+            max_error: number;
+            /**
+             * Max Items
+             * @description Items of one complete, hand-back or stopped; requests of one claim.
+             */
+            max_items: number;
+            /**
+             * Max Reason
+             * @description Characters of a hand-back's or a stop's reason the server keeps (it cuts a longer one the same way).
+             */
+            max_reason: number;
+            /** Max Ttl */
+            max_ttl: number;
+            /** Min Ttl */
+            min_ttl: number;
+        };
+        /**
          * BreakerRequest
          * @description Record a transition of the instance's circuit breaker (an event of the history).
          */
@@ -454,7 +489,10 @@ export interface components {
              * @description The agent instance: the client's name, '/', and a name of the instance's own, unique among the client's processes (`billing/host-1-4242`).
              */
             instance: string;
-            /** Reason */
+            /**
+             * Reason
+             * @description Why, whole: the server keeps its first 1000 characters, with a marker that says how long it was.
+             */
             reason: string;
             /** Seq */
             seq: number;
@@ -555,8 +593,16 @@ export interface components {
         "Outcome-Input": {
             /** Attempt */
             attempt: number;
-            /** Error */
+            /**
+             * Error
+             * @description The error, or its start (its first 8192 characters at least, when `error_length` says how long it is): the server keeps its first 8192 characters, with a marker that says how long it was.
+             */
             error?: string | null;
+            /**
+             * Error Length
+             * @description Characters of the whole error, when `error` is its start.
+             */
+            error_length?: number | null;
             /**
              * Instance
              * @description The agent instance: the client's name, '/', and a name of the instance's own, unique among the client's processes (`billing/host-1-4242`).
@@ -646,6 +692,36 @@ export interface components {
         RequestsAnswer: {
             /** Requests */
             requests: components["schemas"]["RequestModel"][];
+        };
+        /**
+         * RetryBounds
+         * @description What a retry policy may be: `0 <= initial <= maximum <= max_delay` seconds,
+         *     `multiplier >= 1`, `max_attempts >= 1`; the exponent of the delay is capped.
+         */
+        RetryBounds: {
+            /** Max Delay */
+            max_delay: number;
+            /** Max Exponent */
+            max_exponent: number;
+        };
+        /**
+         * RetryDefaults
+         * @description How an operation's transient errors are retried when neither it nor its agent names a
+         *     policy (`stepwarden.Retry()`): calls within one dispatch of a step, and the delay after
+         *     the n-th failed call: `initial * multiplier ** min(n - 1, max_exponent)` seconds, at
+         *     most `maximum`, a random part of that with `jitter`.
+         */
+        RetryDefaults: {
+            /** Initial */
+            initial: number;
+            /** Jitter */
+            jitter: boolean;
+            /** Max Attempts */
+            max_attempts: number;
+            /** Maximum */
+            maximum: number;
+            /** Multiplier */
+            multiplier: number;
         };
         /** SendAnswer */
         SendAnswer: {
@@ -841,15 +917,23 @@ export interface components {
             /** Workflow */
             workflow: string;
         };
-        /** WhoAmI */
+        /**
+         * WhoAmI
+         * @description The client, and what every agent runner of the protocol needs to agree on with the
+         *     engine, in whatever language: its retry policy's defaults and bounds, and the bounds of
+         *     the protocol's requests.
+         */
         WhoAmI: {
             /**
              * Agents
              * @description The agents this client's token may serve.
              */
             agents: string[];
+            bounds: components["schemas"]["Bounds"];
             /** Client */
             client: string;
+            retry: components["schemas"]["RetryDefaults"];
+            retry_bounds: components["schemas"]["RetryBounds"];
         };
     };
     responses: never;
