@@ -7,10 +7,10 @@ module and its agent runner, in a Node process that talks JSON lines with the te
   `AgentProtocol` (the wire's JSON is built and read as `RemoteAgentPort` does).
 - `TypeScriptWorkers`: `running(app, options)` with the App's agents served by the library's
   `Agent` runner in a Node process: each agent and operation the App declares, with its retry
-  policy; each call is reported back to the test, which calls the App's operation (its
-  `Call` says what the TypeScript call was given) and answers what it returned or raised
-  (and whether its retry policy takes that error as permanent). The scheduler and the
-  supervisor run in a Python worker on the store."""
+  policy and circuit breaker; each call is reported back to the test, which calls the App's
+  operation (its `Call` says what the TypeScript call was given) and answers what it
+  returned or raised (and whether its retry policy takes that error as permanent). The
+  scheduler and the supervisor run in a Python worker on the store."""
 
 from __future__ import annotations
 
@@ -204,6 +204,13 @@ class TypeScriptWorkers:
                     "operations": {
                         op_name: {"retry": _retry(op.retry)}
                         for op_name, op in agent.operations.items()
+                    },
+                    "breaker": None
+                    if agent.breaker is None
+                    else {
+                        "failures": agent.breaker.failures,
+                        "resetAfterMs": agent.breaker.reset_after * 1000,
+                        "trialCalls": agent.breaker.trial_calls,
                     },
                 }
                 for name, agent in sorted(app.agents.items())

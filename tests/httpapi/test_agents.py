@@ -556,6 +556,12 @@ async def test_the_server_serves_what_every_runner_agrees_on_and_cuts_long_error
             "jitter": default.jitter,
         }
         assert me["retry_bounds"] == {"max_delay": MAX_DELAY, "max_exponent": MAX_EXPONENT}
+        breaker = sw.Breaker()
+        assert me["breaker"] == {
+            "failures": breaker.failures,
+            "reset_after": breaker.reset_after,
+            "trial_calls": breaker.trial_calls,
+        }
         assert me["bounds"]["max_error"] == MAX_ERROR
         assert me["bounds"]["max_reason"] == MAX_REASON
         await remote.app.submit_async("order", 3, task_id="long-error")

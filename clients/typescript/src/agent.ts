@@ -25,6 +25,7 @@
 
 import { randomBytes } from "node:crypto";
 
+import { CircuitBreaker, type BreakerOptions, type BreakerState } from "./breaker.js";
 import { ConfigurationError, PermanentError, StepLostError, StepwardenError } from "./errors.js";
 import { describe as describeError, type ServerOptions } from "./http.js";
 import { AgentProtocol } from "./protocol.js";
@@ -94,6 +95,9 @@ export interface AgentOptions extends ServerOptions {
   drainSeconds?: number;
   /** The operations' retry policy (each may have its own). */
   retry?: RetryOptions;
+  /** A circuit breaker for the instance (none by default): what is left out is the server's
+   * default (`stepwarden.Breaker()`'s). */
+  breaker?: BreakerOptions;
   /** The instance's name after `CLIENT/` (default `agent-` and 16 random hex digits). */
   instance?: string;
   /** Where it logs (default: warnings and errors to the console; null: nowhere). */
@@ -199,6 +203,8 @@ class Hold {
   answered = false;
   /** The agent stopped and the drain is over: nothing more is written about the call. */
   abandoned = false;
+  /** Handed back (its breaker opened): another instance, or this one later, calls it. */
+  handedBack = false;
   /** Resolves when waiting for the call to end is pointless: complete_by passed, or the
    * agent stops. */
   readonly over: Promise<void>;
@@ -407,6 +413,12 @@ export class Agent {
   readonly #checkNow = new Flag();
   #stopping = false;
   #active = false;
+  readonly #breakerGiven: BreakerOptions | undefined;
+  #breaker: CircuitBreaker | null = null;
+  /** The claim under way (its long poll is given up when the breaker opens). */
+  #claim: AbortController | null = null;
+  /** The breaker's transitions not yet recorded as events of the history. */
+  readonly #transitions: BreakerState[] = [];
   readonly #policies = new Map<string, Policy>();
   /** The highest power of a retry's multiplier (the server's bound). */
   #maxExponent = 32;
@@ -436,6 +448,16 @@ export class Agent {
     }
     this.#suffix = suffix;
     this.#onRegistered = options.onRegistered;
+    if (options.breaker !== undefined) {
+      const { failures, resetAfterMs, trialCalls } = options.breaker;
+      for (const [name, value] of Object.entries({ failures, trialCalls })) {
+        if (value !== undefined && (!Number.isInteger(value) || value < 1)) {
+          throw new ConfigurationError(`breaker.${name} must be an integer of 1 or more, not ${value}`);
+        }
+      }
+      if (resetAfterMs !== undefined) positive("breaker.resetAfterMs", resetAfterMs, 0, 86_400_000);
+    }
+    this.#breakerGiven = options.breaker;
     this.#log = options.logger === null ? SILENT : (options.logger ?? consoleLogger(this.name));
     const base = retryOptions(options.retry);
     const entries = Object.entries(options.operations ?? {});
@@ -492,6 +514,23 @@ export class Agent {
       for (const op of this.#ops.values()) this.#policies.set(op.name, policyOf(op.retry, me));
       this.#maxExponent = me.retry_bounds.max_exponent;
       this.#maxError = me.bounds.max_error;
+      if (this.#breakerGiven !== undefined) {
+        const given = this.#breakerGiven;
+        this.#breaker = new CircuitBreaker(
+          {
+            failures: given.failures ?? me.breaker.failures,
+            resetAfterMs: given.resetAfterMs ?? me.breaker.reset_after * 1000,
+            trialCalls: given.trialCalls ?? me.breaker.trial_calls,
+          },
+          (state) => {
+            this.#log.info(`circuit breaker ${state}`);
+            this.#transitions.push(state);
+            // A long poll under way would claim what this instance must not call now.
+            if (state === "open") this.#claim?.abort();
+            this.#room.set();
+          },
+        );
+      }
       this.#instance = `${me.client}/${this.#suffix}`;
       registered = true; // left in the end, should a beat given up have been recorded
       if ((await this.#untilAnswered("register", stop, () => this.#beat(stop))) === undefined) return;
@@ -508,7 +547,10 @@ export class Agent {
       this.#stopping = true;
       life.abort();
       await Promise.allSettled(loops);
-      if (registered) await this.#leave();
+      if (registered) {
+        await this.#recordTransitions();
+        await this.#leave();
+      }
       stop.removeEventListener("abort", onStop);
       this.#active = false;
     }
@@ -538,12 +580,25 @@ export class Agent {
         // Stopping, it takes nothing more: its room is none.
         capacity: this.#stopping ? this.#serving.size : this.concurrency,
         inflight: this.#serving.size,
-        breaker: "closed",
-        breaker_detail: {},
+        breaker: this.#breaker?.state ?? "closed",
+        breaker_detail: this.#breaker?.snapshot() ?? {},
         ttl: this.#goneAfter,
       },
       { signal },
     );
+  }
+
+  /** The breaker's transitions since the last beat, as events of the history. */
+  async #recordTransitions(): Promise<void> {
+    while (this.#transitions.length > 0) {
+      try {
+        await this.#protocol.breaker({ instance: this.#instance!, state: this.#transitions[0]! });
+      } catch (error) {
+        this.#log.warn(`cannot record its breaker's changes: ${describeError(error)}`);
+        return;
+      }
+      this.#transitions.shift();
+    }
   }
 
   async #leave(): Promise<void> {
@@ -596,10 +651,13 @@ export class Agent {
     let failures = 0;
     while (!stop.aborted) {
       this.#room.clear();
-      const free = this.concurrency - this.#serving.size;
+      let free = this.concurrency - this.#serving.size;
+      const trial = this.#breaker?.room() ?? null;
+      if (trial !== null) free = Math.min(free, trial);
       const { operations, limits, full } = this.#claimable();
       if (free <= 0 || operations.length === 0) {
-        await this.#room.wait(Infinity, stop);
+        // An open breaker claims nothing until it lets a trial call through.
+        await this.#room.wait(this.#breaker?.reopensInMs() ?? Infinity, stop);
         continue;
       }
       // An operation at its limit here: a call ending frees it, which a long poll would miss.
@@ -607,13 +665,16 @@ export class Agent {
       this.#queued.clear();
       const began = performance.now();
       let requests: ClaimedRequest[];
+      const claim = new AbortController();
+      this.#claim = claim;
       try {
         requests = await this.#protocol.claim(
           { instance: this.#instance!, operations, limit: free, limits, wait },
-          { signal: stop },
+          { signal: AbortSignal.any([stop, claim.signal]) },
         );
       } catch (error) {
         if (stop.aborted) return;
+        if (claim.signal.aborted) continue; // the breaker opened: claim no more
         failures++;
         this.#log.warn(`cannot claim requests: ${describeError(error)}`);
         await this.#queued.wait(backoffMs(failures, 500, 30_000), stop);
@@ -649,7 +710,7 @@ export class Agent {
         this.#holds.delete(key);
         // Remembered until its complete_by has passed: a claim's late answer, or a look at
         // the steps held, does not call it again.
-        this.#ended.set(key, Math.max(hold.deadline, performance.now()) + 1000);
+        if (!hold.handedBack) this.#ended.set(key, Math.max(hold.deadline, performance.now()) + 1000);
         this.#serving.delete(serving);
         this.#running.set(request.operation, (this.#running.get(request.operation) ?? 1) - 1);
         this.#room.set();
@@ -717,6 +778,7 @@ export class Agent {
       if (life.aborted) return;
       try {
         await this.#beat(life);
+        await this.#recordTransitions();
       } catch (error) {
         if (!life.aborted) this.#log.warn(`heartbeat failed: ${describeError(error)}`);
         continue;
@@ -846,9 +908,17 @@ export class Agent {
     const beat = (detail: Json): Promise<number> => this.#heartbeatOf(hold, detail);
     for (let tries = 1; ; tries++) {
       if (hold.ending !== undefined) return this.#afterAbort(hold, what, undefined);
+      if (this.#breaker !== null && !this.#breaker.allow()) return this.#breakerOpen(hold);
       const call = new Call(hold, tries, beat);
       const running = (async () => op.fn(call, ...args))();
       const settled = await settle(running, hold.controller.signal);
+      const permanent =
+        settled.kind === "error" && (settled.error instanceof PermanentError || retry.isPermanent?.(settled.error) === true);
+      if (this.#breaker !== null) {
+        if (hold.ending !== undefined || settled.kind === "aborted") this.#breaker.abandon();
+        else if (settled.kind === "value" || permanent) this.#breaker.success();
+        else this.#breaker.failure();
+      }
       if (hold.ending !== undefined || settled.kind === "aborted") {
         // Whatever it answered once its step was not its own any more is discarded.
         return this.#afterAbort(hold, what, running);
@@ -865,10 +935,12 @@ export class Agent {
       }
       const error = settled.error;
       const message = errorText(error);
-      if (error instanceof PermanentError || retry.isPermanent?.(error)) {
+      if (permanent) {
         this.#log.info(`${what}: failed for good (${message})`);
         return this.#report(hold, { state: "failed", result: null, error: message, tries });
       }
+      // This failure opened the breaker: another instance may reach the service.
+      if (this.#breaker?.state === "open") return this.#breakerOpen(hold);
       if (tries >= retry.maxAttempts) {
         this.#log.warn(`${what}: giving up after ${tries} tries (${message}); the supervisor will retry the step`);
         return;
@@ -885,6 +957,12 @@ export class Agent {
       this.#log.debug(`${what}: try ${tries} failed (${message}), retrying in ${(delay / 1000).toFixed(2)} s`);
       await pause(delay, hold.controller.signal);
     }
+  }
+
+  /** The breaker is open: the request goes back to the queue, for another instance. */
+  async #breakerOpen(hold: Hold): Promise<void> {
+    hold.handedBack = true;
+    await this.#handBack([hold.request], `agent ${this.name}: open`);
   }
 
   /** The call's hold ended (`hold.ending`): once a lost call has ended (before its

@@ -16,11 +16,12 @@
  * is written before the process exits.
  *
  * CONFIG is JSON: `{url, token}`, and for `agents` also `agents: [{name, operations: {NAME:
- * {retry}}}]` and `options` (the `AgentOptions` of every agent).
+ * {retry}}, breaker}]` and `options` (the `AgentOptions` of every agent).
  */
 
 import { createInterface } from "node:readline";
 
+import type { BreakerOptions } from "../src/breaker.js";
 import { Agent, type AgentOptions, type OperationOptions, type RetryOptions } from "../src/agent.js";
 import { StepwardenError } from "../src/errors.js";
 import { AgentProtocol } from "../src/protocol.js";
@@ -29,7 +30,7 @@ import type { Json } from "../src/types.js";
 interface Config {
   url: string;
   token: string;
-  agents?: { name: string; operations: Record<string, { retry?: RetryOptions }> }[];
+  agents?: { name: string; operations: Record<string, { retry?: RetryOptions }>; breaker?: BreakerOptions | null }[];
   options?: Partial<AgentOptions>;
 }
 
@@ -117,7 +118,7 @@ async function agentsMode(config: Config): Promise<void> {
   const stop = new AbortController();
   const registered = new Map<string, string>();
   const wanted = config.agents ?? [];
-  const agents = wanted.map(({ name, operations }) => {
+  const agents = wanted.map(({ name, operations, breaker }) => {
     const served: Record<string, OperationOptions> = {};
     for (const [operation, spec] of Object.entries(operations)) {
       served[operation] = {
@@ -152,6 +153,7 @@ async function agentsMode(config: Config): Promise<void> {
       token: config.token,
       agent: name,
       operations: served,
+      ...(breaker ? { breaker } : {}),
       logger: {
         debug: () => undefined,
         info: () => undefined,

@@ -49,6 +49,7 @@ from ..states import StepState
 from ..store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
 from ._agent_models import (
     BOUNDS,
+    BREAKER_DEFAULTS,
     RETRY_BOUNDS,
     RETRY_DEFAULTS,
     AppliedAnswer,
@@ -225,6 +226,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             agents=agents,
             retry=RETRY_DEFAULTS,
             retry_bounds=RETRY_BOUNDS,
+            breaker=BREAKER_DEFAULTS,
             bounds=BOUNDS,
         )
         return json_response(answer.model_dump(mode="json"))

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from .._check import MAX_INT, MAX_REASON
 from .._text import cut
+from ..breaker import Breaker
 from ..retry import MAX_DELAY, MAX_EXPONENT, Retry
 from ..rules import MAX_ERROR, error_text
 from ._models import API_BODY, Name, Payload, _Closed, _int
@@ -239,6 +240,16 @@ class RetryBounds(BaseModel):
     max_exponent: int
 
 
+class BreakerDefaults(BaseModel):
+    """An agent's circuit breaker when its declaration names no thresholds
+    (`stepwarden.Breaker()`): `failures` consecutive transient failures open it; after
+    `reset_after` seconds it lets `trial_calls` calls through at once (half-open)."""
+
+    failures: int
+    reset_after: float
+    trial_calls: int
+
+
 class Bounds(BaseModel):
     """What the server accepts of the agent protocol's requests."""
 
@@ -266,6 +277,11 @@ RETRY_DEFAULTS = RetryDefaults(
     multiplier=Retry().multiplier,
     jitter=Retry().jitter,
 )
+BREAKER_DEFAULTS = BreakerDefaults(
+    failures=Breaker().failures,
+    reset_after=Breaker().reset_after,
+    trial_calls=Breaker().trial_calls,
+)
 RETRY_BOUNDS = RetryBounds(max_delay=MAX_DELAY, max_exponent=MAX_EXPONENT)
 BOUNDS = Bounds(
     max_error=MAX_ERROR,
@@ -280,11 +296,12 @@ BOUNDS = Bounds(
 
 class WhoAmI(BaseModel):
     """The client, and what every agent runner of the protocol needs to agree on with the
-    engine, in whatever language: its retry policy's defaults and bounds, and the bounds of
-    the protocol's requests."""
+    engine, in whatever language: its retry policy's defaults and bounds, its circuit
+    breaker's defaults, and the bounds of the protocol's requests."""
 
     client: str
     agents: list[str] = Field(description="The agents this client's token may serve.")
     retry: RetryDefaults
     retry_bounds: RetryBounds
+    breaker: BreakerDefaults
     bounds: Bounds

@@ -396,6 +396,20 @@ export interface components {
             min_ttl: number;
         };
         /**
+         * BreakerDefaults
+         * @description An agent's circuit breaker when its declaration names no thresholds
+         *     (`stepwarden.Breaker()`): `failures` consecutive transient failures open it; after
+         *     `reset_after` seconds it lets `trial_calls` calls through at once (half-open).
+         */
+        BreakerDefaults: {
+            /** Failures */
+            failures: number;
+            /** Reset After */
+            reset_after: number;
+            /** Trial Calls */
+            trial_calls: number;
+        };
+        /**
          * BreakerRequest
          * @description Record a transition of the instance's circuit breaker (an event of the history).
          */
@@ -920,8 +934,8 @@ export interface components {
         /**
          * WhoAmI
          * @description The client, and what every agent runner of the protocol needs to agree on with the
-         *     engine, in whatever language: its retry policy's defaults and bounds, and the bounds of
-         *     the protocol's requests.
+         *     engine, in whatever language: its retry policy's defaults and bounds, its circuit
+         *     breaker's defaults, and the bounds of the protocol's requests.
          */
         WhoAmI: {
             /**
@@ -930,6 +944,7 @@ export interface components {
              */
             agents: string[];
             bounds: components["schemas"]["Bounds"];
+            breaker: components["schemas"]["BreakerDefaults"];
             /** Client */
             client: string;
             retry: components["schemas"]["RetryDefaults"];
