@@ -9,15 +9,18 @@ module and its agent runner, in a Node process that talks JSON lines with the te
   `Agent` runner in a Node process: each agent and operation the App declares, with its retry
   policy and circuit breaker; each call is reported back to the test, which calls the App's
   operation (its `Call` says what the TypeScript call was given) and answers what it
-  returned or raised (and whether its retry policy takes that error as permanent). The
-  scheduler and the supervisor run in a Python worker on the store."""
+  returned or raised (and whether its retry policy takes that error as permanent); its log
+  goes to the Python runner's logger. The scheduler and the supervisor run in a Python worker
+  on the store."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
+import logging
 import shutil
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -36,6 +39,8 @@ from ..agentserver import AgentServer, agent_server
 LINE_LIMIT = 64 * 1024 * 1024
 """The longest JSON line read from the Node process (an operation's argument may be big)."""
 STARTS_WITHIN = 30.0
+AGENT_LOG = logging.getLogger("stepwarden.agent")
+"""Where the TypeScript runner's log goes: the Python runner's logger."""
 
 
 class _Node:
@@ -160,15 +165,21 @@ class _Forwarded:
     cancelled: str | None = None
 
     async def heartbeat(self, details: Any) -> None:
-        raise AssertionError("the operations of the contract tests beat no heartbeat")
+        if self.cancelled is not None:
+            raise sw.StepLost(self.cancelled)
+        raise AssertionError("the operations of the contract tests beat only once stopped")
+
+
+def _forget(held: dict[int, Any], key: int, _: object) -> None:
+    held.pop(key, None)
 
 
 def _retry(retry: Retry) -> dict[str, Any]:
     """A retry policy as the TypeScript runner's options say it."""
     return {
         "maxAttempts": retry.max_attempts,
-        "initialSeconds": retry.initial,
-        "maxSeconds": retry.maximum,
+        "initialMs": retry.initial * 1000,
+        "maxMs": retry.maximum * 1000,
         "multiplier": retry.multiplier,
         "jitter": retry.jitter,
     }
@@ -218,10 +229,15 @@ class TypeScriptWorkers:
             ],
             "options": {
                 "concurrency": min(options.agent_concurrency, 1000),
-                "heartbeatSeconds": options.agent_heartbeat,
-                "goneAfterSeconds": options.agent_gone_after,
-                "pollSeconds": options.poll_interval,
-                "drainSeconds": options.drain_timeout,
+                "heartbeatMs": options.agent_heartbeat * 1000,
+                "goneAfterMs": options.agent_gone_after * 1000,
+                # The runner's own default when the options leave it to the store's.
+                **(
+                    {}
+                    if options.poll_interval is None
+                    else {"pollMs": options.poll_interval * 1000}
+                ),
+                "drainMs": options.drain_timeout * 1000,
             },
         }
         back = sw.Worker(
@@ -233,14 +249,30 @@ class TypeScriptWorkers:
         calls: set[asyncio.Task[None]] = set()
         failures: list[str] = []
 
+        held: dict[int, tuple[asyncio.Task[None], _Forwarded, bool]] = {}
+
         async def serve() -> None:
             async for line in node.lines():
                 if line.get("kind") == "call":
-                    task = asyncio.create_task(self._answer(app, node, line))
+                    hold = _Forwarded(asyncio.get_running_loop(), Deadline.after(60.0))
+                    task = asyncio.create_task(self._answer(app, node, line, hold))
                     calls.add(task)
+                    op = app.agents[str(line["agent"])].operations[str(line["operation"])]
+                    held[int(line["id"])] = (task, hold, op.is_async)
                     task.add_done_callback(calls.discard)
+                    task.add_done_callback(functools.partial(_forget, held, int(line["id"])))
+                elif line.get("kind") == "aborted" and int(line["id"]) in held:
+                    # As the Python runner stops a call: `call.cancelled` says why, and an
+                    # async operation is cancelled.
+                    task, hold, is_async = held[int(line["id"])]
+                    hold.cancelled = str(line["reason"])
+                    if is_async:  # a sync one sees `call.cancelled`
+                        task.cancel()
                 elif line.get("kind") == "registered" and not registered.done():
                     registered.set_result(line["instances"])
+                elif line.get("kind") == "log":
+                    level = logging.getLevelName(str(line["level"]).upper())
+                    AGENT_LOG.log(level, "%s", line["message"])
                 elif line.get("kind") == "failed":
                     failures.append(str(line["error"]))
             if not registered.done():
@@ -262,11 +294,13 @@ class TypeScriptWorkers:
             await asyncio.wait_for(running, 30)
         assert not failures, failures
 
-    async def _answer(self, app: sw.App, node: _Node, line: Mapping[str, Any]) -> None:
-        """Call the App's operation the TypeScript runner called, and answer it."""
+    async def _answer(
+        self, app: sw.App, node: _Node, line: Mapping[str, Any], hold: _Forwarded
+    ) -> None:
+        """Call the App's operation the TypeScript runner called, and answer it (also once
+        it was cancelled: the TypeScript call then ends)."""
         op = app.agents[str(line["agent"])].operations[str(line["operation"])]
         given = line["call"]
-        hold = _Forwarded(asyncio.get_running_loop(), Deadline.after(60.0))
         call = Call(
             task_id=given["taskId"],
             step=given["seq"],
@@ -280,7 +314,7 @@ class TypeScriptWorkers:
         try:
             value = await op.invoke(call, list(line["args"]))
             answer = {"id": line["id"], "value": value}
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             answer = {
                 "id": line["id"],
                 "error": {

@@ -2,16 +2,20 @@
  * An agent served from this process over the agent protocol: `new Agent({...}).run(signal)`
  * claims the requests of one agent from a stepwarden server and calls its operations.
  *
- * As the Python runner does, it registers its instance and beats every `heartbeatSeconds`
+ * As the Python runner does, it registers its instance and beats every `heartbeatMs`
  * (its operations, capacity and calls in flight); claims as many requests as it has free
  * slots (a long poll); calls each operation with a `Call` (the step's idempotency key, its
  * deadline, a signal aborted when the step is no longer the call's) and retries a call that
  * throws, with backoff and jitter, while the step's complete_by allows (a `PermanentError`
  * fails the step at once); reports each outcome with the claim's fencing token (task_id,
- * seq, attempt, instance). When complete_by passes, it stops and reports nothing: the
- * supervisor dispatches the step again.
+ * seq, attempt, instance), the outcomes that come while a write is under way in the next
+ * one. When complete_by passes, it stops and reports nothing: the supervisor dispatches the
+ * step again. Its retry defaults and bounds are the server's (`whoami`), and the server
+ * keeps the start of a long error. With a `breaker`, consecutive transient failures open
+ * it: it hands back the request, claims nothing and calls nothing while it is open, then
+ * lets trial calls through (half-open), as the Python runner's does.
  *
- * Every `pollSeconds`, and at once when the wake-up stream names the task of a call in
+ * Every `pollMs`, and at once when the wake-up stream names the task of a call in
  * flight, it asks which calls no longer hold their step (their task cancelled, paused or
  * compensating, the step reassigned...) and aborts their signal; once such a call has ended,
  * it tells the server (`stopped`), so that a compensation waiting for it may start. At each
@@ -19,18 +23,19 @@
  * was lost leaves them so).
  *
  * On stop (the signal given to `run`), it claims no more, hands back the requests it claimed
- * and has not started, lets the calls under way finish for up to `drainSeconds` (then aborts
+ * and has not started, lets the calls under way finish for up to `drainMs` (then aborts
  * them, reporting nothing: their steps go to another instance), and leaves the registry.
  */
 
 import { randomBytes } from "node:crypto";
 
+import { Batcher } from "./batch.js";
 import { CircuitBreaker, type BreakerOptions, type BreakerState } from "./breaker.js";
 import { ConfigurationError, PermanentError, StepLostError, StepwardenError } from "./errors.js";
 import { describe as describeError, type ServerOptions } from "./http.js";
 import { AgentProtocol } from "./protocol.js";
 import { Flag, pause, sleep } from "./timing.js";
-import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit, WhoAmI } from "./types.js";
+import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit, Outcome, WhoAmI } from "./types.js";
 
 /** An operation: called with its `Call` and the arguments the workflow's step gave. */
 export type OperationFunction = (call: Call, ...args: any[]) => unknown;
@@ -38,12 +43,12 @@ export type OperationFunction = (call: Call, ...args: any[]) => unknown;
 export interface RetryOptions {
   /** Calls within one dispatch of a step, 1 meaning no retry. */
   maxAttempts?: number;
-  /** Seconds before the second call, growing by `multiplier` up to `maxSeconds`; with
+  /** Milliseconds before the second call, growing by `multiplier` up to `maxMs`; with
    * `jitter`, a random part of that. What is left out is the server's default
    * (`stepwarden.Retry()`'s, which its `whoami` answers: 5 calls, 0.1 s growing by 2 up
    * to 5 s, with jitter), and the policy must stay within its bounds. */
-  initialSeconds?: number;
-  maxSeconds?: number;
+  initialMs?: number;
+  maxMs?: number;
   multiplier?: number;
   jitter?: boolean;
   /** Errors never retried, besides `PermanentError`: the step fails at once. */
@@ -53,9 +58,9 @@ export interface RetryOptions {
 export interface OperationLimitOptions {
   /** Steps of the operation running at once across every instance. */
   concurrency?: number;
-  /** Steps started per `per` seconds (default 1) across every instance. */
+  /** Steps started per `perMs` milliseconds (default 1000) across every instance. */
   rate?: number;
-  per?: number;
+  perMs?: number;
   /** Steps of the operation running at once in this instance. */
   perInstance?: number;
 }
@@ -81,18 +86,18 @@ export interface AgentOptions extends ServerOptions {
   operations: Record<string, OperationFunction | OperationOptions>;
   /** Calls made at once (default 10). */
   concurrency?: number;
-  /** Seconds between the instance's beats in the registry (default 1). */
-  heartbeatSeconds?: number;
-  /** Seconds without a beat after which the instance is gone and its steps go to another
-   * (default 5). */
-  goneAfterSeconds?: number;
-  /** Seconds between two checks of the calls in flight (default 1). */
-  pollSeconds?: number;
-  /** Seconds a claim waits for a request when none is queued (a long poll; default 10, at
-   * most 30). */
-  claimWaitSeconds?: number;
-  /** Seconds given to the calls under way when the agent stops (default 30). */
-  drainSeconds?: number;
+  /** Milliseconds between the instance's beats in the registry (default 1000). */
+  heartbeatMs?: number;
+  /** Milliseconds without a beat after which the instance is gone and its steps go to
+   * another (default 5000; within the server's bounds, 1000 to 3600000). */
+  goneAfterMs?: number;
+  /** Milliseconds between two checks of the calls in flight (default 1000). */
+  pollMs?: number;
+  /** Milliseconds a claim waits for a request when none is queued (a long poll; default
+   * 10000, at most the server's bound, 30000). */
+  claimWaitMs?: number;
+  /** Milliseconds given to the calls under way when the agent stops (default 30000). */
+  drainMs?: number;
   /** The operations' retry policy (each may have its own). */
   retry?: RetryOptions;
   /** A circuit breaker for the instance (none by default): what is left out is the server's
@@ -156,9 +161,9 @@ export class Call {
     return new Date(Date.now() + this.#hold.remainingMs());
   }
 
-  /** Seconds left before complete_by. */
-  remaining(): number {
-    return Math.max(0, this.#hold.remainingMs() / 1000);
+  /** Milliseconds left before complete_by. */
+  remainingMs(): number {
+    return Math.max(0, this.#hold.remainingMs());
   }
 
   /** Why the step is no longer this call's (null while it is). */
@@ -169,7 +174,7 @@ export class Call {
   /**
    * Tell the server this call is alive: the step's complete_by moves to now + its
    * complete_within (never past the task's), and `detail` (JSON) is recorded with the
-   * step. The seconds now left. Throws `StepLostError` when the step is no longer this
+   * step. The milliseconds now left. Throws `StepLostError` when the step is no longer this
    * call's (and aborts `signal`): stop then. A heartbeat the server did not answer changes
    * nothing (the step keeps its complete_by).
    */
@@ -328,11 +333,11 @@ function retryOptions(given: RetryOptions | undefined): RetryOptions {
   for (const [name, value] of Object.entries(options)) {
     if (value === undefined) delete options[name as keyof RetryOptions];
   }
-  const { maxAttempts, initialSeconds, maxSeconds, multiplier } = options;
+  const { maxAttempts, initialMs, maxMs, multiplier } = options;
   if (maxAttempts !== undefined && (!Number.isInteger(maxAttempts) || maxAttempts < 1)) {
     throw new ConfigurationError(`retry.maxAttempts must be an integer of 1 or more, not ${maxAttempts}`);
   }
-  for (const [name, value] of Object.entries({ initialSeconds, maxSeconds, multiplier })) {
+  for (const [name, value] of Object.entries({ initialMs, maxMs, multiplier })) {
     if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value) || value < 0)) {
       throw new ConfigurationError(`retry.${name} must be a finite number of 0 or more, not ${String(value)}`);
     }
@@ -345,17 +350,17 @@ function policyOf(given: RetryOptions, me: WhoAmI): Policy {
   const served = me.retry;
   const policy: Policy = {
     maxAttempts: served.max_attempts,
-    initialSeconds: served.initial,
-    maxSeconds: served.maximum,
+    initialMs: served.initial * 1000,
+    maxMs: served.maximum * 1000,
     multiplier: served.multiplier,
     jitter: served.jitter,
     ...given,
   };
-  const maxDelay = me.retry_bounds.max_delay;
-  if (!(policy.initialSeconds <= policy.maxSeconds && policy.maxSeconds <= maxDelay && policy.multiplier >= 1)) {
+  const maxDelay = me.retry_bounds.max_delay * 1000;
+  if (!(policy.initialMs <= policy.maxMs && policy.maxMs <= maxDelay && policy.multiplier >= 1)) {
     throw new ConfigurationError(
-      `retry needs 0 <= initialSeconds <= maxSeconds <= ${maxDelay} and multiplier >= 1, not ` +
-        `initialSeconds ${policy.initialSeconds}, maxSeconds ${policy.maxSeconds}, multiplier ${policy.multiplier}`,
+      `retry needs 0 <= initialMs <= maxMs <= ${maxDelay} and multiplier >= 1, not ` +
+        `initialMs ${policy.initialMs}, maxMs ${policy.maxMs}, multiplier ${policy.multiplier}`,
     );
   }
   return policy;
@@ -415,6 +420,9 @@ export class Agent {
   #active = false;
   readonly #breakerGiven: BreakerOptions | undefined;
   #breaker: CircuitBreaker | null = null;
+  /** The outcomes and the stops of calls, each written with those that come meanwhile. */
+  readonly #completions = new Batcher<Outcome, boolean>((items) => this.#protocol.complete(items), 1000);
+  readonly #stops = new Batcher<Handback, boolean>((items) => this.#protocol.stopped(items), 1000);
   /** The claim under way (its long poll is given up when the breaker opens). */
   #claim: AbortController | null = null;
   /** The breaker's transitions not yet recorded as events of the history. */
@@ -436,12 +444,12 @@ export class Agent {
       throw new ConfigurationError(`concurrency must be an integer in [1, 1000], not ${concurrency}`);
     }
     this.concurrency = concurrency;
-    this.#heartbeat = positive("heartbeatSeconds", options.heartbeatSeconds, 1, 3600);
-    this.#goneAfter = positive("goneAfterSeconds", options.goneAfterSeconds, 5, 3600);
-    if (this.#goneAfter < 1) throw new ConfigurationError("goneAfterSeconds must be 1 or more");
-    this.#poll = positive("pollSeconds", options.pollSeconds, 1, 3600);
-    this.#claimWait = positive("claimWaitSeconds", options.claimWaitSeconds, 10, 30);
-    this.#drain = options.drainSeconds === undefined ? 30 : Math.max(0, options.drainSeconds);
+    this.#heartbeat = positive("heartbeatMs", options.heartbeatMs, 1000, 3_600_000);
+    // Within the server's bounds (its `whoami`), checked by `run`.
+    this.#goneAfter = positive("goneAfterMs", options.goneAfterMs, 5000);
+    this.#poll = positive("pollMs", options.pollMs, 1000, 3_600_000);
+    this.#claimWait = positive("claimWaitMs", options.claimWaitMs, 10_000);
+    this.#drain = options.drainMs === undefined ? 30_000 : Math.max(0, options.drainMs);
     const suffix = options.instance ?? `agent-${randomBytes(8).toString("hex")}`;
     if (!/^[A-Za-z0-9_.:@-]{1,120}$/.test(suffix)) {
       throw new ConfigurationError(`an instance's name is 1 to 120 of A-Z a-z 0-9 _ . : @ -, not ${JSON.stringify(suffix)}`);
@@ -514,6 +522,14 @@ export class Agent {
       for (const op of this.#ops.values()) this.#policies.set(op.name, policyOf(op.retry, me));
       this.#maxExponent = me.retry_bounds.max_exponent;
       this.#maxError = me.bounds.max_error;
+      const { min_ttl: minTtl, max_ttl: maxTtl, max_claim_wait: maxWait } = me.bounds;
+      if (this.#goneAfter < minTtl * 1000 || this.#goneAfter > maxTtl * 1000) {
+        throw new ConfigurationError(`goneAfterMs must be in [${minTtl * 1000}, ${maxTtl * 1000}], not ${this.#goneAfter}`);
+      }
+      if (this.#claimWait > maxWait * 1000) {
+        throw new ConfigurationError(`claimWaitMs must be at most ${maxWait * 1000}, not ${this.#claimWait}`);
+      }
+      this.#completions.maxSize = this.#stops.maxSize = me.bounds.max_items;
       if (this.#breakerGiven !== undefined) {
         const given = this.#breakerGiven;
         this.#breaker = new CircuitBreaker(
@@ -582,7 +598,7 @@ export class Agent {
         inflight: this.#serving.size,
         breaker: this.#breaker?.state ?? "closed",
         breaker_detail: this.#breaker?.snapshot() ?? {},
-        ttl: this.#goneAfter,
+        ttl: this.#goneAfter / 1000,
       },
       { signal },
     );
@@ -640,7 +656,7 @@ export class Agent {
       limits[op.name] = {
         concurrency: limit.concurrency ?? null,
         rate: limit.rate ?? null,
-        per: limit.per ?? 1,
+        per: (limit.perMs ?? 1000) / 1000,
         room,
       };
     }
@@ -661,7 +677,7 @@ export class Agent {
         continue;
       }
       // An operation at its limit here: a call ending frees it, which a long poll would miss.
-      const wait = full ? 0 : this.#claimWait;
+      const wait = full ? 0 : this.#claimWait / 1000;
       this.#queued.clear();
       const began = performance.now();
       let requests: ClaimedRequest[];
@@ -685,8 +701,8 @@ export class Agent {
       if (full || (requests.length === 0 && performance.now() - began < wait * 500)) {
         // Not waited, or answered empty before its wait (the server may be stopping): the
         // next claim when requests are queued, a call ends, or a poll interval has passed.
-        const woken = [this.#queued.wait(this.#poll * 1000, stop)];
-        if (full) woken.push(this.#room.wait(this.#poll * 1000, stop));
+        const woken = [this.#queued.wait(this.#poll, stop)];
+        if (full) woken.push(this.#room.wait(this.#poll, stop));
         await Promise.race(woken);
       }
     }
@@ -756,10 +772,10 @@ export class Agent {
 
   async #drainCalls(): Promise<void> {
     if (this.#serving.size > 0) {
-      this.#log.info(`stopping: waiting up to ${this.#drain} s for ${this.#serving.size} call(s)`);
+      this.#log.info(`stopping: waiting up to ${this.#drain} ms for ${this.#serving.size} call(s)`);
       const done = Promise.allSettled([...this.#serving]);
       const timer = new AbortController();
-      await Promise.race([done, pause(this.#drain * 1000, timer.signal)]);
+      await Promise.race([done, pause(this.#drain, timer.signal)]);
       timer.abort();
     }
     if (this.#serving.size > 0) {
@@ -774,7 +790,7 @@ export class Agent {
 
   async #beats(life: AbortSignal): Promise<void> {
     while (!life.aborted) {
-      await pause(this.#heartbeat * 1000, life);
+      await pause(this.#heartbeat, life);
       if (life.aborted) return;
       try {
         await this.#beat(life);
@@ -843,7 +859,7 @@ export class Agent {
 
   async #watch(life: AbortSignal): Promise<void> {
     while (!life.aborted) {
-      await this.#checkNow.wait(this.#poll * 1000, life);
+      await this.#checkNow.wait(this.#poll, life);
       this.#checkNow.clear();
       if (life.aborted) return;
       await this.#checkCalls();
@@ -886,7 +902,7 @@ export class Agent {
       if (error instanceof StepwardenError && error.transient) {
         // Not fatal: the step keeps its complete_by; the next beat may get through.
         this.#log.warn(`heartbeat of ${r.idempotency_key}: ${describeError(error)}`);
-        return hold.remainingMs() / 1000;
+        return hold.remainingMs();
       }
       throw error;
     }
@@ -896,7 +912,7 @@ export class Agent {
       throw new StepLostError(hold.cancelled ?? "the step is no longer held by this call");
     }
     if (hold.ending === undefined) hold.moveTo(remaining);
-    return remaining;
+    return remaining * 1000;
   }
 
   async #serve(hold: Hold): Promise<void> {
@@ -946,15 +962,15 @@ export class Agent {
         return;
       }
       const ceiling = Math.min(
-        retry.maxSeconds,
-        retry.initialSeconds * retry.multiplier ** Math.min(tries - 1, this.#maxExponent),
+        retry.maxMs,
+        retry.initialMs * retry.multiplier ** Math.min(tries - 1, this.#maxExponent),
       );
-      const delay = (retry.jitter ? Math.random() * ceiling : ceiling) * 1000;
+      const delay = retry.jitter ? Math.random() * ceiling : ceiling;
       if (hold.passesWithin(delay)) {
         this.#log.info(`${what}: no time left to retry (${message})`);
         return;
       }
-      this.#log.debug(`${what}: try ${tries} failed (${message}), retrying in ${(delay / 1000).toFixed(2)} s`);
+      this.#log.debug(`${what}: try ${tries} failed (${message}), retrying in ${Math.round(delay)} ms`);
       await pause(delay, hold.controller.signal);
     }
   }
@@ -983,10 +999,10 @@ export class Agent {
         return;
       }
     }
-    this.#log.info(`${what}: stopped (${why})`);
+    this.#log.info(`${what}: cancelled (${why})`);
     const item: Handback = { ...callKey(hold.request), instance: this.#instance!, reason: why };
     await this.#beforeCompleteBy(hold, `cannot say that the call of ${hold.request.idempotency_key} stopped`, () =>
-      this.#protocol.stopped([item]),
+      this.#stops.submit(item).then((applied) => [applied]),
     );
   }
 
@@ -1001,7 +1017,7 @@ export class Agent {
     // start is sent.
     const cut = error === null ? { error: null } : { error: error.slice(0, this.#maxError), error_length: error.length };
     const applied = await this.#beforeCompleteBy(hold, `cannot record the outcome of ${r.idempotency_key}`, () =>
-      this.#protocol.complete([{ ...callKey(r), instance: this.#instance!, ...rest, ...cut }]),
+      this.#completions.submit({ ...callKey(r), instance: this.#instance!, ...rest, ...cut }).then((applied) => [applied]),
     );
     if (applied === undefined || applied[0]) return;
     this.#log.info(`late outcome of ${r.task_id}/${r.seq} attempt ${r.attempt} discarded`);

@@ -10,8 +10,10 @@
  * `node contract.js agents CONFIG`: the library's `Agent`, one per agent of CONFIG, each
  * serving its operations with their retry options. Each call is reported to the test
  * (`{id, kind: "call", agent, operation, call, args}`), and the test's answer `{id, value}`
- * or `{id, error: {name, message, permanent}}` is what the operation returns or throws. Once
- * every agent is registered it writes `{kind: "registered", instances}`; on the line
+ * or `{id, error: {name, message, permanent}}` is what the operation returns or throws; when
+ * the call's signal aborts, `{id, kind: "aborted", reason}` tells the test to stop it. Once
+ * every agent is registered it writes `{kind: "registered", instances}`; its log lines are
+ * `{kind: "log", level, message}`. On the line
  * `{kind: "stop"}` (or the end of stdin) the agents stop gracefully, and `{kind: "stopped"}`
  * is written before the process exits.
  *
@@ -141,7 +143,12 @@ async function agentsMode(config: Config): Promise<void> {
             },
             args: args as Json[],
           });
+          // The call must stop: the test's operation is told (an async one is cancelled).
+          const onAbort = (): void => write({ id, kind: "aborted", reason: call.cancelled ?? "the call was aborted" });
+          if (call.signal.aborted) onAbort();
+          else call.signal.addEventListener("abort", onAbort, { once: true });
           const line = await answered;
+          call.signal.removeEventListener("abort", onAbort);
           if (line.error) throw new Raised(line.error.name, line.error.message, line.error.permanent === true);
           return line.value as Json;
         },
@@ -154,11 +161,12 @@ async function agentsMode(config: Config): Promise<void> {
       agent: name,
       operations: served,
       ...(breaker ? { breaker } : {}),
+      // Its log, to the test's (as the Python runner's, logger stepwarden.agent).
       logger: {
         debug: () => undefined,
-        info: () => undefined,
-        warn: (message) => process.stderr.write(`${name}: ${message}\n`),
-        error: (message) => process.stderr.write(`${name}: ${message}\n`),
+        info: (message) => write({ kind: "log", level: "info", message }),
+        warn: (message) => write({ kind: "log", level: "warning", message }),
+        error: (message) => write({ kind: "log", level: "error", message }),
       },
       onRegistered: (instance) => {
         registered.set(name, instance);
