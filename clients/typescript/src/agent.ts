@@ -428,9 +428,9 @@ export class Agent {
   /** The breaker's transitions not yet recorded as events of the history. */
   readonly #transitions: BreakerState[] = [];
   readonly #policies = new Map<string, Policy>();
-  /** The highest power of a retry's multiplier (the server's bound). */
-  #maxExponent = 32;
-  /** The characters of an error the server keeps. */
+  /** The highest power of a retry's multiplier, and the characters of an error the server
+   * keeps: the server's bounds, set by `run`. */
+  #maxExponent = 0;
   #maxError = Infinity;
 
   constructor(options: AgentOptions) {
