@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 BENCH_STAMP = $(VENV)/.installed-bench
 
-.PHONY: demo demo-ts test lint clean bench chromium packages docs
+.PHONY: demo demo-ts test check lint clean bench chromium packages docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,8 +55,17 @@ chromium:
 
 # What the other tests need from Debian's packages: PgBouncer (the store behind a pooler);
 # NATS, Redis and RabbitMQ (the status messages' relay: the tests start instances of their
-# own, on their own ports).
+# own, on their own ports); Prometheus and promtool (a real Prometheus scrapes the metrics,
+# and checks the alerting rules of docs/prometheus/). The prometheus package's post-install
+# starts its service: a policy-rc.d that exits 101 keeps it from starting (the tests run
+# one of their own), removed again unless it was there before.
 packages: chromium
+	@command -v promtool >/dev/null || ( \
+		apt-get update -q && \
+		if [ -e /usr/sbin/policy-rc.d ]; then own=; else own=yes; \
+			printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; \
+		status=$$?; if [ -n "$$own" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$status)
 	@command -v pgbouncer >/dev/null || (apt-get update -q && apt-get install -y -q pgbouncer)
 	@command -v nats-server >/dev/null || (apt-get update -q && apt-get install -y -q nats-server)
 	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
@@ -67,6 +76,11 @@ packages: chromium
 TEST_WORKERS ?= 2
 test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# make check: the unit and contract tests on SQLite (no server, no browser, no broker), for
+# the loop of a change; make test runs them on PostgreSQL too, with everything else.
+check: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit tests/contract -k "not postgres"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

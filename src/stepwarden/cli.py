@@ -215,6 +215,15 @@ def cli(
     ctx.obj = _Ctx(app_ref, store)
 
 
+def _worker_default(name: str) -> Any:
+    """The default of a `WorkerOptions` field: the worker's options default to it, so that
+    the command line and the Python API cannot differ."""
+    return WorkerOptions.__dataclass_fields__[name].default
+
+
+_BACKOFF = Backoff()
+
+
 @cli.command()
 @click.argument("app_ref", required=False, metavar="[MODULE:ATTR]")
 @_opt(
@@ -233,7 +242,7 @@ def cli(
 @_opt(
     "--concurrency",
     envvar="STEPWARDEN_CONCURRENCY",
-    default=1000,
+    default=_worker_default("concurrency"),
     show_default=True,
     type=click.IntRange(min=1),
     help="Workflows the scheduler drives at once.",
@@ -249,7 +258,7 @@ def cli(
 @_opt(
     "--agent-concurrency",
     envvar="STEPWARDEN_AGENT_CONCURRENCY",
-    default=100,
+    default=_worker_default("agent_concurrency"),
     show_default=True,
     type=click.IntRange(min=1),
     help="Calls each agent makes at once.",
@@ -264,7 +273,7 @@ def cli(
 @_opt(
     "--supervisor-interval",
     envvar="STEPWARDEN_SUPERVISOR_INTERVAL",
-    default=1.0,
+    default=_worker_default("supervisor_interval"),
     show_default=True,
     type=click.FloatRange(min=0.01),
     help="Seconds between sweeps (sooner when a registry row or another's lease is due to "
@@ -280,7 +289,7 @@ def cli(
 @_opt(
     "--backoff-initial",
     envvar="STEPWARDEN_BACKOFF_INITIAL",
-    default=0.5,
+    default=_BACKOFF.initial,
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds a reset task waits after its first failure.",
@@ -288,7 +297,7 @@ def cli(
 @_opt(
     "--backoff-max",
     envvar="STEPWARDEN_BACKOFF_MAX",
-    default=30.0,
+    default=_BACKOFF.maximum,
     show_default=True,
     type=click.FloatRange(min=0),
     help="Longest wait of a reset task.",
@@ -296,7 +305,7 @@ def cli(
 @_opt(
     "--drain-timeout",
     envvar="STEPWARDEN_DRAIN_TIMEOUT",
-    default=30.0,
+    default=_worker_default("drain_timeout"),
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds given to work under way on SIGTERM.",
@@ -372,7 +381,7 @@ def cli(
 @_opt(
     "--metrics-host",
     envvar="STEPWARDEN_METRICS_HOST",
-    default="127.0.0.1",
+    default=_worker_default("metrics_host"),
     show_default=True,
     help="The address --metrics-port listens on (0.0.0.0 for every IPv4 address: the metrics "
     "have no access control).",

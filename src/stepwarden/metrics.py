@@ -208,7 +208,9 @@ class Metrics:
         self._live.supervisors.append(gauges)
 
     def describe_worker(self, instance: str, roles: Iterable[str]) -> None:
-        self._live.info = {"instance": instance, "roles": ",".join(sorted(roles))}
+        # Not `instance`: Prometheus gives every scraped series that label (the target's
+        # address) and would rename this one `exported_instance`.
+        self._live.info = {"stepwarden_instance": instance, "roles": ",".join(sorted(roles))}
 
     # -- the scheduler --------------------------------------------------------------------
     def tasks_claimed(self, workflows: Iterable[str]) -> None:
@@ -331,7 +333,9 @@ class _Live(Collector):
             )
         if self.info is not None:
             yield InfoMetricFamily(
-                "stepwarden_worker", "This worker: its instance id and roles.", value=self.info
+                "stepwarden_worker",
+                "This worker: its instance id (stepwarden_instance) and roles.",
+                value=self.info,
             )
 
 

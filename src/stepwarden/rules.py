@@ -193,25 +193,39 @@ was released: its next scheduler adopts the step). In any other (paused, or fini
 call is stopped."""
 
 
-def call_lost(*, attempt: int, instance: str, found: Mapping[str, Any] | None) -> str | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFacts:
+    """A step and its task as stored, as the rules of an agent's call decide on them
+    (`call_lost`, `outcome_recorded`, `plan_call_stopped`): built where the store maps its
+    rows (`store._rows.call_facts`)."""
+
+    state: StepState
+    attempt: int
+    locked_by: str | None
+    abandoned: bool
+    call_stopped: bool
+    """The agent holding the call said that it has stopped (`call_stopped_at`)."""
+    task_state: TaskState
+
+
+def call_lost(*, attempt: int, instance: str, found: CallFacts | None) -> str | None:
     """Why the call of a step that `instance` claimed under `attempt` no longer holds it,
-    from the step and its task as stored (`found`: the step's state, attempt, locked_by and
-    abandoned, its task's process_state; None when the step is gone), or None while it
-    holds it: the step runs under that attempt, held by that instance, for a task in one of
-    the CALL_TASK_STATES."""
+    from the step and its task as stored (`found`; None when the step is gone), or None
+    while it holds it: the step runs under that attempt, held by that instance, for a task
+    in one of the CALL_TASK_STATES."""
     if found is None:
         return "the step no longer exists"
-    task_state = TaskState(found["process_state"])
-    state = StepState(found["state"])
-    if int(found["attempt"]) != attempt:
-        return f"the step was dispatched again (attempt {found['attempt']})"
+    task_state = found.task_state
+    state = found.state
+    if found.attempt != attempt:
+        return f"the step was dispatched again (attempt {found.attempt})"
     if state == StepState.RUNNING:
-        if found["locked_by"] != instance:
+        if found.locked_by != instance:
             return "the step is held by another agent instance"
         if task_state in CALL_TASK_STATES:
             return None
         return f"the task is {task_state}"
-    if state == StepState.FAILED and found["abandoned"]:
+    if state == StepState.FAILED and found.abandoned:
         if task_state in (TaskState.PROCESSING, TaskState.PENDING, TaskState.WAITING):
             return "the step was abandoned"  # past its total timeout
         return f"the task is {task_state}"  # it stopped holding its steps
@@ -221,7 +235,7 @@ def call_lost(*, attempt: int, instance: str, found: Mapping[str, Any] | None) -
 
 
 def outcome_recorded(
-    *, state: str, attempt: int, instance: str, found: Mapping[str, Any] | None
+    *, state: StepState, attempt: int, instance: str, found: CallFacts | None
 ) -> bool:
     """Whether the outcome a call reports (`state`, under `attempt`, by `instance`), though
     refused, is the one the step holds: a try of the same write whose answer was lost. The
@@ -230,10 +244,10 @@ def outcome_recorded(
     so the outcome recorded is that call's."""
     return (
         found is not None
-        and int(found["attempt"]) == attempt
-        and found["locked_by"] == instance
-        and found["state"] == state
-        and not found["abandoned"]
+        and found.attempt == attempt
+        and found.locked_by == instance
+        and found.state == state
+        and not found.abandoned
     )
 
 
@@ -273,20 +287,18 @@ def await_next(*, state: TaskState | None, held: bool, awaited: bool, noted: boo
     return "wait" if noted else "note"
 
 
-def plan_call_stopped(
-    *, attempt: int, instance: str, found: Mapping[str, Any] | None
-) -> StopPlan | None:
+def plan_call_stopped(*, attempt: int, instance: str, found: CallFacts | None) -> StopPlan | None:
     """What the word of `instance` that its call of a step (under `attempt`) has ended
     writes, from the step and its task as stored (as for `call_lost`, with call_stopped);
     None when it writes nothing: the step is another attempt's or instance's, its stop is
     already recorded, or it ended otherwise (completed, failed on its own)."""
-    if found is None or int(found["attempt"]) != attempt or found["locked_by"] != instance:
+    if found is None or found.attempt != attempt or found.locked_by != instance:
         return None
-    state = StepState(found["state"])
+    state = found.state
     if state == StepState.RUNNING:
-        in_call = TaskState(found["process_state"]) in CALL_TASK_STATES
+        in_call = found.task_state in CALL_TASK_STATES
         return "hand_back" if in_call else "requeue"
-    if state == StepState.FAILED and found["abandoned"] and not found["call_stopped"]:
+    if state == StepState.FAILED and found.abandoned and not found.call_stopped:
         return "stopped"
     return None
 

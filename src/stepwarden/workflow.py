@@ -74,6 +74,16 @@ def _check_within(what: str, value: object, option: str = "complete_within") -> 
         )
 
 
+def _diverged(task_id: str, position: str | None, what: str) -> NonDeterminismError:
+    """The error of a run that took another path than the one its task recorded: at
+    `position` (when known), `what` the workflow asked for and what is recorded there."""
+    where = f"task {task_id!r}" if position is None else f"task {task_id!r} position {position}"
+    return NonDeterminismError(
+        f"{where}: {what}; a workflow must take the same steps and waits in the same order "
+        "when it is resumed"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Workflow:
     name: str
@@ -128,6 +138,7 @@ class StepRunner(Protocol):
     keys: Keyring | None
     """The keyring that seals the secrets the workflow hands to its steps and children
     (None: stored plain)."""
+
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
         """The App's workflows by (name, version): the children a workflow may start."""
@@ -272,10 +283,10 @@ class Context:
             if outcome.state == "fenced":
                 raise Abandon
             if outcome.state == "mismatch":
-                raise NonDeterminismError(
-                    f"task {self._held.task_id!r}: a patch marker's place holds "
-                    f"{outcome.recorded}; a workflow must take the same steps and waits in the "
-                    "same order when it is resumed"
+                raise _diverged(
+                    self._held.task_id,
+                    None,
+                    f"a patch marker's place holds {outcome.recorded}",
                 )
 
     # -- changing code while tasks run ----------------------------------------------------
@@ -425,15 +436,16 @@ class Context:
         found = self._recorded.get(position)
         if found is not None or position in self._waits:
             what = (
-                f"step {found.name!r}" if found is not None
+                f"step {found.name!r}"
+                if found is not None
                 else f"a {_wait_name(*self._waits[position][1:])}"
             )
             for b in branches:
                 b.close()
-            raise NonDeterminismError(
-                f"task {self._held.task_id!r} position {position}: the workflow asked for a "
-                f"gather but {what} is recorded there; a workflow must take the same steps "
-                "and waits in the same order when it is resumed"
+            raise _diverged(
+                self._held.task_id,
+                position,
+                f"the workflow asked for a gather but {what} is recorded there",
             )
         if not branches:
             return []
@@ -530,19 +542,23 @@ class Context:
         seq = recorded.seq if recorded is not None else self._new_seq()
         step_name = name or operation.qualname
         if recorded is None and self._recorded_under(position):
-            raise NonDeterminismError(
-                f"task {self._held.task_id!r} position {position}: the workflow asked for "
-                f"step {step_name!r} but the branches of a gather are recorded there; a "
-                "workflow must take the same steps and waits in the same order when it is "
-                "resumed"
+            raise _diverged(
+                self._held.task_id,
+                position,
+                (
+                    f"the workflow asked for step {step_name!r} but the branches of a gather are "
+                    "recorded there"
+                ),
             )
         if position in self._waits:
             _, kind, wait_name = self._waits[position]
-            raise NonDeterminismError(
-                f"task {self._held.task_id!r} position {position}: the workflow asked for "
-                f"step {step_name!r} but a {_wait_name(kind, wait_name)} is recorded there; "
-                "a workflow must take the same steps and waits in the same order when it is "
-                "resumed"
+            raise _diverged(
+                self._held.task_id,
+                position,
+                (
+                    f"the workflow asked for step {step_name!r} but a "
+                    f"{_wait_name(kind, wait_name)} is recorded there"
+                ),
             )
         for what, value in (
             ("complete_within", complete_within),
@@ -584,11 +600,13 @@ class Context:
         wanted = (step_name, operation.agent.name, operation.name)
         found = (recorded.name, recorded.agent, recorded.operation)
         if wanted != found:
-            raise NonDeterminismError(
-                f"task {held.task_id!r} position {position}: the workflow asked for "
-                f"{wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the recorded step is "
-                f"{found[0]!r} ({found[1]}.{found[2]}); a workflow must take the same steps "
-                "in the same order when it is resumed"
+            raise _diverged(
+                held.task_id,
+                position,
+                (
+                    f"the workflow asked for {wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the "
+                    f"recorded step is {found[0]!r} ({found[1]}.{found[2]})"
+                ),
             )
         replayed: R = await self._recorded_step(recorded, step_name, within)
         return replayed
@@ -782,17 +800,22 @@ class Context:
         held = self._held
         step = self._recorded.get(position)
         if step is None and position not in self._waits and self._recorded_under(position):
-            raise NonDeterminismError(
-                f"task {held.task_id!r} position {position}: the workflow asked for a "
-                f"{_wait_name(kind, name)} but the branches of a gather are recorded there; a "
-                "workflow must take the same steps and waits in the same order when it is "
-                "resumed"
+            raise _diverged(
+                held.task_id,
+                position,
+                (
+                    f"the workflow asked for a {_wait_name(kind, name)} but the branches of a "
+                    "gather are recorded there"
+                ),
             )
         if step is not None:
-            raise NonDeterminismError(
-                f"task {held.task_id!r} position {position}: the workflow asked for a "
-                f"{_wait_name(kind, name)} but the recorded step is {step.name!r}; a workflow "
-                "must take the same steps and waits in the same order when it is resumed"
+            raise _diverged(
+                held.task_id,
+                position,
+                (
+                    f"the workflow asked for a {_wait_name(kind, name)} but the recorded step is "
+                    f"{step.name!r}"
+                ),
             )
         recorded = self._waits.get(position)
         await self._recorded_markers()
@@ -814,16 +837,15 @@ class Context:
             )
             outcome = await self._busy(self._runner.wait(request))
             if outcome.state == "mismatch" and outcome.reason:
-                raise NonDeterminismError(
-                    f"task {held.task_id!r} position {position}: {outcome.reason}; a workflow "
-                    "must take the same steps and waits in the same order when it is resumed"
-                )
+                raise _diverged(held.task_id, position, outcome.reason)
             if outcome.state == "mismatch" and outcome.recorded is not None:
-                raise NonDeterminismError(
-                    f"task {held.task_id!r} position {position}: the workflow asked for a "
-                    f"{_wait_name(kind, name)} but a {_wait_name(*outcome.recorded)} is "
-                    "recorded there; a workflow must take the same steps and waits in the "
-                    "same order when it is resumed"
+                raise _diverged(
+                    held.task_id,
+                    position,
+                    (
+                        f"the workflow asked for a {_wait_name(kind, name)} but a "
+                        f"{_wait_name(*outcome.recorded)} is recorded there"
+                    ),
                 )
             if outcome.state == "refused":
                 raise ConfigurationError(outcome.reason or f"ctx.child: {name!r} is refused")
@@ -880,6 +902,5 @@ def _wait_name(kind: str, name: str) -> str:
 def _check_wait(what: str, value: object) -> None:
     if not isinstance(value, timedelta) or not timedelta(0) <= value <= MAX_WAIT:
         raise ConfigurationError(
-            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not "
-            f"{_check.shown(value)}"
+            f"{what} must be a timedelta from 0 to {MAX_WAIT.days} days, not {_check.shown(value)}"
         )

@@ -74,7 +74,7 @@ def test_the_metrics_say_what_the_store_holds(served: Served) -> None:
 
     # The worker's agent instance, as the registry has it.
     [(instance, capacity)] = sql(served.store_url, AGENTS)
-    agent = {"agent": "desk", "instance": instance}
+    agent = {"agent": "desk", "stepwarden_instance": instance}
     assert value("stepwarden_agent_breaker_state", **agent, state="closed") == 1
     assert value("stepwarden_agent_breaker_state", **agent, state="open") == 0
     assert value("stepwarden_agent_capacity", **agent) == capacity

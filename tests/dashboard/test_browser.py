@@ -4,11 +4,17 @@ shown."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import re
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 from playwright.sync_api import Page, expect
 
+from stepwarden.dashboard._auth import SESSION_COOKIE
 from tests.cli.helpers import sql
 
 from .conftest import TOKEN, Served
@@ -181,3 +187,74 @@ def test_bulk_actions_by_filter_dry_run_first(served: Served, page: Page) -> Non
     # The list follows without a reload: no task is left in error.
     expect(page.locator("#tasks tr[data-task]")).to_have_count(0)
     assert served.state("order-2") == "cancelled"
+
+
+ATTACKER_PAGE = """<!doctype html><html><body>
+<form id="sign-in" method="post" action="{dashboard}/login">
+  <input name="token" value="{token}"></form>
+<script>
+(async () => {{
+  for (let i = 0; i < 12; i++) {{
+    await fetch("{dashboard}/login", {{method: "POST", mode: "no-cors",
+                                      body: new URLSearchParams({{token: "wrong-" + i}})}});
+  }}
+  window.sent = true;
+}})();
+</script></body></html>"""
+
+
+@contextlib.contextmanager
+def _other_site(page_html: str) -> Iterator[str]:
+    """A web server of another site (`localhost`, where the dashboard is `127.0.0.1`) that
+    serves one page."""
+
+    class OnePage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page_html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_page_of_another_site_can_neither_lock_the_sign_in_out_nor_sign_a_browser_in(
+    served: Served, page: Page
+) -> None:
+    """A page of another site makes the browser post twelve wrong tokens to the sign-in (as
+    the review did with `fetch(..., {mode: "no-cors"})`), then submits a sign-in form with a
+    right token (to sign the browser in as it likes). The dashboard refuses each of these
+    requests (the browser sees 403 from the server itself), counts none of them against the
+    address, and sets no session."""
+    answers: list[tuple[str, int]] = []
+    page.on(
+        "response",
+        lambda r: (
+            answers.append((r.request.method, r.status)) if r.url.startswith(served.url) else None
+        ),
+    )
+    html = ATTACKER_PAGE.format(dashboard=served.url, token=TOKEN)
+    with _other_site(html) as url:
+        page.goto(url)
+        page.wait_for_function("window.sent === true")
+        with page.expect_response(served.url + "/login"):
+            page.evaluate("document.getElementById('sign-in').submit()")
+    assert answers == [("POST", 403)] * 13, answers
+    assert not [c for c in page.context.cookies(served.url) if c["name"] == SESSION_COOKIE]
+    # None of the thirteen counted: the first wrong sign-in of a program from this address is
+    # a 401, not a 429; a right one signs in.
+    assert served.post("/login", data={"token": "wrong"}).status_code == 401
+    signed_in = served.post("/login", data={"token": TOKEN}, follow_redirects=False)
+    assert signed_in.status_code == 303, signed_in.text

@@ -163,12 +163,22 @@ async def test_a_server_that_stops_ends_its_streams_and_long_polls(
                     )
                 )
 
-                async def polling() -> bool:  # the stream's request and the poll's, under way
+                async def polling() -> bool:
+                    """The server holds the poll's request and has not answered it yet."""
                     assert served.uvicorn_server is not None
-                    return len(served.uvicorn_server.server_state.tasks) >= 2
+                    for connection in served.uvicorn_server.server_state.connections:
+                        cycle = getattr(connection, "cycle", None)
+                        if (
+                            cycle is not None
+                            and cycle.scope["path"] == f"/api/v1/results/{task_id}"
+                            and not cycle.response_complete
+                        ):
+                            return True
+                    return False
 
-                # Stopped before the poll's request arrived, the server would close its
-                # connection unanswered: the poll is under way first.
+                # Stopped before the poll's request arrived (its connection idle, kept alive
+                # from an earlier request), the server would close that connection
+                # unanswered, as any server does: the poll's request is in the server first.
                 await until("the long poll to be under way", polling)
                 started = time.monotonic()
                 stopping = asyncio.create_task(asyncio.to_thread(served.stop))

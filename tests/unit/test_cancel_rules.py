@@ -10,6 +10,7 @@ import pytest
 
 from stepwarden.rules import (
     CALL_TASK_STATES,
+    CallFacts,
     call_lost,
     compensation_wait,
     holds_up_compensation,
@@ -27,16 +28,16 @@ def found(
     locked_by: str | None = "a1",
     abandoned: bool = False,
     call_stopped: bool = False,
-) -> dict[str, Any]:
+) -> CallFacts:
     """A step and its task as the store reads them for these rules."""
-    return {
-        "state": str(state),
-        "process_state": str(task),
-        "attempt": attempt,
-        "locked_by": locked_by,
-        "abandoned": abandoned,
-        "call_stopped": call_stopped,
-    }
+    return CallFacts(
+        state=state,
+        task_state=task,
+        attempt=attempt,
+        locked_by=locked_by,
+        abandoned=abandoned,
+        call_stopped=call_stopped,
+    )
 
 
 @pytest.mark.parametrize("task", sorted(CALL_TASK_STATES))
@@ -77,12 +78,12 @@ def test_a_running_step_of_a_task_that_goes_on_is_held_by_its_call(task: TaskSta
         ),
     ],
 )
-def test_why_a_call_no_longer_holds_its_step(step: dict[str, Any] | None, expected: str) -> None:
+def test_why_a_call_no_longer_holds_its_step(step: CallFacts | None, expected: str) -> None:
     assert call_lost(attempt=1, instance="a1", found=step) == expected
 
 
 def test_a_stop_writes_by_what_the_step_and_its_task_are_now() -> None:
-    def plan(step: dict[str, Any] | None, attempt: int = 1, instance: str = "a1") -> Any:
+    def plan(step: CallFacts | None, attempt: int = 1, instance: str = "a1") -> Any:
         return plan_call_stopped(attempt=attempt, instance=instance, found=step)
 
     cancelled = found(StepState.FAILED, TaskState.CANCELLED, abandoned=True)

@@ -20,6 +20,7 @@ from prometheus_client.core import Metric
 import stepwarden as sw
 from stepwarden import _logs
 from stepwarden.dashboard._metrics import families as dashboard_families
+from stepwarden.destinations import Destinations
 from stepwarden.metrics import Metrics, serve
 
 GRAFANA = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "stepwarden.json"
@@ -106,6 +107,37 @@ async def test_every_metric_the_grafana_dashboard_queries_is_exported(tmp_path: 
     )
 
 
+async def test_the_dashboard_shows_the_relays_backlog_and_its_oldest_messages_age(
+    tmp_path: Path,
+) -> None:
+    """No worker runs: the status message a task's submit writes for a broker waits, and the
+    dashboard's gauges show it and its age, growing; none waits on a store without any."""
+
+    def gauges(families: list[Metric]) -> dict[str, float]:
+        wanted = ("stepwarden_relay_lag_seconds", "stepwarden_relay_pending")
+        return {s.name: s.value for f in families for s in f.samples if s.name in wanted}
+
+    listed = Destinations.parse("own amqp://127.0.0.1:5999 *")
+    async with sw.App(
+        "relayed", store=f"sqlite:///{tmp_path / 'r.db'}", destinations=listed
+    ) as app:
+
+        @app.workflow()
+        async def one(ctx: sw.Context, x: int) -> int:
+            return x
+
+        assert gauges(await dashboard_families(app)) == {
+            "stepwarden_relay_lag_seconds": 0.0,
+            "stepwarden_relay_pending": 0.0,
+        }
+        await app.submit_async(one, 1, reply_to="amqp://127.0.0.1:5999/replies")
+        deadline = asyncio.get_running_loop().time() + 30
+        while (seen := gauges(await dashboard_families(app)))["stepwarden_relay_lag_seconds"] <= 0:
+            assert asyncio.get_running_loop().time() < deadline, seen
+            await asyncio.sleep(0.05)
+        assert seen["stepwarden_relay_pending"] == 1, seen
+
+
 def test_each_worker_has_a_registry_of_its_own() -> None:
     a, b = Metrics(), Metrics()
     a.tasks_claimed(["order", "order"])
@@ -125,7 +157,7 @@ def test_the_gauges_are_read_at_each_scrape() -> None:
     assert r.get_sample_value("stepwarden_agent_breaker", {**breaker, "state": "closed"}) == 0
     assert r.get_sample_value("stepwarden_supervisor_leader") == 1
     assert r.get_sample_value("stepwarden_scheduler_tasks_held") == 3
-    info = {"instance": "abc", "roles": "agents,scheduler,supervisor"}
+    info = {"stepwarden_instance": "abc", "roles": "agents,scheduler,supervisor"}
     assert r.get_sample_value("stepwarden_worker_info", info) == 1
 
 

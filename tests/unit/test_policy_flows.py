@@ -238,9 +238,16 @@ def test_a_sweep_of_steps_reassigns_a_gone_instances_and_fails_one_never_picked_
         "task_attempt": 2,
         "task_state": "compensating",
         "task_locked_by": "s1",
+        "task_holder_gone": True,  # gone with the agent: its task is released
         "agent": "pay",
     }
-    paused = {**gone, "task_id": "t3", "task_state": "paused", "task_locked_by": None}
+    paused = {
+        **gone,
+        "task_id": "t3",
+        "task_state": "paused",
+        "task_locked_by": None,
+        "task_holder_gone": False,
+    }
     late = {
         "task_id": "t2",
         "seq": 3,
@@ -339,7 +346,15 @@ def advance(found: dict[str, Any]) -> Any:
             "savepoint_dependents": [],
             "rollback_dependents": [],
             "dispatch_new": dispatched,
-            "call_facts": [{"task_id": "t1", "seq": 1, **found}],
+            "call_facts": [
+                {
+                    "task_id": "t1",
+                    "seq": 1,
+                    "call_stopped": False,
+                    "process_state": "processing",
+                    **found,
+                }
+            ],
         },
     )
 

@@ -169,5 +169,5 @@ export type ClaimedRequest = Omit<Schemas["RequestModel"], "input"> & { input: J
 export type OperationLimit = Schemas["OpLimitModel"];
 export type CallKey = Schemas["CallKey"];
 export type LostCall = Schemas["LostCall"];
-export type Outcome = Omit<Schemas["Outcome-Input"], "result"> & { result?: Json };
+export type Outcome = Omit<Schemas["OutcomeModel"], "result"> & { result?: Json };
 export type Handback = Schemas["Handback"];

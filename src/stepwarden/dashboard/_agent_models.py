@@ -165,7 +165,7 @@ class HeartbeatAnswer(BaseModel):
     )
 
 
-class Outcome(_Closed):
+class OutcomeModel(_Closed):
     task_id: Name
     seq: Seq  # type: ignore[valid-type]
     attempt: Attempt  # type: ignore[valid-type]
@@ -187,7 +187,7 @@ class Outcome(_Closed):
     tries: int = Field(default=1, ge=1, le=MAX_INT)
 
     @model_validator(mode="after")
-    def _cut(self) -> Outcome:
+    def _cut(self) -> OutcomeModel:
         if self.error is not None:
             self.error = error_text(self.error, self.error_length)
         return self
@@ -197,7 +197,7 @@ class CompleteRequest(_Closed):
     """Record outcomes: each only while its step is held by its attempt and instance, before
     its complete_by."""
 
-    items: list[Outcome] = Field(min_length=1, max_length=MAX_ITEMS)
+    items: list[OutcomeModel] = Field(min_length=1, max_length=MAX_ITEMS)
 
 
 class Handback(_Closed):

@@ -1,11 +1,11 @@
 """/metrics: the store-wide figures in Prometheus's text format, read at scrape time.
 
 Only what is true of the store now: tasks per state (pending ones are the queue; waiting ones
-wait for a timer, an event or a child), the oldest pending task's age, the supervisor's lease
-and the agent registry. What happens (steps started, completed, failed, retried, deadlines
-missed, call times) is counted by the workers that do it (`stepwarden.metrics`, `stepwarden
-worker --metrics-port`): counted from the rows kept, such counts would drop when retention
-deletes rows.
+wait for a timer, an event or a child), the oldest pending task's age, the supervisor's lease,
+the relay's backlog (its oldest message's age) and the agent registry. What happens (steps
+started, completed, failed, retried, deadlines missed, call times) is counted by the workers
+that do it (`stepwarden.metrics`, `stepwarden worker --metrics-port`): counted from the rows
+kept, such counts would drop when retention deletes rows.
 """
 
 from __future__ import annotations
@@ -63,13 +63,29 @@ async def families(app: App) -> list[Metric]:
             value=lease.remaining if lease else float("-inf"),
         )
     )
+    backlog = await store.relay_backlog()
+    out.append(
+        GaugeMetricFamily(
+            "stepwarden_relay_lag_seconds",
+            "Seconds since the oldest status message for a broker not yet delivered by the "
+            "relay was written (0 when none waits).",
+            value=max((b.lag for b in backlog), default=0.0),
+        )
+    )
+    out.append(
+        GaugeMetricFamily(
+            "stepwarden_relay_pending",
+            "Status messages for a broker the relay has yet to deliver.",
+            value=sum(b.pending for b in backlog),
+        )
+    )
     out.extend(await _agent_families(app))
     return out
 
 
 async def _agent_families(app: App) -> list[Metric]:
     """From the agent registry: each instance's breaker, calls in flight and capacity."""
-    labels = ["agent", "instance"]
+    labels = ["agent", "stepwarden_instance"]  # `instance` is the scrape target's own label
     breaker = GaugeMetricFamily(
         "stepwarden_agent_breaker_state",
         "1 for the state each agent instance's circuit breaker is in, 0 for the others.",

@@ -37,7 +37,7 @@ from ..records import (
     WaitRecord,
     Woke,
 )
-from ..rules import AlertReason
+from ..rules import AlertReason, CallFacts
 from ..sealing import Binding, Keyring
 from ..secret import stored_name
 from ..states import StepState, TaskState
@@ -364,3 +364,16 @@ def version_backlog(row: Row) -> VersionBacklog:
 def generations(rows: Sequence[Row]) -> list[Generation]:
     """The shard map's generations as stored (JSON text on both dialects), oldest first."""
     return [Generation.decoded(int(r["generation"]), r["shards"], r["slots"]) for r in rows]
+
+
+def call_facts(row: Row) -> CallFacts:
+    """A step and its task, as `call_facts` and `held_steps` read them, for the rules of an
+    agent's call."""
+    return CallFacts(
+        state=StepState(row["state"]),
+        attempt=int(row["attempt"]),
+        locked_by=row["locked_by"],
+        abandoned=bool(row["abandoned"]),
+        call_stopped=bool(row["call_stopped"]),
+        task_state=TaskState(row["process_state"]),
+    )

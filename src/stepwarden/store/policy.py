@@ -746,12 +746,12 @@ def recorded_already(batch: Sequence[StepOutcome], done: list[bool]) -> Flow[lis
         return done
     calls = [(batch[i].task_id, batch[i].seq, batch[i].attempt) for i in missed]
     [rows] = yield [call_facts(calls)]
-    found = {(r["task_id"], r["seq"]): r for r in rows}
+    found = {(r["task_id"], r["seq"]): _rows.call_facts(r) for r in rows}
     out = list(done)
     for i in missed:
         o = batch[i]
         out[i] = outcome_recorded(
-            state=str(o.state),
+            state=o.state,
             attempt=o.attempt,
             instance=o.agent_instance,
             found=found.get((o.task_id, o.seq)),
@@ -888,7 +888,7 @@ def lost(
 ) -> dict[tuple[str, int, int], str]:
     """Of the calls (task_id, seq, attempt) `instance` makes, those that no longer hold
     their step, with why (`rules.call_lost`), from `call_facts` rows."""
-    found = {(r["task_id"], r["seq"]): r for r in rows}
+    found = {(r["task_id"], r["seq"]): _rows.call_facts(r) for r in rows}
     out: dict[tuple[str, int, int], str] = {}
     for task_id, seq, attempt in calls:
         why = call_lost(attempt=attempt, instance=instance, found=found.get((task_id, seq)))
@@ -901,7 +901,11 @@ def held(rows: Rows, instance: str, keys: Keyring | None = None) -> list[Request
     """Of the steps `held_steps` found running and locked by `instance`, those its call
     holds (`rules.call_lost`), as requests in claim order."""
     return requests(
-        [r for r in rows if call_lost(attempt=r["attempt"], instance=instance, found=r) is None],
+        [
+            r
+            for r in rows
+            if call_lost(attempt=r["attempt"], instance=instance, found=_rows.call_facts(r)) is None
+        ],
         keys,
     )
 
@@ -925,7 +929,8 @@ def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
     for i in keep:
         c = batch[i]
         f = found.get((c.task_id, c.seq))
-        plan = plan_call_stopped(attempt=c.attempt, instance=c.agent_instance, found=f)
+        facts = None if f is None else _rows.call_facts(f)
+        plan = plan_call_stopped(attempt=c.attempt, instance=c.agent_instance, found=facts)
         if plan is None or f is None:
             continue
         each.append(

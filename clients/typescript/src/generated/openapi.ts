@@ -486,13 +486,13 @@ export interface components {
          */
         CompleteRequest: {
             /** Items */
-            items: components["schemas"]["Outcome-Input"][];
+            items: components["schemas"]["OutcomeModel"][];
         };
         /** Error */
         Error: {
             /** Error */
             error: string;
-            outcome?: components["schemas"]["Outcome-Output"] | null;
+            outcome?: components["schemas"]["Outcome"] | null;
         };
         /** Handback */
         Handback: {
@@ -604,7 +604,22 @@ export interface components {
             room?: number | null;
         };
         /** Outcome */
-        "Outcome-Input": {
+        Outcome: {
+            after: components["schemas"]["TaskState"] | null;
+            /** Applied */
+            applied: boolean;
+            before: components["schemas"]["TaskState"] | null;
+            /** Message */
+            message: string;
+            /** Task Id */
+            task_id: string;
+        };
+        /** OutcomeAnswer */
+        OutcomeAnswer: {
+            outcome: components["schemas"]["Outcome"];
+        };
+        /** OutcomeModel */
+        OutcomeModel: {
             /** Attempt */
             attempt: number;
             /**
@@ -641,21 +656,6 @@ export interface components {
              * @default 1
              */
             tries?: number;
-        };
-        /** Outcome */
-        "Outcome-Output": {
-            after: components["schemas"]["TaskState"] | null;
-            /** Applied */
-            applied: boolean;
-            before: components["schemas"]["TaskState"] | null;
-            /** Message */
-            message: string;
-            /** Task Id */
-            task_id: string;
-        };
-        /** OutcomeAnswer */
-        OutcomeAnswer: {
-            outcome: components["schemas"]["Outcome-Output"];
         };
         /**
          * RequestModel

@@ -311,7 +311,8 @@ WHERE s.task_id = :task_id AND s.seq = :seq
 SELECT s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
        s.complete_by, s.ranked_at, s.compensates, s.trace_context,
        s.complete_by - :now AS remaining,
-       s.state, s.locked_by, s.abandoned, t.process_state
+       s.state, s.locked_by, s.abandoned, s.call_stopped_at IS NOT NULL AS call_stopped,
+       t.process_state
 FROM stepwarden_steps s JOIN stepwarden_tasks t ON t.task_id = s.task_id
 WHERE s.state = 'running' AND s.agent = :agent AND s.locked_by = :instance AND s.complete_by > :now
 
