@@ -951,14 +951,16 @@ export class Agent {
       }
       const error = settled.error;
       const message = errorText(error);
+      // Logged as the server keeps it at most: its start.
+      const shown = message.length <= this.#maxError ? message : `${message.slice(0, this.#maxError)}...`;
       if (permanent) {
-        this.#log.info(`${what}: failed for good (${message})`);
+        this.#log.info(`${what}: failed for good (${shown})`);
         return this.#report(hold, { state: "failed", result: null, error: message, tries });
       }
       // This failure opened the breaker: another instance may reach the service.
       if (this.#breaker?.state === "open") return this.#breakerOpen(hold);
       if (tries >= retry.maxAttempts) {
-        this.#log.warn(`${what}: giving up after ${tries} tries (${message}); the supervisor will retry the step`);
+        this.#log.warn(`${what}: giving up after ${tries} tries (${shown}); the supervisor will retry the step`);
         return;
       }
       const ceiling = Math.min(
@@ -967,10 +969,10 @@ export class Agent {
       );
       const delay = retry.jitter ? Math.random() * ceiling : ceiling;
       if (hold.passesWithin(delay)) {
-        this.#log.info(`${what}: no time left to retry (${message})`);
+        this.#log.info(`${what}: no time left to retry (${shown})`);
         return;
       }
-      this.#log.debug(`${what}: try ${tries} failed (${message}), retrying in ${Math.round(delay)} ms`);
+      this.#log.debug(`${what}: try ${tries} failed (${shown}), retrying in ${Math.round(delay)} ms`);
       await pause(delay, hold.controller.signal);
     }
   }
