@@ -123,9 +123,10 @@ MAX_ERROR = 8192
 a longer one is cut, with a marker that says how long it was."""
 
 
-def error_text(text: str) -> str:
-    """An error as it is stored and logged: at most MAX_ERROR characters."""
-    return cut(text, MAX_ERROR)
+def error_text(text: str, length: int | None = None) -> str:
+    """An error as it is stored and logged: at most MAX_ERROR characters (`text` may be the
+    start of an error of `length` characters)."""
+    return cut(text, MAX_ERROR, length)
 
 
 def describe(exc: BaseException) -> str:
