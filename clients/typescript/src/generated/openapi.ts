@@ -741,7 +741,7 @@ export interface components {
         SendAnswer: {
             /**
              * Sent
-             * @description False when this event_id was sent before.
+             * @description False when this event_id was sent before, whatever the task's state now.
              */
             sent: boolean;
             /**
@@ -802,7 +802,7 @@ export interface components {
         SubmitAnswer: {
             /**
              * Created
-             * @description False when a task of this id was submitted before, with the same workflow and input: it is left as it is.
+             * @description False when a task of this id was submitted before, with the same workflow, version and input: it is left as it is.
              */
             created: boolean;
             /** Task Id */
@@ -839,7 +839,7 @@ export interface components {
             start_at?: string;
             /**
              * Task Id
-             * @description The task's id (default: a new one). A submit is idempotent by it: a task of this id submitted before, with the same workflow and input, is left as it is (200, created false); with another workflow or input, the submit is refused (409).
+             * @description The task's id (default: a new one). A submit is idempotent by it: a task of this id submitted before by this client, with the same workflow, version and input, is left as it is (200, created false; the other options are ignored); with another workflow, version or input, or by another client, the submit is refused (409).
              */
             task_id?: string | null;
             /**
@@ -1859,7 +1859,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Sent (or sent before, with this event_id). */
+            /** @description Sent, or sent before with this event_id (sent is false), whatever the task's state now. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1895,7 +1895,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The task is finished: it takes no event. */
+            /** @description The task is finished: it takes no event it did not take before. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2117,7 +2117,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description A task of this id was submitted before by this client, with the same workflow and input: left as it is (created false). */
+            /** @description A task of this id was submitted before by this client, with the same workflow, version and input: left as it is (created false), this submit's other options ignored. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2153,7 +2153,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description A task of this id exists: submitted by another client (nothing of it is compared), or before with another workflow or input. */
+            /** @description A task of this id exists: submitted by another client (nothing of it is compared), or before with another workflow, version or input, which the error names. */
             409: {
                 headers: {
                     [name: string]: unknown;
