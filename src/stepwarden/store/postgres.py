@@ -20,6 +20,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -38,8 +39,9 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
+from ..records import LeaseTry
 from ..retry import PROBE_EVERY, after_transient, paced, retried
-from . import _sql
+from . import _sql, policy
 from ._flow import (
     CHANNEL_CALLS,
     CHANNEL_OUTBOX,
@@ -66,6 +68,10 @@ Pipe = psycopg.AsyncPipeline
 CONNECT_TIMEOUT = 10.0
 """Seconds allowed to reach the server when opening the store."""
 DEFAULT_POOL_SIZE = 10
+POOL_MAX_IDLE = 10.0
+"""Seconds a pooled connection may stay unused before the pool closes it (one at a time,
+down to one connection): a burst of calls opens up to `pool_size` connections, and an idle
+worker goes back to one beside its listener, however many it needed under load."""
 STALLED = 5.0
 """Seconds a transaction may wait on its client, and a statement may wait for a lock. Every
 transaction of the store is a few statements long; a client frozen mid-transaction (stopped,
@@ -239,6 +245,9 @@ class PostgresStore(Store):
         """Held while the listener's first connection is made: callers at once share it."""
         self._listen_first: Conn | None = None
         """The listener's first connection until its task runs and takes it over."""
+        self._listening = False
+        """Whether the listener's connection is up: every notification of the other
+        processes reaches this one (`wakeups_live`)."""
         self._own_pids: set[int] = set()
         self._checking: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
@@ -456,6 +465,7 @@ class PostgresStore(Store):
             self.conninfo,
             min_size=1,
             max_size=self.pool_size,
+            max_idle=POOL_MAX_IDLE,
             kwargs={"autocommit": True, **self.connect_kwargs},
             configure=self._configure,
             open=False,
@@ -532,6 +542,18 @@ class PostgresStore(Store):
         rows = await self._read_one(
             "end_stalled_sessions", application_name=self.application_name, stalled=STALLED
         )
+        return self._ended(rows)
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry:
+        stalled = Query(
+            "end_stalled_sessions",
+            {"application_name": self.application_name, "stalled": STALLED},
+        )
+        tried, rows = await self._write(partial(policy.try_lease, name, holder, ttl, stalled))
+        self._ended(rows)
+        return tried
+
+    def _ended(self, rows: Rows) -> int:
         ended = [r["pid"] for r in rows if r["ended"]]
         if ended:
             logger.warning(
@@ -570,6 +592,17 @@ class PostgresStore(Store):
                 self._listen_loop(conn), name="stepwarden-listen", context=contextvars.Context()
             )
 
+    @property
+    def wakeups_live(self) -> bool:
+        return self._listening
+
+    def _caught_up(self) -> None:
+        """Listening again after a break: what was notified meanwhile is lost, so every
+        channel is told that anything may have changed (an empty wake-up: its subscribers
+        look at everything, as at a poll)."""
+        for channel in PG_CHANNELS:
+            self.notifier.publish(channel, [])
+
     async def _listen_connect(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(
             self.conninfo, autocommit=True, **self.connect_kwargs
@@ -591,6 +624,10 @@ class PostgresStore(Store):
                     conn = await self._listen_connect()
                     failures = 0
                     logger.info("listening for notifications again")
+                    self._listening = True
+                    self._caught_up()
+                else:
+                    self._listening = True
                 async for n in conn.notifies():
                     # This process published its own writes already, at their commit.
                     channel = _FROM_PG.get(n.channel)
@@ -609,6 +646,7 @@ class PostgresStore(Store):
                     "notifications lost; reconnecting in %.1f s", after_transient(failures + 1)
                 )
             finally:
+                self._listening = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
