@@ -76,10 +76,25 @@ def test_a_lease_nobody_took_is_taken_at_term_1() -> None:
 
 
 def test_a_lease_another_holds_in_time_is_left_alone() -> None:
-    held = [{"holder": "sup2", "term": 4, "live": True}]
+    held = [{"holder": "sup2", "term": 4, "live": True, "lapses_in": 3.5}]
     run = drive(partial(policy.acquire_lease, "supervisor", "sup1", 5.0), {"lock_lease_row": held})
     assert run.result is None
     assert run.names() == [["lock_lease_row"]]
+
+
+def test_a_try_of_a_lease_another_holds_says_when_it_lapses_after_ending_stalled_sessions() -> (
+    None
+):
+    held = [{"holder": "sup2", "term": 4, "live": True, "lapses_in": 3.5}]
+    stalled = Query("end_stalled_sessions", {"stalled": 5.0})
+    run = drive(
+        partial(policy.try_lease, "supervisor", "sup1", 5.0, stalled),
+        {"lock_lease_row": held, "end_stalled_sessions": [{"pid": 7, "ended": True}]},
+    )
+    tried, ended = run.result
+    assert (tried.term, tried.lapses_in) == (None, 3.5)
+    assert ended == [{"pid": 7, "ended": True}]
+    assert run.names() == [["end_stalled_sessions", "lock_lease_row"]]
 
 
 def test_a_lapsed_lease_is_taken_at_the_next_term_unless_another_took_it_first() -> None:
