@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -142,3 +143,14 @@ def until_beat(period: float) -> float:
     registry beats are written in one transaction, `Store.beat`)."""
     now = asyncio.get_running_loop().time()
     return (math.floor(now / period) + 1) * period - now
+
+
+SPREAD = 0.2
+"""Seconds over which the first calls of a process's roles (and their looks after a beat)
+are spread at random: made at the same instant, each would take a connection of its own, and
+the pool would keep them open for a while."""
+
+
+def spread() -> float:
+    """A random delay of up to SPREAD seconds."""
+    return random.uniform(0.0, SPREAD)

@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import _json, _logs, tracing
-from ._aio import Pace, first, until_beat
+from ._aio import Pace, first, sleep_unless, spread, until_beat
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
@@ -351,6 +351,7 @@ class AgentRunner:
                 raise
             if not self._looks:
                 continue
+            await asyncio.sleep(spread())  # not at the instant the other agents look
             try:
                 await self.take_up()
             except StoreError as exc:
@@ -520,6 +521,7 @@ class AgentRunner:
             self._watcher = asyncio.create_task(self._watch_calls(stop))
         failures = 0
         self._accepting = True
+        await sleep_unless(stop, spread())  # not at the instant the process's other roles claim
         try:
             while not stop.is_set():
                 self._room.clear()

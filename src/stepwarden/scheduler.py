@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from ._aio import Pace, first, sleep_unless, until_beat
+from ._aio import Pace, first, sleep_unless, spread, until_beat
 from ._batch import Batcher
 from .agent import AnyOperation
 from .drive import Entry, LocalAgent, TaskDrive
@@ -185,6 +185,7 @@ class Scheduler:
                 continue
             if not self._looks:
                 continue
+            await asyncio.sleep(spread())  # not at the instant the process's agents look
             try:
                 await self.give_back_undriven()
             except StoreError as exc:
@@ -218,6 +219,7 @@ class Scheduler:
         of this scheduler's workflows wait at a version it does not have: it leaves them to
         a scheduler with that version, and there may be none."""
         names = sorted({name for name, _ in self.workflows})
+        await asyncio.sleep(spread())
         while True:
             try:
                 backlog = await self.store.version_backlog(names)
@@ -258,6 +260,7 @@ class Scheduler:
         sub = self.store.subscribe(CHANNEL_TASKS)
         names = sorted(self.workflows)  # (workflow, version): the tasks this one may run
         failures = 0
+        await sleep_unless(stop, spread())  # not at the instant the process's agents claim
         try:
             while not stop.is_set():
                 free = self.concurrency - len(self._running)
