@@ -475,7 +475,7 @@ class AgentRunner:
         try:
             while not (stop.is_set() and not self._holds):
                 payloads = await sub.wait(max(0.0, next_check - loop.time()))
-                if payloads is not None:
+                if payloads:  # empty: some may have been missed (`Store.wakeups_live`)
                     named = set(payloads)
                     if not any(h.request.task_id in named for h in self._holds.values()):
                         continue

@@ -354,7 +354,8 @@ class Scheduler:
         try:
             while True:
                 payloads = await sub.wait(full_every)
-                if payloads is None or loop.time() - last_full >= full_every:
+                # An empty wake-up: some may have been missed (`Store.wakeups_live`).
+                if not payloads or loop.time() - last_full >= full_every:
                     last_full = loop.time()
                     wanted = [w for d in self._drives.values() for w in d.waited()]
                 else:
