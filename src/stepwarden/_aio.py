@@ -106,7 +106,7 @@ async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
     return await future
 
 
-FALLBACK_POLL = 10.0
+FALLBACK_POLL = 30.0
 """Seconds between two polls of a poller whose store's wake-ups all reach it
 (`Store.wakeups_live`: PostgreSQL listening), once it has been idle for `HOT_FOR`: the poll
 is then only the fallback, should a wake-up be lost."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
@@ -31,7 +32,7 @@ from psycopg.errors import Diagnostic
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import (
     ConfigurationError,
@@ -70,8 +71,14 @@ CONNECT_TIMEOUT = 10.0
 DEFAULT_POOL_SIZE = 10
 POOL_MAX_IDLE = 10.0
 """Seconds a pooled connection may stay unused before the pool closes it (one at a time,
-down to one connection): a burst of calls opens up to `pool_size` connections, and an idle
-worker goes back to one beside its listener, however many it needed under load."""
+down to one connection): a worker that was busy goes back to one beside its listener,
+however many it needed under load."""
+GROW_AFTER = 0.1
+"""Seconds a call waits for the pool's one connection before the pool may grow to
+`pool_size`: calls that meet by chance (an idle worker's roles; forty workers started at
+once) share one connection rather than each opening one the pool would keep, while calls
+that wait on one another (work) soon have up to `pool_size`. Back at one connection, the
+pool is one connection at most again."""
 STALLED = 5.0
 """Seconds a transaction may wait on its client, and a statement may wait for a lock. Every
 transaction of the store is a few statements long; a client frozen mid-transaction (stopped,
@@ -245,6 +252,7 @@ class PostgresStore(Store):
         """Held while the listener's first connection is made: callers at once share it."""
         self._listen_first: Conn | None = None
         """The listener's first connection until its task runs and takes it over."""
+        self._narrowed_at = -math.inf
         self._listening = False
         """Whether the listener's connection is up: every notification of the other
         processes reaches this one (`wakeups_live`)."""
@@ -464,7 +472,7 @@ class PostgresStore(Store):
         return AsyncConnectionPool(
             self.conninfo,
             min_size=1,
-            max_size=self.pool_size,
+            max_size=1,  # until calls wait (`_getconn`)
             max_idle=POOL_MAX_IDLE,
             kwargs={"autocommit": True, **self.connect_kwargs},
             configure=self._configure,
@@ -672,7 +680,7 @@ class PostgresStore(Store):
             if pool is None:
                 raise StoreError("the store is not open")
             try:
-                conn = await pool.getconn()
+                conn = await self._getconn(pool)
             except PoolClosed:
                 if self._pool is pool or self._pool is None:
                     raise
@@ -687,6 +695,30 @@ class PostgresStore(Store):
             raise
         finally:
             await pool.putconn(conn)
+            await self._narrow(pool)
+
+    async def _getconn(self, pool: AsyncConnectionPool[Conn]) -> Conn:
+        """A connection of `pool`; one held by another call is waited for GROW_AFTER before
+        the pool may open more, up to `pool_size`."""
+        if pool.max_size < self.pool_size:
+            try:
+                return await pool.getconn(timeout=GROW_AFTER)
+            except PoolTimeout:
+                await pool.resize(1, self.pool_size)
+        return await pool.getconn()
+
+    async def _narrow(self, pool: AsyncConnectionPool[Conn]) -> None:
+        """Once a grown pool is back at one connection, idle (POOL_MAX_IDLE), it opens no
+        more until calls wait again (looked at once a second at most)."""
+        if pool.max_size <= 1:
+            return
+        now = time.monotonic()
+        if now - self._narrowed_at < 1.0:
+            return
+        self._narrowed_at = now
+        stats = pool.get_stats()
+        if stats.get("pool_size", 0) <= 1 and stats.get("pool_available", 0) >= 1:
+            await pool.resize(1, 1)
 
     def _probe(self) -> None:
         """A connection was lost: try the server until it answers (one probe per store,
