@@ -3,7 +3,8 @@
 1, 10 and 40 workers (`--idle-fleet-sizes`) of `bench.workload:app` (every role, the
 engine's defaults), with nothing to do, on a PostgreSQL server of the benchmark's own
 (`Resources.own_cluster`: forty workers would take most of a shared server's connections,
-and its CPU is then theirs alone), one fresh database each. For each size:
+and its CPU is then theirs alone), one fresh database each, started `WAVE` (5) at a time.
+For each size:
 
 - **transactions**: `pg_stat_database` (xact_commit + xact_rollback) of the database, read
   once every session to it has ended (PostgreSQL counts a session's transactions for certain
@@ -56,6 +57,10 @@ SECONDS = 30.0
 SETTLE = 30.0
 """Seconds after the last worker runs before the window opens: the start's burst of
 connections and registrations has passed (the pool closes one unused connection every 10 s)."""
+WAVE = 5
+"""Workers started at once, each wave running before the next starts: forty Python
+processes started together on a small machine take their CPU from each other for seconds,
+and each one's calls then wait long enough on one another to open more connections."""
 GOALS = {"leader_tps": 5.0, "worker_tps": 1.0, "worker_connections": 2.0}
 
 
@@ -115,21 +120,25 @@ def _life(
     children: list[Child] = []
     figures: dict[str, Any] = {}
     try:
-        children = [
-            res.spawn(
-                f"idlefleet-{tag}-{i}",
-                [*base, "--log-level", "info", "worker", "bench.workload:app"],
-                env=env,
-                log_dir=log_dir,
+        for first in range(0, n, WAVE):  # a wave at a time, as a fleet rolls out
+            wave = [
+                res.spawn(
+                    f"idlefleet-{tag}-{i}",
+                    [*base, "--log-level", "info", "worker", "bench.workload:app"],
+                    env=env,
+                    log_dir=log_dir,
+                )
+                for i in range(first, min(n, first + WAVE))
+            ]
+            children += wave
+            wait_for(
+                lambda w=wave: all(  # type: ignore[misc]
+                    " running " in c.log_path.read_text(errors="replace") for c in w
+                ),
+                timeout=60,
+                what=f"idle workers {first + 1}-{first + len(wave)} of {n} to run",
+                children=children,
             )
-            for i in range(n)
-        ]
-        wait_for(
-            lambda: all(" running " in c.log_path.read_text(errors="replace") for c in children),
-            timeout=60 + 3 * n,
-            what=f"{n} idle workers to run",
-            children=children,
-        )
         if idle > 0:
             time.sleep(SETTLE)  # the window's start: a length of time, what is measured
             meter = CpuMeter(
