@@ -336,13 +336,18 @@ class AgentRunner:
                 )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
-        pause = until_beat(self.heartbeat)
+        failed = False
         while not stop.is_set():
+            # Reckoned just before sleeping: the beat due at the next multiple of the period,
+            # with the process's other beats (one transaction), not as late as this one's
+            # write took.
+            pause = until_beat(self.heartbeat)
+            if failed:
+                pause = min(pause, BEAT_AGAIN)
             self._beat_now.clear()
             await first(stop.wait(), self._beat_now.wait(), asyncio.sleep(pause))
             if stop.is_set():
                 return
-            pause = until_beat(self.heartbeat)
             transitions, self._transitions = self._transitions, []
             try:
                 await self.store.beat([self._beat()], self.gone_after)
@@ -350,11 +355,12 @@ class AgentRunner:
             except StoreError as exc:
                 self._transitions[:0] = transitions
                 logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
-                pause = min(pause, BEAT_AGAIN)
+                failed = True
                 continue
             except asyncio.CancelledError:  # stopping: the drain records them
                 self._transitions[:0] = transitions
                 raise
+            failed = False
             if not self._looks:
                 continue
             await asyncio.sleep(spread())  # not at the instant the other agents look

@@ -173,16 +173,20 @@ class Scheduler:
         return False
 
     async def _heartbeats(self) -> None:
-        pause = until_beat(self.heartbeat)
+        failed = False
         while True:
-            await asyncio.sleep(pause)
+            # Reckoned just before sleeping: the beat due at the next multiple of the period,
+            # with the process's other beats (one transaction), not as late as this one's
+            # write took.
             pause = until_beat(self.heartbeat)
+            await asyncio.sleep(min(pause, BEAT_AGAIN) if failed else pause)
             try:
                 await self.store.beat_schedulers([self._beat()], self.gone_after)
             except StoreError as exc:
                 logger.warning("scheduler %s: heartbeat failed: %s", self.instance, exc)
-                pause = min(pause, BEAT_AGAIN)
+                failed = True
                 continue
+            failed = False
             if not self._looks:
                 continue
             await asyncio.sleep(spread())  # not at the instant the process's agents look

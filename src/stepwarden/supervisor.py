@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from . import tracing
-from ._aio import sleep_unless, stop_tasks
+from ._aio import sleep_unless, stop_tasks, until_beat
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
@@ -61,6 +61,7 @@ class Supervisor:
         gone_grace: float = 5.0,
         schedules: Sequence[ScheduleSpec] = (),
         metrics: Metrics | None = None,
+        beat_every: float | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics or Metrics()
@@ -87,8 +88,17 @@ class Supervisor:
         self.retention = retention
         self.purge_batch = purge_batch
         self.term: int | None = None
-        self._lapses_in: float | None = None
-        """Seconds until the lease another holds lapses, as read by the last try."""
+        self.beat_every = beat_every
+        """Seconds between the registry beats of this process's scheduler or agents (None
+        when it has neither): a standby looks at the lease at each beat, in the beat's
+        transaction (`Store.look_lease`), and tries it only when the lease is due to lapse
+        before the next beat."""
+        self._try_at: float | None = None
+        """When (monotonic) the lease another holds lapses, as read by the last try or look:
+        the standby's next try is due then."""
+        self._look_next = False
+        """Whether the standby's next call is a look at the lease (at a beat) rather than a
+        try of it."""
         self._soon: float | None = None
         """Seconds until the next registry row's expiry, as read by the leader's last round."""
 
@@ -108,13 +118,18 @@ class Supervisor:
             while not stop.is_set():
                 pause = self.interval
                 try:
-                    await self.tick()
+                    if self._look_next:
+                        await self._look()
+                    else:
+                        await self.tick()
                     pause = await self._pause()
                 except TransientStoreError as exc:  # the store is out of reach: next interval
                     logger.warning("supervisor: %s", exc)
                     self._reached_at = None
+                    self._look_next = False
                 except Exception:  # a bug, or the store refusing a query: said in full
                     logger.exception("supervisor: the tick failed")
+                    self._look_next = False
                 await sleep_unless(stop, pause)
         finally:
             try:  # a delivery under way is abandoned: sent again later
@@ -133,9 +148,9 @@ class Supervisor:
         # could not change hands.
         tried = await self.store.try_lease(LEASE, self.instance, self.lease_ttl)
         term = tried.term
-        self._lapses_in = tried.lapses_in
-        self._soon = None
         now = time.monotonic()
+        self._try_at = None if tried.lapses_in is None else now + tried.lapses_in
+        self._soon = None
         if self._reached_at is None:
             self._reached_at = now  # a standby counts too: a new leader does not wait again
         if term != self.term:
@@ -178,6 +193,15 @@ class Supervisor:
             # A small batch each tick keeps the hot tables small without long transactions.
             logger.info("supervisor: purged %d finished task(s) past retention", found.purged)
         return recovered
+
+    async def _look(self) -> None:
+        """The standby's look at the lease, beside its process's registry beats: when the
+        lease another holds lapses (its leader renewing it, later at each look)."""
+        lapses_in = await self.store.look_lease(LEASE, self.instance)
+        now = time.monotonic()
+        if self._reached_at is None:
+            self._reached_at = now
+        self._try_at = now if lapses_in is None else now + lapses_in
 
     def leads(self) -> bool:
         """Whether it holds the lease now (a gauge of its metrics)."""
@@ -252,12 +276,23 @@ class Supervisor:
         """Seconds until the next tick: the interval, or less when something is due sooner,
         so that it is acted on when due rather than up to an interval later: a registry row's
         expiry (an instance silent since is gone then), the end of this leader's grace. A
-        standby ticks when the lease another holds lapses (read by its try of the lease):
-        it has nothing else to do, and tries no more often than that."""
+        standby ticks when the lease another holds lapses (read by its last try or look of
+        the lease): it has nothing else to do, and tries no more often than that. While
+        the lease is due to lapse after its process's next registry beat, it looks at the
+        lease again at that beat, in the beat's transaction, rather than try it: a leader
+        that renews its lease moves the lapse on at each look, and the standby tries it
+        only when it lapses, as soon as it would have without the looks."""
+        self._look_next = False
         if self.term is None:
-            if self._lapses_in is None:
+            if self._try_at is None:
                 return self.interval
-            return max(self._lapses_in + DUE_AFTER, DUE_AFTER)
+            due_in = self._try_at - time.monotonic() + DUE_AFTER
+            if self.beat_every is not None:
+                beat_in = until_beat(self.beat_every)
+                if beat_in < due_in:
+                    self._look_next = True
+                    return beat_in
+            return max(due_in, DUE_AFTER)
         pause = self.interval
         soon = self._soon
         if soon is not None:

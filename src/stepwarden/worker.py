@@ -358,6 +358,14 @@ class Worker:
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
                 schedules=list(self.app.schedule_specs.values()) if schedules else [],
                 metrics=self.metrics,
+                # A standby looks at the lease beside this process's registry beats.
+                beat_every=(
+                    opts.scheduler_heartbeat
+                    if first_roles
+                    else opts.agent_heartbeat
+                    if runners
+                    else None
+                ),
             )
             other_roles.append(asyncio.create_task(supervisor.run(later)))
         logger.info("worker %s running %s", self.instance, ", ".join(sorted(opts.roles)))

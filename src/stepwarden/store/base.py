@@ -213,7 +213,7 @@ class Store(abc.ABC):
         """The keyring this process seals and opens secrets with (`sealing`; set by the App
         that opens the store): None where it holds none. Records read carry it: their
         sealed secrets open when revealed."""
-        self._beats: Batcher[Query, None] = Batcher(self._beat_group, gather=BEAT_GATHER)
+        self._beats: Batcher[Query, Rows] = Batcher(self._beat_group, gather=BEAT_GATHER)
         """The registry beats of this process's instances (its scheduler's and agents'),
         written together: one transaction per beat, however many instances beat."""
         self.write_observer: Callable[[float], None] | None = None
@@ -668,12 +668,10 @@ class Store(abc.ABC):
         if beats:
             await self._beats.submit(policy.scheduler_beat(beats, ttl))
 
-    async def _beat_group(self, beats: Sequence[Query]) -> list[None]:
+    async def _beat_group(self, beats: Sequence[Query]) -> list[Rows]:
         if len(beats) == 1:
-            await self._write_one(beats[0])
-        else:
-            await self._write(lambda wake: _all(list(beats)))
-        return [None] * len(beats)
+            return [await self._write_one(beats[0])]
+        return await self._write(lambda wake: _all(list(beats)))
 
     async def leave_scheduler(self, instance: str) -> None:
         """A scheduler instance stopping: its registry row expires now."""
@@ -860,6 +858,14 @@ class Store(abc.ABC):
         """Take or renew the lease `name`; its term when held, None when another holds it.
         The term rises whenever the lease changes hands or lapses; it never falls."""
         return await self._write(partial(policy.acquire_lease, name, holder, ttl))
+
+    async def look_lease(self, name: str, holder: str) -> float | None:
+        """A standby's look at the lease `name`, written with the registry beats of this
+        process made at about the same time (one transaction): the seconds until the lease
+        another holds lapses, or None when `holder` may take it now (`try_lease`). Nothing
+        is locked or taken."""
+        rows = await self._beats.submit(policy.look_lease(name))
+        return policy.lease_lapses(rows, holder)
 
     async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry:
         """`acquire_lease`, and when the lease another holds lapses; the sessions that

@@ -1075,6 +1075,20 @@ def try_lease(
     return LeaseTry(term if rows else None, None), ended
 
 
+def look_lease(name: str) -> Query:
+    """A standby's look at the lease: read, not locked, not taken (`lease_lapses`)."""
+    return Query("look_lease", {"name": name})
+
+
+def lease_lapses(rows: Rows, holder: str) -> float | None:
+    """From a look at the lease (`look_lease`): the seconds until the lease another holds
+    lapses; None when `holder` may take or renew it now (free, lapsed, or its own)."""
+    row = rows[0] if rows else None
+    if row is None or lease_term(row, holder) is not None:
+        return None
+    return max(0.0, float(row["lapses_in"]))
+
+
 def release_lease(name: str, holder: str) -> Query:
     return Query("release_lease", {"name": name, "holder": holder})
 

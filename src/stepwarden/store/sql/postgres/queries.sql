@@ -759,6 +759,15 @@ FROM stepwarden_leases
 WHERE name = %(name)s
 FOR UPDATE
 
+-- name: look_lease
+-- A lease as it stands, not locked (a standby's look, written beside its process's registry
+-- beats: it waits for no lock the leader holds), whether it is live, and the seconds until it
+-- lapses.
+SELECT holder, term, expires_at > clock_timestamp() AS live,
+       extract(epoch FROM expires_at - clock_timestamp())::float8 AS lapses_in
+FROM stepwarden_leases
+WHERE name = %(name)s
+
 -- name: next_expiry
 -- Seconds until the soonest expiry to come of a registry row (an instance silent from now
 -- on is gone then) and of the lease when another holds it; NULL when none is coming.

@@ -496,6 +496,12 @@ WHERE :state = 'failed';
 SELECT holder, term, expires_at > :now AS live, expires_at - :now AS lapses_in
 FROM stepwarden_leases WHERE name = :name
 
+-- name: look_lease
+-- A lease as it stands (a standby's look, written beside its process's registry beats),
+-- whether it is live, and the seconds until it lapses.
+SELECT holder, term, expires_at > :now AS live, expires_at - :now AS lapses_in
+FROM stepwarden_leases WHERE name = :name
+
 -- name: next_expiry
 -- Seconds until the soonest expiry to come of a registry row (an instance silent from now
 -- on is gone then) and of the lease when another holds it; NULL when none is coming.
