@@ -205,3 +205,42 @@ async def test_a_supervisor_ticks_when_a_registry_row_expires_not_an_interval_la
         stop.set()
         await running
     assert t1.process_state == TaskState.PENDING and t1.failure_count == 0
+
+
+async def test_a_standbys_look_at_the_lease_says_when_it_lapses_and_takes_nothing(
+    store: Store,
+) -> None:
+    assert await store.look_lease(LEASE, "standby") is None  # never taken: take it now
+    term = await store.acquire_lease(LEASE, "leader", 10)
+    assert term is not None
+    lapses = await store.look_lease(LEASE, "standby")
+    assert lapses is not None and 5 < lapses <= 10
+    assert await store.look_lease(LEASE, "leader") is None  # its own: renew it now
+    lease = await store.read_lease(LEASE)
+    assert lease is not None and (lease.holder, lease.term) == ("leader", term)
+
+
+async def test_a_standby_looking_beside_the_beats_takes_a_lease_that_lapses(store: Store) -> None:
+    # While the leader renews, the standby's looks find the lease live; once it stops, the
+    # standby takes the lease when it lapses.
+    assert await store.acquire_lease(LEASE, "leader", 1.0) is not None
+    standby = Supervisor(
+        store, instance="standby", interval=0.05, lease_ttl=30, gone_grace=0.5, beat_every=0.1
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(standby.run(stop))
+    try:
+        renew_until = time.monotonic() + 1.5
+        while time.monotonic() < renew_until:  # longer than the lease: it stays the leader's
+            assert await store.acquire_lease(LEASE, "leader", 1.0) is not None
+            assert standby.term is None
+            await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while standby.term is None:  # the leader is silent: its lease lapses within 1 s
+            assert time.monotonic() < deadline, "the standby never took the lease"
+            await asyncio.sleep(0.05)
+        lease = await store.read_lease(LEASE)
+        assert lease is not None and lease.holder == "standby"
+    finally:
+        stop.set()
+        await running
