@@ -88,6 +88,11 @@ when it sits idle (`idle_in_transaction_session_timeout`); one frozen in the mid
 pipeline looks busy to the server, and the supervisors end it (`end_stalled_sessions`).
 Waiting for a lock longer than this fails (`lock_timeout`) and the caller tries again. Set
 libpq's `options` in the store URL to choose other values."""
+LEASE_LOCK_WAIT = 1.0
+"""Seconds a try of the lease waits for the lease row's lock (held during a leader's sweep
+round, a few milliseconds; by a frozen or cut-off leader until its session is ended)."""
+LEASE_BUSY_AGAIN = 0.2
+"""Seconds after which a try of the lease that found its row locked is made again."""
 PROBE_WITHIN = 2.0
 """Seconds a try of the server may take (one that does not answer at all)."""
 NOTIFY_LIMIT = 7000
@@ -154,6 +159,17 @@ def _wrong_server(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, psycopg.Error) and (seen.sqlstate or "") in WRONG_SERVER:
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    """Whether a failure, or the psycopg error it was translated from, is a lock waited for
+    longer than lock_timeout (SQLSTATE 55P03)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, psycopg.Error) and seen.sqlstate == "55P03":
             return True
         seen = seen.__cause__
     return False
@@ -549,16 +565,31 @@ class PostgresStore(Store):
     # -- the supervisor -------------------------------------------------------------------
     async def end_stalled_sessions(self) -> int:
         rows = await self._read_one(
-            "end_stalled_sessions", application_name=self.application_name, stalled=STALLED
+            "end_stalled_sessions",
+            application_name=self.application_name,
+            stalled=STALLED,
+            lock_timeout=str(int(STALLED * 1000)),
         )
         return self._ended(rows)
 
     async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry:
         stalled = Query(
             "end_stalled_sessions",
-            {"application_name": self.application_name, "stalled": STALLED},
+            {
+                "application_name": self.application_name,
+                "stalled": STALLED,
+                "lock_timeout": str(int(LEASE_LOCK_WAIT * 1000)),
+            },
         )
-        tried, rows = await self._write(partial(policy.try_lease, name, holder, ttl, stalled))
+        try:
+            tried, rows = await self._write(partial(policy.try_lease, name, holder, ttl, stalled))
+        except TransientStoreError as exc:
+            if not _lock_not_available(exc):
+                raise
+            # The lease row is locked by a transaction of the leader's, one not stalled for
+            # STALLED yet (frozen mid-sweep, or cut off): tried again soon, which ends it once
+            # it is, rather than wait out the whole lock_timeout and fail.
+            return LeaseTry(None, LEASE_BUSY_AGAIN)
         self._ended(rows)
         return tried
 

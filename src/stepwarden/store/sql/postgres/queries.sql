@@ -795,12 +795,18 @@ RETURNING term
 -- Sessions of this application, other than this one, whose transaction has lasted longer than
 -- `stalled` seconds and waits on its client (frozen mid-pipeline, where the server's idle
 -- timeout does not apply): ended, which rolls their transaction back and frees its locks.
-SELECT pid, pg_terminate_backend(pid) AS ended
-FROM pg_stat_activity
-WHERE datname = current_database() AND usename = current_user
-  AND application_name = %(application_name)s AND pid <> pg_backend_pid()
-  AND wait_event = 'ClientRead' AND state IN ('active', 'idle in transaction')
-  AND xact_start < now() - make_interval(secs => %(stalled)s::float8)
+-- The rest of the transaction waits `lock_timeout` (ms) at most for a lock (a session not
+-- stalled for long enough yet still holds it: the caller tries again soon). One row with a
+-- NULL pid when none is ended.
+WITH waits AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout)s::text, true) AS lock_timeout
+)
+SELECT a.pid, pg_terminate_backend(a.pid) AS ended
+FROM waits LEFT JOIN pg_stat_activity a
+  ON a.datname = current_database() AND a.usename = current_user
+  AND a.application_name = %(application_name)s AND a.pid <> pg_backend_pid()
+  AND a.wait_event = 'ClientRead' AND a.state IN ('active', 'idle in transaction')
+  AND a.xact_start < now() - make_interval(secs => %(stalled)s::float8)
 
 -- name: release_lease
 -- Let the lease lapse at once, so that the next taker gets a new term.
