@@ -89,9 +89,7 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                         "sent": True,
                         "woke": True,
                     }
-                    assert await app.result_async("api", timeout=20) == {
-                        "approved": {"ok": True}
-                    }
+                    assert await app.result_async("api", timeout=20) == {"approved": {"ok": True}}
                     # Sent again once it finished the task: sent before, not refused.
                     resent = await client.post(
                         "/api/tasks/api/send",

@@ -26,9 +26,10 @@ import stepwarden as sw
 from stepwarden.agent import Agent, Call
 from stepwarden.records import DispatchedStep, Request, StepOutcome
 from stepwarden.retry import Retry
-from stepwarden.runner import AgentPort, AgentRunner
+from stepwarden.runner import AgentRunner
 from stepwarden.states import StepState
 from stepwarden.store import Store
+from stepwarden.store.ports import AgentPort
 
 from .test_agents_store import A1
 from .test_engine import RESUME
