@@ -203,7 +203,12 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     AgentName = Annotated[names, Path(description="An agent the App declares.")]
 
     async def store() -> Store:
-        return await app.store()
+        # The agents' calls are outside the application's port that `App.store()` gives
+        # (`store.ports.ApplicationStore`): this API serves them from the Store it opened.
+        db = await app.store()
+        if not isinstance(db, Store):  # pragma: no cover - an App opens only Stores
+            raise TypeError(f"the agent protocol needs a Store, not {type(db).__name__}")
+        return db
 
     Db = Annotated[Store, Depends(store)]
 
