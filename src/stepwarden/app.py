@@ -67,7 +67,7 @@ from .rules import CATCH_UP, plan_action, submit_version
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
-from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
+from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, ShardedStore, Store, Transaction, open_store
 from .store.ports import ApplicationPort, ApplicationStore
 from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, as_within, workflow_name
 
@@ -184,7 +184,7 @@ class App:
         be named."""
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
-        self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._stores: dict[asyncio.AbstractEventLoop, Store | ShardedStore] = {}
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         """Held while a loop's store opens: callers at once share the one store it opens."""
         self._submits: dict[asyncio.AbstractEventLoop, Batcher[Submission, Submitted]] = {}

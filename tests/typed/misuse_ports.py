@@ -1,7 +1,7 @@
 """Each role's port of the store (`stepwarden.store.ports`), as mypy (strict) sees it: every
 role's own calls pass, and a call of a method of every other role's port is an error on its
-line (`# E: <code>`), as is an actor given another role's port. Kept out of the project's own
-mypy run (pyproject's `exclude`); `tests/typed/test_mypy.py` checks it."""
+line (`# E: <code>`), as is an actor given another role's port or a store of shards. Kept out
+of the project's own mypy run (pyproject's `exclude`); `tests/typed/test_mypy.py` checks it."""
 
 from __future__ import annotations
 
@@ -89,7 +89,11 @@ async def what_the_app_gives() -> None:
 
 
 def each_actor_takes_its_port(
-    reads: ReadPort, scheduler: SchedulerPort, supervisor: SupervisorPort, agents: AgentPort
+    reads: ReadPort,
+    scheduler: SchedulerPort,
+    supervisor: SupervisorPort,
+    agents: AgentPort,
+    sharded: ShardedStore,
 ) -> None:
     Scheduler(scheduler, {}, instance="s1")
     Supervisor(supervisor, instance="s1")
@@ -99,3 +103,8 @@ def each_actor_takes_its_port(
     Supervisor(scheduler, instance="s1")  # E: arg-type
     AgentRunner(scheduler, payments, instance="a1")  # E: arg-type
     AgentRunner(reads, payments, instance="a1")  # E: arg-type
+    # A store of shards serves no actor: a worker runs the roles on each shard's own store.
+    Scheduler(sharded, {}, instance="s1")  # E: arg-type
+    Supervisor(sharded, instance="s1")  # E: arg-type
+    AgentRunner(sharded, payments, instance="a1")  # E: arg-type
+    Scheduler(sharded.parts[0], {}, instance="s1")

@@ -114,8 +114,9 @@ def test_a_role_asking_the_store_outside_its_port_is_an_error_on_its_line(
     # What `App.store()` gives refuses the actors' calls: the scheduler's, the
     # supervisor's, the agents'.
     assert sum(m.startswith('"ApplicationStore" has no attribute') for m in missing) == 3
-    # An actor given another role's port.
-    assert sum(code == "arg-type" for _, code, _ in errors[MISUSE_PORTS.name]) == 5
+    # An actor given another role's port, or a store of shards (which serves none).
+    assert sum(code == "arg-type" for _, code, _ in errors[MISUSE_PORTS.name]) == 8
+    assert sum('"ShardedStore"' in m for _, _, m in errors[MISUSE_PORTS.name]) == 3
 
 
 def test_the_misuse_file_is_outside_the_projects_own_mypy_run() -> None:

@@ -12,9 +12,11 @@ store method outside its port is a type error, not a run-time refusal.
 - `AgentPort`: an agent runner's (`runner.AgentRunner`): a Store, or the agent protocol of
   a stepwarden server (`remote.RemoteAgentPort`) for an agent served over HTTP.
 
-A `Store` (`base.py`) serves every port; each is structural, so a store serves a port by
-having its methods, without naming it. The ports name what a role calls, and nothing else:
-a method a role starts to call is added to its port here.
+A `Store` (`base.py`) serves every port, a `ShardedStore` (`sharded.py`) only
+`ApplicationStore`: an actor given a store of shards is a type error. Each port is
+structural, so a store serves a port by having its methods, without naming it. The ports
+name what a role calls, and nothing else: a method a role starts to call is added to its
+port here.
 """
 
 from __future__ import annotations
