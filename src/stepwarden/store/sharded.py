@@ -94,6 +94,7 @@ class ShardedStore:
         self.notifier = Notifier()
         self.write_observer: Callable[[float], None] | None = None
         """Given to every shard's store when it opens (`Store.write_observer`)."""
+        self._keys: Keyring | None = None
         urls = shard_urls(url)
         if len(urls) < 2:
             raise ConfigurationError("a sharded store names two PostgreSQL databases or more")
