@@ -65,11 +65,13 @@ def _json_escaped(found: re.Match[str]) -> str:
     return ch if ord(ch) < 0x20 else f"\\u{ord(ch):04x}"
 
 
-def cut(text: str, limit: int) -> str:
-    """`text`, or its start with a marker saying how long it was, when longer than `limit`."""
-    if len(text) <= limit:
+def cut(text: str, limit: int, length: int | None = None) -> str:
+    """`text`, or its start with a marker saying how long it was, when longer than `limit`;
+    `text` may be the start of a text of `length` characters (its marker then says so)."""
+    length = len(text) if length is None or length < len(text) else length
+    if length <= limit:
         return text
-    marker = f"... [cut: {len(text)} characters in all]"
+    marker = f"... [cut: {length} characters in all]"
     return text[: max(0, limit - len(marker))] + marker
 
 

@@ -123,9 +123,10 @@ MAX_ERROR = 8192
 a longer one is cut, with a marker that says how long it was."""
 
 
-def error_text(text: str) -> str:
-    """An error as it is stored and logged: at most MAX_ERROR characters."""
-    return cut(text, MAX_ERROR)
+def error_text(text: str, length: int | None = None) -> str:
+    """An error as it is stored and logged: at most MAX_ERROR characters (`text` may be the
+    start of an error of `length` characters)."""
+    return cut(text, MAX_ERROR, length)
 
 
 def describe(exc: BaseException) -> str:
@@ -192,6 +193,16 @@ CALL_TASK_STATES = frozenset(
 """The states of a task in which a call of one of its running steps goes on (a pending task
 was released: its next scheduler adopts the step). In any other (paused, or finished) the
 call is stopped."""
+
+
+START_WAIT = "start"
+"""The `waiting_for` of a task waiting for its delayed start."""
+
+
+def start_state(*, start_at: datetime | None, start_after: float) -> TaskState:
+    """The state a new task is recorded in: waiting for its delayed start (at `start_at`, or
+    `start_after` seconds from now by the store's clock), else pending."""
+    return TaskState.WAITING if start_at is not None or start_after > 0 else TaskState.PENDING
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

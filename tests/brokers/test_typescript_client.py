@@ -24,8 +24,8 @@ import { Client } from "%(library)s";
 const client = new Client({ url: process.env.STEPWARDEN_URL, token: process.env.TOKEN });
 const ids = [];
 for (const n of JSON.parse(process.env.INPUTS)) {
-  const answer = await client.submit("three", n, { replyTo: process.env.REPLY_TO });
-  ids.push(answer.task_id);
+  const task = await client.submit("three", n, { replyTo: process.env.REPLY_TO });
+  ids.push(task.taskId);
 }
 console.log(JSON.stringify(ids));
 """

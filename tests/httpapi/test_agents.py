@@ -26,7 +26,9 @@ import pytest
 
 import stepwarden as sw
 from stepwarden import _tokens
-from stepwarden.retry import after_transient
+from stepwarden._check import MAX_REASON
+from stepwarden.retry import MAX_DELAY, MAX_EXPONENT, after_transient
+from stepwarden.rules import MAX_ERROR, error_text
 
 from ..agentserver import api_server
 from ..contract.test_engine import running
@@ -185,7 +187,8 @@ async def test_a_token_serves_only_its_agents_as_instances_of_its_client(
         )
         assert answer.status_code == 403
         answer = await http.get(f"{AGENTS}/whoami", headers=served.auth("shipper"))
-        assert answer.json() == {"client": "shipper", "agents": ["remote"]}
+        assert answer.json()["client"] == "shipper"
+        assert answer.json()["agents"] == ["remote"]
         answer = await http.get(f"{AGENTS}/whoami", headers=served.auth("billing"))
         assert answer.status_code == 403
         answer = await http.post(f"{AGENTS}/remote/claim", json=claim)
@@ -534,3 +537,61 @@ async def test_a_wake_up_names_to_an_instance_only_the_tasks_of_the_steps_it_hol
                 for reader in readers:
                     reader.cancel()
                 await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_the_server_serves_what_every_runner_agrees_on_and_cuts_long_errors(
+    store_url: str, served: Server
+) -> None:
+    remote = Remote(store_url)
+    async with remote.app, httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT) as http:
+        auth = served.auth("shipper")
+        me = (await http.get(f"{AGENTS}/whoami", headers=auth)).json()
+        # The engine's own retry policy and bounds: a runner in another language copies none.
+        default = sw.Retry()
+        assert me["retry"] == {
+            "max_attempts": default.max_attempts,
+            "initial": default.initial,
+            "maximum": default.maximum,
+            "multiplier": default.multiplier,
+            "jitter": default.jitter,
+        }
+        assert me["retry_bounds"] == {"max_delay": MAX_DELAY, "max_exponent": MAX_EXPONENT}
+        breaker = sw.Breaker()
+        assert me["breaker"] == {
+            "failures": breaker.failures,
+            "reset_after": breaker.reset_after,
+            "trial_calls": breaker.trial_calls,
+        }
+        assert me["bounds"]["max_error"] == MAX_ERROR
+        assert me["bounds"]["max_reason"] == MAX_REASON
+        await remote.app.submit_async("order", 3, task_id="long-error")
+        instance = "shipper/by-hand"
+        beat = {"instance": instance, "operations": ["ship"], "capacity": 1, "ttl": 30}
+        assert (await http.post(f"{AGENTS}/remote/beat", json=beat, headers=auth)).is_success
+
+        async def claimed() -> list[dict[str, Any]]:
+            claim = {"instance": instance, "operations": ["ship"], "limit": 1, "wait": 1}
+            answer = await http.post(f"{AGENTS}/remote/claim", json=claim, headers=auth)
+            found: list[dict[str, Any]] = answer.json()["requests"]
+            return found
+
+        [request] = await until("the remote step to be queued", claimed)
+        error = "RuntimeError: " + "x" * (3 * MAX_ERROR)
+        item = {
+            "task_id": "long-error",
+            "seq": request["seq"],
+            "attempt": request["attempt"],
+            "instance": instance,
+            "state": "failed",
+            "error": error,
+        }
+        answer = await http.post(f"{AGENTS}/remote/complete", json={"items": [item]}, headers=auth)
+        assert answer.json() == {"applied": [True]}, answer.text
+        with pytest.raises(sw.TaskFailed):
+            await remote.app.result_async("long-error", timeout=TIMEOUT)
+        store = await remote.app.store()
+        [step] = [s for s in await store.get_steps("long-error") if s.seq == request["seq"]]
+        # Cut as the Python runner cuts its own: the stored error says how long it was.
+        assert step.error == error_text(error)
+        assert step.error is not None and len(step.error) == MAX_ERROR
+        assert step.error.endswith(f"[cut: {len(error)} characters in all]")

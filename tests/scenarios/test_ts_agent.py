@@ -55,7 +55,7 @@ async function hold(call, gate) {
 const agent = new Agent({
   url: process.env.STEPWARDEN_URL, token: process.env.STEPWARDEN_AGENT_TOKEN,
   agent: "shipping", operations: { hold }, concurrency: 10,
-  heartbeatSeconds: 0.3, goneAfterSeconds: 1.5, pollSeconds: 0.5,
+  heartbeatMs: 300, goneAfterMs: 1500, pollMs: 500,
   onRegistered: (instance) => console.log(`serving shipping as ${instance}`),
 });
 const stop = new AbortController();

@@ -60,6 +60,17 @@ def _installed() -> bool:
     return True
 
 
+def installed_dependencies(npm: str | None = None) -> None:
+    """The package's dependencies installed with `npm ci` when node_modules lacks them (one
+    install at a time: the orders demo's test may install them too)."""
+    npm = npm or _tool("npm")
+    with (PACKAGE / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _installed():
+            install = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
+            _run(install, cwd=PACKAGE, timeout=300)
+
+
 def compiled_library(out: Path) -> Path:
     """The library and its tests compiled with its pinned TypeScript into `out` (never into
     the source tree), its dependencies installed first when node_modules lacks them; `out`
@@ -69,12 +80,7 @@ def compiled_library(out: Path) -> Path:
     version = _run([node, "--version"], cwd=PACKAGE, timeout=30).strip()
     major = re.match(r"v(\d+)\.", version)
     assert major and int(major[1]) >= NODE_MAJOR, f"Node {NODE_MAJOR}+ is needed, not {version}"
-    # One install at a time (the orders demo's test may install them too).
-    with (PACKAGE / ".install.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _installed():
-            install = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
-            _run(install, cwd=PACKAGE, timeout=300)
+    installed_dependencies(npm)
     tsc = str(PACKAGE / "node_modules" / ".bin" / "tsc")
     _run([tsc, "-p", str(PACKAGE), "--outDir", str(out)], cwd=ROOT, timeout=120)
     (out / "package.json").write_text('{"type": "module"}\n')  # as the package's own

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,6 +15,8 @@ from stepwarden import app as app_module
 from stepwarden import cli, rules
 from stepwarden.dashboard._app_models import submit_request
 from stepwarden.records import SUBMIT_OPTIONS
+from stepwarden.rules import start_state
+from stepwarden.states import TaskState
 
 
 def test_the_options_of_every_entry_point_are_the_submission_s() -> None:
@@ -82,3 +84,12 @@ def test_a_duration_is_a_timedelta_or_seconds_everywhere() -> None:
     for refused in ("60", True, float("nan"), -1):
         with pytest.raises(sw.ConfigurationError, match=r"Retry\.initial must be a timedelta or"):
             sw.Retry(initial=refused)  # type: ignore[arg-type]
+
+
+def test_a_new_task_starts_pending_or_waiting_for_its_delayed_start() -> None:
+    """Decided once (rules.start_state), handed to the store's insert as its state."""
+    assert start_state(start_at=None, start_after=0.0) == TaskState.PENDING
+    assert start_state(start_at=None, start_after=0.5) == TaskState.WAITING
+    assert start_state(start_at=datetime(2030, 1, 1, tzinfo=UTC), start_after=0.0) == (
+        TaskState.WAITING
+    )

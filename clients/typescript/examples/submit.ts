@@ -23,17 +23,17 @@ const client = new Client({
 
 try {
   // Idempotent by its id: submitted again (an answer lost, a retry), it is the same task.
-  const { task_id } = await client.submit(workflow, JSON.parse(input), {
+  const task = await client.submit(workflow, JSON.parse(input), {
     ...(taskId === undefined ? {} : { taskId }),
     replyTo: "updates",
   });
-  console.log(`submitted ${task_id}`);
+  console.log(`submitted ${task.taskId}`);
   // The status messages, in order; the stream is resumed after a break, and ends once the
   // task has finished.
-  for await (const message of client.messages(task_id)) {
+  for await (const message of task.messages()) {
     console.log(`${message.id} ${message.kind} ${JSON.stringify(message.detail)}`);
   }
-  const done = await client.result(task_id, { timeout: 60 });
+  const done = await task.result({ timeoutMs: 60_000 });
   console.log(`${done.state}: ${JSON.stringify(done.state === "processed" ? done.result : done.error)}`);
   process.exitCode = done.state === "processed" ? 0 : 1;
 } catch (error) {

@@ -2,16 +2,20 @@
  * An agent served from this process over the agent protocol: `new Agent({...}).run(signal)`
  * claims the requests of one agent from a stepwarden server and calls its operations.
  *
- * As the Python runner does, it registers its instance and beats every `heartbeatSeconds`
+ * As the Python runner does, it registers its instance and beats every `heartbeatMs`
  * (its operations, capacity and calls in flight); claims as many requests as it has free
  * slots (a long poll); calls each operation with a `Call` (the step's idempotency key, its
  * deadline, a signal aborted when the step is no longer the call's) and retries a call that
  * throws, with backoff and jitter, while the step's complete_by allows (a `PermanentError`
  * fails the step at once); reports each outcome with the claim's fencing token (task_id,
- * seq, attempt, instance). When complete_by passes, it stops and reports nothing: the
- * supervisor dispatches the step again.
+ * seq, attempt, instance), the outcomes that come while a write is under way in the next
+ * one. When complete_by passes, it stops and reports nothing: the supervisor dispatches the
+ * step again. Its retry defaults and bounds are the server's (`whoami`), and the server
+ * keeps the start of a long error. With a `breaker`, consecutive transient failures open
+ * it: it hands back the request, claims nothing and calls nothing while it is open, then
+ * lets trial calls through (half-open), as the Python runner's does.
  *
- * Every `pollSeconds`, and at once when the wake-up stream names the task of a call in
+ * Every `pollMs`, and at once when the wake-up stream names the task of a call in
  * flight, it asks which calls no longer hold their step (their task cancelled, paused or
  * compensating, the step reassigned...) and aborts their signal; once such a call has ended,
  * it tells the server (`stopped`), so that a compensation waiting for it may start. At each
@@ -19,28 +23,32 @@
  * was lost leaves them so).
  *
  * On stop (the signal given to `run`), it claims no more, hands back the requests it claimed
- * and has not started, lets the calls under way finish for up to `drainSeconds` (then aborts
+ * and has not started, lets the calls under way finish for up to `drainMs` (then aborts
  * them, reporting nothing: their steps go to another instance), and leaves the registry.
  */
 
 import { randomBytes } from "node:crypto";
 
+import { Batcher } from "./batch.js";
+import { CircuitBreaker, type BreakerOptions, type BreakerState } from "./breaker.js";
 import { ConfigurationError, PermanentError, StepLostError, StepwardenError } from "./errors.js";
 import { describe as describeError, type ServerOptions } from "./http.js";
 import { AgentProtocol } from "./protocol.js";
 import { Flag, pause, sleep } from "./timing.js";
-import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit } from "./types.js";
+import type { CallKey, ClaimedRequest, Handback, Json, OperationLimit, Outcome, WhoAmI } from "./types.js";
 
 /** An operation: called with its `Call` and the arguments the workflow's step gave. */
 export type OperationFunction = (call: Call, ...args: any[]) => unknown;
 
 export interface RetryOptions {
-  /** Calls within one dispatch of a step, 1 meaning no retry (default 5). */
+  /** Calls within one dispatch of a step, 1 meaning no retry. */
   maxAttempts?: number;
-  /** Seconds before the second call (default 0.1), growing by `multiplier` (default 2) up
-   * to `maxSeconds` (default 5); with `jitter` (default true), a random part of that. */
-  initialSeconds?: number;
-  maxSeconds?: number;
+  /** Milliseconds before the second call, growing by `multiplier` up to `maxMs`; with
+   * `jitter`, a random part of that. What is left out is the server's default
+   * (`stepwarden.Retry()`'s, which its `whoami` answers: 5 calls, 0.1 s growing by 2 up
+   * to 5 s, with jitter), and the policy must stay within its bounds. */
+  initialMs?: number;
+  maxMs?: number;
   multiplier?: number;
   jitter?: boolean;
   /** Errors never retried, besides `PermanentError`: the step fails at once. */
@@ -50,9 +58,9 @@ export interface RetryOptions {
 export interface OperationLimitOptions {
   /** Steps of the operation running at once across every instance. */
   concurrency?: number;
-  /** Steps started per `per` seconds (default 1) across every instance. */
+  /** Steps started per `perMs` milliseconds (default 1000) across every instance. */
   rate?: number;
-  per?: number;
+  perMs?: number;
   /** Steps of the operation running at once in this instance. */
   perInstance?: number;
 }
@@ -78,20 +86,23 @@ export interface AgentOptions extends ServerOptions {
   operations: Record<string, OperationFunction | OperationOptions>;
   /** Calls made at once (default 10). */
   concurrency?: number;
-  /** Seconds between the instance's beats in the registry (default 1). */
-  heartbeatSeconds?: number;
-  /** Seconds without a beat after which the instance is gone and its steps go to another
-   * (default 5). */
-  goneAfterSeconds?: number;
-  /** Seconds between two checks of the calls in flight (default 1). */
-  pollSeconds?: number;
-  /** Seconds a claim waits for a request when none is queued (a long poll; default 10, at
-   * most 30). */
-  claimWaitSeconds?: number;
-  /** Seconds given to the calls under way when the agent stops (default 30). */
-  drainSeconds?: number;
+  /** Milliseconds between the instance's beats in the registry (default 1000). */
+  heartbeatMs?: number;
+  /** Milliseconds without a beat after which the instance is gone and its steps go to
+   * another (default 5000; within the server's bounds, 1000 to 3600000). */
+  goneAfterMs?: number;
+  /** Milliseconds between two checks of the calls in flight (default 1000). */
+  pollMs?: number;
+  /** Milliseconds a claim waits for a request when none is queued (a long poll; default
+   * 10000, at most the server's bound, 30000). */
+  claimWaitMs?: number;
+  /** Milliseconds given to the calls under way when the agent stops (default 30000). */
+  drainMs?: number;
   /** The operations' retry policy (each may have its own). */
   retry?: RetryOptions;
+  /** A circuit breaker for the instance (none by default): what is left out is the server's
+   * default (`stepwarden.Breaker()`'s). */
+  breaker?: BreakerOptions;
   /** The instance's name after `CLIENT/` (default `agent-` and 16 random hex digits). */
   instance?: string;
   /** Where it logs (default: warnings and errors to the console; null: nowhere). */
@@ -150,9 +161,9 @@ export class Call {
     return new Date(Date.now() + this.#hold.remainingMs());
   }
 
-  /** Seconds left before complete_by. */
-  remaining(): number {
-    return Math.max(0, this.#hold.remainingMs() / 1000);
+  /** Milliseconds left before complete_by. */
+  remainingMs(): number {
+    return Math.max(0, this.#hold.remainingMs());
   }
 
   /** Why the step is no longer this call's (null while it is). */
@@ -163,7 +174,7 @@ export class Call {
   /**
    * Tell the server this call is alive: the step's complete_by moves to now + its
    * complete_within (never past the task's), and `detail` (JSON) is recorded with the
-   * step. The seconds now left. Throws `StepLostError` when the step is no longer this
+   * step. The milliseconds now left. Throws `StepLostError` when the step is no longer this
    * call's (and aborts `signal`): stop then. A heartbeat the server did not answer changes
    * nothing (the step keeps its complete_by).
    */
@@ -177,8 +188,6 @@ export class Call {
 }
 
 const MAX_TIMER = 2 ** 31 - 1;
-const MAX_ERROR = 8192;
-const MAX_REASON = 1000;
 const STOPPING = "the agent instance is stopping";
 
 type Ending = "lost" | "expired" | "gone" | "stopping";
@@ -199,6 +208,8 @@ class Hold {
   answered = false;
   /** The agent stopped and the drain is over: nothing more is written about the call. */
   abandoned = false;
+  /** Handed back (its breaker opened): another instance, or this one later, calls it. */
+  handedBack = false;
   /** Resolves when waiting for the call to end is pointless: complete_by passed, or the
    * agent stops. */
   readonly over: Promise<void>;
@@ -284,10 +295,14 @@ function callKey(r: CallKey): CallKey {
   return { task_id: r.task_id, seq: r.seq, attempt: r.attempt };
 }
 
+type Policy = Required<Omit<RetryOptions, "isPermanent">> & { isPermanent?: (error: unknown) => boolean };
+
 interface Op {
   name: string;
   fn: OperationFunction;
-  retry: Required<Omit<RetryOptions, "isPermanent">> & { isPermanent?: (error: unknown) => boolean };
+  /** The retry options given (the agent's, then the operation's own): over the server's
+   * defaults, the operation's policy once `run` has asked the server. */
+  retry: RetryOptions;
   limit: OperationLimitOptions | undefined;
 }
 
@@ -321,24 +336,44 @@ function positive(name: string, value: number | undefined, fallback: number, max
   return value;
 }
 
-function retryPolicy(given: RetryOptions | undefined, base: Op["retry"]): Op["retry"] {
-  const policy = { ...base, ...given };
-  if (!Number.isInteger(policy.maxAttempts) || policy.maxAttempts < 1) {
-    throw new ConfigurationError(`retry.maxAttempts must be an integer of 1 or more, not ${policy.maxAttempts}`);
+/** The options given, each checked alone (their bounds are the server's: `policyOf`). */
+function retryOptions(given: RetryOptions | undefined): RetryOptions {
+  const options = { ...given };
+  for (const [name, value] of Object.entries(options)) {
+    if (value === undefined) delete options[name as keyof RetryOptions];
   }
-  if (!(policy.initialSeconds >= 0 && policy.initialSeconds <= policy.maxSeconds && policy.multiplier >= 1)) {
-    throw new ConfigurationError("retry needs 0 <= initialSeconds <= maxSeconds and multiplier >= 1");
+  const { maxAttempts, initialMs, maxMs, multiplier } = options;
+  if (maxAttempts !== undefined && (!Number.isInteger(maxAttempts) || maxAttempts < 1)) {
+    throw new ConfigurationError(`retry.maxAttempts must be an integer of 1 or more, not ${maxAttempts}`);
+  }
+  for (const [name, value] of Object.entries({ initialMs, maxMs, multiplier })) {
+    if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value) || value < 0)) {
+      throw new ConfigurationError(`retry.${name} must be a finite number of 0 or more, not ${String(value)}`);
+    }
+  }
+  return options;
+}
+
+/** The retry policy of the options given over the server's defaults, within its bounds. */
+function policyOf(given: RetryOptions, me: WhoAmI): Policy {
+  const served = me.retry;
+  const policy: Policy = {
+    maxAttempts: served.max_attempts,
+    initialMs: served.initial * 1000,
+    maxMs: served.maximum * 1000,
+    multiplier: served.multiplier,
+    jitter: served.jitter,
+    ...given,
+  };
+  const maxDelay = me.retry_bounds.max_delay * 1000;
+  if (!(policy.initialMs <= policy.maxMs && policy.maxMs <= maxDelay && policy.multiplier >= 1)) {
+    throw new ConfigurationError(
+      `retry needs 0 <= initialMs <= maxMs <= ${maxDelay} and multiplier >= 1, not ` +
+        `initialMs ${policy.initialMs}, maxMs ${policy.maxMs}, multiplier ${policy.multiplier}`,
+    );
   }
   return policy;
 }
-
-const DEFAULT_RETRY: Op["retry"] = {
-  maxAttempts: 5,
-  initialSeconds: 0.1,
-  maxSeconds: 5,
-  multiplier: 2,
-  jitter: true,
-};
 
 function consoleLogger(agent: string): Logger {
   const prefix = `stepwarden agent ${agent}:`;
@@ -352,10 +387,10 @@ function consoleLogger(agent: string): Logger {
 
 const SILENT: Logger = { debug: () => undefined, info: () => undefined, warn: () => undefined, error: () => undefined };
 
-/** The error text of a failed step: the error's name and message, as stored. */
+/** The error text of a failed step: the error's name and message (the server cuts a long
+ * one as it stores it). */
 function errorText(error: unknown): string {
-  const text = error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
-  return text.length <= MAX_ERROR ? text : text.slice(0, MAX_ERROR - 30) + `... (${text.length} characters)`;
+  return error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
 }
 
 /** Milliseconds to wait after the `failures`-th failure in a row of a call to the server. */
@@ -392,6 +427,20 @@ export class Agent {
   readonly #checkNow = new Flag();
   #stopping = false;
   #active = false;
+  readonly #breakerGiven: BreakerOptions | undefined;
+  #breaker: CircuitBreaker | null = null;
+  /** The outcomes and the stops of calls, each written with those that come meanwhile. */
+  readonly #completions = new Batcher<Outcome, boolean>((items) => this.#protocol.complete(items), 1000);
+  readonly #stops = new Batcher<Handback, boolean>((items) => this.#protocol.stopped(items), 1000);
+  /** The claim under way (its long poll is given up when the breaker opens). */
+  #claim: AbortController | null = null;
+  /** The breaker's transitions not yet recorded as events of the history. */
+  readonly #transitions: BreakerState[] = [];
+  readonly #policies = new Map<string, Policy>();
+  /** The highest power of a retry's multiplier, and the characters of an error the server
+   * keeps: the server's bounds, set by `run`. */
+  #maxExponent = 0;
+  #maxError = Infinity;
 
   constructor(options: AgentOptions) {
     if (!options || typeof options.agent !== "string" || options.agent === "") {
@@ -404,20 +453,30 @@ export class Agent {
       throw new ConfigurationError(`concurrency must be an integer in [1, 1000], not ${concurrency}`);
     }
     this.concurrency = concurrency;
-    this.#heartbeat = positive("heartbeatSeconds", options.heartbeatSeconds, 1, 3600);
-    this.#goneAfter = positive("goneAfterSeconds", options.goneAfterSeconds, 5, 3600);
-    if (this.#goneAfter < 1) throw new ConfigurationError("goneAfterSeconds must be 1 or more");
-    this.#poll = positive("pollSeconds", options.pollSeconds, 1, 3600);
-    this.#claimWait = positive("claimWaitSeconds", options.claimWaitSeconds, 10, 30);
-    this.#drain = options.drainSeconds === undefined ? 30 : Math.max(0, options.drainSeconds);
+    this.#heartbeat = positive("heartbeatMs", options.heartbeatMs, 1000, 3_600_000);
+    // Within the server's bounds (its `whoami`), checked by `run`.
+    this.#goneAfter = positive("goneAfterMs", options.goneAfterMs, 5000);
+    this.#poll = positive("pollMs", options.pollMs, 1000, 3_600_000);
+    this.#claimWait = positive("claimWaitMs", options.claimWaitMs, 10_000);
+    this.#drain = options.drainMs === undefined ? 30_000 : Math.max(0, options.drainMs);
     const suffix = options.instance ?? `agent-${randomBytes(8).toString("hex")}`;
     if (!/^[A-Za-z0-9_.:@-]{1,120}$/.test(suffix)) {
       throw new ConfigurationError(`an instance's name is 1 to 120 of A-Z a-z 0-9 _ . : @ -, not ${JSON.stringify(suffix)}`);
     }
     this.#suffix = suffix;
     this.#onRegistered = options.onRegistered;
+    if (options.breaker !== undefined) {
+      const { failures, resetAfterMs, trialCalls } = options.breaker;
+      for (const [name, value] of Object.entries({ failures, trialCalls })) {
+        if (value !== undefined && (!Number.isInteger(value) || value < 1)) {
+          throw new ConfigurationError(`breaker.${name} must be an integer of 1 or more, not ${value}`);
+        }
+      }
+      if (resetAfterMs !== undefined) positive("breaker.resetAfterMs", resetAfterMs, 0, 86_400_000);
+    }
+    this.#breakerGiven = options.breaker;
     this.#log = options.logger === null ? SILENT : (options.logger ?? consoleLogger(this.name));
-    const base = retryPolicy(options.retry, DEFAULT_RETRY);
+    const base = retryOptions(options.retry);
     const entries = Object.entries(options.operations ?? {});
     if (entries.length === 0) throw new ConfigurationError(`agent ${this.name} has no operations`);
     for (const [name, given] of entries) {
@@ -425,7 +484,9 @@ export class Agent {
       if (typeof spec?.fn !== "function") {
         throw new ConfigurationError(`operation ${name} is a function, or {fn, retry, limit}`);
       }
-      this.#ops.set(name, { name, fn: spec.fn, retry: retryPolicy(spec.retry, base), limit: spec.limit });
+      const retry = { ...base, ...retryOptions(spec.retry) };
+      // Checked alone now; over the server's defaults and within its bounds at `run`.
+      this.#ops.set(name, { name, fn: spec.fn, retry, limit: spec.limit });
     }
   }
 
@@ -467,6 +528,34 @@ export class Agent {
             `its token needs the scope agent:${this.name} (its agents: ${me.agents.join(", ") || "none"})`,
         );
       }
+      for (const op of this.#ops.values()) this.#policies.set(op.name, policyOf(op.retry, me));
+      this.#maxExponent = me.retry_bounds.max_exponent;
+      this.#maxError = me.bounds.max_error;
+      const { min_ttl: minTtl, max_ttl: maxTtl, max_claim_wait: maxWait } = me.bounds;
+      if (this.#goneAfter < minTtl * 1000 || this.#goneAfter > maxTtl * 1000) {
+        throw new ConfigurationError(`goneAfterMs must be in [${minTtl * 1000}, ${maxTtl * 1000}], not ${this.#goneAfter}`);
+      }
+      if (this.#claimWait > maxWait * 1000) {
+        throw new ConfigurationError(`claimWaitMs must be at most ${maxWait * 1000}, not ${this.#claimWait}`);
+      }
+      this.#completions.maxSize = this.#stops.maxSize = me.bounds.max_items;
+      if (this.#breakerGiven !== undefined) {
+        const given = this.#breakerGiven;
+        this.#breaker = new CircuitBreaker(
+          {
+            failures: given.failures ?? me.breaker.failures,
+            resetAfterMs: given.resetAfterMs ?? me.breaker.reset_after * 1000,
+            trialCalls: given.trialCalls ?? me.breaker.trial_calls,
+          },
+          (state) => {
+            this.#log.info(`circuit breaker ${state}`);
+            this.#transitions.push(state);
+            // A long poll under way would claim what this instance must not call now.
+            if (state === "open") this.#claim?.abort();
+            this.#room.set();
+          },
+        );
+      }
       this.#instance = `${me.client}/${this.#suffix}`;
       registered = true; // left in the end, should a beat given up have been recorded
       if ((await this.#untilAnswered("register", stop, () => this.#beat(stop))) === undefined) return;
@@ -483,7 +572,10 @@ export class Agent {
       this.#stopping = true;
       life.abort();
       await Promise.allSettled(loops);
-      if (registered) await this.#leave();
+      if (registered) {
+        await this.#recordTransitions();
+        await this.#leave();
+      }
       stop.removeEventListener("abort", onStop);
       this.#active = false;
     }
@@ -513,12 +605,25 @@ export class Agent {
         // Stopping, it takes nothing more: its room is none.
         capacity: this.#stopping ? this.#serving.size : this.concurrency,
         inflight: this.#serving.size,
-        breaker: "closed",
-        breaker_detail: {},
-        ttl: this.#goneAfter,
+        breaker: this.#breaker?.state ?? "closed",
+        breaker_detail: this.#breaker?.snapshot() ?? {},
+        ttl: this.#goneAfter / 1000,
       },
       { signal },
     );
+  }
+
+  /** The breaker's transitions since the last beat, as events of the history. */
+  async #recordTransitions(): Promise<void> {
+    while (this.#transitions.length > 0) {
+      try {
+        await this.#protocol.breaker({ instance: this.#instance!, state: this.#transitions[0]! });
+      } catch (error) {
+        this.#log.warn(`cannot record its breaker's changes: ${describeError(error)}`);
+        return;
+      }
+      this.#transitions.shift();
+    }
   }
 
   async #leave(): Promise<void> {
@@ -560,7 +665,7 @@ export class Agent {
       limits[op.name] = {
         concurrency: limit.concurrency ?? null,
         rate: limit.rate ?? null,
-        per: limit.per ?? 1,
+        per: (limit.perMs ?? 1000) / 1000,
         room,
       };
     }
@@ -571,24 +676,30 @@ export class Agent {
     let failures = 0;
     while (!stop.aborted) {
       this.#room.clear();
-      const free = this.concurrency - this.#serving.size;
+      let free = this.concurrency - this.#serving.size;
+      const trial = this.#breaker?.room() ?? null;
+      if (trial !== null) free = Math.min(free, trial);
       const { operations, limits, full } = this.#claimable();
       if (free <= 0 || operations.length === 0) {
-        await this.#room.wait(Infinity, stop);
+        // An open breaker claims nothing until it lets a trial call through.
+        await this.#room.wait(this.#breaker?.reopensInMs() ?? Infinity, stop);
         continue;
       }
       // An operation at its limit here: a call ending frees it, which a long poll would miss.
-      const wait = full ? 0 : this.#claimWait;
+      const wait = full ? 0 : this.#claimWait / 1000;
       this.#queued.clear();
       const began = performance.now();
       let requests: ClaimedRequest[];
+      const claim = new AbortController();
+      this.#claim = claim;
       try {
         requests = await this.#protocol.claim(
           { instance: this.#instance!, operations, limit: free, limits, wait },
-          { signal: stop },
+          { signal: AbortSignal.any([stop, claim.signal]) },
         );
       } catch (error) {
         if (stop.aborted) return;
+        if (claim.signal.aborted) continue; // the breaker opened: claim no more
         failures++;
         this.#log.warn(`cannot claim requests: ${describeError(error)}`);
         await this.#queued.wait(backoffMs(failures, 500, 30_000), stop);
@@ -599,8 +710,8 @@ export class Agent {
       if (full || (requests.length === 0 && performance.now() - began < wait * 500)) {
         // Not waited, or answered empty before its wait (the server may be stopping): the
         // next claim when requests are queued, a call ends, or a poll interval has passed.
-        const woken = [this.#queued.wait(this.#poll * 1000, stop)];
-        if (full) woken.push(this.#room.wait(this.#poll * 1000, stop));
+        const woken = [this.#queued.wait(this.#poll, stop)];
+        if (full) woken.push(this.#room.wait(this.#poll, stop));
         await Promise.race(woken);
       }
     }
@@ -624,7 +735,7 @@ export class Agent {
         this.#holds.delete(key);
         // Remembered until its complete_by has passed: a claim's late answer, or a look at
         // the steps held, does not call it again.
-        this.#ended.set(key, Math.max(hold.deadline, performance.now()) + 1000);
+        if (!hold.handedBack) this.#ended.set(key, Math.max(hold.deadline, performance.now()) + 1000);
         this.#serving.delete(serving);
         this.#running.set(request.operation, (this.#running.get(request.operation) ?? 1) - 1);
         this.#room.set();
@@ -642,7 +753,7 @@ export class Agent {
     const items: Handback[] = requests.map((r) => ({
       ...callKey(r),
       instance: this.#instance!,
-      reason: reason.slice(0, MAX_REASON),
+      reason,
     }));
     try {
       const applied = await this.#protocol.handBack(items);
@@ -670,10 +781,10 @@ export class Agent {
 
   async #drainCalls(): Promise<void> {
     if (this.#serving.size > 0) {
-      this.#log.info(`stopping: waiting up to ${this.#drain} s for ${this.#serving.size} call(s)`);
+      this.#log.info(`stopping: waiting up to ${this.#drain} ms for ${this.#serving.size} call(s)`);
       const done = Promise.allSettled([...this.#serving]);
       const timer = new AbortController();
-      await Promise.race([done, pause(this.#drain * 1000, timer.signal)]);
+      await Promise.race([done, pause(this.#drain, timer.signal)]);
       timer.abort();
     }
     if (this.#serving.size > 0) {
@@ -688,10 +799,11 @@ export class Agent {
 
   async #beats(life: AbortSignal): Promise<void> {
     while (!life.aborted) {
-      await pause(this.#heartbeat * 1000, life);
+      await pause(this.#heartbeat, life);
       if (life.aborted) return;
       try {
         await this.#beat(life);
+        await this.#recordTransitions();
       } catch (error) {
         if (!life.aborted) this.#log.warn(`heartbeat failed: ${describeError(error)}`);
         continue;
@@ -756,7 +868,7 @@ export class Agent {
 
   async #watch(life: AbortSignal): Promise<void> {
     while (!life.aborted) {
-      await this.#checkNow.wait(this.#poll * 1000, life);
+      await this.#checkNow.wait(this.#poll, life);
       this.#checkNow.clear();
       if (life.aborted) return;
       await this.#checkCalls();
@@ -802,7 +914,7 @@ export class Agent {
       if (error instanceof StepwardenError && error.transient) {
         // Not fatal: the step keeps its complete_by; the next beat may get through.
         this.#log.warn(`heartbeat of ${r.idempotency_key}: ${describeError(error)}`);
-        return hold.remainingMs() / 1000;
+        return hold.remainingMs();
       }
       throw error;
     }
@@ -812,23 +924,32 @@ export class Agent {
       throw new StepLostError(hold.cancelled ?? "the step is no longer held by this call");
     }
     if (hold.ending === undefined) hold.moveTo(remaining);
-    return remaining;
+    return remaining * 1000;
   }
 
   async #serve(hold: Hold): Promise<void> {
     const r = hold.request;
     const op = this.#ops.get(r.operation)!;
+    const retry = this.#policies.get(op.name)!;
     const args: unknown[] = Array.isArray(r.input) ? r.input : [r.input];
     const what = `${this.name}.${op.name} for ${r.idempotency_key}`;
     const beat = (detail: Json): Promise<number> => this.#heartbeatOf(hold, detail);
     for (let tries = 1; ; tries++) {
       if (hold.ending !== undefined) return this.#afterAbort(hold, what, undefined);
+      if (this.#breaker !== null && !this.#breaker.allow()) return this.#breakerOpen(hold);
       const call = new Call(hold, tries, beat);
       const running = (async () => op.fn(call, ...args))();
       const settled = await settle(running, hold.controller.signal);
       // Settled past complete_by (its timer not fired yet: the process was stopped, say): an
       // outcome now would be refused, so none is reported.
       hold.expireIfPast();
+      const permanent =
+        settled.kind === "error" && (settled.error instanceof PermanentError || retry.isPermanent?.(settled.error) === true);
+      if (this.#breaker !== null) {
+        if (hold.ending !== undefined || settled.kind === "aborted") this.#breaker.abandon();
+        else if (settled.kind === "value" || permanent) this.#breaker.success();
+        else this.#breaker.failure();
+      }
       if (hold.ending !== undefined || settled.kind === "aborted") {
         // Whatever it answered once its step was not its own any more is discarded.
         return this.#afterAbort(hold, what, running);
@@ -845,26 +966,36 @@ export class Agent {
       }
       const error = settled.error;
       const message = errorText(error);
-      if (error instanceof PermanentError || op.retry.isPermanent?.(error)) {
-        this.#log.info(`${what}: failed for good (${message})`);
+      // Logged as the server keeps it at most: its start.
+      const shown = message.length <= this.#maxError ? message : `${message.slice(0, this.#maxError)}...`;
+      if (permanent) {
+        this.#log.info(`${what}: failed for good (${shown})`);
         return this.#report(hold, { state: "failed", result: null, error: message, tries });
       }
-      if (tries >= op.retry.maxAttempts) {
-        this.#log.warn(`${what}: giving up after ${tries} tries (${message}); the supervisor will retry the step`);
+      // This failure opened the breaker: another instance may reach the service.
+      if (this.#breaker?.state === "open") return this.#breakerOpen(hold);
+      if (tries >= retry.maxAttempts) {
+        this.#log.warn(`${what}: giving up after ${tries} tries (${shown}); the supervisor will retry the step`);
         return;
       }
       const ceiling = Math.min(
-        op.retry.maxSeconds,
-        op.retry.initialSeconds * op.retry.multiplier ** Math.min(tries - 1, 32),
+        retry.maxMs,
+        retry.initialMs * retry.multiplier ** Math.min(tries - 1, this.#maxExponent),
       );
-      const delay = (op.retry.jitter ? Math.random() * ceiling : ceiling) * 1000;
+      const delay = retry.jitter ? Math.random() * ceiling : ceiling;
       if (hold.passesWithin(delay)) {
-        this.#log.info(`${what}: no time left to retry (${message})`);
+        this.#log.info(`${what}: no time left to retry (${shown})`);
         return;
       }
-      this.#log.debug(`${what}: try ${tries} failed (${message}), retrying in ${(delay / 1000).toFixed(2)} s`);
+      this.#log.debug(`${what}: try ${tries} failed (${shown}), retrying in ${Math.round(delay)} ms`);
       await pause(delay, hold.controller.signal);
     }
+  }
+
+  /** The breaker is open: the request goes back to the queue, for another instance. */
+  async #breakerOpen(hold: Hold): Promise<void> {
+    hold.handedBack = true;
+    await this.#handBack([hold.request], `agent ${this.name}: open`);
   }
 
   /** The call's hold ended (`hold.ending`): once a lost call has ended (before its
@@ -885,10 +1016,10 @@ export class Agent {
         return;
       }
     }
-    this.#log.info(`${what}: stopped (${why})`);
-    const item: Handback = { ...callKey(hold.request), instance: this.#instance!, reason: why.slice(0, MAX_REASON) };
+    this.#log.info(`${what}: cancelled (${why})`);
+    const item: Handback = { ...callKey(hold.request), instance: this.#instance!, reason: why };
     await this.#beforeCompleteBy(hold, `cannot say that the call of ${hold.request.idempotency_key} stopped`, () =>
-      this.#protocol.stopped([item]),
+      this.#stops.submit(item).then((applied) => [applied]),
     );
   }
 
@@ -898,8 +1029,12 @@ export class Agent {
   ): Promise<void> {
     const r = hold.request;
     hold.answered = true;
+    const { error, ...rest } = outcome;
+    // The server keeps the start of a long error, with a marker of its length: only that
+    // start is sent.
+    const cut = error === null ? { error: null } : { error: error.slice(0, this.#maxError), error_length: error.length };
     const applied = await this.#beforeCompleteBy(hold, `cannot record the outcome of ${r.idempotency_key}`, () =>
-      this.#protocol.complete([{ ...callKey(r), instance: this.#instance!, ...outcome }]),
+      this.#completions.submit({ ...callKey(r), instance: this.#instance!, ...rest, ...cut }).then((applied) => [applied]),
     );
     if (applied === undefined || applied[0]) return;
     this.#log.info(`late outcome of ${r.task_id}/${r.seq} attempt ${r.attempt} discarded`);

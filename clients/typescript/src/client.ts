@@ -7,21 +7,25 @@ import { ResultTimeoutError, StepwardenError } from "./errors.js";
 import { Http, refusal, segment, type ServerOptions } from "./http.js";
 import { parseServerSentEvents } from "./sse.js";
 import { sleep } from "./timing.js";
-import type {
-  CancelAnswer,
-  Json,
-  SendAnswer,
-  StatusMessage,
-  SubmitAnswer,
-  TaskResult,
-  TaskStatus,
+import {
+  cancelOutcome,
+  statusMessage,
+  taskResult,
+  taskStatus,
+  type CancelOutcome,
+  type Json,
+  type SendAnswer,
+  type StatusMessage,
+  type TaskResult,
+  type TaskStatus,
+  type Wire,
 } from "./types.js";
 
 const API = "/api/v1";
-/** The longest a result's long poll waits on the server, in seconds. */
-const MAX_POLL = 60;
-/** Seconds of the long polls when no overall timeout is given. */
-const DEFAULT_POLL = 30;
+/** The longest a result's long poll waits on the server, in milliseconds. */
+const MAX_POLL = 60_000;
+/** Milliseconds of the long polls when no overall timeout is given. */
+const DEFAULT_POLL = 30_000;
 /** Milliseconds before a stream is opened again, until the server says (`retry:`). */
 const DEFAULT_RETRY = 2000;
 /** The longest wait between two tries of a server out of reach, in milliseconds. */
@@ -36,17 +40,17 @@ export interface SubmitOptions {
   replyTo?: string;
   /** Start no sooner than this time. */
   startAt?: Date | string;
-  /** Start no sooner than this many seconds after the submit. */
-  startAfter?: number;
+  /** Start no sooner than this many milliseconds after the submit. */
+  startAfterMs?: number;
   /** The version of the workflow to run (default: the newest declared). */
   version?: number;
   signal?: AbortSignal;
 }
 
 export interface ResultOptions {
-  /** Seconds to wait for the task to finish, in all (default: as long as it takes; 0: ask
-   * once, without waiting). */
-  timeout?: number;
+  /** Milliseconds to wait for the task to finish, in all (default: as long as it takes; 0:
+   * ask once, without waiting). */
+  timeoutMs?: number;
   signal?: AbortSignal;
 }
 
@@ -63,6 +67,47 @@ export interface CancelOptions {
   signal?: AbortSignal;
 }
 
+/** A task submitted: its id, whether this submit created it, and what may be asked of it. */
+export class TaskHandle {
+  readonly taskId: string;
+  /** False when a task of this id was submitted before (with the same workflow and input):
+   * this handle is that task's. */
+  readonly created: boolean;
+  readonly #client: Client;
+
+  /** @internal */
+  constructor(client: Client, taskId: string, created: boolean) {
+    this.#client = client;
+    this.taskId = taskId;
+    this.created = created;
+  }
+
+  /** The task's outcome once it has finished (`Client.result`). */
+  result(options: ResultOptions = {}): Promise<TaskResult> {
+    return this.#client.result(this.taskId, options);
+  }
+
+  /** Cancel the task (`Client.cancel`). */
+  cancel(reason?: string, options: CancelOptions = {}): Promise<CancelOutcome> {
+    return this.#client.cancel(this.taskId, reason, options);
+  }
+
+  /** The task's status (`Client.status`). */
+  status(options: { signal?: AbortSignal } = {}): Promise<TaskStatus> {
+    return this.#client.status(this.taskId, options);
+  }
+
+  /** The task's status messages (`Client.messages`). */
+  messages(options: MessagesOptions = {}): AsyncGenerator<StatusMessage> {
+    return this.#client.messages(this.taskId, options);
+  }
+
+  /** Send the task an event (`Client.sendEvent`). */
+  sendEvent(name: string, payload: unknown = null, eventId?: string, options: { signal?: AbortSignal } = {}): Promise<SendAnswer> {
+    return this.#client.sendEvent(this.taskId, name, payload, eventId, options);
+  }
+}
+
 /** A client of the application API, with a client's token (`new Client({url, token})`). */
 export class Client {
   readonly #http: Http;
@@ -75,46 +120,53 @@ export class Client {
     return this.#http.url;
   }
 
-  /** Submit a task of `workflow` with its JSON `input` (scope submit). */
-  async submit(workflow: string, input: unknown = null, options: SubmitOptions = {}): Promise<SubmitAnswer> {
-    const body: Record<string, unknown> = { workflow, input: input === undefined ? null : input };
+  /** Submit a task of `workflow` with its JSON `input` (scope submit): its handle. */
+  async submit(workflow: string, input: unknown = null, options: SubmitOptions = {}): Promise<TaskHandle> {
+    const body: Wire["SubmitRequest"] = { workflow, input: input === undefined ? null : input };
     if (options.taskId !== undefined) body.task_id = options.taskId;
     if (options.priority !== undefined) body.priority = options.priority;
     if (options.replyTo !== undefined) body.reply_to = options.replyTo;
     if (options.startAt !== undefined) {
       body.start_at = options.startAt instanceof Date ? options.startAt.toISOString() : options.startAt;
     }
-    if (options.startAfter !== undefined) body.start_after = options.startAfter;
+    if (options.startAfterMs !== undefined) body.start_after = options.startAfterMs / 1000;
     if (options.version !== undefined) body.version = options.version;
-    return this.#http.json<SubmitAnswer>("POST", `${API}/tasks`, { body, signal: options.signal });
+    const answer = await this.#http.json<Wire["SubmitAnswer"]>("POST", `${API}/tasks`, { body, signal: options.signal });
+    return new TaskHandle(this, answer.task_id, answer.created);
+  }
+
+  /** The handle of a task submitted before, by its id. */
+  task(taskId: string): TaskHandle {
+    return new TaskHandle(this, taskId, false);
   }
 
   /** The task's status (scope read). */
   async status(taskId: string, options: { signal?: AbortSignal } = {}): Promise<TaskStatus> {
-    return this.#http.json<TaskStatus>("GET", `${API}/tasks/${segment(taskId)}`, options);
+    return taskStatus(await this.#http.json<Wire["TaskStatus"]>("GET", `${API}/tasks/${segment(taskId)}`, options));
   }
 
   /**
    * The task's outcome once it has finished (scope read): long polls of the server, one
-   * after another, until it has or `timeout` seconds have passed (then `ResultTimeoutError`).
+   * after another, until it has or `timeoutMs` milliseconds have passed (then
+   * `ResultTimeoutError`).
    * A finished task that did not succeed is an outcome too: its `state` and `error` say how
    * it ended. A server out of reach, or restarting, is asked again within the timeout.
    */
   async result(taskId: string, options: ResultOptions = {}): Promise<TaskResult> {
-    const { timeout, signal } = options;
-    if (timeout !== undefined && !(timeout >= 0)) {
-      throw new RangeError(`timeout must be seconds (0 or more), not ${timeout}`);
+    const { timeoutMs, signal } = options;
+    if (timeoutMs !== undefined && !(timeoutMs >= 0)) {
+      throw new RangeError(`timeoutMs must be milliseconds (0 or more), not ${timeoutMs}`);
     }
-    const until = timeout === undefined ? Infinity : performance.now() + timeout * 1000;
+    const until = timeoutMs === undefined ? Infinity : performance.now() + timeoutMs;
     let failures = 0;
-    let status: unknown;
+    let status: TaskStatus | undefined;
     for (;;) {
-      const left = Math.max(0, (until - performance.now()) / 1000);
-      const wait = timeout === undefined ? DEFAULT_POLL : Math.min(MAX_POLL, left);
+      const left = Math.max(0, until - performance.now());
+      const wait = timeoutMs === undefined ? DEFAULT_POLL : Math.min(MAX_POLL, left);
       let answer: Response;
       try {
         answer = await this.#http.fetch("GET", `${API}/results/${segment(taskId)}`, {
-          query: { timeout: Number(wait.toFixed(3)) },
+          query: { timeout: Number((wait / 1000).toFixed(3)) },
           signal,
         });
       } catch (error) {
@@ -122,10 +174,10 @@ export class Client {
         failures = await this.#retry(failures, until, signal, error);
         continue;
       }
-      if (answer.status === 200) return (await answer.json()) as TaskResult;
+      if (answer.status === 200) return taskResult((await answer.json()) as Wire["TaskResult"]);
       if (answer.status === 202) {
         failures = 0;
-        status = await answer.json();
+        status = taskStatus((await answer.json()) as Wire["TaskStatus"]);
       } else {
         const error = await refusal(answer, "the result");
         if (!error.transient) throw error;
@@ -134,7 +186,7 @@ export class Client {
       }
       if (performance.now() >= until) {
         throw new ResultTimeoutError(
-          `task ${JSON.stringify(taskId)} has not finished within ${timeout} s`,
+          `task ${JSON.stringify(taskId)} has not finished within ${timeoutMs} ms`,
           status,
         );
       }
@@ -191,7 +243,7 @@ export class Client {
       try {
         const events = parseServerSentEvents(answer.body, { onRetry: (ms) => (retry = ms) });
         for await (const event of events) {
-          const message = JSON.parse(event.data) as StatusMessage;
+          const message = statusMessage(JSON.parse(event.data) as Wire["StatusMessage"]);
           last = event.id !== undefined && /^[0-9]+$/.test(event.id) ? Number(event.id) : message.id;
           failures = 0;
           got++;
@@ -222,7 +274,7 @@ export class Client {
   ): Promise<SendAnswer> {
     const body: Record<string, unknown> = { name, payload: (payload ?? null) as Json };
     if (eventId !== undefined) body.event_id = eventId;
-    return this.#http.json<SendAnswer>("POST", `${API}/events/${segment(taskId)}`, {
+    return this.#http.json<Wire["SendAnswer"]>("POST", `${API}/events/${segment(taskId)}`, {
       body,
       signal: options.signal,
     });
@@ -230,13 +282,14 @@ export class Client {
 
   /** Cancel the task (scope cancel), recorded in its history with `reason` and the client's
    * name. */
-  async cancel(taskId: string, reason?: string, options: CancelOptions = {}): Promise<CancelAnswer> {
+  async cancel(taskId: string, reason?: string, options: CancelOptions = {}): Promise<CancelOutcome> {
     const body: Record<string, unknown> = {};
     if (reason !== undefined) body.reason = reason;
     if (options.compensate) body.compensate = true;
-    return this.#http.json<CancelAnswer>("POST", `${API}/cancel/${segment(taskId)}`, {
+    const answer = await this.#http.json<Wire["OutcomeAnswer"]>("POST", `${API}/cancel/${segment(taskId)}`, {
       body,
       signal: options.signal,
     });
+    return cancelOutcome(taskId, answer);
   }
 }

@@ -3,7 +3,7 @@
  * agent runner (`Agent`) that serves an agent's operations over the agent protocol.
  */
 
-export { Client } from "./client.js";
+export { Client, TaskHandle } from "./client.js";
 export type { CancelOptions, MessagesOptions, ResultOptions, SubmitOptions } from "./client.js";
 export { Agent, Call } from "./agent.js";
 export type {
@@ -15,7 +15,8 @@ export type {
   RetryOptions,
 } from "./agent.js";
 export { AgentProtocol } from "./protocol.js";
-export type { BeatBody, ClaimBody, Wakeup } from "./protocol.js";
+export type { AnswerOf, BeatBody, BodyOf, ClaimBody, Wakeup } from "./protocol.js";
+export type { BreakerOptions, BreakerState } from "./breaker.js";
 export {
   ConfigurationError,
   PermanentError,

@@ -6,42 +6,27 @@
  */
 
 import { StepwardenError } from "./errors.js";
+import type { paths } from "./generated/openapi.js";
 import { Http, refusal, segment, type ServerOptions } from "./http.js";
 import { parseServerSentEvents } from "./sse.js";
-import type {
-  CallKey,
-  ClaimedRequest,
-  Handback,
-  Json,
-  LostCall,
-  OperationLimit,
-  Outcome,
-  WhoAmI,
-} from "./types.js";
+import type { CallKey, ClaimedRequest, Handback, Json, LostCall, Outcome, WhoAmI } from "./types.js";
 
 const AGENTS = "/api/v1/agents";
 
-export interface BeatBody {
-  instance: string;
-  operations: string[];
-  /** Calls the instance makes at once. */
-  capacity: number;
-  inflight: number;
-  breaker?: "closed" | "open" | "half_open";
-  breaker_detail?: Record<string, Json>;
-  /** Seconds without a beat after which the instance is gone. */
-  ttl: number;
-}
+/** The routes of one agent, by their last segment, as the document names them. */
+type Route = {
+  [P in keyof paths]: P extends `/api/v1/agents/{agent}/${infer R}` ? (paths[P] extends { post: unknown } ? R : never) : never;
+}[keyof paths];
+type Post<R extends Route> = paths[`/api/v1/agents/{agent}/${R}`]["post"];
+/** The JSON body of a route's request, as generated from the document. */
+export type BodyOf<R extends Route> = Post<R> extends { requestBody: { content: { "application/json": infer B } } } ? B : never;
+/** The JSON of a route's answer (200), as generated from the document. */
+export type AnswerOf<R extends Route> = Post<R> extends { responses: { 200: { content: { "application/json": infer A } } } }
+  ? A
+  : void;
 
-export interface ClaimBody {
-  instance: string;
-  operations: string[];
-  /** Requests claimed at most. */
-  limit: number;
-  limits?: Record<string, OperationLimit>;
-  /** Seconds to wait for a request when none is queued (a long poll, 30 at most). */
-  wait?: number;
-}
+export type BeatBody = BodyOf<"beat">;
+export type ClaimBody = BodyOf<"claim">;
 
 /** A wake-up of `wakeups`: requests queued for the agent, or tasks whose calls may have to
  * stop (ask `lost`). */
@@ -63,8 +48,13 @@ export class AgentProtocol {
     return `${AGENTS}/${segment(this.agent)}/${route}`;
   }
 
-  #post<T>(route: string, body: unknown, options: Signal = {}): Promise<T> {
-    return this.http.json<T>("POST", this.#path(route), { body, signal: options.signal });
+  #post<R extends Route>(route: R, body: BodyOf<R>, options: Signal = {}): Promise<AnswerOf<R>> {
+    return this.http.json<AnswerOf<R>>("POST", this.#path(route), { body, signal: options.signal });
+  }
+
+  /** Record a transition of the instance's circuit breaker (an event of the history). */
+  async breaker(body: BodyOf<"breaker">, options: Signal = {}): Promise<void> {
+    await this.#post("breaker", body, options);
   }
 
   /** The client the token names, and the agents it may serve. */
@@ -74,51 +64,51 @@ export class AgentProtocol {
 
   /** Register or refresh the instance in the registry. */
   async beat(body: BeatBody, options: Signal = {}): Promise<void> {
-    await this.#post<void>("beat", body, options);
+    await this.#post("beat", body, options);
   }
 
   /** The instance stops: it leaves the registry, the steps it still runs go to others. */
   async leave(instance: string, options: Signal = {}): Promise<void> {
-    await this.#post<void>("leave", { instance }, options);
+    await this.#post("leave", { instance }, options);
   }
 
   /** Claim queued requests of these operations, by priority (a long poll with `wait`). */
   async claim(body: ClaimBody, options: Signal = {}): Promise<ClaimedRequest[]> {
-    return (await this.#post<{ requests: ClaimedRequest[] }>("claim", body, options)).requests;
+    return (await this.#post("claim", body, options)).requests as ClaimedRequest[];
   }
 
   /** The steps of the agent the instance holds (a claim whose answer was lost leaves them so). */
   async held(instance: string, options: Signal = {}): Promise<ClaimedRequest[]> {
-    return (await this.#post<{ requests: ClaimedRequest[] }>("held", { instance }, options)).requests;
+    return (await this.#post("held", { instance }, options)).requests as ClaimedRequest[];
   }
 
   /** Which of these calls of the instance no longer hold their step, each with why. */
   async lost(instance: string, calls: CallKey[], options: Signal = {}): Promise<LostCall[]> {
     if (calls.length === 0) return [];
-    return (await this.#post<{ lost: LostCall[] }>("lost", { instance, calls }, options)).lost;
+    return (await this.#post("lost", { instance, calls }, options)).lost as LostCall[];
   }
 
   /** A running call's heartbeat: the seconds now left to its step, or null: the step is no
    * longer the call's (stop it). */
   async heartbeat(key: CallKey, instance: string, detail: Json = null, options: Signal = {}): Promise<number | null> {
     const body = { task_id: key.task_id, seq: key.seq, attempt: key.attempt, instance, detail };
-    return (await this.#post<{ remaining: number | null }>("heartbeat", body, options)).remaining;
+    return (await this.#post("heartbeat", body, options)).remaining ?? null;
   }
 
   /** Record outcomes; for each, whether it was applied (false: the step was no longer the
    * call's, the outcome is discarded). */
   async complete(items: Outcome[], options: Signal = {}): Promise<boolean[]> {
-    return (await this.#post<{ applied: boolean[] }>("complete", { items }, options)).applied;
+    return (await this.#post("complete", { items }, options)).applied;
   }
 
   /** Put claimed requests back in the queue, for another instance (the same attempt). */
   async handBack(items: Handback[], options: Signal = {}): Promise<boolean[]> {
-    return (await this.#post<{ applied: boolean[] }>("hand-back", { items }, options)).applied;
+    return (await this.#post("hand-back", { items }, options)).applied;
   }
 
   /** Say that calls of steps the instance no longer holds have stopped. */
   async stopped(items: Handback[], options: Signal = {}): Promise<boolean[]> {
-    return (await this.#post<{ applied: boolean[] }>("stopped", { items }, options)).applied;
+    return (await this.#post("stopped", { items }, options)).applied;
   }
 
   /**

@@ -23,6 +23,7 @@ import {
   type Call,
   type Logger,
   type StatusMessage,
+  type TaskStatus,
 } from "../src/index.js";
 import { dashboardGet, deferred, type Deferred, AGENT_EXAMPLE, SUBMIT_EXAMPLE, startStack, TIMEOUT, until, type Stack } from "./stack.js";
 
@@ -84,12 +85,12 @@ function newAgent(token: string): Agent {
     token,
     agent: "shipping",
     concurrency: 4,
-    heartbeatSeconds: 0.2,
-    goneAfterSeconds: 10, // a restart of the server is not the instance gone
-    pollSeconds: 0.5,
-    claimWaitSeconds: 5,
-    drainSeconds: 15,
-    retry: { initialSeconds: 0.01, maxSeconds: 0.05 },
+    heartbeatMs: 200,
+    goneAfterMs: 10_000, // a restart of the server is not the instance gone
+    pollMs: 500,
+    claimWaitMs: 5000,
+    drainMs: 15_000,
+    retry: { initialMs: 10, maxMs: 50 },
     logger,
     operations: {
       ship: async (call: Call, order: { id: string; n: number }) => {
@@ -137,7 +138,7 @@ function newAgent(token: string): Agent {
 
 async function result(taskId: string): Promise<Awaited<ReturnType<Client["result"]>>> {
   try {
-    return await client.result(taskId, { timeout: TIMEOUT / 1000 });
+    return await client.result(taskId, { timeoutMs: TIMEOUT });
   } catch (error) {
     throw new Error(`no result for ${taskId}: ${String(error)}\n${log.join("\n")}\n${stack.logs()}`);
   }
@@ -160,13 +161,14 @@ after(async () => {
 test("a task submitted by the client finishes, its step served by the TypeScript agent", async () => {
   const order = { id: "o-1", n: 21 };
   const made = await client.submit("order", order, { taskId: "order-1", priority: 5 });
-  assert.deepEqual(made, { task_id: "order-1", created: true });
+  assert.deepEqual([made.taskId, made.created], ["order-1", true]);
   // Submitted again (its answer lost, say): the same task.
-  assert.deepEqual(await client.submit("order", order, { taskId: "order-1", priority: 5 }), {
-    task_id: "order-1",
-    created: false,
-  });
-  const done = await result("order-1");
+  const again = await client.submit("order", order, { taskId: "order-1", priority: 5 });
+  assert.deepEqual([again.taskId, again.created], ["order-1", false]);
+  // Its handle waits for its outcome, as the client does.
+  const done = await made.result({ timeoutMs: TIMEOUT });
+  assert.equal(done.taskId, "order-1");
+  assert.ok(done.finishedAt instanceof Date);
   assert.equal(done.state, "processed");
   assert.deepEqual(done.result, { doubled: 42, shipped: { tracking: "T-order-1/2", items: 42 } });
   assert.deepEqual(
@@ -177,6 +179,9 @@ test("a task submitted by the client finishes, its step served by the TypeScript
   assert.equal(status.state, "processed");
   assert.equal(status.finished, true);
   assert.equal(status.priority, 5);
+  assert.equal(status.taskId, "order-1");
+  assert.equal(status.replyTo, null);
+  assert.ok(status.createdAt instanceof Date && status.createdAt <= status.updatedAt);
   const registry = await dashboardGet<Registry>(stack, "/api/agents");
   const mine = registry.instances.find((i) => i.instance === agent.instance);
   assert.ok(mine?.alive && mine.agent === "shipping" && mine.capacity === 4, JSON.stringify(registry));
@@ -184,21 +189,22 @@ test("a task submitted by the client finishes, its step served by the TypeScript
 });
 
 test("the result's long poll waits for the task, up to a timeout of the caller's", async () => {
-  await client.submit("order", { id: "later", n: 1 }, { taskId: "later-1", startAfter: 3600 });
+  await client.submit("order", { id: "later", n: 1 }, { taskId: "later-1", startAfterMs: 3_600_000 });
   const began = performance.now();
-  await assert.rejects(client.result("later-1", { timeout: 0.3 }), (error: unknown) => {
+  await assert.rejects(client.result("later-1", { timeoutMs: 300 }), (error: unknown) => {
     assert.ok(error instanceof ResultTimeoutError);
     assert.equal(error.status, 202);
-    assert.equal((error.taskStatus as { state: string }).state, "waiting");
+    assert.equal((error.taskStatus as TaskStatus).state, "waiting");
+    assert.ok((error.taskStatus as TaskStatus).wakeAt instanceof Date);
     return true;
   });
   assert.ok(performance.now() - began >= 300);
-  await assert.rejects(client.result("later-1", { timeout: 0 }), ResultTimeoutError);
+  await assert.rejects(client.result("later-1", { timeoutMs: 0 }), ResultTimeoutError);
 
   // Asked before the task finishes: answered when it does.
   gate = { started: deferred(), open: deferred() };
   await client.submit("order", { id: "o-2", n: 2 }, { taskId: "order-2" });
-  const waiting = client.result("order-2", { timeout: TIMEOUT / 1000 });
+  const waiting = client.result("order-2", { timeoutMs: TIMEOUT });
   await gate.started.promise;
   assert.equal((await client.status("order-2")).finished, false);
   gate.open.resolve();
@@ -206,7 +212,7 @@ test("the result's long poll waits for the task, up to a timeout of the caller's
   const done = await waiting;
   assert.deepEqual(done.result, { doubled: 4, shipped: { tracking: "T-order-2/2", items: 4 } });
 
-  await assert.rejects(client.result("no-such-task", { timeout: 1 }), (error: unknown) => {
+  await assert.rejects(client.result("no-such-task", { timeoutMs: 1000 }), (error: unknown) => {
     assert.ok(error instanceof StepwardenError);
     assert.equal(error.status, 404);
     return true;
@@ -236,7 +242,7 @@ test("the status messages stream in order as they come, and resume after an id",
   const ids = followed.map((m) => m.id);
   assert.deepEqual([...ids].sort((a, b) => a - b), ids);
   assert.equal(new Set(ids).size, ids.length);
-  assert.ok(followed.every((m) => m.task_id === "order-3"));
+  assert.ok(followed.every((m) => m.taskId === "order-3"));
 
   const rest: StatusMessage[] = [];
   for await (const message of client.messages("order-3", { lastEventId: ids[1]! })) rest.push(message);
@@ -261,7 +267,7 @@ test("across a restart of the server, the stream resumes after the last message 
       first.resolve();
     }
   })();
-  const waiting = client.result("restarted", { timeout: TIMEOUT / 1000 });
+  const waiting = client.result("restarted", { timeoutMs: TIMEOUT });
   await first.promise;
   await gate.started.promise;
   const before = followed.length;
@@ -284,7 +290,7 @@ test("across a restart of the server, the stream resumes after the last message 
 test("an event sent to a task that waits for it wakes it, once per event id", async () => {
   await client.submit("approved", { id: "o-e", n: 2 }, { taskId: "approval-1" });
   await until("the task to wait for its approval", async () => {
-    return (await client.status("approval-1")).waiting_for === "event:approve";
+    return (await client.status("approval-1")).waitingFor === "event:approve";
   });
   gate = { started: deferred(), open: deferred() };
   assert.deepEqual(await client.sendEvent("approval-1", "approve", "ann", "approval-1-ann"), { sent: true, woke: true });
@@ -305,11 +311,12 @@ test("an event sent to a task that waits for it wakes it, once per event id", as
 
 test("a cancel aborts the TypeScript call's signal, and the call's stop is recorded", async () => {
   holding = { started: deferred(), aborted: deferred(), after: deferred() };
-  await client.submit("haul", "parcel-1", { taskId: "haul-1" });
+  const haul = await client.submit("haul", "parcel-1", { taskId: "haul-1" });
   const remaining = await holding.started.promise;
-  assert.ok(remaining > 25 && remaining <= 30, `a heartbeat gave ${remaining} s`);
-  const cancelled = await client.cancel("haul-1", "the customer changed their mind");
-  assert.equal(cancelled.outcome.after, "cancelled");
+  assert.ok(remaining > 25_000 && remaining <= 30_000, `a heartbeat gave ${remaining} ms`);
+  // Its handle cancels it.
+  const cancelled = await haul.cancel("the customer changed their mind");
+  assert.deepEqual([cancelled.taskId, cancelled.applied, cancelled.after], ["haul-1", true, "cancelled"]);
   const reason = await holding.aborted.promise;
   assert.ok(reason instanceof StepLostError, String(reason));
   assert.equal(reason.why, "the task is cancelled");

@@ -48,6 +48,10 @@ from ..sealing import Binding
 from ..states import StepState
 from ..store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
 from ._agent_models import (
+    BOUNDS,
+    BREAKER_DEFAULTS,
+    RETRY_BOUNDS,
+    RETRY_DEFAULTS,
     AppliedAnswer,
     BeatRequest,
     BreakerRequest,
@@ -222,7 +226,15 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     async def whoami(request: Request, client: ClientName) -> Response:
         scopes = request.scope.get("state", {}).get(SCOPES_KEY, ())
         agents = sorted(s.removeprefix("agent:") for s in scopes if s.startswith("agent:"))
-        return json_response({"client": client, "agents": agents})
+        answer = WhoAmI(
+            client=client,
+            agents=agents,
+            retry=RETRY_DEFAULTS,
+            retry_bounds=RETRY_BOUNDS,
+            breaker=BREAKER_DEFAULTS,
+            bounds=BOUNDS,
+        )
+        return json_response(answer.model_dump(mode="json"))
 
     @api.post(
         f"{AGENTS}/{{agent}}/beat",

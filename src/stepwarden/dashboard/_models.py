@@ -27,6 +27,8 @@ BULK_ACTIONS = ("retry", "pause", "resume", "cancel", "compensate")
 MAX_LIST = 1000
 MAX_BULK = 10_000
 MAX_EVENT_ID = 2**63 - 1
+API_BODY = 2 * 1024 * 1024
+"""The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=SAFE_PATTERN)]
 Reason = Annotated[str, Field(max_length=MAX_REASON)]

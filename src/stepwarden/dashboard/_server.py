@@ -51,7 +51,7 @@ from ._auth import (
     through_proxy,
 )
 from ._data import Reader
-from ._models import BULK_ACTIONS, MAX_LIST
+from ._models import API_BODY, BULK_ACTIONS, MAX_LIST
 from ._quotas import Quotas
 from ._views import activity_chart, render, step_timeline
 
@@ -59,8 +59,6 @@ logger = logging.getLogger("stepwarden.dashboard")
 
 FORM_BODY = 64 * 1024
 """The largest body of a form (sign-in, sign-out), in bytes."""
-API_BODY = 2 * 1024 * 1024
-"""The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 _CONFIRM = {
     "cancel": "Cancel this task? It stops for good.",
     "compensate": "Cancel this task and undo its steps?",

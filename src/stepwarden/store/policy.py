@@ -60,6 +60,7 @@ from ..retry import Backoff
 from ..rules import (
     ENGINE,
     SCAN,
+    START_WAIT,
     ActionPlan,
     AlertReason,
     ExpiryPlan,
@@ -89,6 +90,7 @@ from ..rules import (
     release_state,
     resubmit,
     schedule_task_id,
+    start_state,
     total_failure,
     waiting_for_all,
 )
@@ -232,6 +234,8 @@ def _task_params(tasks: Sequence[Submission]) -> list[dict[str, Any]]:
             "trace_context": t.trace_context,
             "submitted_by": t.submitted_by,
             "input_digest": t.input_digest,
+            "process_state": str(_start(t)),
+            "waiting_for": START_WAIT if _delayed(t) else None,
         }
         for t in tasks
     ]
@@ -287,7 +291,11 @@ def write_shard_map(
 
 
 def _delayed(task: Submission) -> bool:
-    return task.start_at is not None or task.start_after > 0
+    return _start(task) == TaskState.WAITING
+
+
+def _start(task: Submission) -> TaskState:
+    return start_state(start_at=task.start_at, start_after=float(task.start_after))
 
 
 def record_events(events: Sequence[tuple[str | None, str, Any]]) -> Query:

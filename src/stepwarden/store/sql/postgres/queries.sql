@@ -23,8 +23,9 @@ SELECT coalesce(max(version), 0) AS version FROM stepwarden_schema
 INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: insert_tasks
--- Record tasks in one statement, pending, or waiting for a delayed start (start_at, an epoch,
--- or start_after seconds from now), each with the version of its workflow it runs and its
+-- Record tasks in one statement, each in the state the caller decided (rules.start_state:
+-- pending, or waiting for a delayed start at start_at, an epoch, or start_after seconds
+-- from now by the database's clock), each with the version of its workflow it runs and its
 -- rank for claims (ranked_at: now less its priority's head start); an existing task_id is
 -- left untouched. A child task names its parent and its place in the parent's workflow.
 -- The schedulers are woken (delivered on commit) when a task became
@@ -37,23 +38,23 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               input_digest)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
-       CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
-       CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
-                                         now() + make_interval(secs => d.start_after)) END,
-       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
+       d.process_state,
+       CASE WHEN d.waiting_for IS NOT NULL
+            THEN coalesce(to_timestamp(d.start_at),
+                          now() + make_interval(secs => d.start_after)) END,
+       d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
        d.input_digest
-FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
-      FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
-                  %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
-                  %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
-                  %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
-                  %(parent_position)s::text[], %(head_start)s::float8[],
-                  %(trace_context)s::text[], %(submitted_by)s::text[],
-                  %(input_digest)s::text[])
-           AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-                reply_to, start_at, start_after, version, parent_id, parent_position,
-                head_start, trace_context, submitted_by, input_digest)) AS d
+FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
+            %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
+            %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
+            %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
+            %(parent_position)s::text[], %(head_start)s::float8[],
+            %(trace_context)s::text[], %(submitted_by)s::text[],
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+     AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
+          reply_to, start_at, start_after, version, parent_id, parent_position,
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -77,23 +78,23 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               input_digest)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
-       CASE WHEN d.delayed THEN 'waiting' ELSE 'pending' END,
-       CASE WHEN d.delayed THEN coalesce(to_timestamp(d.start_at),
-                                         now() + make_interval(secs => d.start_after)) END,
-       CASE WHEN d.delayed THEN 'start' END, d.version, d.parent_id, d.parent_position,
+       d.process_state,
+       CASE WHEN d.waiting_for IS NOT NULL
+            THEN coalesce(to_timestamp(d.start_at),
+                          now() + make_interval(secs => d.start_after)) END,
+       d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
        d.input_digest
-FROM (SELECT *, start_at IS NOT NULL OR start_after > 0 AS delayed
-      FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
-                  %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
-                  %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
-                  %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
-                  %(parent_position)s::text[], %(head_start)s::float8[],
-                  %(trace_context)s::text[], %(submitted_by)s::text[],
-                  %(input_digest)s::text[])
-           AS u(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
-                reply_to, start_at, start_after, version, parent_id, parent_position,
-                head_start, trace_context, submitted_by, input_digest)) AS d
+FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
+            %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
+            %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
+            %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
+            %(parent_position)s::text[], %(head_start)s::float8[],
+            %(trace_context)s::text[], %(submitted_by)s::text[],
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+     AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
+          reply_to, start_at, start_after, version, parent_id, parent_position,
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
 WHERE (SELECT generation FROM gen) = %(generation)s
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state

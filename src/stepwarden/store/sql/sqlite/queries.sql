@@ -5,8 +5,8 @@
 -- that row's columns as parameters too.
 
 -- name: insert_tasks
--- Record a task, pending, or waiting for a delayed start (start_at, an epoch, or start_after
--- seconds from now), with the version of its workflow it runs and its rank for claims
+-- Record a task in the state the caller decided (rules.start_state: pending, or waiting for
+-- a delayed start at start_at, an epoch, or start_after seconds from now), with the version of its workflow it runs and its rank for claims
 -- (ranked_at: now less its priority's head start); an existing task_id is left untouched. A
 -- child task names its parent and its place in the parent's workflow.
 INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_within, max_failures,
@@ -16,10 +16,9 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               input_digest)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
-        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'waiting' ELSE 'pending' END,
-        CASE WHEN :start_at IS NOT NULL OR :start_after > 0
-             THEN coalesce(:start_at, :now + :start_after) END,
-        CASE WHEN :start_at IS NOT NULL OR :start_after > 0 THEN 'start' END, :version,
+        :process_state,
+        CASE WHEN :waiting_for IS NOT NULL THEN coalesce(:start_at, :now + :start_after) END,
+        :waiting_for, :version,
         :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
         :input_digest)
 ON CONFLICT (task_id) DO NOTHING
