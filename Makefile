@@ -77,10 +77,11 @@ TEST_WORKERS ?= 2
 test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# make check: the unit and contract tests on SQLite (no server, no browser, no broker), for
-# the loop of a change; make test runs them on PostgreSQL too, with everything else.
+# make check: the unit and contract tests on SQLite, in process and over HTTP (no server, no
+# browser, no broker, no Node), for the loop of a change; make test runs them on PostgreSQL
+# and through the TypeScript library too, with everything else.
 check: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit tests/contract -k "not postgres"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit tests/contract -k "not postgres and not typescript"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

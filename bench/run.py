@@ -32,6 +32,7 @@ import psycopg
 
 from . import agent_http as agent_http_mod
 from . import fanout as fanout_mod
+from . import idle_fleet as idle_fleet_mod
 from . import recovery as recovery_mod
 from . import submit_rtt as rtt_mod
 from . import sweep as sweep_mod
@@ -848,6 +849,8 @@ def table(result: dict[str, Any]) -> str:
         lines += rtt_mod.table_lines(result["submit_rtt"])
     if result.get("agent_http"):
         lines += agent_http_mod.table_lines(result["agent_http"])
+    if result.get("idle_fleet"):
+        lines += idle_fleet_mod.table_lines(result["idle_fleet"])
     if result.get("fanout"):
         settings = result.get("settings", {})
         lines += fanout_mod.table_lines(
@@ -1136,6 +1139,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-agent-http",
         action="store_true",
         help="skip one agent call over HTTP against one in process (bench/agent_http.py)",
+    )
+    p.add_argument(
+        "--no-idle-fleet",
+        action="store_true",
+        help="skip the idle fleet (bench/idle_fleet.py: 1, 10, 40 idle workers)",
+    )
+    p.add_argument(
+        "--idle-fleet-sizes",
+        default=",".join(map(str, idle_fleet_mod.SIZES)),
+        help="the idle fleet's sizes [1,10,40]",
+    )
+    p.add_argument(
+        "--idle-fleet-before",
+        default="main",
+        help="the git revision whose engine the idle fleet runs first, for the figures before "
+        "('' runs this checkout's alone) [main]",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes per system [2]")
     p.add_argument(
@@ -1586,6 +1605,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs=1 if args.quick else args.runs,
                 log_dir=log_dir,
             )
+        if not args.no_idle_fleet and BASE in args.systems:
+            result["idle_fleet"] = idle_fleet_mod.run(
+                res,
+                sizes=tuple(int(x) for x in args.idle_fleet_sizes.split(",") if x),
+                seconds=10.0 if args.quick else idle_fleet_mod.SECONDS,
+                before=args.idle_fleet_before or None,
+                log_dir=log_dir,
+            )
         if not args.no_fanout:
             result["fanout"] = run_fanout(args, res, log_dir, outcomes)
         if not args.no_tracing:
@@ -1612,6 +1639,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             + [f"fanout/{n}" for n, v in result.get("fanout", {}).items() if v.get("errors")]
             + (["submit_rtt"] if result.get("submit_rtt", {}).get("errors") else [])
             + (["agent_http"] if result.get("agent_http", {}).get("errors") else [])
+            + [
+                f"idle_fleet/{name}"
+                for name, v in result.get("idle_fleet", {}).items()
+                if isinstance(v, dict) and v.get("errors")
+            ]
             + [f"tracing/{n}" for n, v in result.get("tracing", {}).items() if v["errors"]]
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
+import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -101,3 +104,53 @@ async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
         target=run, name=f"stepwarden-call-{getattr(fn, '__name__', 'fn')}", daemon=True
     ).start()
     return await future
+
+
+FALLBACK_POLL = 30.0
+"""Seconds between two polls of a poller whose store's wake-ups all reach it
+(`Store.wakeups_live`: PostgreSQL listening), once it has been idle for `HOT_FOR`: the poll
+is then only the fallback, should a wake-up be lost."""
+HOT_FOR = 30.0
+"""Seconds a poller keeps its poll interval after its last work or wake-up: work that
+becomes due with no wake-up of its own (a task released after a backoff, up to the
+default backoff's 30 s; a request past a rate limit's window) is found as soon as before."""
+
+
+class Pace:
+    """How long a poller waits for a wake-up before it looks anyway: its poll interval while
+    its wake-ups may be missed (none across processes, or the listener down) and for
+    `HOT_FOR` seconds after work or a wake-up; else `FALLBACK_POLL` (or the poll interval,
+    if longer)."""
+
+    def __init__(self, poll: float, live: Callable[[], bool]) -> None:
+        self.poll = poll
+        self._live = live
+        self._hot_until = -float("inf")
+
+    def busy(self) -> None:
+        """Work was found, or a wake-up came: poll at the poll interval for a while."""
+        self._hot_until = time.monotonic() + HOT_FOR
+
+    def wait(self) -> float:
+        if not self._live() or time.monotonic() < self._hot_until:
+            return self.poll
+        return max(self.poll, FALLBACK_POLL)
+
+
+def until_beat(period: float) -> float:
+    """Seconds until the next multiple of `period` on the event loop's clock: the
+    heartbeats of one process's instances, of one period, come due together (and their
+    registry beats are written in one transaction, `Store.beat`)."""
+    now = asyncio.get_running_loop().time()
+    return (math.floor(now / period) + 1) * period - now
+
+
+SPREAD = 0.2
+"""Seconds over which the first calls of a process's roles (and their looks after a beat)
+are spread at random: made at the same instant, each would take a connection of its own, and
+the pool would keep them open for a while."""
+
+
+def spread() -> float:
+    """A random delay of up to SPREAD seconds."""
+    return random.uniform(0.0, SPREAD)

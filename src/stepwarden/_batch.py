@@ -19,10 +19,14 @@ class Batcher(Generic[In, Out]):
         *,
         max_size: int = 500,
         yields: int = 1,
+        gather: float = 0.0,
     ) -> None:
         self._flush = flush
         self._max_size = max_size
         self._yields = yields
+        self._gather = gather
+        """Seconds a flush waits besides, for items of callers woken at about the same time
+        (timers due together, whose callbacks may run a turn or two apart)."""
         """Turns of the event loop a flush waits before it takes the items: the coroutines
         woken together (and those they wake) add theirs."""
         self._queue: list[tuple[In, asyncio.Future[Out]]] = []
@@ -41,6 +45,8 @@ class Batcher(Generic[In, Out]):
         try:
             for _ in range(self._yields):  # let the coroutines woken together add theirs
                 await asyncio.sleep(0)
+            if self._gather > 0:
+                await asyncio.sleep(self._gather)
             while self._queue:
                 batch = self._queue[: self._max_size]
                 del self._queue[: self._max_size]

@@ -26,11 +26,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import _check
-from ._aio import sleep_unless
+from ._aio import Pace, first
 from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
 from .secret import public_name, public_url, stored_name, stored_url
+from .store import CHANNEL_OUTBOX, Subscription
 from .store.ports import AlertPort
 
 logger = logging.getLogger("stepwarden.alerts")
@@ -231,21 +232,37 @@ class AlertDeliverer:
         """Deliver a round every `interval` while `leading()` says this process leads, until
         `stop` is set (or the task is cancelled: a delivery under way is then abandoned, and
         sent again later under the same id)."""
-        while not stop.is_set():
-            if leading():
-                try:
-                    await self.deliver_due()
-                except TransientStoreError as exc:
-                    logger.warning("alerts: %s", exc)
-                except Exception:
-                    logger.exception("alerts: the round failed")
-            await sleep_unless(stop, interval)
+        # Every alert written notifies (the outbox's triggers, PostgreSQL): with those
+        # wake-ups, a round idle for a while waits for one, polling only as a fallback.
+        woken = self.store.subscribe(CHANNEL_OUTBOX)
+        pace = Pace(interval, lambda: self.store.wakeups_live)
+        try:
+            while not stop.is_set():
+                if leading():
+                    try:
+                        if await self.deliver_due(found=pace.busy):
+                            pace.busy()
+                    except TransientStoreError as exc:
+                        logger.warning("alerts: %s", exc)
+                    except Exception:
+                        logger.exception("alerts: the round failed")
+                await first(stop.wait(), self._woken(woken, pace))
+        finally:
+            self.store.unsubscribe(CHANNEL_OUTBOX, woken)
 
-    async def deliver_due(self) -> int:
-        """One round over the due alerts; the number delivered to every sink."""
+    @staticmethod
+    async def _woken(woken: Subscription, pace: Pace) -> None:
+        if await woken.wait(pace.wait()) is not None:
+            pace.busy()
+
+    async def deliver_due(self, found: Callable[[], None] | None = None) -> int:
+        """One round over the due alerts; the number delivered to every sink. `found` is
+        told when there were alerts due."""
         due = await self.store.due_alerts(self.batch)
         if not due:
             return 0
+        if found is not None:
+            found()
         reached = {a.id: list(a.delivered_to) for a in due}
         bodies = {a.id: alert_body(a) for a in due}
         tries = {a.id: a.attempts + 1 for a in due}

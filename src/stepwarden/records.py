@@ -842,6 +842,30 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseTry:
+    """A supervisor's try of the lease: its term when it holds it (None while another
+    does), and the seconds until the lease another holds lapses (None when none does)."""
+
+    term: int | None
+    lapses_in: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRound:
+    """What one supervisor round found and did, in one transaction (`Store.sweep_round`):
+    each sweep's first batch, the finished tasks purged, and the seconds until the soonest
+    registry row or other's lease expires (`Store.next_expiry`)."""
+
+    released: list[Released]
+    woke: list[Woke]
+    ticks: TicksMade
+    swept: list[StepSwept]
+    expired: list[Expired]
+    purged: int
+    next_expiry: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class TicksMade:
     """A supervisor's pass over the due schedules: the ids of the tasks it created, and the
     schedules it set aside (paused), by name, with why: their ticks cannot be worked out (a

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _json
-from ._aio import sleep_unless, to_the_end
+from ._aio import Pace, sleep_unless, to_the_end
 from ._files import PRIVATE, read_guarded
 from .destinations import BROKERS_ENV, Destination, Destinations, broker
 from .errors import ConfigurationError, TransientStoreError
@@ -503,6 +503,8 @@ class Relay:
         self._safe = 0
         """Messages up to this id can no longer be preceded by one still to commit."""
         self._fence: tuple[int, int] | None = None
+        self._found = False
+        """Whether the last round found messages due."""
         self._quiet: dict[str, tuple[float, int]] = {}
         """Per destination and kind of warning, until when it is not logged again, and how
         many messages it has been about since it last was."""
@@ -511,6 +513,10 @@ class Relay:
         """Deliver while `leading()` says this process leads, until `stop` is set: a round at
         each outbox wake-up, else every `poll` seconds."""
         woken = self.store.subscribe(CHANNEL_OUTBOX)
+        # Every message written notifies (the outbox's triggers): with those wake-ups, a
+        # relay idle for a while polls only as a fallback; one that found messages, some due
+        # again after a failure, polls as often as before.
+        pace = Pace(poll, lambda: self.store.wakeups_live)
         try:
             while not stop.is_set():
                 again = False
@@ -521,12 +527,14 @@ class Relay:
                         logger.warning("relay: %s", exc)
                     except Exception:
                         logger.exception("relay: the round failed")
+                    if again or self._found:
+                        pace.busy()
                 else:
                     self._safe, self._fence = 0, None  # a later term starts afresh
                 if again:
                     await sleep_unless(stop, min(poll, 0.02))
-                else:
-                    await woken.wait(poll)
+                elif await woken.wait(pace.wait()) is not None:
+                    pace.busy()
         finally:
             self.store.unsubscribe(CHANNEL_OUTBOX, woken)
             # Stopped (or cancelled) while it closes, the relay still closes every publisher.
@@ -549,6 +557,7 @@ class Relay:
         """One round; the number of messages delivered."""
         await self._settle()
         due = await self.store.relay_due(upto=self._safe, tasks=self.tasks, limit=self.batch)
+        self._found = bool(due)
         if not due:
             return 0
         by_task: dict[str | None, list[OutboxMessage]] = {}

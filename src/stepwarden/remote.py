@@ -59,6 +59,8 @@ class RemoteAgentPort:
     with an `agent:NAME` scope for each agent served."""
 
     default_poll_interval = 1.0
+    wakeups_live = False
+    """Its wake-up stream may miss some: the poll interval stays."""
     keys: Keyring | None = None
     """Results go to the server plain (over its TLS): the server seals them."""
 

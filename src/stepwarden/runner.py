@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _json, _logs, tracing
-from ._aio import first
+from ._aio import Pace, first, sleep_unless, spread, until_beat
 from ._batch import Batcher
 from .agent import Agent, Call
 from .breaker import CLOSED, OPEN, CircuitBreaker
@@ -64,8 +64,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger("stepwarden.agent")
 T = TypeVar("T")
 
-DEFAULT_HEARTBEAT = 1.0
-"""Seconds between an agent instance's heartbeats in the registry."""
+DEFAULT_HEARTBEAT = 2.0
+"""Seconds between an agent instance's heartbeats in the registry: two and a half to the
+default gone-after. A failed beat is tried again after BEAT_AGAIN."""
+BEAT_AGAIN = 0.5
+"""Seconds before a registry beat that failed is tried again."""
+LOOKS = 2
+"""Looks at the steps held (`take_up`) at the beats after a start, after a claim that
+failed, and after a hand-over that was not made: a write whose answer was lost may have
+made a step held by this instance and not called."""
 DEFAULT_GONE_AFTER = 5.0
 """Seconds without a heartbeat after which an agent instance is gone."""
 RETRY_LOG_EVERY = 10.0
@@ -206,6 +213,8 @@ class AgentRunner:
         self.instance = instance
         self.concurrency = concurrency
         self.poll_interval = poll_interval or store.default_poll_interval
+        self._pace = Pace(self.poll_interval, lambda: store.wakeups_live)
+        """How long the claim loop waits for word of requests before it claims anyway."""
         self.heartbeat = heartbeat
         self.gone_after = gone_after
         self._inflight: dict[asyncio.Task[None], str] = {}
@@ -224,6 +233,8 @@ class AgentRunner:
         self._looking = asyncio.Lock()
         """Held by a look at the steps held (`take_up`): no claim begins meanwhile, so that
         a look is not always overlapped by a claim (both loops may beat at one period)."""
+        self._looks = LOOKS
+        """Looks at the steps it holds still to make at its next beats (`LOOKS`)."""
         self._queue_empty = False
         """The last claim found fewer queued requests than it had room for: a step handed
         over passes none that waits (until a wake-up says some may, and a claim looks)."""
@@ -287,11 +298,13 @@ class AgentRunner:
                 )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
+        pause = until_beat(self.heartbeat)
         while not stop.is_set():
             self._beat_now.clear()
-            await first(stop.wait(), self._beat_now.wait(), asyncio.sleep(self.heartbeat))
+            await first(stop.wait(), self._beat_now.wait(), asyncio.sleep(pause))
             if stop.is_set():
                 return
+            pause = until_beat(self.heartbeat)
             transitions, self._transitions = self._transitions, []
             try:
                 await self.store.beat([self._beat()], self.gone_after)
@@ -299,10 +312,14 @@ class AgentRunner:
             except StoreError as exc:
                 self._transitions[:0] = transitions
                 logger.warning("agent %s: heartbeat failed: %s", self.agent.name, exc)
+                pause = min(pause, BEAT_AGAIN)
                 continue
             except asyncio.CancelledError:  # stopping: the drain records them
                 self._transitions[:0] = transitions
                 raise
+            if not self._looks:
+                continue
+            await asyncio.sleep(spread())  # not at the instant the other agents look
             try:
                 await self.take_up()
             except StoreError as exc:
@@ -337,6 +354,7 @@ class AgentRunner:
         """The step `where` is not handed over after all: its room is free. Should a write
         whose answer was lost have recorded it held by this instance, `take_up` calls it."""
         self._handed(where)
+        self._looks = LOOKS
         self._room.set()
 
     def serve_local(
@@ -375,6 +393,7 @@ class AgentRunner:
             held = await self.store.held_steps(self.instance, self.agent.name)
             if self._claiming or self._claims != claims:
                 return 0  # a claim overlapped the look: its steps may be in `held`, unstarted
+            self._looks = max(0, self._looks - 1)
         self._ended -= ended - {(r.task_id, r.seq, r.attempt) for r in held}
         taken = 0
         for request in held:
@@ -424,7 +443,7 @@ class AgentRunner:
         try:
             while not (stop.is_set() and not self._holds):
                 payloads = await sub.wait(max(0.0, next_check - loop.time()))
-                if payloads is not None:
+                if payloads:  # empty: some may have been missed (`Store.wakeups_live`)
                     named = set(payloads)
                     if not any(h.request.task_id in named for h in self._holds.values()):
                         continue
@@ -470,6 +489,7 @@ class AgentRunner:
             self._watcher = asyncio.create_task(self._watch_calls(stop))
         failures = 0
         self._accepting = True
+        await sleep_unless(stop, spread())  # not at the instant the process's other roles claim
         try:
             while not stop.is_set():
                 self._room.clear()
@@ -501,6 +521,7 @@ class AgentRunner:
                         self._start(request)
                 except StoreError as exc:
                     failures += 1
+                    self._looks = LOOKS  # its answer lost, it may have claimed all the same
                     what = f"agent {self.agent.name}: cannot claim requests"
                     delay = after_store_failure(logger, what, exc, failures)
                 else:
@@ -511,6 +532,8 @@ class AgentRunner:
                 if delay is not None:
                     await self.store.wait_to_retry(delay, stop)
                     continue
+                if requests or limits:  # a limit's window passes without a wake-up
+                    self._pace.busy()
                 if len(requests) < free:
                     waits = [stop.wait(), self._requests_queued(sub)]
                     if full:  # an operation at its per-instance limit: a call ending frees it
@@ -527,8 +550,9 @@ class AgentRunner:
     async def _requests_queued(self, sub: Subscription) -> None:
         """Wait for word of requests queued (a poll interval at most): from then on, until a
         claim has taken what waits, no step is handed over past them."""
-        if await sub.wait(self.poll_interval) is not None:
+        if await sub.wait(self._pace.wait()) is not None:
             self._queue_empty = False
+            self._pace.busy()
 
     async def drain(self, timeout: float) -> None:
         """Let the calls under way finish (up to `timeout` seconds), write their outcomes

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from ._aio import first, sleep_unless
+from ._aio import Pace, first, sleep_unless, spread, until_beat
 from ._batch import Batcher
 from .agent import AnyOperation
 from .drive import Entry, LocalAgent, TaskDrive
@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .records import Held, Released, SchedulerBeat, StepDispatch, TaskOutcome, step_of_key
 from .retry import after_store_failure
 from .rules import unrunnable
-from .store import CHANNEL_RESULTS, CHANNEL_TASKS
+from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Subscription
 from .store.ports import SchedulerPort
 from .workflow import Workflow
 
@@ -36,8 +36,15 @@ logger = logging.getLogger("stepwarden.scheduler")
 ROOM_EVERY = 0.05
 """Seconds between two reads of the agents' room (admission): a claim loop that woke often
 would otherwise cost a read each time."""
-DEFAULT_HEARTBEAT = 1.0
-"""Seconds between a scheduler instance's heartbeats in the registry."""
+DEFAULT_HEARTBEAT = 2.0
+"""Seconds between a scheduler instance's heartbeats in the registry: two and a half to the
+default gone-after. A failed beat is tried again after BEAT_AGAIN."""
+BEAT_AGAIN = 0.5
+"""Seconds before a registry beat that failed is tried again."""
+LOOKS = 2
+"""Looks at the tasks held (`give_back_undriven`) at the beats after a start or after a
+claim that failed: a claim whose answer was lost may have made a task held and not driven
+(the ledger finds one so at two looks in a row)."""
 DEFAULT_GONE_AFTER = 5.0
 """Seconds without a heartbeat after which a scheduler instance is gone: the supervisor gives
 its tasks back for another scheduler to resume."""
@@ -88,6 +95,8 @@ class Scheduler:
         """Claim no more tasks than the agents have room for (`Store.agent_room`): a task
         left pending has no deadline running, a step queued behind full agents has."""
         self.poll_interval = poll_interval or store.default_poll_interval
+        self._pace = Pace(self.poll_interval, lambda: store.wakeups_live)
+        """How long the claim loop waits for a wake-up before it claims anyway."""
         self._running: set[asyncio.Task[None]] = set()
         """The runs of the drives under way: those of drives a newer claim of their task
         stopped too, until they end (a drain waits for them all)."""
@@ -102,6 +111,8 @@ class Scheduler:
         an operation one of them has room for is handed to it at once."""
         self._ledger = _Ledger()
         """Which tasks it drove, for `give_back_undriven`."""
+        self._looks = LOOKS
+        """Looks at its tasks still to make at its next beats (`LOOKS`)."""
 
     def workflow_of(self, held: Held) -> Workflow:
         return self.workflows[(held.workflow, held.version)]
@@ -163,13 +174,19 @@ class Scheduler:
         return False
 
     async def _heartbeats(self) -> None:
+        pause = until_beat(self.heartbeat)
         while True:
-            await asyncio.sleep(self.heartbeat)
+            await asyncio.sleep(pause)
+            pause = until_beat(self.heartbeat)
             try:
                 await self.store.beat_schedulers([self._beat()], self.gone_after)
             except StoreError as exc:
                 logger.warning("scheduler %s: heartbeat failed: %s", self.instance, exc)
+                pause = min(pause, BEAT_AGAIN)
                 continue
+            if not self._looks:
+                continue
+            await asyncio.sleep(spread())  # not at the instant the process's agents look
             try:
                 await self.give_back_undriven()
             except StoreError as exc:
@@ -184,6 +201,8 @@ class Scheduler:
         drove = self._ledger.driven()
         held = await self.store.held_tasks(self.instance)
         twice = self._ledger.undriven(drove, held, self._drives)
+        # Another look while one is found undriven once (the next gives it back).
+        self._looks = max(self._looks - 1, 1 if self._ledger.suspects() else 0)
         if not twice:
             return []
         released = await self.store.release_held(self.instance, only=twice)
@@ -201,6 +220,7 @@ class Scheduler:
         of this scheduler's workflows wait at a version it does not have: it leaves them to
         a scheduler with that version, and there may be none."""
         names = sorted({name for name, _ in self.workflows})
+        await asyncio.sleep(spread())
         while True:
             try:
                 backlog = await self.store.version_backlog(names)
@@ -241,6 +261,7 @@ class Scheduler:
         sub = self.store.subscribe(CHANNEL_TASKS)
         names = sorted(self.workflows)  # (workflow, version): the tasks this one may run
         failures = 0
+        await sleep_unless(stop, spread())  # not at the instant the process's agents claim
         try:
             while not stop.is_set():
                 free = self.concurrency - len(self._running)
@@ -270,6 +291,7 @@ class Scheduler:
                     failures = 0
                 except StoreError as exc:
                     failures += 1
+                    self._looks = LOOKS  # its answer lost, it may have claimed all the same
                     what = "scheduler: cannot claim tasks"
                     await self.store.wait_to_retry(
                         after_store_failure(logger, what, exc, failures), stop
@@ -278,14 +300,21 @@ class Scheduler:
                 self.metrics.tasks_claimed(c.task.workflow for c in claimed)
                 for c in claimed:
                     self._start(TaskDrive(self, c))
+                if claimed:
+                    self._pace.busy()
                 if len(claimed) < limit:
-                    await first(stop.wait(), sub.wait(self.poll_interval))
+                    await first(stop.wait(), self._woken(sub))
                     if len(self._running) > 1:  # busy: let submits gather (Store.claim_gather)
                         since = asyncio.get_running_loop().time() - claimed_at
                         if since < self.store.claim_gather:
                             await sleep_unless(stop, self.store.claim_gather - since)
         finally:
             self.store.unsubscribe(CHANNEL_TASKS, sub)
+
+    async def _woken(self, sub: Subscription) -> None:
+        """Wait for word of tasks to claim (`_pace`: a poll interval, or the fallback's)."""
+        if await sub.wait(self._pace.wait()) is not None:
+            self._pace.busy()
 
     async def _admit(self, limit: int) -> int:
         """How many tasks to claim: `limit`, or fewer when the agents are full. The agents'
@@ -326,7 +355,8 @@ class Scheduler:
         try:
             while True:
                 payloads = await sub.wait(full_every)
-                if payloads is None or loop.time() - last_full >= full_every:
+                # An empty wake-up: some may have been missed (`Store.wakeups_live`).
+                if not payloads or loop.time() - last_full >= full_every:
                     last_full = loop.time()
                     wanted = [w for d in self._drives.values() for w in d.waited()]
                 else:
@@ -410,6 +440,10 @@ class _Ledger:
 
     def drove(self, held: Held) -> None:
         self._drove.add((held.task_id, held.attempt))
+
+    def suspects(self) -> bool:
+        """Whether the last look found a task held and not driven (to be looked at again)."""
+        return bool(self._undriven)
 
     def driven(self) -> set[tuple[str, int]]:
         """What it drove so far, taken before a look reads the tasks held."""

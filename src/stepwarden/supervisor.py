@@ -26,7 +26,7 @@ from ._aio import sleep_unless, stop_tasks
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
-from .records import Expired, Released, ScheduleSpec, StepSwept, Woke
+from .records import Expired, Released, ScheduleSpec, StepSwept, TicksMade, Woke
 from .relay import Relay
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
@@ -87,6 +87,10 @@ class Supervisor:
         self.retention = retention
         self.purge_batch = purge_batch
         self.term: int | None = None
+        self._lapses_in: float | None = None
+        """Seconds until the lease another holds lapses, as read by the last try."""
+        self._soon: float | None = None
+        """Seconds until the next registry row's expiry, as read by the leader's last round."""
 
     async def run(self, stop: asyncio.Event) -> None:
         delivering = None
@@ -124,10 +128,13 @@ class Supervisor:
 
     async def tick(self) -> list[Expired]:
         """Take or renew the lease, and sweep if it is held. Returns what was recovered."""
-        # A frozen leader may hold the lease row locked in the middle of its sweep: end its
-        # session first (after a while), or the lease could not change hands.
-        await self.store.end_stalled_sessions()
-        term = await self.store.acquire_lease(LEASE, self.instance, self.lease_ttl)
+        # A frozen leader may hold the lease row locked in the middle of its sweep: its
+        # session is ended first (after a while), in the same transaction, or the lease
+        # could not change hands.
+        tried = await self.store.try_lease(LEASE, self.instance, self.lease_ttl)
+        term = tried.term
+        self._lapses_in = tried.lapses_in
+        self._soon = None
         now = time.monotonic()
         if self._reached_at is None:
             self._reached_at = now  # a standby counts too: a new leader does not wait again
@@ -146,18 +153,30 @@ class Supervisor:
                 logger.error("schedule %s: not stored: %s", name, why)
         began = time.time_ns()
         others_heard = self._others_heard(now)
-        released = await self._release(term) if others_heard else []
-        woke = await self._wake(term)
-        created = await self._ticks(term)
-        swept = await self._sweep_steps(term, reassign=others_heard)
-        recovered = await self._sweep(term)
+        # One transaction for the first batch of every sweep (at rest, all there is); a
+        # sweep whose batch came back full goes on in batches of its own.
+        found = await self.store.sweep_round(
+            lease=LEASE,
+            holder=self.instance,
+            term=term,
+            limit=self.batch,
+            backoff=self.backoff,
+            forget_after=FORGET_AFTER,
+            release=others_heard,
+            purge_after=self.retention,
+            purge_limit=self.purge_batch,
+        )
+        self._soon = found.next_expiry
+        released = await self._release(term, found.released) if others_heard else []
+        woke = await self._wake(term, found.woke)
+        created = await self._ticks(term, found.ticks)
+        swept = await self._sweep_steps(term, reassign=others_heard, first=found.swept)
+        recovered = await self._sweep(term, found.expired)
         if (released or woke or created or swept or recovered) and tracing.active():
             self._traced(began, term, released, woke, created, swept, recovered)
-        if self.retention is not None:
+        if found.purged:
             # A small batch each tick keeps the hot tables small without long transactions.
-            purged = await self.store.purge(self.retention, self.purge_batch)
-            if purged:
-                logger.info("supervisor: purged %d finished task(s) past retention", purged)
+            logger.info("supervisor: purged %d finished task(s) past retention", found.purged)
         return recovered
 
     def leads(self) -> bool:
@@ -232,23 +251,31 @@ class Supervisor:
     async def _pause(self) -> float:
         """Seconds until the next tick: the interval, or less when something is due sooner,
         so that it is acted on when due rather than up to an interval later: a registry row's
-        expiry (an instance silent since is gone then), the lapse of the lease another holds,
-        the end of this leader's grace."""
+        expiry (an instance silent since is gone then), the end of this leader's grace. A
+        standby ticks when the lease another holds lapses (read by its try of the lease):
+        it has nothing else to do, and tries no more often than that."""
+        if self.term is None:
+            if self._lapses_in is None:
+                return self.interval
+            return max(self._lapses_in + DUE_AFTER, DUE_AFTER)
         pause = self.interval
-        soon = await self.store.next_expiry(LEASE, self.instance)
+        soon = self._soon
         if soon is not None:
             pause = min(pause, soon + DUE_AFTER)
         ends = self._grace_ends()
         left = None if ends is None else ends - time.monotonic()
-        if self.term is not None and left is not None and left > 0:
+        if left is not None and left > 0:
             pause = min(pause, left + DUE_AFTER)
         return pause
 
-    async def _ticks(self, term: int) -> list[str]:
-        """The tasks of the schedules' due ticks (one per tick, whoever races for it)."""
-        made = await self.store.create_ticks(
-            lease=LEASE, holder=self.instance, term=term, limit=self.batch
-        )
+    async def _ticks(self, term: int, made: TicksMade) -> list[str]:
+        """The tasks of the schedules' due ticks (one per tick, whoever races for it), from
+        the round's first batch (`made`) on."""
+        if len(made.created) + len(made.set_aside) >= self.batch:
+            more = await self.store.create_ticks(
+                lease=LEASE, holder=self.instance, term=term, limit=self.batch
+            )
+            made = TicksMade([*made.created, *more.created], {**made.set_aside, **more.set_aside})
         for task_id in made.created:
             logger.info("schedule: task %s created", task_id, extra={"task_id": task_id})
         for name, why in made.set_aside.items():
@@ -256,22 +283,25 @@ class Supervisor:
         return made.created
 
     async def _in_batches(
-        self, sweep: Callable[[], Awaitable[list[T]]], say: Callable[[T], None]
+        self,
+        sweep: Callable[[], Awaitable[list[T]]],
+        say: Callable[[T], None],
+        first: list[T] | None = None,
     ) -> list[T]:
         """What `sweep` (one batch of `batch` at most, in a transaction under the lease) finds,
-        batch after batch, each item said as it comes, until a batch comes back short: all
-        done, or the lease lost (a sweep under a lease no longer held writes nothing and
-        finds nothing)."""
+        batch after batch (the first one `first`, when the round found it), each item said
+        as it comes, until a batch comes back short: all done, or the lease lost (a sweep
+        under a lease no longer held writes nothing and finds nothing)."""
         found: list[T] = []
         while True:
-            batch = await sweep()
+            batch, first = (await sweep() if first is None else first), None
             for item in batch:
                 say(item)
             found.extend(batch)
             if len(batch) < self.batch:
                 return found
 
-    async def _wake(self, term: int) -> list[Woke]:
+    async def _wake(self, term: int, first: list[Woke]) -> list[Woke]:
         """Waiting tasks whose time has come (a timer, a wait's timeout, a delayed start),
         made pending for a scheduler to resume."""
 
@@ -288,9 +318,10 @@ class Supervisor:
                 lease=LEASE, holder=self.instance, term=term, limit=self.batch
             ),
             say,
+            first,
         )
 
-    async def _release(self, term: int) -> list[Released]:
+    async def _release(self, term: int, first: list[Released]) -> list[Released]:
         """The tasks of scheduler instances gone silent, given back for another to resume."""
 
         def say(r: Released) -> None:
@@ -311,9 +342,12 @@ class Supervisor:
                 forget_after=FORGET_AFTER,
             ),
             say,
+            first,
         )
 
-    async def _sweep_steps(self, term: int, *, reassign: bool) -> list[StepSwept]:
+    async def _sweep_steps(
+        self, term: int, *, reassign: bool, first: list[StepSwept]
+    ) -> list[StepSwept]:
         """Steps of gone agent instances to others; steps past their pick-up or total
         timeout failed."""
 
@@ -346,9 +380,10 @@ class Supervisor:
                 reassign=reassign,
             ),
             say,
+            first,
         )
 
-    async def _sweep(self, term: int) -> list[Expired]:
+    async def _sweep(self, term: int, first: list[Expired]) -> list[Expired]:
         def say(e: Expired) -> None:
             self.metrics.expired(e.seq, e.process_state, e.alert)
             if e.set_aside:
@@ -373,4 +408,5 @@ class Supervisor:
                 backoff=self.backoff,
             ),
             say,
+            first,
         )

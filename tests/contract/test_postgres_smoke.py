@@ -309,9 +309,10 @@ async def test_lease_takeover_waits_for_a_running_sweep(pg_url: str) -> None:
         await store.close()
 
 
+@pytest.mark.parametrize("ended_by", ["apart", "the_try"])
 @pytest.mark.parametrize("frozen_in", ["idle_transaction", "pipeline"])
 async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
-    pg_url: str, frozen_in: str
+    pg_url: str, frozen_in: str, ended_by: str
 ) -> None:
     """The lease row is locked through a sweep's transaction. A supervisor frozen in the middle
     of one (SIGSTOP, a stalled VM) would block every other supervisor for as long as it stays
@@ -342,8 +343,10 @@ async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
 
     async def take_over() -> int | None:
         while True:
-            await store.end_stalled_sessions()
             try:
+                if ended_by == "the_try":  # the supervisor's: stalled sessions ended in it
+                    return (await store.try_lease("sup", "b", 60)).term
+                await store.end_stalled_sessions()
                 return await store.acquire_lease("sup", "b", 60)
             except StoreError:  # lock_timeout: the row is still locked; try again
                 continue
@@ -567,3 +570,34 @@ async def test_callers_at_once_share_one_store_and_one_listener(pg_url: str) -> 
         assert sessions <= 1 + 10, row  # the listener and at most the pool's size
     finally:
         await app.aclose()
+
+
+async def test_a_listener_connected_again_wakes_every_subscriber_and_says_it_listens(
+    pg_url: str,
+) -> None:
+    """While its LISTEN connection is up the store says every wake-up reaches it (its idle
+    pollers then poll only as a fallback); once that connection is lost, it says so until it
+    listens again, and then wakes every subscriber with an empty wake-up (look at
+    everything: notifications sent meanwhile were lost)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        assert not store.wakeups_live
+        await store.listen()
+        tasks, results = store.subscribe(CHANNEL_TASKS), store.subscribe(CHANNEL_RESULTS)
+        deadline = time.monotonic() + 10
+        while not store.wakeups_live:
+            assert time.monotonic() < deadline, "the store never said it listens"
+            await asyncio.sleep(0.01)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
+                " current_database() AND query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert ended == [(True,)]
+        assert await tasks.wait(30) == []
+        assert await results.wait(1) == []
+        assert store.wakeups_live
+    finally:
+        await store.close()
+    assert not store.wakeups_live

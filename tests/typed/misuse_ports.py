@@ -40,7 +40,7 @@ async def the_application(store: ApplicationPort) -> None:
     await store.submit([])
     await store.get_task("t1")
     await store.claim_tasks("s1", ["order"], 10)  # E: attr-defined
-    await store.acquire_lease("supervisor", "s1", 30.0)  # E: attr-defined
+    await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
     await store.claim_requests("a1", "payments", ["charge"], 10)  # E: attr-defined
     await store.step_stats()  # E: attr-defined
 
@@ -50,7 +50,7 @@ async def the_reads(store: ReadPort) -> None:
     await store.get_task("t1")
     await store.submit([])  # E: attr-defined
     await store.claim_tasks("s1", ["order"], 10)  # E: attr-defined
-    await store.acquire_lease("supervisor", "s1", 30.0)  # E: attr-defined
+    await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
     await store.claim_requests("a1", "payments", ["charge"], 10)  # E: attr-defined
 
 
@@ -58,12 +58,12 @@ async def the_scheduler(store: SchedulerPort) -> None:
     await store.claim_tasks("s1", ["order"], 10)
     await store.submit([])  # E: attr-defined
     await store.step_stats()  # E: attr-defined
-    await store.acquire_lease("supervisor", "s1", 30.0)  # E: attr-defined
+    await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
     await store.claim_requests("a1", "payments", ["charge"], 10)  # E: attr-defined
 
 
 async def the_supervisor(store: SupervisorPort) -> None:
-    await store.acquire_lease("supervisor", "s1", 30.0)
+    await store.try_lease("supervisor", "s1", 30.0)
     await store.due_alerts(100)
     await store.submit([])  # E: attr-defined
     await store.step_stats()  # E: attr-defined
@@ -76,7 +76,7 @@ async def the_agents(store: AgentPort) -> None:
     await store.submit([])  # E: attr-defined
     await store.step_stats()  # E: attr-defined
     await store.claim_tasks("s1", ["order"], 10)  # E: attr-defined
-    await store.acquire_lease("supervisor", "s1", 30.0)  # E: attr-defined
+    await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
 
 
 async def what_the_app_gives() -> None:
@@ -84,7 +84,7 @@ async def what_the_app_gives() -> None:
     await store.submit([])
     await store.step_stats()
     await store.claim_tasks("s1", ["order"], 10)  # E: attr-defined
-    await store.acquire_lease("supervisor", "s1", 30.0)  # E: attr-defined
+    await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
     await store.claim_requests("a1", "payments", ["charge"], 10)  # E: attr-defined
 
 

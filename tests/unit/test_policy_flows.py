@@ -76,10 +76,23 @@ def test_a_lease_nobody_took_is_taken_at_term_1() -> None:
 
 
 def test_a_lease_another_holds_in_time_is_left_alone() -> None:
-    held = [{"holder": "sup2", "term": 4, "live": True}]
+    held = [{"holder": "sup2", "term": 4, "live": True, "lapses_in": 3.5}]
     run = drive(partial(policy.acquire_lease, "supervisor", "sup1", 5.0), {"lock_lease_row": held})
     assert run.result is None
     assert run.names() == [["lock_lease_row"]]
+
+
+def test_a_try_of_a_lease_another_holds_says_when_it_lapses_after_ending_stalled_sessions() -> None:
+    held = [{"holder": "sup2", "term": 4, "live": True, "lapses_in": 3.5}]
+    stalled = Query("end_stalled_sessions", {"stalled": 5.0})
+    run = drive(
+        partial(policy.try_lease, "supervisor", "sup1", 5.0, stalled),
+        {"lock_lease_row": held, "end_stalled_sessions": [{"pid": 7, "ended": True}]},
+    )
+    tried, ended = run.result
+    assert (tried.term, tried.lapses_in) == (None, 3.5)
+    assert ended == [{"pid": 7, "ended": True}]
+    assert run.names() == [["end_stalled_sessions", "lock_lease_row"]]
 
 
 def test_a_lapsed_lease_is_taken_at_the_next_term_unless_another_took_it_first() -> None:
@@ -525,3 +538,40 @@ def test_an_event_sent_before_is_answered_as_sent_before_whatever_the_bounds() -
     assert run.result == SendOutcome(task_id="t1", sent=False, woke=False)
     assert run.sent("wake_task") == [] and run.sent("insert_events") == []
     assert not run.wake
+
+
+def test_an_idle_round_is_each_sweeps_first_batch_the_purge_and_the_next_expiry() -> None:
+    """A supervisor round at rest: each sweep finds nothing, in the order the supervisor runs
+    them, then the purge and the next expiry are read, all in one flow (one transaction),
+    and nobody is woken. Without `release` (the others not heard from long enough) it looks
+    at no gone scheduler and reassigns no step."""
+
+    class Empty(dict[str, Answer]):
+        def __missing__(self, name: str) -> Answer:
+            return [{"seconds": 2.5}] if name == "next_expiry" else []
+
+        def __contains__(self, name: object) -> bool:
+            return True
+
+    answers = Empty(lock_lease=HELD)
+    for release in (True, False):
+        run = drive(
+            under_lease(
+                policy.sweep_round,
+                limit=500,
+                backoff=Backoff(),
+                forget_after=3600.0,
+                release=release,
+                keys=None,
+                purge_after=60.0,
+                purge_limit=200,
+            ),
+            answers,
+        )
+        names = [n for batch in run.names() for n in batch]
+        assert ("gone_scheduler_tasks" in names) is release
+        order = ["due_waiting", "due_schedules", "expired_tasks", "purge", "next_expiry"]
+        assert [n for n in names if n in order] == order
+        assert run.result.next_expiry == 2.5
+        assert (run.result.released, run.result.woke, run.result.expired) == ([], [], [])
+        assert not run.wake

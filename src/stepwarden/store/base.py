@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from .._aio import first
+from .._batch import Batcher
 from .._json import holds_secret
 from ..errors import KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
@@ -40,6 +41,7 @@ from ..records import (
     EventRecord,
     Expired,
     LeaseRecord,
+    LeaseTry,
     OperatorAction,
     OpLimit,
     OutboxMessage,
@@ -60,6 +62,7 @@ from ..records import (
     StepSwept,
     Submission,
     Submitted,
+    SweepRound,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -78,6 +81,8 @@ from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 from .reseal import Cursor, Round
 
 T = TypeVar("T")
+BEAT_GATHER = 0.01
+"""Seconds the registry beats of one process wait for each other (`Store._beats`)."""
 DIGEST_BATCH = 500
 """Tasks given their input's digest in one transaction, when a store is migrated."""
 
@@ -85,6 +90,10 @@ DIGEST_BATCH = 500
 def _one(query: Query) -> Flow[Rows]:
     [rows] = yield [query]
     return rows
+
+
+def _all(queries: list[Query]) -> Flow[list[Rows]]:
+    return (yield queries)
 
 
 class Subscription:
@@ -204,6 +213,9 @@ class Store(abc.ABC):
         """The keyring this process seals and opens secrets with (`sealing`; set by the App
         that opens the store): None where it holds none. Records read carry it: their
         sealed secrets open when revealed."""
+        self._beats: Batcher[Query, None] = Batcher(self._beat_group, gather=BEAT_GATHER)
+        """The registry beats of this process's instances (its scheduler's and agents'),
+        written together: one transaction per beat, however many instances beat."""
         self.write_observer: Callable[[float], None] | None = None
         """Told the seconds each write transaction took, committed or not (a worker's
         metrics, `Metrics.observe_write`)."""
@@ -651,9 +663,17 @@ class Store(abc.ABC):
     # -- the scheduler registry -----------------------------------------------------------
     async def beat_schedulers(self, beats: Sequence[SchedulerBeat], ttl: float) -> None:
         """Register or refresh scheduler instances; each is gone `ttl` seconds after its
-        last beat (by the database clock)."""
+        last beat (by the database clock). Beats of this process made at about the same
+        time, agents' too, are written in one transaction."""
         if beats:
-            await self._write_one(policy.scheduler_beat(beats, ttl))
+            await self._beats.submit(policy.scheduler_beat(beats, ttl))
+
+    async def _beat_group(self, beats: Sequence[Query]) -> list[None]:
+        if len(beats) == 1:
+            await self._write_one(beats[0])
+        else:
+            await self._write(lambda wake: _all(list(beats)))
+        return [None] * len(beats)
 
     async def leave_scheduler(self, instance: str) -> None:
         """A scheduler instance stopping: its registry row expires now."""
@@ -801,9 +821,10 @@ class Store(abc.ABC):
 
     async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None:
         """Register or refresh agent instances; each is gone `ttl` seconds after its last
-        beat (by the database clock)."""
+        beat (by the database clock). Beats of this process made at about the same time,
+        its scheduler's too, are written in one transaction."""
         if beats:
-            await self._write_one(policy.beat(beats, ttl))
+            await self._beats.submit(policy.beat(beats, ttl))
 
     async def leave(self, instance: str, agents: Sequence[str]) -> None:
         """An instance stopping: its registry rows expire now (its running steps are
@@ -839,6 +860,48 @@ class Store(abc.ABC):
         """Take or renew the lease `name`; its term when held, None when another holds it.
         The term rises whenever the lease changes hands or lapses; it never falls."""
         return await self._write(partial(policy.acquire_lease, name, holder, ttl))
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry:
+        """`acquire_lease`, and when the lease another holds lapses; the sessions that
+        stopped talking mid-transaction are ended first, in the same transaction
+        (`end_stalled_sessions`), so that a frozen holder's lock on the lease row does not
+        keep it from changing hands."""
+        tried, _ = await self._write(partial(policy.try_lease, name, holder, ttl, None))
+        return tried
+
+    async def sweep_round(
+        self,
+        *,
+        lease: str,
+        holder: str,
+        term: int,
+        limit: int,
+        backoff: Backoff,
+        forget_after: float,
+        release: bool,
+        purge_after: float | None,
+        purge_limit: int,
+    ) -> SweepRound:
+        """Under the lease (holder, term), in one transaction: the first batch of each of
+        `release_gone_schedulers` (when `release`), `wake_due`, `create_ticks`,
+        `sweep_steps` (reassigning when `release`) and `sweep`, then `purge` (when
+        `purge_after` is not None) and `next_expiry`. A sweep whose batch came back full
+        goes on by its own method."""
+        return await self._write(
+            lambda wake: policy.sweep_round(
+                lease=lease,
+                holder=holder,
+                term=term,
+                limit=limit,
+                backoff=backoff,
+                forget_after=forget_after,
+                release=release,
+                keys=self.keys,
+                purge_after=purge_after,
+                purge_limit=purge_limit,
+                wake=wake,
+            )
+        )
 
     async def next_expiry(self, lease: str, holder: str) -> float | None:
         """Seconds until the soonest expiry to come (by the database clock) of a registry row,
@@ -967,6 +1030,14 @@ class Store(abc.ABC):
 
     async def listen(self) -> None:  # noqa: B027 - a store without cross-process wake-ups
         """Start receiving wake-ups from other processes, where the database offers them."""
+
+    @property
+    def wakeups_live(self) -> bool:
+        """Whether every wake-up of the other processes reaches this process now, so that
+        a poller may poll only as a fallback (`_aio.Pace`): PostgreSQL while its LISTEN
+        connection is up. Not SQLite's datagrams, which may be dropped (a poll finds what
+        they miss), nor a store behind a transaction pooler (no LISTEN)."""
+        return False
 
     # -- the dashboard --------------------------------------------------------------------
     # Read-only queries of the operator's dashboard and its metrics (stepwarden.dashboard).

@@ -31,6 +31,7 @@ from ..records import (
     EventBeyond,
     EventBounds,
     Expired,
+    LeaseTry,
     NewStep,
     OperatorAction,
     OpLimit,
@@ -48,6 +49,7 @@ from ..records import (
     StepSwept,
     Submission,
     Submitted,
+    SweepRound,
     TaskOutcome,
     TicksMade,
     WaitOutcome,
@@ -1046,15 +1048,31 @@ def stop_calls(batch: Sequence[CallStop], wake: Wakeups) -> Flow[list[bool]]:
 def acquire_lease(name: str, holder: str, ttl: float, wake: Wakeups) -> Flow[int | None]:
     """Take or renew the lease under the term `rules.lease_term` gives; None while another
     holds it (or took it first)."""
-    found = yield from fetch("lock_lease_row", name=name)
-    term = lease_term(found[0] if found else None, holder)
+    tried = yield from try_lease(name, holder, ttl, None, wake)
+    return tried[0].term
+
+
+def try_lease(
+    name: str, holder: str, ttl: float, first: Query | None, wake: Wakeups
+) -> Flow[tuple[LeaseTry, Rows]]:
+    """`acquire_lease`, with when the lease another holds lapses; `first` (the dialect's
+    end of stalled sessions, whose locks would hold the lease row) is run before, in the
+    same transaction, and its rows returned."""
+    batch = [Query("lock_lease_row", {"name": name})]
+    if first is not None:
+        batch.insert(0, first)
+    *before, found = yield batch
+    ended = before[0] if before else []
+    row = found[0] if found else None
+    term = lease_term(row, holder)
     if term is None:
-        return None
-    seen = found[0]["term"] if found else None
+        lapses = None if row is None else max(0.0, float(row["lapses_in"]))
+        return LeaseTry(None, lapses), ended
+    seen = row["term"] if row else None
     rows = yield from fetch(
         "put_lease", name=name, holder=holder, term=term, seen=seen, ttl=float(ttl)
     )
-    return term if rows else None
+    return LeaseTry(term if rows else None, None), ended
 
 
 def release_lease(name: str, holder: str) -> Query:
@@ -1705,3 +1723,56 @@ def pause_schedule(name: str, paused: bool, wake: Wakeups) -> Flow[bool]:
         next_at = first_tick(_rows.schedule_spec(row), float(row["now"]))
     yield [Query("pause_schedule", {"name": name, "paused": paused, "next_at": next_at})]
     return True
+
+
+def sweep_round(
+    *,
+    lease: str,
+    holder: str,
+    term: int,
+    limit: int,
+    backoff: Backoff,
+    forget_after: float,
+    release: bool,
+    keys: Keyring | None,
+    purge_after: float | None,
+    purge_limit: int,
+    wake: Wakeups,
+) -> Flow[SweepRound]:
+    """One supervisor round under the lease, in one transaction: the first batch of each
+    sweep in the order the supervisor runs them (the tasks of gone schedulers given back
+    when `release`, waiting tasks woken, schedules' ticks, steps swept, expired tasks
+    recovered), the finished tasks past `purge_after` purged, then the seconds until the
+    next expiry (`next_expiry`). Idle, that is one transaction where each apart was one."""
+    released: list[Released] = []
+    if release:
+        released = yield from release_gone_schedulers(
+            lease=lease, holder=holder, term=term, limit=limit, forget_after=forget_after,
+            wake=wake,
+        )  # fmt: skip
+    woke = yield from wake_due(lease=lease, holder=holder, term=term, limit=limit, wake=wake)
+    ticks = yield from create_ticks(
+        lease=lease, holder=holder, term=term, limit=limit, keys=keys, wake=wake
+    )
+    swept = yield from sweep_steps(
+        lease=lease, holder=holder, term=term, limit=limit, forget_after=forget_after,
+        reassign=release, wake=wake,
+    )  # fmt: skip
+    expired = yield from sweep(
+        lease=lease, holder=holder, term=term, limit=limit, backoff=backoff, wake=wake
+    )
+    purged = 0
+    if purge_after is not None:
+        [rows] = yield [purge(purge_after, purge_limit)]
+        purged = len(rows)
+    [soon] = yield [Query("next_expiry", {"name": lease, "holder": holder})]
+    seconds = soon[0]["seconds"] if soon else None
+    return SweepRound(
+        released=released,
+        woke=woke,
+        ticks=ticks,
+        swept=swept,
+        expired=expired,
+        purged=purged,
+        next_expiry=None if seconds is None else float(seconds),
+    )

@@ -40,6 +40,7 @@ from ..records import (
     EventRecord,
     Expired,
     LeaseRecord,
+    LeaseTry,
     OperatorAction,
     OpLimit,
     OutboxMessage,
@@ -60,6 +61,7 @@ from ..records import (
     StepSwept,
     Submission,
     Submitted,
+    SweepRound,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -81,6 +83,15 @@ class WakeupPort(Protocol):
 
     def subscribe(self, channel: str) -> Subscription: ...
     def unsubscribe(self, channel: str, sub: Subscription) -> None: ...
+
+
+class PollingPort(WakeupPort, Protocol):
+    """A poller's: the wake-ups, and whether they all come (`_aio.Pace`)."""
+
+    @property
+    def wakeups_live(self) -> bool:
+        """Whether every wake-up of the other processes reaches this process now, so that a
+        poller polls only as a fallback (`Store.wakeups_live`)."""
 
 
 class ReadPort(Protocol):
@@ -194,7 +205,7 @@ class ApplicationStore(ApplicationPort, ReadPort, Protocol):
     """What `App.store()` gives: the application's calls and the reads."""
 
 
-class SchedulerPort(WakeupPort, Protocol):
+class SchedulerPort(PollingPort, Protocol):
     """A scheduler's (`scheduler.Scheduler`) and its drives' (`drive.TaskDrive`, through
     `drive.Host.store`): its registry, claims of tasks, the writes of a held task (group
     committed: `advance`), its waits, and the hand-back of what it holds but does not drive."""
@@ -234,7 +245,7 @@ class SchedulerPort(WakeupPort, Protocol):
     async def wait_to_retry(self, seconds: float, stop: asyncio.Event | None = None) -> None: ...
 
 
-class AlertPort(Protocol):
+class AlertPort(PollingPort, Protocol):
     """The alert deliverer's (`alerts.AlertDeliverer`): the outbox's due alerts, and each
     sink's delivery recorded."""
 
@@ -244,7 +255,7 @@ class AlertPort(Protocol):
     ) -> None: ...
 
 
-class RelayPort(WakeupPort, Protocol):
+class RelayPort(PollingPort, Protocol):
     """The relay's (`relay.Relay`): the status messages due to the application's brokers,
     and each one's delivery, failure or refusal recorded."""
 
@@ -264,10 +275,21 @@ class SupervisorPort(AlertPort, RelayPort, Protocol):
     lost_at: float
     """When (monotonic) this process last lost the server."""
 
-    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None: ...
-    async def next_expiry(self, lease: str, holder: str) -> float | None: ...
+    async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry: ...
+    async def sweep_round(
+        self,
+        *,
+        lease: str,
+        holder: str,
+        term: int,
+        limit: int,
+        backoff: Backoff,
+        forget_after: float,
+        release: bool,
+        purge_after: float | None,
+        purge_limit: int,
+    ) -> SweepRound: ...
     async def release_lease(self, name: str, holder: str) -> None: ...
-    async def end_stalled_sessions(self) -> int: ...
     async def wake_due(self, *, lease: str, holder: str, term: int, limit: int) -> list[Woke]: ...
     async def store_schedules(self, specs: Sequence[ScheduleSpec]) -> dict[str, str]: ...
     async def create_ticks(
@@ -289,14 +311,14 @@ class SupervisorPort(AlertPort, RelayPort, Protocol):
         forget_after: float,
         reassign: bool = True,
     ) -> list[StepSwept]: ...
-    async def purge(self, older_than: float, limit: int) -> int: ...
 
 
-class AgentPort(WakeupPort, Protocol):
+class AgentPort(PollingPort, Protocol):
     """What an agent runner asks of the store (`runner.AgentRunner`): a Store, or the agent
     protocol of a stepwarden server (`remote.RemoteAgentPort`) for an agent served over HTTP."""
 
     default_poll_interval: float
+
     keys: Keyring | None
     """The keyring that seals the results the runner reports (None: it reports them plain,
     for a server that seals them: the agent protocol's)."""
@@ -330,6 +352,7 @@ __all__ = [
     "AlertPort",
     "ApplicationPort",
     "ApplicationStore",
+    "PollingPort",
     "ReadPort",
     "RelayPort",
     "SchedulerPort",

@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -30,7 +32,7 @@ from psycopg.errors import Diagnostic
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import (
     ConfigurationError,
@@ -38,8 +40,9 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
+from ..records import LeaseTry
 from ..retry import PROBE_EVERY, after_transient, paced, retried
-from . import _sql
+from . import _sql, policy
 from ._flow import (
     CHANNEL_CALLS,
     CHANNEL_OUTBOX,
@@ -66,6 +69,16 @@ Pipe = psycopg.AsyncPipeline
 CONNECT_TIMEOUT = 10.0
 """Seconds allowed to reach the server when opening the store."""
 DEFAULT_POOL_SIZE = 10
+POOL_MAX_IDLE = 10.0
+"""Seconds a pooled connection may stay unused before the pool closes it (one at a time,
+down to one connection): a worker that was busy goes back to one beside its listener,
+however many it needed under load."""
+GROW_AFTER = 0.1
+"""Seconds a call waits for the pool's one connection before the pool may grow to
+`pool_size`: calls that meet by chance (an idle worker's roles; forty workers started at
+once) share one connection rather than each opening one the pool would keep, while calls
+that wait on one another (work) soon have up to `pool_size`. Back at one connection, the
+pool is one connection at most again."""
 STALLED = 5.0
 """Seconds a transaction may wait on its client, and a statement may wait for a lock. Every
 transaction of the store is a few statements long; a client frozen mid-transaction (stopped,
@@ -239,6 +252,10 @@ class PostgresStore(Store):
         """Held while the listener's first connection is made: callers at once share it."""
         self._listen_first: Conn | None = None
         """The listener's first connection until its task runs and takes it over."""
+        self._narrowed_at = -math.inf
+        self._listening = False
+        """Whether the listener's connection is up: every notification of the other
+        processes reaches this one (`wakeups_live`)."""
         self._own_pids: set[int] = set()
         self._checking: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
@@ -456,7 +473,8 @@ class PostgresStore(Store):
         return AsyncConnectionPool(
             self.conninfo,
             min_size=1,
-            max_size=self.pool_size,
+            max_size=1,  # until calls wait (`_getconn`)
+            max_idle=POOL_MAX_IDLE,
             kwargs={"autocommit": True, **self.connect_kwargs},
             configure=self._configure,
             open=False,
@@ -533,6 +551,18 @@ class PostgresStore(Store):
         rows = await self._read_one(
             "end_stalled_sessions", application_name=self.application_name, stalled=STALLED
         )
+        return self._ended(rows)
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry:
+        stalled = Query(
+            "end_stalled_sessions",
+            {"application_name": self.application_name, "stalled": STALLED},
+        )
+        tried, rows = await self._write(partial(policy.try_lease, name, holder, ttl, stalled))
+        self._ended(rows)
+        return tried
+
+    def _ended(self, rows: Rows) -> int:
         ended = [r["pid"] for r in rows if r["ended"]]
         if ended:
             logger.warning(
@@ -571,6 +601,17 @@ class PostgresStore(Store):
                 self._listen_loop(conn), name="stepwarden-listen", context=contextvars.Context()
             )
 
+    @property
+    def wakeups_live(self) -> bool:
+        return self._listening
+
+    def _caught_up(self) -> None:
+        """Listening again after a break: what was notified meanwhile is lost, so every
+        channel is told that anything may have changed (an empty wake-up: its subscribers
+        look at everything, as at a poll)."""
+        for channel in PG_CHANNELS:
+            self.notifier.publish(channel, [])
+
     async def _listen_connect(self) -> Conn:
         conn = await psycopg.AsyncConnection.connect(
             self.conninfo, autocommit=True, **self.connect_kwargs
@@ -592,6 +633,10 @@ class PostgresStore(Store):
                     conn = await self._listen_connect()
                     failures = 0
                     logger.info("listening for notifications again")
+                    self._listening = True
+                    self._caught_up()
+                else:
+                    self._listening = True
                 async for n in conn.notifies():
                     # This process published its own writes already, at their commit.
                     channel = _FROM_PG.get(n.channel)
@@ -610,6 +655,7 @@ class PostgresStore(Store):
                     "notifications lost; reconnecting in %.1f s", after_transient(failures + 1)
                 )
             finally:
+                self._listening = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -635,7 +681,7 @@ class PostgresStore(Store):
             if pool is None:
                 raise StoreError("the store is not open")
             try:
-                conn = await pool.getconn()
+                conn = await self._getconn(pool)
             except PoolClosed:
                 if self._pool is pool or self._pool is None:
                     raise
@@ -650,6 +696,30 @@ class PostgresStore(Store):
             raise
         finally:
             await pool.putconn(conn)
+            await self._narrow(pool)
+
+    async def _getconn(self, pool: AsyncConnectionPool[Conn]) -> Conn:
+        """A connection of `pool`; one held by another call is waited for GROW_AFTER before
+        the pool may open more, up to `pool_size`."""
+        if pool.max_size < self.pool_size:
+            try:
+                return await pool.getconn(timeout=GROW_AFTER)
+            except PoolTimeout:
+                await pool.resize(1, self.pool_size)
+        return await pool.getconn()
+
+    async def _narrow(self, pool: AsyncConnectionPool[Conn]) -> None:
+        """Once a grown pool is back at one connection, idle (POOL_MAX_IDLE), it opens no
+        more until calls wait again (looked at once a second at most)."""
+        if pool.max_size <= 1:
+            return
+        now = time.monotonic()
+        if now - self._narrowed_at < 1.0:
+            return
+        self._narrowed_at = now
+        stats = pool.get_stats()
+        if stats.get("pool_size", 0) <= 1 and stats.get("pool_available", 0) >= 1:
+            await pool.resize(1, 1)
 
     def _probe(self) -> None:
         """A connection was lost: try the server until it answers (one probe per store,

@@ -750,9 +750,12 @@ WITH d AS (
 SELECT ord, task_id, seq FROM u
 
 -- name: lock_lease_row
--- A lease as it stands, locked until commit, and whether it is live (by the clock now, not
--- the statement's start: a read that waited for the row lock sees the lease as it is).
-SELECT holder, term, expires_at > clock_timestamp() AS live FROM stepwarden_leases
+-- A lease as it stands, locked until commit, whether it is live (by the clock now, not
+-- the statement's start: a read that waited for the row lock sees the lease as it is), and
+-- the seconds until it lapses.
+SELECT holder, term, expires_at > clock_timestamp() AS live,
+       extract(epoch FROM expires_at - clock_timestamp())::float8 AS lapses_in
+FROM stepwarden_leases
 WHERE name = %(name)s
 FOR UPDATE
 

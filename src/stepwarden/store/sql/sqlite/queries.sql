@@ -491,8 +491,10 @@ SELECT :task_id, :now, 'step_failed', json_object('seq', :seq, 'attempt', :attem
 WHERE :state = 'failed';
 
 -- name: lock_lease_row
--- A lease as it stands, and whether it is live (BEGIN IMMEDIATE holds it until commit).
-SELECT holder, term, expires_at > :now AS live FROM stepwarden_leases WHERE name = :name
+-- A lease as it stands, whether it is live (BEGIN IMMEDIATE holds it until commit), and the
+-- seconds until it lapses.
+SELECT holder, term, expires_at > :now AS live, expires_at - :now AS lapses_in
+FROM stepwarden_leases WHERE name = :name
 
 -- name: next_expiry
 -- Seconds until the soonest expiry to come of a registry row (an instance silent from now
