@@ -11,6 +11,8 @@ store method outside its port is a type error, not a run-time refusal.
   that it runs (`AlertPort` for the `AlertDeliverer`, `RelayPort` for the `Relay`).
 - `AgentPort`: an agent runner's (`runner.AgentRunner`): a Store, or the agent protocol of
   a stepwarden server (`remote.RemoteAgentPort`) for an agent served over HTTP.
+- `WakeupPort` and `PollingPort`, in each of them that waits for work: the wake-ups, and
+  whether they all come (so that polling is only a fallback).
 
 A `Store` (`base.py`) serves every port, a `ShardedStore` (`sharded.py`) only
 `ApplicationStore`: an actor given a store of shards is a type error. Each port is
