@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from stepwarden.store import Store, open_store
+from stepwarden.store import Store, open_one
 
 from .server_warnings import ServerLog, StoreWarnings, find_server_log
 
@@ -97,7 +97,7 @@ def pg_template() -> Iterator[str]:
     with pg_database(name) as url:
 
         async def migrate() -> None:
-            store = open_store(url)
+            store = open_one(url)
             await store.open(migrate=True)
             await store.close()
 
@@ -140,7 +140,7 @@ def empty_store_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
-    s = open_store(store_url)
+    s = open_one(store_url)
     await s.open()
     try:
         yield s

@@ -51,7 +51,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from examples.orders import payment_service
 from stepwarden import TaskState
-from stepwarden.store import Store
+from stepwarden.store.ports import ReadPort
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPESCRIPT = ROOT / "clients" / "typescript"
@@ -440,7 +440,7 @@ async def run(args: argparse.Namespace, procs: Processes, url: str) -> Summary:
 
 
 async def summarise(
-    store: Store, task_ids: list[str], procs: Processes, elapsed: float, approved: int
+    store: ReadPort, task_ids: list[str], procs: Processes, elapsed: float, approved: int
 ) -> Summary:
     states: dict[str, int] = {s: 0 for s in ("processed", "compensated", "error")}
     retries = 0

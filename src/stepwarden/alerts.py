@@ -31,7 +31,8 @@ from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
 from .secret import public_name, public_url, stored_name, stored_url
-from .store import CHANNEL_OUTBOX, Store, Subscription
+from .store import CHANNEL_OUTBOX, Subscription
+from .store.ports import AlertPort
 
 logger = logging.getLogger("stepwarden.alerts")
 
@@ -209,7 +210,7 @@ class AlertDeliverer:
 
     def __init__(
         self,
-        store: Store,
+        store: AlertPort,
         sinks: Sequence[AlertSink],
         *,
         batch: int = 100,

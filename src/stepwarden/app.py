@@ -67,7 +67,8 @@ from .rules import CATCH_UP, plan_action, submit_version
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
-from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, Store, Transaction, open_store
+from .store import CHANNEL_OUTBOX, CHANNEL_TASK_DONE, ShardedStore, Store, Transaction, open_store
+from .store.ports import ApplicationPort, ApplicationStore
 from .workflow import MAX_WAIT, Context, Workflow, WorkflowFn, as_within, workflow_name
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class App:
         be named."""
         self._workflows: dict[tuple[str, int], Workflow] = {}
         self.agents: dict[str, Agent] = {}
-        self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._stores: dict[asyncio.AbstractEventLoop, Store | ShardedStore] = {}
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         """Held while a loop's store opens: callers at once share the one store it opens."""
         self._submits: dict[asyncio.AbstractEventLoop, Batcher[Submission, Submitted]] = {}
@@ -450,8 +451,12 @@ class App:
         return versions[submit_version(wf_name, versions, version)]
 
     # -- the store, per event loop --------------------------------------------------------
-    async def store(self) -> Store:
-        """The store opened for the running event loop (opened on first use)."""
+    async def store(self) -> ApplicationStore:
+        """The store opened for the running event loop (opened on first use), as the
+        application may use it (`store.ports.ApplicationStore`): what the App itself asks
+        (submit, the task's reads, events, operator actions, schedules, the wake-ups) and the
+        dashboard's reads (`ReadPort`). The actors' calls (claims, sweeps, the agents'
+        writes) are outside it: a worker runs them on a store of its own."""
         loop = asyncio.get_running_loop()
         store = self._stores.get(loop)
         if store is not None:
@@ -464,7 +469,7 @@ class App:
                 self._stores[loop] = store
         return store
 
-    async def _listening(self) -> Store:
+    async def _listening(self) -> ApplicationStore:
         """The store, listening for other processes' wake-ups (from the first caller that
         follows something on: a process that only submits does not listen, and so costs the
         database no work at each wake-up)."""
@@ -1014,7 +1019,7 @@ class App:
         """The blocking form of `operate_async`."""
         return self._call(self.operate_async(action, task_ids, **kwargs))
 
-    async def _preview(self, store: Store, action: OperatorAction) -> ActionOutcome:
+    async def _preview(self, store: ApplicationPort, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)
         if task is None:
             return ActionOutcome.missing(action.task_id)

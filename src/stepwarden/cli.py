@@ -851,7 +851,7 @@ def shards(ctx: click.Context, as_json: bool) -> None:
         return
     obj: _Ctx = ctx.obj
 
-    async def read(store: Store) -> list[dict[str, Any]]:
+    async def read(store: Store | ShardedStore) -> list[dict[str, Any]]:
         if not isinstance(store, ShardedStore) or store.shard_map is None:
             raise ConfigurationError("the store is one database, not shards")
         counts = store.shard_map.current.counts()
@@ -894,7 +894,7 @@ def shards_add(obj: _Ctx, url: str) -> None:
     a new generation of the map gives it an even share of the slots and moves no task. Run
     it once, then give every process the store's URL with URL added. Safe to run again."""
 
-    async def add(store: Store) -> str:
+    async def add(store: Store | ShardedStore) -> str:
         if not isinstance(store, ShardedStore):
             raise ConfigurationError(
                 "the store is one database: name two or more to make a store of shards"
@@ -905,7 +905,7 @@ def shards_add(obj: _Ctx, url: str) -> None:
     _echo(f"added shard {name}: give every process the store's URL with it added")
 
 
-async def _read_store(obj: _Ctx, read: Callable[[Store], Awaitable[T]]) -> T:
+async def _read_store(obj: _Ctx, read: Callable[[Store | ShardedStore], Awaitable[T]]) -> T:
     """What `read` finds in the store of the command, opened for it alone."""
     store = open_store(obj.store_url())
     await store.open(migrate=False)
@@ -1803,6 +1803,8 @@ def reseal(obj: _Ctx, batch: int) -> None:
 
     async def go() -> tuple[int, int, list[str], list[str]]:
         store = open_store(url, keys=ring)
+        if isinstance(store, ShardedStore):  # each shard's rows are resealed on its own
+            raise ConfigurationError("reseal runs on one database: run it with each shard's URL")
         await store.open(migrate=False)
         try:
             total = failed = moved = 0

@@ -63,7 +63,7 @@ from .retry import after_store_failure, answered
 from .rules import AlertReason, describe, error_text
 from .sealing import Binding
 from .states import OPEN_STEP_STATES, StepState, TaskState
-from .store import Store
+from .store.ports import SchedulerPort
 from .workflow import Abandon, Context, Parked, Workflow, compensation
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Entry:
 class Host(Protocol):
     """What a drive takes from its scheduler: process-wide things, none of them per task."""
 
-    store: Store
+    store: SchedulerPort
     instance: str
     operations: Mapping[str, AnyOperation] | None
     local_agents: dict[str, LocalAgent]

@@ -57,8 +57,8 @@ from .errors import ConfigurationError, TransientStoreError
 from .records import OutboxMessage
 from .retry import Backoff
 from .secret import MASK, Secret
-from .store import Store
 from .store._flow import CHANNEL_OUTBOX
+from .store.ports import RelayPort
 
 logger = logging.getLogger("stepwarden.relay")
 
@@ -477,7 +477,7 @@ class Relay:
 
     def __init__(
         self,
-        store: Store,
+        store: RelayPort,
         brokers: Brokers | None = None,
         *,
         destinations: Destinations | None = None,

@@ -1,4 +1,4 @@
-"""An agent served over HTTP: what an agent runner asks of the store (`runner.AgentPort`),
+"""An agent served over HTTP: what an agent runner asks of the store (`store.ports.AgentPort`),
 asked of a stepwarden server's agent protocol instead (`/api/v1/agents/{agent}/...`, served by
 `stepwarden dashboard` with a tokens file), so that the agent's process holds no database
 connection, and a service in another language can do the same with the same routes.

@@ -29,10 +29,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _json, _logs, tracing
 from ._aio import Pace, first, sleep_unless, spread, until_beat
@@ -53,9 +53,10 @@ from .records import (
 )
 from .retry import after_store_failure, answered
 from .rules import describe
-from .sealing import Binding, Keyring
+from .sealing import Binding
 from .states import StepState
 from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Subscription
+from .store.ports import AgentPort
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -187,45 +188,6 @@ class _Interruptible:
         # The cancellation `lose` asked for is taken back; another one (a drain) stands.
         if task.uncancel() == 0 and kind is asyncio.CancelledError:
             raise _Lost from exc
-
-
-class AgentPort(Protocol):
-    """What an agent runner asks of the store: a Store, or the agent protocol of a
-    stepwarden server (`remote.RemoteAgentPort`) for an agent served over HTTP."""
-
-    default_poll_interval: float
-
-    @property
-    def wakeups_live(self) -> bool: ...
-
-    keys: Keyring | None
-    """The keyring that seals the results the runner reports (None: it reports them plain,
-    for a server that seals them: the agent protocol's)."""
-
-    async def beat(self, beats: Sequence[AgentBeat], ttl: float) -> None: ...
-    async def leave(self, instance: str, agents: Sequence[str]) -> None: ...
-    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None: ...
-    async def claim_requests(
-        self,
-        instance: str,
-        agent: str,
-        operations: Sequence[str],
-        limit: int,
-        limits: Mapping[str, OpLimit] | None = None,
-    ) -> list[Request]: ...
-    async def held_steps(self, instance: str, agent: str) -> list[Request]: ...
-    async def lost_calls(
-        self, instance: str, calls: Sequence[tuple[str, int, int]]
-    ) -> dict[tuple[str, int, int], str]: ...
-    async def heartbeat_step(
-        self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
-    ) -> float | None: ...
-    async def complete_steps(self, batch: Sequence[StepOutcome]) -> list[bool]: ...
-    async def stop_calls(self, batch: Sequence[CallStop]) -> list[bool]: ...
-    async def hand_back(self, batch: Sequence[RequestHandback]) -> list[bool]: ...
-    def subscribe(self, channel: str) -> Subscription: ...
-    def unsubscribe(self, channel: str, sub: Subscription) -> None: ...
-    async def wait_to_retry(self, seconds: float, stop: asyncio.Event | None = None) -> None: ...
 
 
 class AgentRunner:

@@ -27,7 +27,8 @@ from .metrics import Metrics
 from .records import Held, Released, SchedulerBeat, StepDispatch, TaskOutcome, step_of_key
 from .retry import after_store_failure
 from .rules import unrunnable
-from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Store, Subscription
+from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Subscription
+from .store.ports import SchedulerPort
 from .workflow import Workflow
 
 logger = logging.getLogger("stepwarden.scheduler")
@@ -58,7 +59,7 @@ versions it does not have, each logged as a warning while any wait."""
 class Scheduler:
     def __init__(
         self,
-        store: Store,
+        store: SchedulerPort,
         workflows: Mapping[tuple[str, int], Workflow],
         *,
         instance: str,

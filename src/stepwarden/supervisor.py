@@ -30,7 +30,7 @@ from .records import Expired, Released, ScheduleSpec, StepSwept, TicksMade, Woke
 from .relay import Relay
 from .retry import Backoff
 from .states import FINISHED_TASK_STATES
-from .store import Store
+from .store.ports import SupervisorPort
 
 logger = logging.getLogger("stepwarden.supervisor")
 T = TypeVar("T")
@@ -47,7 +47,7 @@ DUE_AFTER = 0.01
 class Supervisor:
     def __init__(
         self,
-        store: Store,
+        store: SupervisorPort,
         *,
         instance: str,
         interval: float = 1.0,

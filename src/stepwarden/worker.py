@@ -139,7 +139,7 @@ class Worker:
         if opts.agent_url is not None:
             await self._run_remote_agents(opts.agent_url, opts.agent_token or "")
             return
-        store: Store = open_store(opts.store_url or self.app.store_url, keys=self.app.keys)
+        store = open_store(opts.store_url or self.app.store_url, keys=self.app.keys)
         store.write_observer = self.metrics.observe_write
         self.metrics.describe_worker(self.instance, opts.roles)
         server = None
@@ -172,7 +172,7 @@ class Worker:
                 server.close()
                 await server.wait_closed()
 
-    async def _check_keyring(self, store: Store) -> None:
+    async def _check_keyring(self, store: Store | ShardedStore) -> None:
         """Every role opens or seals secrets (the scheduler hands a task's input to its
         workflow, an agent its step's to the operation, the supervisor a schedule's to its
         tasks): a store whose secrets are sealed is refused without a keyring, at start

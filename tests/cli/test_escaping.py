@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 import stepwarden as sw
+from tests.stores import app_store
 
 from . import cli_app
 from .conftest import FAST
@@ -105,7 +106,7 @@ def test_show_prints_the_newest_event_of_a_long_history(migrated_url: str) -> No
         app = cli_app.build(migrated_url)
         try:
             await app.submit_async("process", {"n": 1}, task_id="long")
-            store = await app.store()
+            store = await app_store(app)
             await store.record_events([("long", "note", {"n": n}) for n in range(1999)])
             await app.pause_async("long", reason="the newest")
         finally:

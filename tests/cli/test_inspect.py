@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from stepwarden.records import AgentBeat
-from stepwarden.store import open_store
+from stepwarden.store import open_one
 
 from .helpers import APP, assert_ok, assert_refused, invoke, json_lines
 
@@ -180,7 +180,7 @@ def test_agents_as_text_shows_no_calls_for_a_gone_instance(migrated_url: str) ->
     alive = "billing-service/agent-0123456789abcdef"
 
     async def registry() -> None:
-        store = open_store(migrated_url)
+        store = open_one(migrated_url)
         await store.open(migrate=False)
         try:
             beats = [_beat(alive, inflight=3), _beat("agent-gone", inflight=2)]

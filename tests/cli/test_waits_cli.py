@@ -15,6 +15,7 @@ from stepwarden.dashboard import create_app
 from stepwarden.supervisor import Supervisor
 from tests.contract.test_engine import running
 from tests.contract.test_waits import Approvals, in_state
+from tests.stores import app_store
 
 from . import cli_app
 from .helpers import APP, assert_ok, assert_refused, invoke, sql
@@ -89,9 +90,7 @@ def test_an_event_sent_from_the_command_line_and_the_api_wakes_the_task(
                         "sent": True,
                         "woke": True,
                     }
-                    assert await app.result_async("api", timeout=20) == {
-                        "approved": {"ok": True}
-                    }
+                    assert await app.result_async("api", timeout=20) == {"approved": {"ok": True}}
                     # Sent again once it finished the task: sent before, not refused.
                     resent = await client.post(
                         "/api/tasks/api/send",
@@ -131,7 +130,7 @@ def test_schedules_from_the_command_line(migrated_url: str) -> None:
         app.schedule("nightly", "plain", cron="0 2 * * *", input={"n": 1}, timezone="Europe/Paris")
         try:
             leader = Supervisor(
-                await app.store(), instance="sup", schedules=list(app.schedule_specs.values())
+                await app_store(app), instance="sup", schedules=list(app.schedule_specs.values())
             )
             await leader.tick()
         finally:
@@ -159,7 +158,7 @@ def test_schedules_on_the_dashboard_and_its_api(migrated_url: str) -> None:
         app.schedule("hourly", "plain", every=timedelta(hours=1), input=7)
         try:
             leader = Supervisor(
-                await app.store(), instance="sup", schedules=list(app.schedule_specs.values())
+                await app_store(app), instance="sup", schedules=list(app.schedule_specs.values())
             )
             await leader.tick()
             transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))

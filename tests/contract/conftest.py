@@ -1,5 +1,5 @@
 """Fixtures of the contract tests: the agent-facing part of the store contract (and the
-engine's agents) over each transport an agent runner speaks (`runner.AgentPort`): the Store
+engine's agents) over each transport an agent runner speaks (`store.ports.AgentPort`): the Store
 itself, the agent protocol of a stepwarden server over HTTP (`remote.RemoteAgentPort`),
 served in a thread of the test's process over the same store, and that protocol spoken by
 the TypeScript library (`typescript.py`: its protocol module, and its agent runner)."""
@@ -14,8 +14,8 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.remote import RemoteAgentPort
-from stepwarden.runner import AgentPort
 from stepwarden.store import Store
+from stepwarden.store.ports import AgentPort
 
 from ..agentserver import AgentServer, Workers, agent_server, split_workers
 from ..typescript.test_typescript_client import compiled_library

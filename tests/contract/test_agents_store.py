@@ -1,7 +1,7 @@
 """The Store contract of healthy, capable agents, on each store: the registry, requests handed
 back, step heartbeats, the supervisor's reassignments and timeouts, claims within limits.
 
-What an agent asks (`runner.AgentPort`: beat, leave, claim, heartbeat, complete, hand back)
+What an agent asks (`store.ports.AgentPort`: beat, leave, claim, heartbeat, complete, hand back)
 goes through the fixture `agents`, once to the store itself and once over HTTP to a server's
 agent protocol over the same store (`remote.RemoteAgentPort`); what the scheduler, the
 supervisor and the operator do goes to `store`. Agent instances are named `tester/...`, as
@@ -29,9 +29,9 @@ from stepwarden.records import (
     WaitRequest,
 )
 from stepwarden.retry import Backoff
-from stepwarden.runner import AgentPort
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
+from stepwarden.store.ports import AgentPort
 from stepwarden.store.sqlite import SQLiteStore
 
 from ..agentserver import CLIENT

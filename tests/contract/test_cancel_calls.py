@@ -12,9 +12,9 @@ import asyncio
 
 from stepwarden.records import CallStop, OperatorAction, TaskOutcome
 from stepwarden.retry import Backoff
-from stepwarden.runner import AgentPort
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
+from stepwarden.store.ports import AgentPort
 
 from ..rawsql import seconds_until, sql
 from .test_agents_store import A1, A2, A3, beat, running_step

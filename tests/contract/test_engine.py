@@ -19,6 +19,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.records import NewStep, StepOutcome
+from tests.stores import app_store
 
 from ..agentserver import Workers
 
@@ -203,7 +204,7 @@ async def test_exhausted_retries_leave_the_step_to_the_supervisor(
 
 async def _record_first_step(shop: Shop, task_id: str, *, complete: bool) -> None:
     """Act as a scheduler (and agent) that recorded step 1 and then died."""
-    store = await shop.app.store()
+    store = await app_store(shop.app)
     [claimed] = await store.claim_tasks("dead-scheduler", ["process_order"], 1)
     await store.dispatch_steps(
         [
@@ -274,7 +275,7 @@ async def test_a_workflow_that_changed_its_steps_fails_clearly(store_url: str) -
     shop = Shop(store_url, within=0.3)
     try:
         await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
-        store = await shop.app.store()
+        store = await app_store(shop.app)
         [claimed] = await store.claim_tasks("old-code", ["process_order"], 1)
         await store.dispatch_steps(
             [

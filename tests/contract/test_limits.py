@@ -22,6 +22,7 @@ from stepwarden.rules import MAX_ERROR
 from tests.agentserver import Workers
 from tests.contract.test_engine import running
 from tests.rawsql import is_sqlite, sql, sqlite_path
+from tests.stores import app_store
 
 HUGE = 20_000_000
 
@@ -99,7 +100,7 @@ async def test_history_is_read_newest_first_a_page_at_a_time(store_url: str) -> 
     app = _app(store_url)
     try:
         await app.submit_async("runaway", 1, task_id="t")
-        store = await app.store()
+        store = await app_store(app)
         await store.record_events([("t", "note", {"n": n}) for n in range(1997)])
         await app.pause_async("t", reason="first look")
         await app.resume_async("t", reason="looked")
@@ -133,7 +134,7 @@ def _kept(store_url: str) -> dict[str, int]:
 
 async def _taken(app: sw.App, task_id: str, events: int) -> None:
     """Until the task waits with `events` events taken by its waits."""
-    store = await app.store()
+    store = await app_store(app)
     async with asyncio.timeout(30):
         while True:
             done = [w for w in await store.waits(task_id) if w.state == "done"]
@@ -182,7 +183,7 @@ async def test_a_task_keeps_events_within_the_bounds_of_the_app(store_url: str) 
             assert (await app.send_event_async("u", "vote", "é" * 49, event_id="fits")).sent
             assert await app.result_async("u", timeout=30) == ["é" * 49]
         assert _kept(store_url) == {"t": 3, "u": 1}
-        received = await (await app.store()).events(task_id="t", kind="event_received")
+        received = await (await app_store(app)).events(task_id="t", kind="event_received")
         assert sorted(e.detail["event_id"] for e in received) == ["v1", "v2", "v3"]
         with pytest.raises(sw.ConfigurationError, match="max_events_per_task must be"):
             sw.App("x", store=store_url, max_events_per_task=0)

@@ -23,6 +23,7 @@ import pytest
 import stepwarden as sw
 from stepwarden.records import DispatchedStep, NewStep, StepOutcome, Submission, TaskOutcome
 from stepwarden.store import Store
+from tests.stores import app_store
 
 from ..agentserver import Workers
 from .test_engine import running
@@ -108,7 +109,7 @@ async def test_an_answer_after_a_cancel_records_nothing_after_it(
             )
 
         await until(call_ended)
-        store = await shop.app.store()
+        store = await app_store(shop.app)
 
         async def call_stopped() -> bool:
             return any(s.call_stopped_at is not None for s in await store.get_steps("t"))
@@ -128,7 +129,7 @@ async def test_a_group_commit_applies_nothing_that_depends_on_a_refused_outcome(
     instance, one outcome is refused (the wrong attempt): that task's next step and its
     outcome are not applied; the other task's are."""
     app = sw.App("local", store=store_url)
-    store = await app.store()
+    store = await app_store(app)
     try:
         ids = ["ok", "refused"]
         await store.submit([app_task(tid) for tid in ids])

@@ -26,9 +26,11 @@ import stepwarden as sw
 from stepwarden.agent import Agent, Call
 from stepwarden.records import DispatchedStep, Request, StepOutcome
 from stepwarden.retry import Retry
-from stepwarden.runner import AgentPort, AgentRunner
+from stepwarden.runner import AgentRunner
 from stepwarden.states import StepState
 from stepwarden.store import Store
+from stepwarden.store.ports import AgentPort
+from tests.stores import app_store
 
 from .test_agents_store import A1
 from .test_engine import RESUME
@@ -221,7 +223,7 @@ async def test_a_task_whose_claim_answer_was_lost_is_given_back_by_its_scheduler
 async def given_back(shop: Shop) -> None:
     await shop.app.submit_async(shop.three, None, task_id="t")
     worker = sw.Worker(shop.app, RESUME)
-    store = await shop.app.store()
+    store = await app_store(shop.app)
     [lost] = await store.claim_tasks(f"scheduler-{worker.instance}", ["three"], 1)
     assert lost.task.task_id == "t"
     running = asyncio.create_task(worker.run())

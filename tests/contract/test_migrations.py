@@ -8,7 +8,7 @@ import stepwarden as sw
 from stepwarden import _json
 from stepwarden.records import CallStop
 from stepwarden.sealing import input_digest
-from stepwarden.store import _sql, open_store
+from stepwarden.store import _sql, open_one
 
 from ..rawsql import is_sqlite, script, seconds_until, sql
 from .test_engine import running
@@ -54,7 +54,7 @@ async def test_steps_abandoned_before_the_flag_existed_are_flagged(empty_store_u
             f" 1, 0, {now}, 't1/{seq}', '[]', {'NULL' if error is None else repr(error)},"
             f" {now}, {now})",
         )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         assert await store.schema_version() == _sql.latest_version(store.dialect)
@@ -92,7 +92,7 @@ async def test_steps_and_waits_recorded_before_positions_are_found_at_their_seq(
         "INSERT INTO stepwarden_waits (task_id, seq, kind, name, wake_at, state, created_at)"
         f" VALUES ('t1', 2, 'timer', '', {now}, 'done', {now})",
     )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         steps = await store.get_steps("t1")
@@ -130,7 +130,7 @@ async def test_tasks_stored_before_versions_are_version_1_and_run_on_version_1_c
         " max_failures, on_failure, catch_up, next_at, updated_at) VALUES ('nightly', 'wf',"
         f" 'null', 'UTC', 30, 3, 'compensate', 'skip', {now}, {now})",
     )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         assert await store.schema_version() == _sql.latest_version(store.dialect)
@@ -185,7 +185,7 @@ async def test_a_compensation_waiting_before_the_upgrade_still_waits_for_complet
         f" 'failed', 1, 1, 0, {later}, 't1/1', '[]', 'abandoned: the task is compensating',"
         f" {now}, {now}, {'1' if sqlite else 'true'}, 'a1')",
     )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         assert await store.schema_version() == _sql.latest_version(store.dialect)
@@ -223,7 +223,7 @@ async def test_waits_recorded_before_children_existed_are_kept(empty_store_url: 
         "INSERT INTO stepwarden_waits (task_id, seq, position, kind, name, wake_at, state,"
         f" created_at) VALUES ('t1', 2, '2', 'event', 'go', {later}, 'open', {now})",
     )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         assert await store.schema_version() == _sql.latest_version(store.dialect)
@@ -279,7 +279,7 @@ async def test_work_waiting_before_aging_is_ranked_by_its_age_and_priority(
             f" 'not_started', 1, 1, {priority}, {ago(-60)}, 'held/{seq}', '[]', {ago(age)},"
             f" {ago(age)})",
         )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         claimed = await store.claim_tasks("s1", ["wf"], 10)
@@ -307,7 +307,7 @@ async def test_tasks_stored_before_input_digests_get_theirs_when_migrated(
             f' \'{{"b": {n}, "a": {{"$secret": "pin-{n}"}}}}\', \'pending\', 3, 30, {now},'
             f" {now}, {now})",
         )
-    store = open_store(url)
+    store = open_one(url)
     await store.open(migrate=True)
     try:
         for n in range(3):

@@ -13,6 +13,7 @@ from aiohttp import web
 
 import stepwarden as sw
 from stepwarden.destinations import Destinations
+from tests.stores import app_store
 
 from .test_compensation import Saga, finish
 from .test_engine import FAST, running
@@ -167,7 +168,7 @@ async def test_retention_deletes_old_finished_tasks_and_keeps_the_others(
         await saga.app.submit_async(saga.order, {"id": 2}, task_id="done")
         assert await saga.app.result_async("done", timeout=20) == "done"
     await saga.app.submit_async(saga.order, {"id": 3}, task_id="waiting")
-    store = await saga.app.store()
+    store = await app_store(saga.app)
     assert await store.purge(3600, 100) == 0  # nothing is an hour old
     # With a retention of zero seconds the supervisor purges what is finished.
     options = dataclasses.replace(FAST, retention=0.0, roles=frozenset({"supervisor"}))
@@ -208,7 +209,7 @@ async def test_a_purged_tasks_status_messages_are_kept_until_delivered_then_dele
         async with running(app, no_relay):
             await app.submit_async("one", 1, task_id="kept", reply_to=broker)
             assert await app.result_async("kept", timeout=20) == 1
-        store = await app.store()
+        store = await app_store(app)
         undelivered = await store.outbox(task_id="kept")
         assert [m.kind for m in undelivered] == ["received", "step_completed", "processed"]
         assert await store.purge(0.0, 100) == 1
@@ -232,7 +233,7 @@ async def test_a_step_dispatched_too_often_raises_an_alert(store_url: str) -> No
     saga.hang.add("charge")
     async with running(saga.app):
         await saga.app.submit_async(saga.order, {"id": 1}, task_id="o1")
-        store = await saga.app.store()
+        store = await app_store(saga.app)
 
         async def alerted() -> bool:
             return bool(await store.outbox(channel="alerts", task_id="o1"))

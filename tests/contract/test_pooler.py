@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from stepwarden.errors import ConfigurationError
-from stepwarden.store import open_store
+from stepwarden.store import open_one
 from stepwarden.store.postgres import PostgresStore
 
 from ..pgbouncer import pgbouncer
@@ -51,7 +51,7 @@ async def test_behind_a_transaction_pooler_the_store_needs_the_servers_timeouts(
     pg_url: str,
 ) -> None:
     with pgbouncer(pg_url) as port:
-        store = open_store(_through(pg_url, port))
+        store = open_one(_through(pg_url, port))
         with pytest.raises(
             ConfigurationError,
             match="must set idle_in_transaction_session_timeout and lock_timeout",
@@ -59,7 +59,7 @@ async def test_behind_a_transaction_pooler_the_store_needs_the_servers_timeouts(
             await store.open()
     _set_timeouts(pg_url, 5000)  # for the sessions made from now on
     with pgbouncer(pg_url) as port:
-        store = open_store(_through(pg_url, port))
+        store = open_one(_through(pg_url, port))
         await store.open()
         try:
             assert await store.acquire_lease("supervisor", "a", 30) == 1

@@ -16,6 +16,7 @@ from stepwarden.records import ScheduleSpec
 from stepwarden.rules import SKIP_GRACE, first_tick, plan_ticks, schedule_task_id
 from stepwarden.supervisor import Supervisor
 from tests.rawsql import is_sqlite, seconds_ago, sql
+from tests.stores import app_store
 
 from .test_engine import running
 
@@ -106,7 +107,7 @@ def test_a_bad_declaration_is_refused_with_a_clear_error(tmp_path: Any) -> None:
 async def test_racing_supervisors_create_one_task_per_tick(store_url: str) -> None:
     app = _app(store_url)
     app.schedule("often", "report", every=timedelta(seconds=1), input={"n": 1}, catch_up="all")
-    store = await app.store()
+    store = await app_store(app)
     try:
         specs = list(app.schedule_specs.values())
         supervisors = [
@@ -152,7 +153,7 @@ async def test_a_schedule_runs_its_workflow_and_can_be_paused_and_triggered(
             assert await app.result_async(found[0], timeout=20) == "hello"
         # Paused, its ticks make no task, however late they are; resumed, the ticks of the
         # pause are never made: it goes on from its first tick after the resume.
-        store = await app.store()
+        store = await app_store(app)
         leader = Supervisor(
             store, instance="sup", lease_ttl=30, schedules=list(app.schedule_specs.values())
         )
@@ -196,7 +197,7 @@ async def test_one_bad_schedule_never_stops_the_others(
     app.schedule("good", "report", every=timedelta(seconds=1), input="ok", catch_up="latest")
     app.schedule("later", "report", every=timedelta(seconds=1), catch_up="latest")
     never = _spec(name="never", every=None, cron="0 0 30 2 *")
-    store = await app.store()
+    store = await app_store(app)
     try:
         specs = [never, *app.schedule_specs.values()]
         leader = Supervisor(store, instance="sup", lease_ttl=30, schedules=specs)

@@ -22,7 +22,8 @@ import stepwarden as sw
 from stepwarden.cli import cli as main_cli
 from stepwarden.dashboard import create_app
 from stepwarden.placement import SLOTS, ShardMap, slot_of
-from stepwarden.store import ShardedStore, open_store
+from stepwarden.sealing import new_keyring
+from stepwarden.store import ShardedStore, open_one, open_store
 
 from ..conftest import pg_database, unique
 from .test_engine import FAST, running
@@ -236,6 +237,15 @@ async def test_what_a_sharded_store_refuses(sharded: sw.App, tmp_path: Any) -> N
     with pytest.raises(sw.ConfigurationError, match="the store is one database"):
         app = shop(url)
         await sw.Worker(app, dataclasses.replace(FAST, shards=frozenset({"s1"}))).run()
+    with pytest.raises(sw.ConfigurationError, match="one database: several URLs name shards"):
+        open_one(sharded.store_url)
+    # Resealing runs on each shard's own store, one at a time.
+    command = ["--store", sharded.store_url, "reseal"]
+    done = await asyncio.to_thread(
+        CliRunner().invoke, main_cli, command, env={"STEPWARDEN_KEYS": new_keyring()}
+    )
+    assert done.exit_code == 1, done.output
+    assert "reseal runs on one database: run it with each shard's URL" in done.output
 
 
 async def test_the_cli_and_the_dashboard_read_across_the_shards(

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from stepwarden.records import step_key
-from stepwarden.store import CHANNEL_TASKS, open_store
+from stepwarden.store import CHANNEL_TASKS, open_one
 from stepwarden.store._flow import Wakeups
 from stepwarden.store._wake import DATAGRAM_LIMIT, SOCKET_SUFFIX, WakeChannel, datagrams, wake_dir
 
@@ -28,10 +28,10 @@ SUBMIT = textwrap.dedent(
     """
     import asyncio, sys
     from stepwarden.records import Submission
-    from stepwarden.store import open_store
+    from stepwarden.store import open_one
 
     async def main() -> None:
-        store = open_store(sys.argv[1])
+        store = open_one(sys.argv[1])
         await store.open(migrate=False)
         await store.submit([Submission(task_id=sys.argv[2], workflow="wf", input="{}",
                                     priority=0, complete_within=30, max_failures=3,
@@ -44,7 +44,7 @@ SUBMIT = textwrap.dedent(
 
 
 async def test_a_submit_in_another_process_wakes_a_listening_store(sqlite_url: str) -> None:
-    store = open_store(sqlite_url)
+    store = open_one(sqlite_url)
     await store.open()
     try:
         await store.listen()
@@ -111,7 +111,7 @@ async def test_a_folder_not_the_users_own_is_not_used_and_no_write_fails(
     folder = wake_dir(str(_path(sqlite_url)))
     folder.mkdir(mode=0o700)
     folder.chmod(0o777)
-    store = open_store(sqlite_url)
+    store = open_one(sqlite_url)
     await store.open()
     try:
         await store.listen()  # refused, said as a warning: polling only
@@ -133,7 +133,7 @@ async def test_with_wake_off_no_socket_is_used_and_the_work_is_found_by_polling(
     url = sqlite_url + "?wake=off"
     folder = wake_dir(str(_path(sqlite_url)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    store = open_store(url)
+    store = open_one(url)
     await store.open()
     try:
         await store.listen()

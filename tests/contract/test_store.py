@@ -12,7 +12,7 @@ from stepwarden.records import StepDispatch, StepOutcome, Submission, TaskOutcom
 from stepwarden.retry import Backoff
 from stepwarden.sealing import input_digest
 from stepwarden.states import StepState, TaskState
-from stepwarden.store import CHANNEL_REQUESTS, CHANNEL_RESULTS, Store, open_store
+from stepwarden.store import CHANNEL_REQUESTS, CHANNEL_RESULTS, Store, open_one
 
 from ..dispatching import step_dispatch
 
@@ -108,7 +108,7 @@ async def test_migrate_is_idempotent_and_versions_are_checked(store: Store, stor
                 "INSERT INTO stepwarden_schema (version, name) VALUES (%s, 'future')",
                 (version + 1,),
             )
-    other = open_store(store_url)
+    other = open_one(store_url)
     with pytest.raises(SchemaVersionError, match=f"version {version + 1}"):
         await other.open()
     await other.close()
@@ -141,7 +141,7 @@ async def test_claim_by_priority_then_age_sets_the_lock(store: Store) -> None:
 
 async def test_concurrent_claims_never_take_the_same_task(store: Store, store_url: str) -> None:
     await store.submit([new_task(f"t{i}") for i in range(60)])
-    others = [open_store(store_url) for _ in range(3)]
+    others = [open_one(store_url) for _ in range(3)]
     for o in others:
         await o.open()
     try:

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from stepwarden.errors import PermanentStoreError, StoreError, TransientStoreError
-from stepwarden.store import Store, open_store
+from stepwarden.store import Store, open_one
 from stepwarden.store.sqlite import _translate
 
 from ..rawsql import sqlite_path
@@ -45,7 +45,7 @@ def test_sqlite_busy_is_transient_and_a_constraint_permanent(sqlite_url: str) ->
 
 
 async def test_postgres_lock_timeout_is_transient(pg_url: str) -> None:
-    store = open_store(pg_url + "?options=-c%20lock_timeout%3D100")
+    store = open_one(pg_url + "?options=-c%20lock_timeout%3D100")
     await store.open()
     try:
         assert await store.acquire_lease("supervisor", "a", 30) == 1
@@ -62,7 +62,7 @@ async def test_an_unreachable_postgres_is_transient() -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    store = open_store(f"postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=2")
+    store = open_one(f"postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=2")
     with pytest.raises(TransientStoreError, match="cannot connect to PostgreSQL"):
         await store.open()
     assert issubclass(TransientStoreError, StoreError)
@@ -79,7 +79,7 @@ async def test_a_read_only_server_is_transient_and_its_connection_is_replaced(
         admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
         # The pool's one connection is made now, on the read-only server (any session
         # accepted here, so that the store starts on it).
-        store = open_store(pg_url + "?target_session_attrs=any&pool_size=1")
+        store = open_one(pg_url + "?target_session_attrs=any&pool_size=1")
         await store.open(migrate=False)
         try:
             with pytest.raises(TransientStoreError, match="read-only"):
@@ -104,7 +104,7 @@ async def test_by_default_a_read_only_server_is_passed_over(pg_url: str) -> None
     name = pg_url.rsplit("/", 1)[1]
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
-        store = open_store(pg_url)
+        store = open_one(pg_url)
         with pytest.raises(TransientStoreError, match="read-only"):
             await store.open(migrate=False)
         admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')

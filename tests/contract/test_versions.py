@@ -17,6 +17,7 @@ import stepwarden as sw
 from stepwarden.scheduler import VERSIONS_EVERY
 from stepwarden.supervisor import Supervisor
 from tests.rawsql import is_sqlite, sql
+from tests.stores import app_store
 
 from .test_engine import running
 
@@ -181,7 +182,7 @@ async def test_a_scheduler_claims_only_the_versions_it_has(store_url: str) -> No
     try:
         for task_id, version in [("a1", 1), ("a2", 1), ("b1", 2), ("b2", 2)]:
             await app.submit_async("order", {}, task_id=task_id, version=version)
-        store = await app.store()
+        store = await app_store(app)
         claimed = await store.claim_tasks("only-v2", [("order", 2)], 10)
         assert sorted((c.task.task_id, c.task.version) for c in claimed) == [("b1", 2), ("b2", 2)]
         assert await store.claim_tasks("only-v2", [("order", 2)], 10) == []
@@ -319,7 +320,7 @@ async def test_a_schedule_s_tasks_run_the_newest_version(store_url: str) -> None
     app.workflow(order_v3, name="order", version=3, complete_within=timedelta(seconds=7))
     spec = app.schedule_specs["nightly"]
     assert (spec.version, spec.complete_within) == (3, 7.0)
-    store = await app.store()
+    store = await app_store(app)
     try:
         leader = Supervisor(store, instance="sup", lease_ttl=30, schedules=[spec])
         await leader.tick()

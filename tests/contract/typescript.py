@@ -2,7 +2,7 @@
 module and its agent runner, in a Node process that talks JSON lines with the test
 (clients/typescript/test/contract.ts).
 
-- `TypeScriptAgentPort`: a `runner.AgentPort` whose every call of the agent protocol is
+- `TypeScriptAgentPort`: a `store.ports.AgentPort` whose every call of the agent protocol is
   forwarded as a JSON line to a Node process that makes it with the library's
   `AgentProtocol` (the wire's JSON is built and read as `RemoteAgentPort` does).
 - `TypeScriptWorkers`: `running(app, options)` with the App's agents served by the library's

@@ -10,6 +10,7 @@ import httpx
 import stepwarden as sw
 from stepwarden.dashboard import create_app
 from stepwarden.records import AgentBeat
+from tests.stores import app_store
 
 TOKEN = "a-token-of-24-characters"
 
@@ -35,7 +36,7 @@ def _row(page: str, instance: str) -> str:
 async def test_a_gone_instance_shows_no_calls_in_flight(sqlite_url: str) -> None:
     app = sw.App("agents-page", store=sqlite_url)
     try:
-        store = await app.store()
+        store = await app_store(app)
         await store.beat([_beat("agent-alive", 3), _beat("agent-gone", 2)], ttl=30)
         await store.leave("agent-gone", ["desk"])
         transport = httpx.ASGITransport(app=create_app(app, token=TOKEN))

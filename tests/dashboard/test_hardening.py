@@ -28,6 +28,7 @@ from stepwarden.dashboard import create_app
 from stepwarden.dashboard._auth import MAX_ADDRESSES, Throttle, client_address
 from stepwarden.records import Submission
 from tests.cli.helpers import REPO, STEPWARDEN, assert_refused, invoke, process_env
+from tests.stores import app_store
 
 from .conftest import TOKEN, Served, run_async
 
@@ -322,7 +323,7 @@ def test_history_pages_and_odd_ids_on_the_dashboard(served: Served) -> None:
     async def setup() -> None:
         store = sw.App("setup", store=served.store_url)
         try:
-            s = await store.store()
+            s = await app_store(store)
             await s.record_events([("order-1", "note", {"n": n}) for n in range(250)])
             await s.submit(
                 [
@@ -362,7 +363,7 @@ def sqlite_migrated(tmp_path: Path) -> str:
 
     async def migrate() -> None:
         app = sw.App("migrate", store=url)
-        await app.store()
+        await app_store(app)
         await app.aclose()
 
     asyncio.run(migrate())

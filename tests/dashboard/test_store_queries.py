@@ -10,6 +10,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.records import DURATION_BUCKETS
+from tests.stores import app_store
 
 from ..contract.test_engine import running
 
@@ -42,7 +43,7 @@ def build(store_url: str) -> sw.App:
 async def test_the_dashboard_queries_read_what_the_store_holds(store_url: str) -> None:
     app = build(store_url)
     try:
-        store = await app.store()
+        store = await app_store(app)
         # An empty store.
         assert await store.find_tasks() == []
         assert await store.workflow_names() == []

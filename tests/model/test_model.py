@@ -37,7 +37,7 @@ import psycopg
 from hypothesis import HealthCheck, reproduce_failure, seed, settings
 
 from stepwarden.store import Store
-from stepwarden.store import open_store as connect
+from stepwarden.store import open_one as connect
 
 from .machine import StoreModel
 

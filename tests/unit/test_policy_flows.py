@@ -82,9 +82,7 @@ def test_a_lease_another_holds_in_time_is_left_alone() -> None:
     assert run.names() == [["lock_lease_row"]]
 
 
-def test_a_try_of_a_lease_another_holds_says_when_it_lapses_after_ending_stalled_sessions() -> (
-    None
-):
+def test_a_try_of_a_lease_another_holds_says_when_it_lapses_after_ending_stalled_sessions() -> None:
     held = [{"holder": "sup2", "term": 4, "live": True, "lapses_in": 3.5}]
     stalled = Query("end_stalled_sessions", {"stalled": 5.0})
     run = drive(

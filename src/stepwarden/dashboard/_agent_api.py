@@ -33,7 +33,7 @@ from starlette.responses import Response
 
 from .. import _json, _tokens
 from ..app import App
-from ..errors import StoreError
+from ..errors import ConfigurationError, StoreError
 from ..records import (
     AgentBeat,
     CallStop,
@@ -207,7 +207,15 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     AgentName = Annotated[names, Path(description="An agent the App declares.")]
 
     async def store() -> Store:
-        return await app.store()
+        # The agents' calls are outside the application's port that `App.store()` gives
+        # (`store.ports.ApplicationStore`): this API serves them from the Store it opened,
+        # which a store of shards is not (each shard's agents are served on its own).
+        db = await app.store()
+        if not isinstance(db, Store):
+            raise ConfigurationError(
+                "the agent protocol is served over a store of one database, not of shards"
+            )
+        return db
 
     Db = Annotated[Store, Depends(store)]
 

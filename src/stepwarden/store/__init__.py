@@ -20,23 +20,37 @@ from .base import Store, Subscription, Transaction
 from .sharded import ShardedStore
 
 
-def open_store(url: str, *, keys: Keyring | None = None) -> Store:
+def open_store(url: str, *, keys: Keyring | None = None) -> Store | ShardedStore:
     """The store for `url` (not yet opened): sqlite:///path.db or postgresql://..., or
-    several postgresql://... URLs separated by whitespace: a store of shards (`sharded.py`).
+    several postgresql://... URLs separated by whitespace: a store of shards (`sharded.py`),
+    which serves the application's port and the reads only (`ports.ApplicationStore`).
     `keys`: the keyring its secrets are sealed and opened with (`sealing`), checked against
     the store's when it opens."""
+    _check_url(url)
+    store = ShardedStore(url) if len(url.split()) > 1 else _store_for(url)
+    store.keys = keys
+    return store
+
+
+def open_one(url: str, *, keys: Keyring | None = None) -> Store:
+    """The store of the one database at `url` (not yet opened), as `open_store` opens it;
+    several URLs (a store of shards) are refused."""
+    _check_url(url)
+    if len(url.split()) > 1:
+        raise ConfigurationError("this store is one database: several URLs name shards")
     store = _store_for(url)
     store.keys = keys
     return store
 
 
-def _store_for(url: str) -> Store:
+def _check_url(url: str) -> None:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a store URL must be a non-empty string, not {url!r}")
     if "\x00" in url:
         raise ConfigurationError(f"invalid store URL {_masked(url)!r}: it holds a NUL character")
-    if len(url.split()) > 1:  # several databases, separated by whitespace: shards
-        return ShardedStore(url)
+
+
+def _store_for(url: str) -> Store:
     try:
         scheme = urlsplit(url).scheme
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host
@@ -91,6 +105,7 @@ __all__ = [
     "Store",
     "Subscription",
     "Transaction",
+    "open_one",
     "open_store",
     "shown_url",
 ]

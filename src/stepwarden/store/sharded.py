@@ -3,10 +3,14 @@ waits, events, children and status messages; where is placement's rule (`placeme
 
 This store is the application's and the operator's view: it submits (placed by the map),
 finds a task from its id, sends events, applies operator actions, and reads across the shards
-(lists merged). The actors do not use it: a worker given several stores runs its roles on
-each shard's own store (`parts`), so that each shard has its own schedulers, agents and
-supervisor leader, and its limits are counted per shard. Anything else asked of this store
-is refused (ConfigurationError), never answered from one shard as if it were all.
+(lists merged). It is no Store: it serves the application's port and the reads
+(`ports.ApplicationStore`), with the operator's lifecycle (open, migrate, the sealing keys,
+purge), and no actor's port, so that an actor given it is a type error. A worker given
+several stores runs its roles on each shard's own store (`parts`), so that each shard has
+its own schedulers, agents and supervisor leader, and its limits are counted per shard. Of
+what it serves, what no shard can answer whole is refused (ConfigurationError: a
+transaction of the application's, a channel's status messages across shards), never
+answered from one shard as if it were all.
 
 The URL is the shards' URLs separated by whitespace. On first open the map is written to
 every shard (generation 1: the slots dealt over the shards in the URL's order, named s1,
@@ -57,8 +61,7 @@ from ..rules import resubmit
 from ..sealing import Keyring
 from ..states import TaskState
 from . import _rows, policy
-from ._flow import FlowFn, Query, Rows
-from .base import Store, Subscription, Transaction
+from .base import Notifier, Store, Subscription, Transaction
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwarden.store")
@@ -78,14 +81,20 @@ def shard_urls(url: str) -> list[str]:
     return url.split()
 
 
-class ShardedStore(Store):
+class ShardedStore:
     """Several PostgreSQL databases as one store for the application (see the module)."""
 
     dialect = "postgresql"
     default_poll_interval = 0.5  # PostgresStore's
+    notifier: Notifier
+    """This store's wake-ups, fed by every shard's (`subscribe`)."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url)
+        self.url = url
+        self.notifier = Notifier()
+        self.write_observer: Callable[[float], None] | None = None
+        """Given to every shard's store when it opens (`Store.write_observer`)."""
+        self._keys: Keyring | None = None
         urls = shard_urls(url)
         if len(urls) < 2:
             raise ConfigurationError("a sharded store names two PostgreSQL databases or more")
@@ -615,19 +624,12 @@ class ShardedStore(Store):
         """The lease on the map's first shard (each shard has its own leader: `part`)."""
         return await self._first().read_lease(name)
 
-    # -- the driver: nothing else is answered across shards -------------------------------
-    async def _fetch(self, query: Query) -> Rows:
-        _refuse(f"the query {query.name!r}", "run it on one shard's store")
-
-    async def _write(self, flow: FlowFn[T]) -> T:
-        _refuse("a write of the actors'", "run the worker's roles on each shard's store")
-
 
 def _postgres(url: str, keys: Keyring | None) -> Store:
     """One shard's store (the postgres extra is needed for shards only)."""
-    from . import open_store
+    from . import open_one
 
-    return open_store(url, keys=keys)
+    return open_one(url, keys=keys)
 
 
 def _refuse(what: str, instead: str) -> NoReturn:
