@@ -278,6 +278,7 @@ class SupervisorPort(AlertPort, RelayPort, Protocol):
     """When (monotonic) this process last lost the server."""
 
     async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry: ...
+    async def look_lease(self, name: str, holder: str) -> float | None: ...
     async def sweep_round(
         self,
         *,
