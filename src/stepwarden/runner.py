@@ -244,6 +244,8 @@ class AgentRunner:
         self._watcher: asyncio.Task[None] | None = None
         self._room = asyncio.Event()
         self._beat_now = asyncio.Event()
+        self._opened = asyncio.Event()
+        """Set when the breaker opens: a claim under way is given up (`_claim`)."""
         self._transitions: list[str] = []
         self._completions: Batcher[StepOutcome, bool] = Batcher(store.complete_steps)
         self._stops: Batcher[CallStop, bool] = Batcher(store.stop_calls)
@@ -280,6 +282,8 @@ class AgentRunner:
         log = logger.warning if state != CLOSED else logger.info
         log("agent %s (%s): circuit breaker %s", self.agent.name, self.instance, state)
         self._transitions.append(state)
+        if state == OPEN:
+            self._opened.set()
         self._beat_now.set()
         self._room.set()
 
@@ -520,9 +524,7 @@ class AgentRunner:
                 self._claiming += 1
                 delay: float | None = None
                 try:
-                    requests = await self.store.claim_requests(
-                        self.instance, self.agent.name, operations, free, limits
-                    )
+                    requests = await self._claim(operations, free, limits)
                     for request in requests:
                         self._start(request)
                 except StoreError as exc:
@@ -651,6 +653,32 @@ class AgentRunner:
         finally:
             span.set_attributes(tracing.attributes(outcome=hold.outcome))
             span.end()
+
+    async def _claim(
+        self, operations: Sequence[str], free: int, limits: dict[str, OpLimit]
+    ) -> list[Request]:
+        """The store's claim of up to `free` requests, given up when the breaker opens
+        meanwhile: a claim that waits for work (the agent protocol's long poll) would
+        otherwise take back the very request this instance has just handed back for its
+        open breaker. A claim given up may have been made all the same (its answer lost):
+        the next beats look at the steps this instance holds."""
+        claim = asyncio.ensure_future(
+            self.store.claim_requests(self.instance, self.agent.name, operations, free, limits)
+        )
+        if self.breaker is None:
+            return await claim
+        self._opened.clear()
+        opened = asyncio.ensure_future(self._opened.wait())
+        try:
+            await asyncio.wait({claim, opened}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
+        if claim.done():
+            return claim.result()
+        claim.cancel()
+        await asyncio.wait({claim})
+        self._looks = LOOKS
+        return [] if claim.cancelled() else claim.result()  # or it had ended meanwhile
 
     async def _calls(self, hold: _Hold) -> None:
         """Call the operation of a claimed request until it answers, fails for good, runs
