@@ -138,7 +138,9 @@ def unsupplied(dialect: str, site: Site, sql: str) -> set[str]:
 
 
 QUERIES = {d: _sql.queries(d) for d in DIALECTS}
-FOUND = query_sites(STORE / "policy.py", STORE / "reseal.py", STORE / "base.py")
+FOUND = query_sites(
+    *sorted((STORE / "policy").glob("*.py")), STORE / "reseal.py", STORE / "base.py"
+)
 USED = {s.name for s in FOUND.sites}
 
 

@@ -1,4 +1,4 @@
-"""The state store: the Store (`base.py`) and its policy (`policy.py`), written once, over one
+"""The state store: the Store (`base.py`) and its policy (`policy/`), written once, over one
 driver per database (`sqlite.py`, `postgres.py`)."""
 
 from __future__ import annotations

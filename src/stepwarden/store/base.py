@@ -6,10 +6,10 @@ took effect. Methods that take a sequence apply a batch in a single commit, so t
 concurrent workflows share one commit (group commit).
 
 The methods are written here once, whatever the database: reads as one named query and a
-row mapper (`_rows.py`), writes as flows (`policy.py`) that decide with the engine's rules
-(`rules.py`). A dialect (`sqlite.py`, `postgres.py`) is a driver: it connects, runs named
-queries (`sql/<dialect>/queries.sql`), drives a flow in one transaction, and carries the
-wake-ups to other processes where its database can.
+row mapper (`_rows.py`), writes as flows (`policy/`, a module per role) that decide with
+the engine's rules (`rules.py`). A dialect (`sqlite.py`, `postgres.py`) is a driver: it
+connects, runs named queries (`sql/<dialect>/queries.sql`), drives a flow in one
+transaction, and carries the wake-ups to other processes where its database can.
 """
 
 from __future__ import annotations

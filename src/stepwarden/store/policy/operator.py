@@ -1,0 +1,173 @@
+"""The operator's flows (`store.policy`): an action on tasks and what it reaches of their
+children."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...records import (
+    ActionOutcome,
+    OperatorAction,
+    step_key,
+)
+from ...rules import (
+    ENGINE,
+    ActionPlan,
+    abandoned_error,
+    action_detail,
+    plan_action,
+    plan_cascade,
+)
+from ...states import FINISHED_TASK_STATES, TaskState
+from .._flow import Flow, Query, Rows, Wakeups, fetch
+from ._shared import _holds, _json_text
+
+
+def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[ActionOutcome]]:
+    """Each action reads its task (locking it until commit) and applies its plan
+    (`rules.plan_action`), recorded as an `operator` event; in order, so that a second action
+    on one task sees the first. A cancel or a compensation reaches the task's children that
+    have not ended, and theirs (`rules.plan_cascade`); a task that ends wakes its parent
+    (`children_ended`)."""
+    reaching = sorted({a.task_id for a in actions if a.action in CASCADING})
+    descendants: Rows = []
+    if reaching:  # locked first, deepest first: the order in which a child's end locks
+        descendants = yield from fetch("descendants", task_ids=reaching)
+    outcomes: list[ActionOutcome] = []
+    applied: list[ActionOutcome] = []
+    for action in actions:
+        outcome = yield from _operate(action)
+        outcomes.append(outcome)
+        if not outcome.applied:
+            continue
+        applied.append(outcome)
+        if action.action in CASCADING and descendants:
+            applied.extend(
+                (yield from _cascade(action.task_id, action.action, descendants, action))
+            )
+    moved = {o.after for o in applied}
+    if moved & {TaskState.PENDING, TaskState.COMPENSATING}:
+        wake.tasks()
+    wake.calls(
+        [
+            o.task_id
+            for o in applied
+            if o.after in (TaskState.CANCELLED, TaskState.COMPENSATING, TaskState.PAUSED)
+        ]
+    )
+    ended = [o.task_id for o in applied if o.after in FINISHED_TASK_STATES]
+    wake.done(ended)
+    yield from children_ended(ended, wake)
+    wake.results(
+        [
+            step_key(a.task_id, a.seq)
+            for a, o in zip(actions, outcomes, strict=True)
+            if o.applied and a.action == "skip" and a.seq is not None
+        ]
+    )
+    return outcomes
+
+
+CASCADING = ("cancel", "compensate")
+"""The operator actions that reach a task's children (`rules.plan_cascade`)."""
+
+
+def _cascade(
+    parent_id: str,
+    cause: str,
+    descendants: Rows,
+    by: OperatorAction | None = None,
+) -> Flow[list[ActionOutcome]]:
+    """Apply to the children of `parent_id` what `rules.plan_cascade` says for `cause`, and
+    so on to theirs: the outcomes applied. `descendants` were read (and locked) at the start
+    of the transaction; the children's states are read again here, as this transaction may
+    have moved them since. `by`: the operator's action on the ancestor (its actor and
+    identity are recorded), or None for the engine's own (a parent's failure)."""
+    if not any(r["parent_id"] == parent_id for r in descendants):
+        return []
+    children = yield from fetch("children_states", task_id=parent_id)
+    actor = ENGINE if by is None else by.actor
+    identity = None if by is None else by.identity
+    applied: list[ActionOutcome] = []
+    for child in plan_cascade(parent_id, cause, children, actor=actor, identity=identity):
+        outcome = yield from _operate(child)
+        if outcome.applied:
+            applied.append(outcome)
+            applied.extend((yield from _cascade(child.task_id, child.action, descendants, by)))
+    return applied
+
+
+def _cascaded(wake: Wakeups, outcomes: Sequence[ActionOutcome]) -> None:
+    """The wake-ups owed for children a parent's failure reached: schedulers (their
+    compensations), and the agents calling their steps (to stop)."""
+    if outcomes:
+        wake.tasks()
+        wake.calls([o.task_id for o in outcomes])
+
+
+def children_ended(task_ids: Sequence[str], wake: Wakeups) -> Flow[list[str]]:
+    """Every flow that ends tasks calls this, in its transaction, with the tasks it ended:
+    the end of each one that is a child is recorded in its parent's wait for it (done with
+    its result, or failed with its state and error), and the parent, if it is waiting, is
+    pending again at once (a `woke` event). Returns the parents woken."""
+    if not task_ids:
+        return []
+    rows = yield from fetch("wake_parents", task_ids=sorted(set(task_ids)))
+    woken = sorted({r["parent_id"] for r in rows if r["woke"]})
+    if woken:
+        wake.tasks()
+    return woken
+
+
+def _operate(action: OperatorAction) -> Flow[ActionOutcome]:
+    found = yield from fetch("op_read_task", task_id=action.task_id)
+    if not found:
+        return ActionOutcome.missing(action.task_id)
+    before = TaskState(found[0]["process_state"])
+    plan = plan_action(action, before)
+    if isinstance(plan, ActionOutcome):
+        return plan
+    event = {"task_id": action.task_id, "kind": "operator",
+             "detail": _json_text(action_detail(action, plan))}  # fmt: skip
+    if action.action == "skip":
+        skip = {"task_id": action.task_id, "seq": action.seq, "result": action.result}
+        [skipped] = yield [Query("op_skip_step", skip)]
+        if not skipped:
+            why = f"task {action.task_id!r} has no step {action.seq} left to complete"
+            return ActionOutcome.refused(action.task_id, before, why)
+        yield [Query("insert_events", each=[event])]
+    else:
+        hold = 0.0
+        if plan.wait_open:
+            held = yield from fetch("hold_facts", task_ids=[action.task_id])
+            hold = _holds(held).get(action.task_id, 0.0)
+        moves = _moves(action, plan, found[0]["attempt"], hold)
+        yield [*moves, Query("insert_events", each=[event])]
+    return ActionOutcome(
+        task_id=action.task_id, applied=True, before=before, after=plan.after, message="done"
+    )
+
+
+def _moves(action: OperatorAction, plan: ActionPlan, attempt: int, hold: float) -> list[Query]:
+    task = {"task_id": action.task_id}
+    queries = [
+        Query(
+            "op_move_task",
+            {
+                **task,
+                "from": str(plan.before),
+                "attempt": attempt,
+                "to": str(plan.after),
+                "reset_failures": plan.reset_failures,
+                "reset_compensation_failures": plan.reset_compensation_failures,
+                "wait_open": plan.wait_open,
+                "hold": hold,
+                "final": plan.final,
+            },
+        )
+    ]
+    if plan.close_open:
+        queries.append(Query("close_open_steps", {**task, "error": abandoned_error(plan.after)}))
+    if plan.reopen is not None:
+        queries.append(Query("op_reopen_steps", {**task, "compensations": plan.reopen}))
+    return queries
