@@ -72,8 +72,9 @@ packages: chromium
 	@command -v rabbitmq-server >/dev/null || (apt-get update -q && apt-get install -y -q rabbitmq-server)
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test module in one of them
-# (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one.
-TEST_WORKERS ?= 2
+# (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one. Three on two
+# cores: much of the suite waits on the processes, servers and brokers it starts.
+TEST_WORKERS ?= 3
 test: lint packages
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -145,6 +145,10 @@ def until_beat(period: float) -> float:
     return (math.floor(now / period) + 1) * period - now
 
 
+_RANDOM = random.Random()
+"""This module's own generator: the process-wide one (`random`'s) is left to the
+application, its seeds and its tests."""
+
 SPREAD = 0.2
 """Seconds over which the first calls of a process's roles (and their looks after a beat)
 are spread at random: made at the same instant, each would take a connection of its own, and
@@ -153,4 +157,4 @@ the pool would keep them open for a while."""
 
 def spread() -> float:
     """A random delay of up to SPREAD seconds."""
-    return random.uniform(0.0, SPREAD)
+    return _RANDOM.uniform(0.0, SPREAD)

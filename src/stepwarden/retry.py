@@ -22,6 +22,10 @@ from typing import TypeVar
 from ._check import Seconds
 from .errors import ConfigurationError, PermanentError, StoreError, TransientStoreError
 
+_JITTER = random.Random()
+"""The jitter's own generator: the process-wide one (`random`'s) is left to the
+application, its seeds and its tests."""
+
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
 MAX_EXPONENT = 32
@@ -94,7 +98,7 @@ class Retry:
         ceiling = backoff(
             attempt, initial=self.initial, maximum=self.maximum, multiplier=self.multiplier
         )
-        return random.uniform(0, ceiling) if self.jitter else ceiling
+        return _JITTER.uniform(0, ceiling) if self.jitter else ceiling
 
 
 @dataclass(frozen=True, kw_only=True)
