@@ -361,6 +361,7 @@ async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
         assert term is not None
         frozen_task = asyncio.create_task(sweeper())
         await locked.wait()
+        await _until_the_server_runs(pg_url, frozen.pgconn.backend_pid, frozen_in)
         # Without the timeouts this waits for as long as the frozen one sleeps.
         assert await asyncio.wait_for(take_over(), timeout=60) == term + 1
         thaw.set()
@@ -371,6 +372,22 @@ async def test_a_sweeper_frozen_mid_transaction_does_not_block_the_takeover(
     finally:
         await frozen.close()
         await store.close()
+
+
+async def _until_the_server_runs(pg_url: str, pid: int, frozen_in: str) -> None:
+    """Until the frozen session's statements have reached the server: a pipeline's are sent
+    without waiting for their results, so the row lock may not be taken yet when its last
+    execute returns. Done when the server names the frozen session's last statement."""
+    last = "SELECT 1" if frozen_in == "pipeline" else "SELECT * FROM stepwarden_leases FOR UPDATE"
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as db:
+        async with asyncio.timeout(30):
+            while True:
+                row = await (
+                    await db.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
+                ).fetchone()
+                if row is not None and row[0] == last:
+                    return
+                await asyncio.sleep(0.01)
 
 
 async def test_sweep_reads_only_the_expiry_indexes(pg_url: str) -> None:
