@@ -43,11 +43,13 @@ demo: $(STAMP)
 demo-ts: $(STAMP)
 	$(PY) -m examples.orders.demo --ts-shipping $(DEMO_ARGS)
 
-# ruff, mypy (strict, over the package, its tests and the example), and the package's layers.
+# ruff, mypy (strict, over the package, its tests and the example), the package's layers, and
+# test modules importing what they share from tests/support only.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) tools/test_imports.py
 
 # The dashboard's browser tests drive Debian's Chromium (never a downloaded build).
 chromium:

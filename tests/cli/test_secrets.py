@@ -11,7 +11,7 @@ import pytest
 
 import stepwarden as sw
 
-from ..contract.test_engine import FAST
+from ..support.worker import FAST
 from .helpers import invoke
 
 CARD = "4111-1111-1111-1111"

@@ -19,7 +19,6 @@ import psycopg
 import pytest
 
 from stepwarden.records import (
-    AgentBeat,
     CallStop,
     OperatorAction,
     OpLimit,
@@ -34,45 +33,22 @@ from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 from stepwarden.store.sqlite import SQLiteStore
 
-from ..agentserver import CLIENT
 from ..dispatching import new_step
 from ..rawsql import sql
-from .test_store import dispatch, new_task, outcome
-from .test_sweep_compensation import compensating
+from ..support.store import (
+    A1,
+    A2,
+    A3,
+    beat,
+    compensating,
+    dispatch,
+    held_task,
+    new_task,
+    outcome,
+    running_step,
+)
 
 LEASE = "supervisor"
-A1, A2, A3 = (f"{CLIENT}/a{n}" for n in (1, 2, 3))
-
-
-def beat(instance: str, *, agent: str = "pay", breaker: str = "closed") -> AgentBeat:
-    return AgentBeat(
-        instance=instance,
-        agent=agent,
-        operations=("charge",),
-        capacity=10,
-        inflight=1,
-        breaker=breaker,
-        breaker_detail={"failures": 0},
-    )
-
-
-async def held_task(store: Store, task_id: str, *, within: float = 30) -> int:
-    """Submit a task and claim it as scheduler s1; its attempt."""
-    await store.submit([new_task(task_id, within=within)])
-    [claimed] = await store.claim_tasks("s1", ["wf"], 1)
-    assert claimed.task.task_id == task_id
-    return claimed.task.attempt
-
-
-async def running_step(
-    store: Store, agents: AgentPort, task_id: str, instance: str = A1, **kw: object
-) -> None:
-    """A held task whose step 1 is running, claimed by `instance` (through `agents`)."""
-    attempt = await held_task(store, task_id)
-    [got] = await store.dispatch_steps([replace(dispatch(task_id, attempt), **kw)])  # type: ignore[arg-type]
-    assert got is not None
-    [req] = await agents.claim_requests(instance, "pay", ["charge"], 1)
-    assert req.task_id == task_id
 
 
 async def sweep(store: Store, term: int) -> list[StepSwept]:

@@ -18,7 +18,7 @@ from stepwarden.supervisor import Supervisor
 from tests.rawsql import is_sqlite, seconds_ago, sql
 from tests.stores import app_store
 
-from .test_engine import running
+from ..support.worker import running
 
 
 def _app(store_url: str) -> sw.App:

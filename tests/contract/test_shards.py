@@ -26,8 +26,8 @@ from stepwarden.sealing import new_keyring
 from stepwarden.store import ShardedStore, open_one, open_store
 
 from ..conftest import pg_database, unique
-from .test_engine import FAST, running
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import FAST, running
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ from schemathesis.core.result import Err
 import stepwarden as sw
 from tests.cli.helpers import error_line, run, sql
 
+from ..support.dashboard import AGENTS
 from .conftest import TOKEN, Served, run_async, submit_orders, wait_for
 from .dash_app import build, order
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
 """An operation of the OpenAPI document (the library leaves its type parameters open)."""
 
-AGENTS = "SELECT instance, capacity FROM stepwarden_agents WHERE agent = 'desk'"
 
 EXAMPLES = 4
 """Generated requests per operation and mode: few, so that the test stays fast."""

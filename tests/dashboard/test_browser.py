@@ -17,9 +17,9 @@ from playwright.sync_api import Page, expect
 from stepwarden.dashboard._auth import SESSION_COOKIE
 from tests.cli.helpers import sql
 
+from ..support.dashboard import AGENTS
 from .conftest import TOKEN, Served
 from .dash_app import CARD
-from .test_api import AGENTS
 
 STEP_COUNTS = (
     "SELECT count(claimed_at), "
