@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from .states import FINISHED_TASK_STATES, StepState, TaskState
 
@@ -278,6 +278,17 @@ class Held:
 
 
 # -- what a scheduler writes --------------------------------------------------------------
+
+
+class Fence(TypedDict):
+    """What fences a write of the scheduler that holds a task: the task, the attempt of its
+    hold, the scheduler instance. Every record a workflow's context writes through its drive
+    (a new step, a dispatch again, an adoption, a wait, a park) carries it; the store's write
+    changes nothing unless the task is still held so."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -510,6 +510,34 @@ def plan_finish(outcome: TaskOutcome, *, on_failure: str, compensable: bool) -> 
     return FinishPlan(state=state, compensation_starts=False, finished=True, alert=alert)
 
 
+# -- a step's deadline ----------------------------------------------------------------------
+
+
+def step_deadline(
+    now: float | None,
+    complete_within: float | None,
+    task_complete_by: float | None,
+    give_up_by: float | None,
+    not_before: float | None,
+) -> float | None:
+    """A step's complete_by wherever it is set (a dispatch, a dispatch again, a heartbeat, a
+    reassignment): `now` + the step's complete_within, never past its task's complete_by nor
+    its total timeout (give_up_by), never before `not_before` (a heartbeat does not shorten
+    it); a None is no candidate. In seconds of the store's clock.
+
+    SQLite's queries call it as the SQL function `stepwarden_step_deadline`, which the store
+    registers on each connection. PostgreSQL's deadlines come from the database's clock, in
+    the statement: there the rule is migration 0015's function of the same name, this rule
+    in SQL, kept equal to it by a contract test over every combination of NULLs and orders
+    (tests/contract/test_agents_store.py)."""
+    within = None if now is None or complete_within is None else now + complete_within
+    capped = [t for t in (within, task_complete_by, give_up_by) if t is not None]
+    earliest = min(capped) if capped else None
+    if earliest is None or not_before is None:
+        return not_before if earliest is None else earliest
+    return max(earliest, not_before)
+
+
 # -- the supervisor: steps past their timeouts --------------------------------------------
 
 

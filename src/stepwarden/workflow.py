@@ -36,6 +36,7 @@ from .errors import (
 )
 from .records import (
     Adopt,
+    Fence,
     Held,
     NewStep,
     ParkRequest,
@@ -257,6 +258,14 @@ class Context:
         self._quiet_changed: asyncio.Event | None = None
         self._parker: asyncio.Task[None] | None = None
 
+    def _fence(self) -> Fence:
+        """The fence of every record this context writes: the task as its drive holds it."""
+        return {
+            "task_id": self._held.task_id,
+            "task_attempt": self._held.attempt,
+            "scheduler": self._runner.instance,
+        }
+
     @property
     def task_id(self) -> str:
         return self._held.task_id
@@ -331,9 +340,7 @@ class Context:
             return False  # recorded by the code before the patch: the old path
         place = self._place()
         request = WaitRequest(
-            task_id=self._held.task_id,
-            task_attempt=self._held.attempt,
-            scheduler=self._runner.instance,
+            **self._fence(),
             seq=self._new_seq(),
             kind="patch",
             name=patch_id,
@@ -394,11 +401,8 @@ class Context:
             self._quiet_changed.clear()
             if not self._quiescent():
                 continue
-            held = self._held
             request = ParkRequest(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=self._runner.instance,
+                **self._fence(),
                 seqs=tuple(sorted(self._blocked)),
             )
             error: BaseException | None = None
@@ -588,7 +592,6 @@ class Context:
         pickup, total = bounds["pickup_within"], bounds["total_within"]
         bound = bounds["complete_within"] or self._runner.workflow_of(self._held).complete_within
         held = self._held
-        scheduler = self._runner.instance
         if recorded is None:
             payload = _json.dumps(
                 list(args),
@@ -596,9 +599,7 @@ class Context:
                 seal=_json.Seal(self._runner.keys, Binding.step(held.task_id, seq)),
             )
             new = NewStep(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=scheduler,
+                **self._fence(),
                 seq=seq,
                 name=step_name,
                 agent=operation.agent.name,
@@ -640,18 +641,13 @@ class Context:
         if recorded.state == StepState.FAILED:
             raise StepFailed(step_name, recorded.error)
         held = self._held
-        scheduler = self._runner.instance
         adopt = Adopt(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=scheduler,
+            **self._fence(),
             seq=recorded.seq,
             expected_attempt=recorded.attempt,
         )
         again = Redispatch(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=scheduler,
+            **self._fence(),
             seq=recorded.seq,
             agent=recorded.agent,
             expected_attempt=recorded.attempt,
@@ -676,9 +672,7 @@ class Context:
         held = self._held
         seq = self._new_seq()
         new = NewStep(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=self._runner.instance,
+            **self._fence(),
             seq=seq,
             name=step_name,
             agent=agent,
@@ -843,9 +837,7 @@ class Context:
         branch = self._branch()
         while True:
             request = WaitRequest(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=self._runner.instance,
+                **self._fence(),
                 seq=seq,
                 kind=kind,
                 name=name,

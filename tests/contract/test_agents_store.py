@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from stepwarden import rules
 from stepwarden.records import (
     CallStop,
     OperatorAction,
@@ -156,9 +157,10 @@ DEADLINES = [  # (now, complete_within, task's complete_by, give_up_by, not_befo
 async def test_a_steps_deadline_is_the_earliest_of_its_caps_a_null_none_of_them(
     store: Store,
 ) -> None:
-    """The one rule of a step's complete_by (`stepwarden_step_deadline`) gives the same
-    deadline on every store: a NULL is no candidate, as in PostgreSQL's LEAST and
-    GREATEST."""
+    """The one rule of a step's complete_by (`rules.step_deadline`, the SQL function
+    `stepwarden_step_deadline` of every store: SQLite's calls the rule, PostgreSQL's is the
+    rule in SQL, on the database's clock) gives the same deadline on every store: a NULL is
+    no candidate, as in PostgreSQL's LEAST and GREATEST."""
     for args, deadline in DEADLINES:
         if isinstance(store, SQLiteStore):
             call = f"SELECT stepwarden_step_deadline({', '.join(map(_literal, args))}) AS d"
@@ -173,7 +175,7 @@ async def test_a_steps_deadline_is_the_earliest_of_its_caps_a_null_none_of_them(
             interval = f"make_interval(secs => {_literal(within)})"
             call = f"stepwarden_step_deadline({stamps[0]}, {interval}, {', '.join(stamps[1:])})"
             [(found,)] = sql(store.url, f"SELECT extract(epoch FROM {call})::float8")
-        assert found == deadline, (args, found)
+        assert found == deadline == rules.step_deadline(*args), (args, found)
 
 
 def _literal(value: float | None) -> str:
