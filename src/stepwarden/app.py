@@ -469,6 +469,15 @@ class App:
                 self._stores[loop] = store
         return store
 
+    async def _one_database(self, what: str, why: str) -> Store:
+        """The store, when it is one database: what only one database serves (a transaction
+        of the application's, a channel's messages from an id on) is refused on a store of
+        shards, saying why."""
+        store = await self.store()
+        if not isinstance(store, Store):
+            raise ConfigurationError(f"{what} is not served by a sharded store: {why}")
+        return store
+
     async def _listening(self) -> ApplicationStore:
         """The store, listening for other processes' wake-ups (from the first caller that
         follows something on: a process that only submits does not listen, and so costs the
@@ -719,7 +728,11 @@ class App:
     async def transaction(self) -> AsyncIterator[TaskTransaction]:
         """A transaction in which the application writes its own rows and submits tasks, so
         that both commit together or neither does (the pattern's order submission)."""
-        store = await self.store()
+        store = await self._one_database(
+            "a transaction of the application's",
+            "its writes and its submits would commit on one database, and a submit made in it "
+            "would not be placed by the shard map",
+        )
         async with store.transaction() as tx:
             yield TaskTransaction(self, tx)
 
@@ -912,15 +925,22 @@ class App:
         # read starts again from the newest id seen more than FOLLOW_SETTLE seconds earlier
         # (by the database clock), and ids already yielded are skipped.
         store = await self._listening()
+        if task_id is None:
+            channel_store = await self._one_database(
+                "a channel's status messages", "message ids are each shard's: follow one task's"
+            )
         sub = store.subscribe(CHANNEL_OUTBOX)
         low = after
         seen: dict[int, datetime] = {}
         try:
             while True:
                 try:
-                    batch = await store.outbox(
-                        channel=channel, task_id=task_id, after=low, limit=500
-                    )
+                    if task_id is not None:
+                        batch = await store.outbox(
+                            task_id=task_id, channel=channel, after=low, limit=500
+                        )
+                    else:  # a channel's ids are one database's
+                        batch = await channel_store.outbox(channel=channel, after=low, limit=500)
                 except TransientStoreError:  # the store is away: wait for it, as for news
                     await sub.wait(store.default_poll_interval * 4)
                     continue

@@ -24,7 +24,6 @@ port here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -76,7 +75,7 @@ from ..records import (
 from ..retry import Backoff
 from ..sealing import Keyring
 from ..states import TaskState
-from .base import Subscription, Transaction
+from .base import Subscription
 
 
 class WakeupPort(Protocol):
@@ -114,8 +113,8 @@ class ReadPort(Protocol):
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]: ...
@@ -164,7 +163,6 @@ class ApplicationPort(WakeupPort, Protocol):
 
     async def listen(self) -> None: ...
     async def submit(self, tasks: Sequence[Submission]) -> list[Submitted]: ...
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]: ...
     async def get_task(self, task_id: str) -> TaskRecord | None: ...
     async def await_task(self, task_id: str) -> TaskRecord | None: ...
     async def get_steps(self, task_id: str) -> list[StepRecord]: ...
@@ -175,8 +173,8 @@ class ApplicationPort(WakeupPort, Protocol):
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]: ...

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, TransientStoreError
@@ -61,7 +61,7 @@ from ..rules import resubmit
 from ..sealing import Keyring
 from ..states import TaskState
 from . import _rows, policy
-from .base import Notifier, Store, Subscription, Transaction
+from .base import Notifier, Store, Subscription
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwarden.store")
@@ -406,13 +406,6 @@ class ShardedStore:
             await self._read_map(first=False)
         raise TransientStoreError("the shard map kept changing while tasks were submitted")
 
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
-        _refuse(
-            "a transaction of the application's",
-            "its writes and its submits would commit on one database, and a submit made in it "
-            "would not be placed by the shard map",
-        )
-
     # -- one task -------------------------------------------------------------------------
     async def get_task(self, task_id: str) -> TaskRecord | None:
         found = await self._find(task_id)
@@ -461,15 +454,14 @@ class ShardedStore:
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]:
-        """A task's messages (its shard's): message ids are each shard's own, so that
-        reading a channel from an id on is one task's, or one shard's (`part`)."""
-        if task_id is None:
-            _refuse("a channel's status messages across shards", "follow one task's")
+        """A task's messages (its shard's). Message ids are each shard's own: a channel's
+        messages from an id on are one shard's, read on that shard's store (`parts`); the
+        store of shards serves no such read (the application's port asks for a task)."""
         part = await self._shard_of(task_id)
         return await part.outbox(channel=channel, task_id=task_id, after=after, limit=limit)
 
@@ -630,10 +622,6 @@ def _postgres(url: str, keys: Keyring | None) -> Store:
     from . import open_one
 
     return open_one(url, keys=keys)
-
-
-def _refuse(what: str, instead: str) -> NoReturn:
-    raise ConfigurationError(f"{what} is not served by a sharded store: {instead}")
 
 
 def _shown(url: str) -> str:
