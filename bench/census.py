@@ -6,7 +6,8 @@ a database of its own on the server (`--admin-url`), sets `log_statement = 'all'
 database alone, starts two `stepwarden worker bench.workload:app` processes, submits `--n`
 orders one at a time (each awaited before the next, as W1 one at a time does), stops the
 workers, and reads the statements the server logged for that database: each counted under
-its first words (the named queries start with their comment), per workflow. BEGIN and
+its first words (the named queries start with their comment), per workflow, and by who
+sent it: the client (its sessions, named `census-client`) or the workers. BEGIN and
 COMMIT are the explicit transactions; every other statement outside them is one of its own,
 or one of a pipeline's (the statements between two of its syncs).
 
@@ -46,7 +47,7 @@ def census(admin_url: str, n: int, server_log: Path) -> dict[str, object]:
     workers: list[subprocess.Popen[bytes]] = []
     try:
         admin.execute(f"ALTER DATABASE {db} SET log_statement = 'all'")
-        os.environ["STEPWARDEN_STORE"] = store_url
+        os.environ["STEPWARDEN_STORE"] = f"{store_url}?application_name=census-client"
         from .workload import app
 
         def registered() -> bool:
@@ -76,7 +77,14 @@ def census(admin_url: str, n: int, server_log: Path) -> dict[str, object]:
                 order = {"id": i, "items": 2, "amount": 10}
                 await app.submit_async("order", order, task_id=f"o{i}")
                 await app.result_async(f"o{i}", timeout=60)
+            with psycopg.connect(url) as c:  # the client's sessions, before they close
+                rows = c.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'census-client'"
+                ).fetchall()
+            client.update(str(pid) for (pid,) in rows)
             await app.aclose()
+
+        client: set[str] = set()
 
         asyncio.run(submit())
         elapsed = time.perf_counter() - began
@@ -92,7 +100,8 @@ def census(admin_url: str, n: int, server_log: Path) -> dict[str, object]:
         for line in text.splitlines():
             m = LINE.match(line)
             if m and m.group(3) == db:
-                counts[" ".join(m.group(4).split()[:9])] += 1
+                who = "client" if m.group(1) in client else "workers"
+                counts[f"{who:<8} {' '.join(m.group(4).split()[:9])}"] += 1
         return {"n": n, "elapsed_s": round(elapsed, 2), "statements": counts}
     finally:
         for w in workers:
