@@ -209,6 +209,7 @@ class _Replay:
         self._workflows = workflows
         self._waits = {w.seq: w for w in recorded.waits}
         self._children = recorded.children
+        self._places = {s.seq: s.position for s in recorded.steps}
         self.moves = 0
         """Calls of the runner so far: the replay stands still while it counts no more."""
         self.stands: list[tuple[str | None, str]] = []
@@ -233,7 +234,7 @@ class _Replay:
         if isinstance(dispatch, NewStep):
             place = dispatch.position
             await self._stand(place, f"step {step_name!r}, not yet recorded")
-        await self._stand(None, f"step {step_name!r} (seq {dispatch.seq}), under way")
+        await self._stand(self._places.get(dispatch.seq), f"step {step_name!r}, under way")
 
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         self.moves += 1

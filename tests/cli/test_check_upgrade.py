@@ -143,7 +143,7 @@ def test_the_unchanged_demo_replays_and_a_planted_change_diverges_read_only(
             "process_order",
             1,
         )
-        assert "payments.charge" in t["message"]
+        assert (t["position"], t["message"]) == ("2", "stands at step 'payments.charge', under way")
     assert report["summary"] == [
         {
             "workflow": "process_order",
