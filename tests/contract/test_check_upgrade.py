@@ -1,0 +1,146 @@
+"""`upgrade.check` on each store: tasks left in flight by one release of the code (parallel
+branches standing at their second steps, a task waiting for an event) replayed by the next
+release, read-only. The replay is the engine's own, so what it finds is what a resumed task
+would meet: a divergence in one branch while the other stands, a wait of another kind, an
+operation the new code does not declare."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import stepwarden as sw
+from stepwarden import upgrade
+from stepwarden.store import open_one
+
+from .test_engine import FAST, running
+from .test_outbox import until
+
+# Only the agent `svc` runs: the steps of `slow` stay recorded and open.
+ONLY_SVC = dataclasses.replace(FAST, agents=frozenset({"svc"}))
+
+
+def release(store_url: str, change: str = "") -> sw.App:
+    """One release of the code. `change`: "second_branch" (the second branch of `fan`
+    starts with another step), "sleeps" (`approve` sleeps where it waited for an event),
+    "ghost" (`approve` starts with an operation no agent of the App declares)."""
+    app = sw.App("shop", store=store_url)
+    svc, slow = app.agent("svc"), app.agent("slow")
+    ghost = sw.App("other", store=store_url).agent("ghost")
+
+    @svc.operation
+    async def a(call: sw.Call, n: int) -> int:
+        return n + 1
+
+    @svc.operation
+    async def b(call: sw.Call, n: int) -> int:
+        return n + 2
+
+    @svc.operation
+    async def e(call: sw.Call, n: int) -> int:
+        return n + 5
+
+    @slow.operation
+    async def c(call: sw.Call, n: int) -> int:
+        return n
+
+    @ghost.operation
+    async def haunt(call: sw.Call, n: int) -> int:
+        return n
+
+    async def branch(ctx: sw.Context, first: Any, n: int) -> int:
+        return await ctx.step(c, await ctx.step(first, n))
+
+    @app.workflow(complete_within=timedelta(seconds=30))
+    async def fan(ctx: sw.Context, n: int) -> list[int]:
+        second = e if change == "second_branch" else b
+        return await ctx.gather(branch(ctx, a, n), branch(ctx, second, n))
+
+    @app.workflow(complete_within=timedelta(seconds=30))
+    async def approve(ctx: sw.Context, n: int) -> Any:
+        first = await ctx.step(haunt if change == "ghost" else a, n)
+        if change == "sleeps":
+            await ctx.sleep(60)
+            return first
+        return await ctx.wait_for_event("go", timeout=3600)
+
+    return app
+
+
+async def _recorded(store_url: str) -> list[upgrade.InFlight]:
+    """What the first release leaves in flight: `fan` with both branches at their `c`
+    (recorded, no agent to take it), `approve` waiting for its event."""
+    old = release(store_url)
+    store = open_one(store_url)
+    await store.open(migrate=True)
+    try:
+        async with running(old, ONLY_SVC):
+            await old.submit_async("fan", 1, task_id="fan-1")
+            await old.submit_async("approve", 1, task_id="approve-1")
+
+            async def standing() -> bool:
+                fan = await store.get_steps("fan-1")
+                approve = await store.get_task("approve-1")
+                return len(fan) == 4 and approve is not None and approve.waiting_for == "event:go"
+
+            await until(standing)
+    finally:
+        await old.aclose()
+        await store.close()
+    reader = open_one(store_url, read_only=True)
+    await reader.open(migrate=False)
+    try:
+        return await upgrade.in_flight(reader)
+    finally:
+        await reader.close()
+
+
+def _outcomes(report: upgrade.Report) -> dict[str, upgrade.TaskCheck]:
+    return {t.task_id: t for t in report.tasks}
+
+
+def _check(app: sw.App) -> Callable[[list[upgrade.InFlight]], Awaitable[upgrade.Report]]:
+    operations = {op.qualname: op for ag in app.agents.values() for op in ag.operations.values()}
+    return lambda tasks: upgrade.check(tasks, app.workflow_versions, operations)
+
+
+async def test_the_same_code_replays_up_to_where_each_task_stands(store_url: str) -> None:
+    tasks = await _recorded(store_url)
+    assert {t.task.task_id for t in tasks} == {"fan-1", "approve-1"}
+    report = await _check(release(store_url))(tasks)
+    assert (report.ok, report.checked, report.breaking) == (True, 2, 0)
+    found = _outcomes(report)
+    assert found["fan-1"].outcome == upgrade.Outcome.REPLAYS
+    assert found["fan-1"].position in ("1.1.2", "1.2.2")  # a branch's `c`, under way
+    approve = found["approve-1"]
+    assert (approve.outcome, approve.position) == (upgrade.Outcome.REPLAYS, "2")
+    assert approve.message == "stands at a wait for event 'go', open"
+
+
+async def test_a_divergence_in_one_branch_is_found_while_the_other_stands(
+    store_url: str,
+) -> None:
+    tasks = await _recorded(store_url)
+    fan = _outcomes(await _check(release(store_url, "second_branch"))(tasks))["fan-1"]
+    assert (fan.outcome, fan.breaks, fan.position) == (upgrade.Outcome.DIVERGES, True, "1.2.1")
+    assert (fan.recorded, fan.asked) == ("step 'svc.b' (svc.b)", "step 'svc.e' (svc.e)")
+
+
+async def test_a_wait_of_another_kind_diverges_and_an_undeclared_operation_raises(
+    store_url: str,
+) -> None:
+    tasks = await _recorded(store_url)
+    sleeps = _outcomes(await _check(release(store_url, "sleeps"))(tasks))["approve-1"]
+    assert (sleeps.outcome, sleeps.position) == (upgrade.Outcome.DIVERGES, "2")
+    assert (sleeps.recorded, sleeps.asked) == ("a wait for event 'go'", "a timer")
+    report = await _check(release(store_url, "ghost"))(tasks)
+    ghost = _outcomes(report)["approve-1"]
+    assert (ghost.outcome, ghost.breaks) == (upgrade.Outcome.RAISES, True)
+    assert "operation 'ghost.haunt' is not one of the App's agents' operations" in (
+        ghost.message or ""
+    )
+    assert _outcomes(report)["fan-1"].outcome == upgrade.Outcome.REPLAYS
+    summary = {(s.workflow, s.version): s.counts for s in report.summary}
+    assert summary[("approve", 1)]["raises"] == 1 and summary[("fan", 1)]["replays"] == 1
