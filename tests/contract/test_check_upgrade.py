@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stepwarden as sw
 from stepwarden import upgrade
+from stepwarden.sealing import Keyring, new_keyring
 from stepwarden.store import open_one
 
 from .test_engine import FAST, running
@@ -144,3 +145,71 @@ async def test_a_wait_of_another_kind_diverges_and_an_undeclared_operation_raise
     assert _outcomes(report)["fan-1"].outcome == upgrade.Outcome.REPLAYS
     summary = {(s.workflow, s.version): s.counts for s in report.summary}
     assert summary[("approve", 1)]["raises"] == 1 and summary[("fan", 1)]["replays"] == 1
+
+
+async def test_a_workflow_that_reveals_a_sealed_secret_is_not_checked_without_the_key(
+    store_url: str,
+) -> None:
+    text = ";".join(line for line in new_keyring().splitlines() if not line.startswith("#"))
+    keys = Keyring.parse(text)
+
+    def sealing_release() -> sw.App:
+        app = sw.App("vault", store=store_url, keys=keys)
+        slow = app.agent("slow")
+
+        @slow.operation
+        async def c(call: sw.Call, n: int) -> int:
+            return n
+
+        @app.workflow(complete_within=timedelta(seconds=30))
+        async def pay(ctx: sw.Context, order: dict[str, Any]) -> int:
+            digits = order["card"].reveal()  # the workflow itself needs the secret
+            return await ctx.step(c, len(digits))
+
+        return app
+
+    old = sealing_release()
+    store = open_one(store_url, keys=keys)
+    await store.open(migrate=True)
+    try:
+        async with running(old, dataclasses.replace(FAST, agents=frozenset())):
+            card = sw.Secret("4111 1111 1111 1111")
+            await old.submit_async("pay", {"card": card}, task_id="pay-1")
+            await until(lambda: _has_steps(store, "pay-1", 1))
+    finally:
+        await old.aclose()
+        await store.close()
+
+    async def read(with_keys: Keyring | None) -> list[upgrade.InFlight]:
+        reader = open_one(store_url, keys=with_keys, read_only=True)
+        await reader.open(migrate=False)
+        try:
+            return await upgrade.in_flight(reader)
+        finally:
+            await reader.close()
+
+    new = sealing_release()
+    operations = {op.qualname: op for ag in new.agents.values() for op in ag.operations.values()}
+    sealed = await read(None)
+    blind = await upgrade.check(sealed, new.workflow_versions, operations, None)
+    [task] = blind.tasks
+    assert (task.outcome, task.breaks, task.sealed, blind.masked) == (
+        upgrade.Outcome.NOT_CHECKED,
+        False,
+        True,
+        1,
+    )
+    assert "reveals a sealed secret" in (task.message or "")
+    # The export keeps it sealed; with the key, the file's task replays as the store's does.
+    document, masked = upgrade.export(sealed, source="test", now=datetime.now(UTC))
+    assert masked == 0 and b"4111" not in document and b'"$sealed"' in document
+    loaded, _ = upgrade.load(document, keys)
+    for tasks in (await read(keys), loaded):
+        report = await upgrade.check(tasks, new.workflow_versions, operations, keys)
+        assert [(t.outcome, t.position, t.sealed) for t in report.tasks] == [
+            (upgrade.Outcome.REPLAYS, "1", False)
+        ]
+
+
+async def _has_steps(store: Any, task_id: str, count: int) -> bool:
+    return len(await store.get_steps(task_id)) == count
