@@ -16,8 +16,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
+import psycopg
 import pytest
 
 import stepwarden as sw
@@ -284,3 +286,26 @@ def test_a_read_only_store_refuses_every_write(store_url: str) -> None:
     asyncio.run(go())
     assert sql(store_url, "SELECT count(*) FROM stepwarden_tasks") == [(0,)]
     assert os.environ.get("STEPWARDEN_KEYS") is None
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+def test_the_check_needs_no_right_to_write(store_url: str, shop: Callable[..., str]) -> None:
+    """Run as a PostgreSQL role that may only read the store's tables, check-upgrade and
+    export-tasks work as they do for the owner: they write nothing, not even a session's
+    bookkeeping."""
+    unchanged, planted = shop(), shop(_planted)
+    role = f"sw_reader_{uuid.uuid4().hex[:10]}"
+    sql(store_url, f"CREATE ROLE {role} LOGIN")
+    try:
+        sql(store_url, f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        parts = urlsplit(store_url)
+        host = parts.netloc.rpartition("@")[2]
+        reader = urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+        assert _check(reader, unchanged)[0] == 0
+        code, report = _check(reader, planted)
+        assert (code, report["breaking"]) == (1, 2)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            sql(reader, "DELETE FROM stepwarden_events")  # the role may not write indeed
+    finally:
+        sql(store_url, f"DROP OWNED BY {role}")
+        sql(store_url, f"DROP ROLE {role}")
