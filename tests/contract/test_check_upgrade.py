@@ -213,3 +213,57 @@ async def test_a_workflow_that_reveals_a_sealed_secret_is_not_checked_without_th
 
 async def _has_steps(store: Any, task_id: str, count: int) -> bool:
     return len(await store.get_steps(task_id)) == count
+
+
+async def test_a_compensating_task_replays_its_compensation(store_url: str) -> None:
+    def saga() -> sw.App:
+        app = sw.App("saga", store=store_url)
+        svc, slow = app.agent("svc"), app.agent("slow")
+
+        @svc.operation
+        async def book(call: sw.Call, n: int) -> int:
+            return n
+
+        @svc.operation
+        async def pay(call: sw.Call, n: int) -> int:
+            raise sw.PermanentError("declined")
+
+        @slow.operation
+        async def unbook(call: sw.Call, n: int) -> None:
+            return None
+
+        @app.workflow(complete_within=timedelta(seconds=30))
+        async def trip(ctx: sw.Context, n: int) -> int:
+            await ctx.step(book, n, compensate=unbook)
+            return await ctx.step(pay, n)
+
+        return app
+
+    old = saga()
+    store = open_one(store_url)
+    await store.open(migrate=True)
+    try:
+        async with running(old, ONLY_SVC):
+            await old.submit_async("trip", 1, task_id="trip-1")
+            await until(lambda: _has_steps(store, "trip-1", 3))  # book, pay, and the undo
+    finally:
+        await old.aclose()
+        await store.close()
+    reader = open_one(store_url, read_only=True)
+    await reader.open(migrate=False)
+    try:
+        tasks = await upgrade.in_flight(reader)
+    finally:
+        await reader.close()
+    [task] = tasks
+    assert task.task.process_state == sw.TaskState.COMPENSATING
+    [check] = (await _check(saga())(tasks)).tasks
+    assert (check.outcome, check.state, check.breaks) == (
+        upgrade.Outcome.REPLAYS,
+        "compensating",
+        False,
+    )
+    assert (check.position, check.message) == (
+        None,
+        "stands at step 'compensate svc.book', under way",
+    )
