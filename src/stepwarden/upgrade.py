@@ -187,10 +187,6 @@ class Report:
 # -- the replay --------------------------------------------------------------------------
 
 
-class _Stands(Abandon):
-    """The replay reached where its task stands."""
-
-
 class _Replay:
     """The step runner of a replay (`workflow.StepRunner`): it answers from the records
     alone, calls no agent and writes nothing; a step or wait not recorded, or open, holds
@@ -239,7 +235,7 @@ class _Replay:
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         self.moves += 1
         found = self._waits.get(request.seq)
-        if found is None or found.position != request.position:
+        if found is None:
             if request.kind == "patch":
                 return WaitOutcome(state="done")  # a marker: nothing to wait for
             await self._stand(
@@ -322,12 +318,13 @@ async def replay(
     running = asyncio.create_task(run())
     try:
         still = await _until_still(running, runner)
+        ended = running.done()
     finally:
         ctx.close()
         if not running.done():
             running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-    if not still and not running.done():
+    if not still and not ended:
         return made(
             outcome=Outcome.NOT_CHECKED,
             breaks=False,

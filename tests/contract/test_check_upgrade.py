@@ -6,10 +6,13 @@ operation the new code does not declare."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 import stepwarden as sw
 from stepwarden import upgrade
@@ -267,3 +270,36 @@ async def test_a_compensating_task_replays_its_compensation(store_url: str) -> N
         None,
         "stands at step 'compensate svc.book', under way",
     )
+
+
+async def test_a_replay_that_never_stands_still_is_not_checked(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New code that awaits something of its own (not a step or a wait) is reported as not
+    checked once REPLAY_WITHIN has passed, never as passing."""
+    monkeypatch.setattr(upgrade, "REPLAY_WITHIN", 0.3)
+    app = sw.App("idle", store=store_url)
+    never = asyncio.Event()
+
+    @app.workflow(complete_within=timedelta(seconds=30))
+    async def stuck(ctx: sw.Context, n: int) -> int:
+        await never.wait()
+        return n
+
+    try:
+        await app.submit_async("stuck", 1, task_id="stuck-1")  # pending: no worker runs
+    finally:
+        await app.aclose()
+    reader = open_one(store_url, read_only=True)
+    await reader.open(migrate=False)
+    try:
+        tasks = await upgrade.in_flight(reader)
+    finally:
+        await reader.close()
+    [check] = (await upgrade.check(tasks, app.workflow_versions)).tasks
+    assert (check.outcome, check.state, check.breaks) == (
+        upgrade.Outcome.NOT_CHECKED,
+        "pending",
+        False,
+    )
+    assert check.message == "the replay did not stand still within 0.3 s"
