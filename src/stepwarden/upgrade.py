@@ -74,7 +74,8 @@ class Outcome(StrEnum):
     REPLAYS = "replays"
     """It takes the recorded steps and waits, up to where the task stands, or returns."""
     DIVERGES = "diverges"
-    """It asks for another step or wait than the one recorded at a place."""
+    """It asks for another step or wait than the one recorded at a place, or returns
+    before a place where the task recorded one ("the workflow asked for its end")."""
     RAISES = "raises"
     """It raises (an operation the new code does not declare, an error of its own): the task
     would end in error. Not counted for a task in error already."""
@@ -339,6 +340,8 @@ async def replay(
             message=f"stands at {what}",
         )
     error = running.exception() if not running.cancelled() else None
+    if error is None and not compensating:
+        error = ctx.left_behind()  # returned before what the task recorded further on
     if error is None or isinstance(error, Abandon):
         return made(outcome=Outcome.REPLAYS, breaks=False, message="the workflow returns")
     if isinstance(error, NonDeterminismError):

@@ -376,6 +376,23 @@ class Context:
         if marker is not None and marker[1:] == ("patch", patch_id):
             self._place()
 
+    def left_behind(self) -> NonDeterminismError | None:
+        """Once the workflow has returned: the divergence of a run that ended before a step
+        or wait recorded at a place it never took (the first such, by place), or None when
+        it took every recorded place. A run is not failed by it (its task ends processed,
+        its open steps abandoned): `stepwarden check-upgrade` reports it."""
+        places = [(p, f"step {s.name!r}") for p, s in self._recorded.items()]
+        places += [
+            (p, f"a {_wait_name(kind, name)}")
+            for p, (_, kind, name) in self._waits.items()
+            if kind != "patch"  # a marker left behind changes nothing
+        ]
+        for place, what in sorted(places, key=lambda p: [int(n) for n in p[0].split(".")]):
+            prefix, _, n = place.rpartition(".")
+            if self._taken.get(f"{prefix}." if prefix else "", 0) < int(n):
+                return _diverged(self._held.task_id, place, "its end", what)
+        return None
+
     def _recorded_at_or_under(self, place: str) -> bool:
         """Whether a step, a wait or a gather's branch is recorded at `place`."""
         return place in self._recorded or place in self._waits or self._recorded_under(place)

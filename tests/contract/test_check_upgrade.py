@@ -29,7 +29,8 @@ ONLY_SVC = dataclasses.replace(FAST, agents=frozenset({"svc"}))
 def release(store_url: str, change: str = "") -> sw.App:
     """One release of the code. `change`: "second_branch" (the second branch of `fan`
     starts with another step), "sleeps" (`approve` sleeps where it waited for an event),
-    "ghost" (`approve` starts with an operation no agent of the App declares)."""
+    "ghost" (`approve` starts with an operation no agent of the App declares), "returns"
+    (`approve` returns where it waited)."""
     app = sw.App("shop", store=store_url)
     svc, slow = app.agent("svc"), app.agent("slow")
     ghost = sw.App("other", store=store_url).agent("ghost")
@@ -67,6 +68,8 @@ def release(store_url: str, change: str = "") -> sw.App:
         first = await ctx.step(haunt if change == "ghost" else a, n)
         if change == "sleeps":
             await ctx.sleep(60)
+            return first
+        if change == "returns":
             return first
         return await ctx.wait_for_event("go", timeout=3600)
 
@@ -139,6 +142,14 @@ async def test_a_wait_of_another_kind_diverges_and_an_undeclared_operation_raise
     sleeps = _outcomes(await _check(release(store_url, "sleeps"))(tasks))["approve-1"]
     assert (sleeps.outcome, sleeps.position) == (upgrade.Outcome.DIVERGES, "2")
     assert (sleeps.recorded, sleeps.asked) == ("a wait for event 'go'", "a timer")
+    # Returning before a recorded wait is no error of a run, but a divergence all the same.
+    returns = _outcomes(await _check(release(store_url, "returns"))(tasks))["approve-1"]
+    assert (returns.outcome, returns.breaks, returns.position) == (
+        upgrade.Outcome.DIVERGES,
+        True,
+        "2",
+    )
+    assert (returns.asked, returns.recorded) == ("its end", "a wait for event 'go'")
     report = await _check(release(store_url, "ghost"))(tasks)
     ghost = _outcomes(report)["approve-1"]
     assert (ghost.outcome, ghost.breaks) == (upgrade.Outcome.RAISES, True)
