@@ -20,6 +20,7 @@ store without a keyring) is masked in the file.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -552,13 +553,27 @@ def load(data: bytes, keys: Keyring | None = None) -> tuple[list[InFlight], int]
                 _built(WaitRecord, w, {"payload": _wait_binding(task_id, w)}, keys)
                 for w in entry["waits"]
             ]
+            for r in (*steps, *waits):
+                if r.task_id != task_id or not _place(r.position) or type(r.seq) is not int:
+                    raise ValueError(f"a record of {task_id!r} with task {r.task_id!r}, "
+                                     f"position {r.position!r}")  # fmt: skip
             children = {str(k): str(v) for k, v in dict(entry.get("children") or {}).items()}
             tasks.append(InFlight(task, steps, waits, children))
-    except (KeyError, TypeError, ValueError) as exc:
+        masked = int(document.get("masked") or 0)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PayloadError(
             f"a task of the export is not as `stepwarden export-tasks` writes it: {exc!r}"
         ) from None
-    return tasks, int(document.get("masked") or 0)
+    return tasks, masked
+
+
+PLACE = re.compile(r"[1-9][0-9]{0,8}(\.[1-9][0-9]{0,8})*")
+"""A place as the Context numbers them: "3", "3.2.1"."""
+
+
+def _place(position: object) -> bool:
+    """Whether a record's position is a place (or none: a compensation, an old wait)."""
+    return position is None or (isinstance(position, str) and PLACE.fullmatch(position) is not None)
 
 
 def _wait_binding(task_id: str, w: Mapping[str, Any]) -> Binding | None:

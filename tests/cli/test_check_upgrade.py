@@ -28,7 +28,7 @@ from stepwarden.records import Submission
 from stepwarden.sealing import new_keyring
 from stepwarden.store import open_one
 
-from .helpers import REPO, assert_ok, invoke, sql
+from .helpers import REPO, assert_ok, error_line, invoke, sql
 
 SHOP = (REPO / "examples" / "orders" / "shop.py").read_text()
 FIRST_STEP = "await ctx.step(inventory.reserve, order, compensate=inventory.release)"
@@ -229,11 +229,26 @@ def test_an_export_checks_as_the_store_does(
     nowhere = f"sqlite:///{tmp_path / 'absent' / 'none.db'}"
     code, report = _check(nowhere, planted, "--from-file", str(exported))
     assert (code, report["breaking"]) == (1, 2)
-    # A file that is no export is refused, with exit code 1 and one line.
+    # A file that is no export, or an export altered, is refused: exit code 1 and one line.
     bogus = tmp_path / "bogus.json"
-    bogus.write_text('{"tasks": []}')
+    step = document["tasks"][0]["steps"][0]
+    altered = [
+        ({"tasks": []}, "not a file of `stepwarden export-tasks`"),
+        ({**document, "version": 9}, "an export of format version 9"),
+        ({**document, "tasks": [{"task": {}}]}, "a task of the export is not as"),
+        ({**document, "masked": "many"}, "a task of the export is not as"),
+    ]
+    for where, value in (("position", "1.x"), ("seq", "1"), ("task_id", "another")):
+        changed = {**document["tasks"][0], "steps": [{**step, where: value}]}
+        altered.append(({**document, "tasks": [changed]}, "a task of the export is not as"))
+    for content, said in altered:
+        bogus.write_bytes(orjson.dumps(content))
+        done = invoke("check-upgrade", planted, "--from-file", str(bogus))
+        assert done.exit_code == 1, (content, done.output)
+        assert said in error_line(done.stderr), done.stderr
+    bogus.write_text("{not json")
     done = invoke("check-upgrade", planted, "--from-file", str(bogus))
-    assert done.exit_code == 1 and "not a file of `stepwarden export-tasks`" in done.stderr
+    assert done.exit_code == 1 and "not a JSON document" in error_line(done.stderr)
 
 
 def test_sealed_secrets_stay_sealed_and_replay_masked_without_the_key(
