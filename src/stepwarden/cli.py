@@ -14,7 +14,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TypeVar
@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 import click
 import orjson
 
-from . import _check, _json, _tokens, sealing
+from . import _check, _json, _tokens, sealing, upgrade
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView, refuse_conflict
@@ -43,7 +43,7 @@ from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .states import COMPENSATION_STATES, TaskState
-from .store import ShardedStore, Store, open_store, shown_url
+from .store import ShardedStore, Store, open_one, open_store, shown_url
 from .store.reseal import PLACES, Cursor
 from .supervisor import DEFAULT_RETENTION
 from .supervisor import LEASE as SUPERVISOR_LEASE
@@ -1842,6 +1842,152 @@ def reseal(obj: _Ctx, batch: int) -> None:
         for error in errors:
             _echo(error, err=True)
         raise click.ClickException(f"{failed} value(s) did not open: they are left as they were")
+
+
+# -- an upgrade checked against the tasks in flight ------------------------------------------
+@cli.command("export-tasks")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True))
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=upgrade.DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="At most this many tasks of each state, oldest first.",
+)
+@click.pass_obj
+def export_tasks(obj: _Ctx, file: str, workflow: str | None, limit: int) -> None:
+    """Write the tasks an upgrade's new code would replay (every task not processed,
+    compensated or cancelled), with their steps and waits, to FILE: a JSON document only its
+    owner may read, for `check-upgrade --from-file` (in CI, say). Sealed secrets are written
+    sealed, as the store holds them; secrets stored plain are masked. Reads only: the store
+    is opened read-only."""
+    url = obj.store_url()
+
+    async def go() -> tuple[bytes, int, int]:
+        store = open_one(url, read_only=True)
+        await store.open(migrate=False)
+        try:
+            found = await upgrade.in_flight(store, workflow=workflow, limit=limit)
+        finally:
+            await store.close()
+        document, masked = upgrade.export(found, source=shown_url(url), now=datetime.now(UTC))
+        return document, len(found), masked
+
+    document, count, masked = _run(go())
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(document)
+    note = f"; {masked} secret(s) stored plain were masked" if masked else ""
+    _echo(f"exported {count} task(s) to {file}{note}")
+
+
+@cli.command("check-upgrade")
+@click.argument("new_app", metavar="NEW_MODULE:APP")
+@_opt(
+    "--from-file",
+    "from_file",
+    envvar="STEPWARDEN_FROM_FILE",
+    default=None,
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Check the tasks of this file of `stepwarden export-tasks` instead of a store's.",
+)
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=upgrade.DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="At most this many tasks of each state, oldest first (a store's).",
+)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+def check_upgrade(
+    obj: _Ctx, new_app: str, from_file: str | None, workflow: str | None, limit: int, as_json: bool
+) -> None:
+    """Replay, with the new code of NEW_MODULE:APP, every task it would run (those not
+    processed, compensated or cancelled) against its recorded steps and waits, as a
+    scheduler resumes it, calling no agent and writing nothing (the store is opened
+    read-only). Lists the tasks whose replay diverges (the position, what is recorded there,
+    what the new code asks for), those whose workflow version the new code no longer
+    declares, those it makes raise, and a summary per workflow and version. The tasks come
+    from the store (--store, or the new App's) or from --from-file. Sealed secrets open with
+    the keyring (STEPWARDEN_KEYRING or STEPWARDEN_KEYS); without it they are replayed masked,
+    and the report says how many tasks were. Exits 1 when a task would break, 0 otherwise."""
+    app = load_app(new_app)
+    try:
+        keys = sealing.Keyring.from_env()
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+    operations = {op.qualname: op for a in app.agents.values() for op in a.operations.values()}
+    url = None if from_file is not None else (obj.store or app.store_url)
+    exported = None
+    if from_file is not None:
+        try:
+            exported = Path(from_file).read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--from-file") from exc
+
+    async def go() -> upgrade.Report:
+        masked = 0
+        if exported is not None:
+            found, masked = upgrade.load(exported, keys)
+            if workflow is not None:
+                found = [t for t in found if t.task.workflow == workflow]
+        else:
+            assert url is not None
+            store = open_one(url, keys=keys, read_only=True)
+            await store.open(migrate=False)
+            try:
+                found = await upgrade.in_flight(store, workflow=workflow, limit=limit)
+            finally:
+                await store.close()
+        return await upgrade.check(
+            found, app.workflow_versions, operations, keys, masked_in_file=masked
+        )
+
+    report = _run(go())
+    if as_json:
+        _echo_json(orjson.dumps(report.as_dict()).decode())
+    else:
+        _echo_report(report)
+    if not report.ok:
+        click.get_current_context().exit(1)
+
+
+def _echo_report(report: upgrade.Report) -> None:
+    _echo(
+        f"{report.checked} task(s) checked: {report.breaking} would break"
+        + ("" if report.breaking else ", none diverges")
+    )
+    for t in report.tasks:
+        if t.outcome == upgrade.Outcome.REPLAYS:
+            continue
+        where = "" if t.position is None else f" at position {t.position}"
+        _echo(
+            f"{t.outcome.upper():<11}  {t.task_id}  {t.workflow}@{t.version}  {t.state}{where}"
+            + ("" if t.breaks else "  (does not break)")
+        )
+        if t.recorded is not None:
+            _echo(f"    recorded:  {t.recorded}")
+            _echo(f"    new code:  {t.asked}")
+        if t.message is not None:
+            _echo(f"    {t.message}")
+    for s in report.summary:
+        counts = ", ".join(f"{n} {o}" for o, n in s.counts.items() if n)
+        declared = "declared" if s.declared else "NOT DECLARED by the new code"
+        _echo(f"{s.workflow}@{s.version} ({declared}): {s.tasks} task(s): {counts}")
+    if report.masked:
+        _echo(
+            f"{report.masked} task(s) hold sealed secrets, replayed masked: no keyring was given "
+            "(STEPWARDEN_KEYRING or STEPWARDEN_KEYS); a workflow that reveals one is not checked"
+        )
+    if report.masked_in_file:
+        _echo(f"the export masked {report.masked_in_file} secret(s) stored plain")
 
 
 def _datetime(text: str, option: str) -> datetime:

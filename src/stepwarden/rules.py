@@ -38,6 +38,8 @@ from .records import (
     Submitted,
     TaskOutcome,
     VersionBacklog,
+    WaitOutcome,
+    WaitRequest,
 )
 from .retry import Backoff
 from .states import (
@@ -877,3 +879,27 @@ def unrunnable(
         (b for b in backlog if (b.workflow, b.version) not in runnable),
         key=lambda b: (b.workflow, b.version),
     )
+
+
+def wait_mismatch(
+    req: WaitRequest, kind: str, name: str, child_workflow: str | None = None
+) -> WaitOutcome | None:
+    """Whether the wait a replay asks for (`req`) is another than the one recorded at its
+    seq (`kind`, `name`; for a child, the workflow its task runs, when it exists): the
+    "mismatch" the workflow's Context words as a divergence, or None when it is the same.
+    Asked by the store's wait (`store/policy.wait`) and by `stepwarden check-upgrade`."""
+    if (kind, name) != (req.kind, req.name):
+        return WaitOutcome(state="mismatch", recorded=(kind, name))
+    if (
+        req.kind == "child"
+        and req.child is not None
+        and child_workflow is not None
+        and child_workflow != req.child.workflow
+    ):
+        return WaitOutcome(
+            state="mismatch",
+            recorded=(kind, name),
+            reason=f"the child task {req.name!r} recorded at position {req.position} runs "
+            f"workflow {child_workflow!r}, the workflow asked for {req.child.workflow!r}",
+        )
+    return None

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from .._aio import first
 from .._batch import Batcher
 from .._json import holds_secret
-from ..errors import KeyringError, SchemaVersionError, TransientStoreError
+from ..errors import ConfigurationError, KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
     Activity,
@@ -216,6 +216,11 @@ class Store(abc.ABC):
         self._beats: Batcher[Query, Rows] = Batcher(self._beat_group, gather=BEAT_GATHER)
         """The registry beats of this process's instances (its scheduler's and agents'),
         written together: one transaction per beat, however many instances beat."""
+        self.read_only = False
+        """Whether this store only reads (set before it opens, `open_one(read_only=True)`):
+        the database refuses every write of its connections (SQLite: `query_only`;
+        PostgreSQL: read-only transactions), it is never migrated, and a keyring is only
+        checked against the store's checks, never recorded."""
         self.write_observer: Callable[[float], None] | None = None
         """Told the seconds each write transaction took, committed or not (a worker's
         metrics, `Metrics.observe_write`)."""
@@ -317,6 +322,8 @@ class Store(abc.ABC):
         """Once connected: migrate when asked, then check the schema version (closing the
         store when either fails)."""
         try:
+            if migrate and self.read_only:
+                raise ConfigurationError("a read-only store is not migrated")
             if migrate:
                 await self.migrate()
             await self._check_version()
@@ -334,7 +341,7 @@ class Store(abc.ABC):
         store knows is not the one that sealed there (a wrong key); the keyring's current
         key recorded, with its check, when the store does not know it yet."""
         known = {r["key_id"]: r["check_value"] for r in await self._read_one("sealing_keys")}
-        if keys.current not in known:
+        if keys.current not in known and not self.read_only:
             check = keys.check()
             await self._write_one(
                 Query("add_sealing_key", {"key_id": keys.current, "check_value": check})

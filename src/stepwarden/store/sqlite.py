@@ -211,6 +211,8 @@ class SQLiteStore(Store):
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=30000")
+        if self.read_only:
+            conn.execute("PRAGMA query_only=ON")  # every write of this connection refused
 
     async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None or self._executor is None:
