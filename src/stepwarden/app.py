@@ -50,20 +50,23 @@ from .records import (
     EventBounds,
     EventRecord,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     ScheduleRecord,
     SchedulerInstance,
     ScheduleSpec,
     SendOutcome,
     StepRecord,
+    StepWhy,
     Submission,
     Submitted,
     TaskRecord,
     TaskStatus,
+    Why,
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, submit_version
+from .rules import CATCH_UP, plan_action, step_gate, submit_version, task_gate
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -819,6 +822,46 @@ class App:
         self, task_id: str, *, events: int = 100, events_before: int | None = None
     ) -> TaskView:
         return self._call(self.show_async(task_id, events=events, events_before=events_before))
+
+    async def why_async(self, task_id: str) -> Why:
+        """Why the task waits: what holds it now, and each of its open steps, as data
+        (`Gate`: a `WaitReason` and its facts), decided by `rules.task_gate` and
+        `rules.step_gate` from what the store holds, with this App's operation limits."""
+        _check.name("task_id", task_id)
+        limits = {
+            (agent.name, name): OpLimit(
+                concurrency=op.limit.concurrency, rate=op.limit.rate, per=float(op.limit.per)
+            )
+            for agent in self.agents.values()
+            for name, op in agent.operations.items()
+            if op.limit is not None
+        }
+        found = await (await self.store()).why_facts(task_id, limits)
+        if found is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        facts, steps = found
+        t = facts.task
+        return Why(
+            task_id=t.task_id,
+            workflow=t.workflow,
+            version=t.version,
+            state=t.process_state,
+            gate=task_gate(facts),
+            steps=tuple(
+                StepWhy(
+                    seq=f.step.seq,
+                    name=f.step.name,
+                    agent=f.step.agent,
+                    operation=f.step.operation,
+                    state=f.step.state,
+                    gate=step_gate(f),
+                )
+                for f in steps
+            ),
+        )
+
+    def why(self, task_id: str) -> Why:
+        return self._call(self.why_async(task_id))
 
     async def tasks_async(
         self,

@@ -57,6 +57,7 @@ from ..records import (
     ScheduleSpec,
     SendOutcome,
     StepDispatch,
+    StepFacts,
     StepOutcome,
     StepRecord,
     StepStats,
@@ -64,6 +65,7 @@ from ..records import (
     Submission,
     Submitted,
     SweepRound,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -152,6 +154,9 @@ class ReadPort(Protocol):
     ) -> list[VersionBacklog]: ...
     async def schedules(self) -> list[ScheduleRecord]: ...
     async def relay_backlog(self) -> list[RelayBacklog]: ...
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None: ...
 
 
 class ApplicationPort(WakeupPort, Protocol):
