@@ -66,7 +66,7 @@ from .records import (
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, step_gate, submit_version, task_gate
+from .rules import CATCH_UP, holding_gate, plan_action, step_gate, submit_version, task_gate
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -841,23 +841,26 @@ class App:
             raise TaskNotFound(f"no task {task_id!r}")
         facts, steps = found
         t = facts.task
+        gate = task_gate(facts)
+        open_steps = tuple(
+            StepWhy(
+                seq=f.step.seq,
+                name=f.step.name,
+                agent=f.step.agent,
+                operation=f.step.operation,
+                state=f.step.state,
+                gate=step_gate(f),
+            )
+            for f in steps
+        )
         return Why(
             task_id=t.task_id,
             workflow=t.workflow,
             version=t.version,
             state=t.process_state,
-            gate=task_gate(facts),
-            steps=tuple(
-                StepWhy(
-                    seq=f.step.seq,
-                    name=f.step.name,
-                    agent=f.step.agent,
-                    operation=f.step.operation,
-                    state=f.step.state,
-                    gate=step_gate(f),
-                )
-                for f in steps
-            ),
+            gate=gate,
+            steps=open_steps,
+            holding=holding_gate(gate, [s.gate for s in open_steps]),
         )
 
     def why(self, task_id: str) -> Why:

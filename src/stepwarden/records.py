@@ -920,63 +920,66 @@ class VersionBacklog:
 
 
 class WaitReason(StrEnum):
-    """What holds a task, or one of its open steps, now (`rules.task_gate`, `rules.step_gate`):
-    the reason of a `Gate`, whose facts each reason's line below names."""
+    """What holds a task, or one of its open steps, now (`rules.task_gate`,
+    `rules.step_gate`): the reason of a `Gate`, and the facts of the gate each one fills in.
+
+    - `finished`: The task ended (processed, compensated, cancelled): nothing holds it. Facts:
+      `state`, `since` (when it ended).
+    - `set_aside`: The task waits for an operator (error, compensation_failed): its workflow
+      failed, or the sweep set it aside. Facts: `state`, `error`, `alert` (the reason of its
+      last alert), `since`.
+    - `paused`: An operator paused the task. Facts: `by`, `note` (their reason), `since`.
+    - `start`: A delayed start (`start_after`, `start_at`) has not come. Facts: `until`.
+    - `timer`: The workflow sleeps (`ctx.sleep`). Facts: `until`, `waits`.
+    - `event`: The workflow waits for an event (`ctx.wait_for_event`). Facts: `event`, `until`
+      (its timeout), `waits`.
+    - `children`: The workflow waits for child tasks (`ctx.child`). Facts: `children` (each with
+      its state), `waits`.
+    - `backoff`: Pending (or compensating), but not eligible before a retry's backoff ends.
+      Facts: `until`.
+    - `no_scheduler`: Pending, and no alive scheduler runs its (workflow, version). Facts:
+      `workflow`, `version`, `since` (the last beat of one that ran it; None when the registry
+      holds none).
+    - `ranked`: Pending, for the alive schedulers named in `schedulers`, behind `ahead` others
+      of its (workflow, version) in the claim order (`rank` = ahead + 1).
+    - `held`: A scheduler instance (the task) or an agent instance (a running step) holds it.
+      Facts: `holder`, `holder_alive`, `beat_age` (seconds since its last beat), `until` (when
+      the supervisor takes it back at the latest: its complete_by, or sooner once the holder's
+      registry row expires).
+    - `no_agent`: A queued step, and no alive instance of its agent serves its operation. Facts:
+      `agent`, `operation`, `since` (the last beat of one that did; None when the registry holds
+      none).
+    - `breaker_open`: A queued step, and every alive instance of its agent has its breaker open.
+      Facts: `instances`, `until` (the soonest a breaker lets a call through).
+    - `concurrency_full`: A queued step whose operation's `Limit.concurrency` is reached (for
+      its limit key). Facts: `limit`, `in_use`, `held_by` (the tasks whose running steps hold
+      it).
+    - `rate_full`: A queued step whose operation's `Limit.rate` is reached for its period.
+      Facts: `limit`, `per`, `in_use` (the starts within the period), `until` (when the oldest
+      of them leaves it).
+    - `no_capacity`: A queued step, and every alive instance of its agent has all its slots
+      busy. Facts: `instances`.
+    - `queued`: A queued step an alive instance may claim, behind `ahead` requests of its agent
+      (`rank` = ahead + 1). Facts: `instances`.
+    """
 
     FINISHED = "finished"
-    """The task ended (processed, compensated, cancelled): nothing holds it. Facts: `state`,
-    `since` (when it ended)."""
     SET_ASIDE = "set_aside"
-    """The task waits for an operator (error, compensation_failed): its workflow failed, or
-    the sweep set it aside. Facts: `state`, `error`, `alert` (the reason of its last alert),
-    `since`."""
     PAUSED = "paused"
-    """An operator paused the task. Facts: `by`, `note` (their reason), `since`."""
     START = "start"
-    """A delayed start (`start_after`, `start_at`) has not come. Facts: `until`."""
     TIMER = "timer"
-    """The workflow sleeps (`ctx.sleep`). Facts: `until`, `waits`."""
     EVENT = "event"
-    """The workflow waits for an event (`ctx.wait_for_event`). Facts: `event`, `until` (its
-    timeout), `waits`."""
     CHILDREN = "children"
-    """The workflow waits for child tasks (`ctx.child`). Facts: `children` (each with its
-    state), `waits`."""
     BACKOFF = "backoff"
-    """Pending (or compensating), but not eligible before a retry's backoff ends. Facts:
-    `until`."""
     NO_SCHEDULER = "no_scheduler"
-    """Pending, and no alive scheduler runs its (workflow, version). Facts: `workflow`,
-    `version`, `since` (the last beat of one that ran it; None when the registry holds
-    none)."""
     RANKED = "ranked"
-    """Pending, for the alive schedulers named in `schedulers`, behind `ahead` others of its
-    (workflow, version) in the claim order (`rank` = ahead + 1)."""
     HELD = "held"
-    """A scheduler instance (the task) or an agent instance (a running step) holds it.
-    Facts: `holder`, `holder_alive`, `beat_age` (seconds since its last beat), `until` (when
-    the supervisor takes it back at the latest: its complete_by, or sooner once the holder's
-    registry row expires)."""
     NO_AGENT = "no_agent"
-    """A queued step, and no alive instance of its agent serves its operation. Facts: `agent`,
-    `operation`, `since` (the last beat of one that did; None when the registry holds
-    none)."""
     BREAKER_OPEN = "breaker_open"
-    """A queued step, and every alive instance of its agent has its breaker open. Facts:
-    `instances`, `until` (the soonest a breaker lets a call through)."""
     CONCURRENCY_FULL = "concurrency_full"
-    """A queued step whose operation's `Limit.concurrency` is reached (for its limit key).
-    Facts: `limit`, `in_use`, `held_by` (the tasks whose running steps hold it)."""
     RATE_FULL = "rate_full"
-    """A queued step whose operation's `Limit.rate` is reached for its period. Facts:
-    `limit`, `per`, `in_use` (the starts within the period), `until` (when the oldest of
-    them leaves it)."""
     NO_CAPACITY = "no_capacity"
-    """A queued step, and every alive instance of its agent has all its slots busy. Facts:
-    `instances`."""
     QUEUED = "queued"
-    """A queued step an alive instance may claim, behind `ahead` requests of its agent
-    (`rank` = ahead + 1). Facts: `instances`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1099,3 +1102,6 @@ class Why:
     state: TaskState
     gate: Gate
     steps: tuple[StepWhy, ...]
+    holding: Gate
+    """What holds the task in the end (`rules.holding_gate`): a held task's first open
+    step's gate, else its own."""

@@ -995,3 +995,11 @@ def step_gate(f: StepFacts) -> Gate:
         ahead=f.ahead,
         rank=f.ahead + 1,
     )
+
+
+def holding_gate(task: Gate, steps: Sequence[Gate]) -> Gate:
+    """What holds a task in the end: a held task waits for its first open step (whose gate
+    says why), any other for its own gate."""
+    if task.reason == WaitReason.HELD and steps:
+        return steps[0]
+    return task
