@@ -5,7 +5,8 @@ here, and write what it decided: where a task goes when its complete_by passes o
 scheduler ends its hold, how long it waits, which alert is raised and why, which steps must
 be undone, who may hold the supervisor's lease, which queued requests may start within their
 limits, what an operator's action does, which version of its workflow a new task runs and
-which waiting tasks no scheduler runs. Nothing here touches the database or the clock.
+which waiting tasks no scheduler runs, and why a task or a step waits. Nothing here touches
+the database or the clock.
 """
 
 from __future__ import annotations
