@@ -69,6 +69,9 @@ class AlertReason(StrEnum):
     """A compensation failed, or the compensating task expired max_failures times."""
     STEP_RETRIED = "step_retried"
     """A step was dispatched the workflow's alert_after times."""
+    TASK_STUCK = "task_stuck"
+    """A task did not move for its workflow's stuck_after (`App.workflow`): once per task and
+    reason that holds it (its `wait_reason`)."""
     SET_ASIDE = "set_aside"
     """The engine could not apply its rule to the task (a bug, a row it cannot read): the
     task was set aside for an operator, in error or compensation_failed."""

@@ -335,3 +335,49 @@ async def test_a_step_waits_for_its_operation_s_rate(store_url: str) -> None:
         step = await until("the rate", lambda: d.step_reason("second", R.RATE_FULL))
     assert (step.gate.limit, step.gate.per, step.gate.in_use) == (1, 600.0, 1)
     assert close_to(step.gate.until, datetime.now().astimezone() + timedelta(seconds=600), 30)
+
+
+async def stuck_alerts(app: sw.App, task_id: str) -> list[str]:
+    store = await app.store()
+    found = await store.events(task_id=task_id, kind="alert")
+    return [e.detail["wait_reason"] for e in found if e.detail["reason"] == "task_stuck"]
+
+
+async def test_a_task_unmoved_past_its_workflow_s_threshold_alerts_once_per_reason(
+    store_url: str,
+) -> None:
+    """`stuck_after` of its workflow: a task that does not move for that long raises one
+    task_stuck alert with what holds it, once per reason; a workflow without it raises
+    none."""
+    async with desk(store_url) as d:
+        d.app.workflow(d.app.workflows["quick"].fn, name="watched", stuck_after=0.3)
+        await d.app.submit_async("watched", 1, task_id="w1")
+        await d.app.submit_async("quick", 1, task_id="unwatched")
+        supervisor = dataclasses.replace(FAST, roles=frozenset({"supervisor"}))
+        async with running(d.app, supervisor):
+            assert await until("w1's alert", lambda: stuck_alerts(d.app, "w1")) == ["no_scheduler"]
+            # A later look (w2's alert) raises none again for w1, still held by the same.
+            await d.app.submit_async("watched", 2, task_id="w2")
+            await until("w2's alert", lambda: stuck_alerts(d.app, "w2"))
+            assert await stuck_alerts(d.app, "w1") == ["no_scheduler"]
+            # Held by another reason once it stays unmoved again: one more.
+            await d.app.operate_async("pause", ["w1"], by="ann")
+            reasons = await until(
+                "w1's second alert",
+                lambda: _at_least(stuck_alerts(d.app, "w1"), 2),
+            )
+            assert reasons == ["no_scheduler", "paused"]
+        assert await stuck_alerts(d.app, "unwatched") == []
+        store = await d.app.store()
+        [alert] = [
+            m
+            for m in await store.outbox(channel="alerts", task_id="w2")
+            if m.detail["reason"] == "task_stuck"
+        ]
+        assert alert.detail["wait_reason"] == "no_scheduler"
+        assert "has not moved for 0.3s" in alert.detail["error"]
+
+
+async def _at_least(found: Awaitable[list[str]], n: int) -> list[str] | None:
+    got = await found
+    return got if len(got) >= n else None

@@ -1137,6 +1137,17 @@ class Store(abc.ABC):
             steps.append(_rows.step_facts(row, agents, limit, usage, self.keys))
         return task, steps
 
+    async def stale_tasks(self, workflow: str, after: float, limit: int) -> list[str]:
+        """The ids of the unfinished tasks of `workflow` (not those in error) that have not
+        moved for `after` seconds and raised no task_stuck alert since, the longest first."""
+        rows = await self._read_one("stale_tasks", workflow=workflow, after=after, limit=limit)
+        return [r["task_id"] for r in rows]
+
+    async def stuck_alerted(self, task_id: str, wait_reason: str) -> bool:
+        """Whether the task raised a task_stuck alert for this reason that holds it."""
+        [row] = await self._read_one("stuck_alerted", task_id=task_id, wait_reason=wait_reason)
+        return int(row["n"]) > 0
+
     async def count_events(self, kind: str) -> int:
         """The number of stored events of `kind`."""
         [row] = await self._read_one("count_events", kind=kind)

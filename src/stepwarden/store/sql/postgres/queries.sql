@@ -1880,3 +1880,24 @@ SELECT (SELECT count(*) FROM stepwarden_steps
        (SELECT min(at) FROM stepwarden_starts
         WHERE agent = %(agent)s AND operation = %(operation)s AND limit_key = %(limit_key)s
           AND at > now() - make_interval(secs => %(per)s::float8)) AS oldest_start
+
+-- name: stale_tasks
+-- The unfinished tasks of a workflow (not those waiting for an operator) that have not moved
+-- for `after` seconds and raised no task_stuck alert since they last moved, the longest
+-- unmoved first: what the supervisor looks at for the task_stuck alert.
+SELECT t.task_id FROM stepwarden_tasks AS t
+WHERE t.workflow = %(workflow)s
+  AND t.process_state IN ('pending', 'processing', 'waiting', 'paused', 'compensating')
+  AND t.updated_at <= now() - make_interval(secs => %(after)s::float8)
+  AND NOT EXISTS (
+      SELECT 1 FROM stepwarden_events AS e
+      WHERE e.task_id = t.task_id AND e.kind = 'alert' AND e.at >= t.updated_at
+        AND e.detail->>'reason' = 'task_stuck')
+ORDER BY t.updated_at
+LIMIT %(limit)s
+
+-- name: stuck_alerted
+-- Whether the task raised a task_stuck alert for this reason that holds it.
+SELECT count(*) AS n FROM stepwarden_events
+WHERE task_id = %(task_id)s AND kind = 'alert'
+  AND detail->>'reason' = 'task_stuck' AND detail->>'wait_reason' = %(wait_reason)s

@@ -1422,3 +1422,25 @@ SELECT (SELECT count(*) FROM stepwarden_steps
        (SELECT min(at) FROM stepwarden_starts
         WHERE agent = :agent AND operation = :operation AND limit_key = :limit_key
           AND at > :now - :per) AS oldest_start
+
+-- name: stale_tasks
+-- The unfinished tasks of a workflow (not those waiting for an operator) that have not moved
+-- for `after` seconds and raised no task_stuck alert since they last moved, the longest
+-- unmoved first: what the supervisor looks at for the task_stuck alert.
+SELECT t.task_id FROM stepwarden_tasks AS t
+WHERE t.workflow = :workflow
+  AND t.process_state IN ('pending', 'processing', 'waiting', 'paused', 'compensating')
+  AND t.updated_at <= :now - :after
+  AND NOT EXISTS (
+      SELECT 1 FROM stepwarden_events AS e INDEXED BY stepwarden_events_task
+      WHERE e.task_id = t.task_id AND e.kind = 'alert' AND e.at >= t.updated_at
+        AND json_extract(e.detail, '$.reason') = 'task_stuck')
+ORDER BY t.updated_at
+LIMIT :limit
+
+-- name: stuck_alerted
+-- Whether the task raised a task_stuck alert for this reason that holds it.
+SELECT count(*) AS n FROM stepwarden_events INDEXED BY stepwarden_events_task
+WHERE task_id = :task_id AND kind = 'alert'
+  AND json_extract(detail, '$.reason') = 'task_stuck'
+  AND json_extract(detail, '$.wait_reason') = :wait_reason
