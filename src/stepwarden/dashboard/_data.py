@@ -4,7 +4,8 @@ is, the pages render it. Payloads keep their `Secret`s, which every rendering ma
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +34,9 @@ FAILED_STATES = (TaskState.ERROR, TaskState.COMPENSATION_FAILED)
 WHY_PER_STATE = 20
 """The overview counts why tasks wait over the newest tasks of each unfinished state, this
 many of each (those waiting for an operator included)."""
+WAITING_EVERY = 10.0
+"""Seconds the overview's count of why tasks wait is kept before it is read again (the pages
+follow the store every second; each count reads why for up to 140 tasks)."""
 WAITING_STATES = tuple(s for s in TaskState if s not in FINISHED_TASK_STATES) + FAILED_STATES
 
 
@@ -215,6 +219,7 @@ class Reader:
     """The dashboard's reads, through the App's store for the running event loop."""
 
     app: App
+    _waiting_read: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
 
     async def overview(self) -> dict[str, Any]:
         store = await self.app.store()
@@ -259,7 +264,15 @@ class Reader:
         }
 
     async def _waiting(self) -> dict[str, Any]:
-        """Why the newest unfinished tasks of each state wait, counted (`waiting_counts`)."""
+        """Why the newest unfinished tasks of each state wait, counted (`waiting_counts`),
+        as read within the last WAITING_EVERY seconds."""
+        if self._waiting_read is not None and time.monotonic() < self._waiting_read[0]:
+            return self._waiting_read[1]
+        counted = await self._count_waiting()
+        self._waiting_read = (time.monotonic() + WAITING_EVERY, counted)
+        return counted
+
+    async def _count_waiting(self) -> dict[str, Any]:
         store = await self.app.store()
         found: list[Why] = []
         for state in WAITING_STATES:

@@ -426,7 +426,9 @@ class WaitingReason(_Closed):
 
 class Waiting(_Closed):
     looked_at: int = Field(
-        ge=0, description="The tasks looked at: the newest of each unfinished state."
+        ge=0,
+        description="The tasks looked at: the newest of each unfinished state (counted "
+        "again every 10 s).",
     )
     reasons: list[WaitingReason] = Field(description="Most tasks first.")
 
