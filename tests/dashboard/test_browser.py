@@ -15,6 +15,7 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from stepwarden.dashboard._auth import SESSION_COOKIE
+from stepwarden.dashboard._data import WAITING_EVERY
 from tests.cli.helpers import sql
 
 from .conftest import TOKEN, Served
@@ -39,7 +40,8 @@ def sign_in(page: Page) -> None:
 def test_the_overview_and_the_task_s_page_say_why_tasks_wait(served: Served, page: Page) -> None:
     page.goto(served.url + "/")
     row = page.locator("#waiting tr[data-reason=set_aside]")
-    expect(row.locator("td").nth(0)).to_have_text("2")
+    # The overview counts them again every 10 s (WAITING_EVERY); the page follows it live.
+    expect(row.locator("td").nth(0)).to_have_text("2", timeout=(WAITING_EVERY + 10) * 1000)
     expect(row.locator("td").nth(2)).to_have_text("process")
     row.get_by_role("link", name=re.compile(r"^order-")).click()
     expect(page).to_have_url(re.compile(r"/tasks/order-[12]$"))
