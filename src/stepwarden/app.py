@@ -50,20 +50,23 @@ from .records import (
     EventBounds,
     EventRecord,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     ScheduleRecord,
     SchedulerInstance,
     ScheduleSpec,
     SendOutcome,
     StepRecord,
+    StepWhy,
     Submission,
     Submitted,
     TaskRecord,
     TaskStatus,
+    Why,
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, submit_version
+from .rules import CATCH_UP, holding_gate, plan_action, step_gate, submit_version, task_gate
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -347,6 +350,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> W: ...
 
     @overload
@@ -360,6 +364,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> Callable[[W], W]: ...
 
     def workflow(
@@ -372,6 +377,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
@@ -388,7 +394,12 @@ class App:
         beside the others: a task runs to its end on the version it was submitted with
         (the newest the submitting App declares, unless `submit(..., version=N)`), and a
         scheduler claims only the tasks of the versions its App declares.
+
+        `stuck_after` (a duration; None, the default, turns it off) raises one alert
+        `task_stuck` for a task of this workflow that has not moved for that long, with what
+        holds it (`App.why`): once per task and reason (see docs/howto/why.md).
         """
+        stuck = None if stuck_after is None else _check.seconds("stuck_after", stuck_after, 1e-3)
         try:
             policy = OnFailure(on_failure)
         except ValueError:
@@ -411,6 +422,7 @@ class App:
                 on_failure=policy,
                 alert_after=alert_after,
                 version=version,
+                stuck_after=stuck,
             )
             if wf.key in self._workflows:
                 raise ConfigurationError(
@@ -832,6 +844,53 @@ class App:
         self, task_id: str, *, events: int = 100, events_before: int | None = None
     ) -> TaskView:
         return self._call(self.show_async(task_id, events=events, events_before=events_before))
+
+    def operation_limits(self) -> dict[tuple[str, str], OpLimit]:
+        """The limits of the declared operations, by (agent, operation), as the store
+        judges them (concurrency and rate across every process)."""
+        return {
+            (agent.name, name): OpLimit(
+                concurrency=op.limit.concurrency, rate=op.limit.rate, per=float(op.limit.per)
+            )
+            for agent in self.agents.values()
+            for name, op in agent.operations.items()
+            if op.limit is not None
+        }
+
+    async def why_async(self, task_id: str) -> Why:
+        """Why the task waits: what holds it now, and each of its open steps, as data
+        (`Gate`: a `WaitReason` and its facts), decided by `rules.task_gate` and
+        `rules.step_gate` from what the store holds, with this App's operation limits."""
+        _check.name("task_id", task_id)
+        found = await (await self.store()).why_facts(task_id, self.operation_limits())
+        if found is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        facts, steps = found
+        t = facts.task
+        gate = task_gate(facts)
+        open_steps = tuple(
+            StepWhy(
+                seq=f.step.seq,
+                name=f.step.name,
+                agent=f.step.agent,
+                operation=f.step.operation,
+                state=f.step.state,
+                gate=step_gate(f),
+            )
+            for f in steps
+        )
+        return Why(
+            task_id=t.task_id,
+            workflow=t.workflow,
+            version=t.version,
+            state=t.process_state,
+            gate=gate,
+            steps=open_steps,
+            holding=holding_gate(gate, [s.gate for s in open_steps]),
+        )
+
+    def why(self, task_id: str) -> Why:
+        return self._call(self.why_async(task_id))
 
     async def tasks_async(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -34,9 +35,12 @@ from .records import (
     DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
     EventBounds,
+    Gate,
     SendOutcome,
     Submitted,
     TaskRecord,
+    WaitReason,
+    Why,
 )
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
@@ -921,6 +925,104 @@ def _echo_record(record: Any, as_json: bool, line: str) -> None:
         _echo_json(_json.display({k: _plain(getattr(record, k)) for k in fields}))
     else:
         _echo(line)
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def why(obj: _Ctx, task_id: str, as_json: bool) -> None:
+    """Say why a task waits: what holds it now (a reason and its facts: a timer, an event,
+    its children, an operator, a backoff, no scheduler for its version, its rank, the
+    instance that holds it), and for each of its open steps (no agent alive, breakers open,
+    its operation's concurrency or rate full, no free slot, its rank in the queue, the
+    instance that runs it). With --app, the App's operation limits are known too; with
+    --store alone, no limit is judged."""
+    app = (
+        obj.app()
+        if obj.app_ref
+        else App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    )
+
+    async def go() -> Why:
+        try:
+            return await app.why_async(task_id)
+        finally:
+            await app.aclose()
+
+    found = _run(go())
+    if as_json:
+        _echo_json(_json.display(dataclasses.asdict(found), indent=True))
+        return
+    _echo(f"task {found.task_id}  workflow {found.workflow}  version {found.version}")
+    _echo(f"  state    {found.state.value}")
+    _echo(f"  waits    {_gate_line(found.holding)}")
+    if found.holding != found.gate:
+        _echo(f"  task     {_gate_line(found.gate)}")
+    for s in found.steps:
+        _echo(f"  step {s.seq} {s.name} ({s.agent}.{s.operation}, {s.state.value})")
+        _echo(f"           {_gate_line(s.gate)}")
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def _gate_line(g: Gate) -> str:
+    """A gate for a person, from its reason and facts."""
+    r = WaitReason
+    lines: dict[WaitReason, Callable[[], str]] = {
+        r.FINISHED: lambda: f"nothing: it ended {g.state} at {_when(g.since)}",
+        r.SET_ASIDE: lambda: (
+            f"an operator: it is {g.state} since {_when(g.since)}"
+            + (f", alert {g.alert}" if g.alert else "")
+            + (f" ({cut(g.error, 200)})" if g.error else "")
+        ),
+        r.PAUSED: lambda: (
+            f"an operator: paused by {g.by} at {_when(g.since)}"
+            + (f" ({g.note})" if g.note else "")
+        ),
+        r.START: lambda: f"its delayed start at {_when(g.until)}",
+        r.TIMER: lambda: f"a timer until {_when(g.until)}",
+        r.EVENT: lambda: f"event {g.event!r} until {_when(g.until)}",
+        r.CHILDREN: lambda: (
+            "its children: " + ", ".join(f"{c.task_id} ({c.state})" for c in g.children)
+        ),
+        r.BACKOFF: lambda: f"a retry's backoff until {_when(g.until)}",
+        r.NO_SCHEDULER: lambda: (
+            f"a scheduler of {g.workflow} version {g.version}: none alive"
+            + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
+        ),
+        r.RANKED: lambda: (
+            f"its turn: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.schedulers)
+        ),
+        r.HELD: lambda: (
+            f"{g.holder}, which holds it"
+            + ("" if g.beat_age is None else f" (last beat {g.beat_age:.1f}s ago)")
+            + ("" if g.holder_alive else ", gone")
+            + f"; the supervisor takes it back by {_when(g.until)}"
+        ),
+        r.NO_AGENT: lambda: (
+            f"an instance of agent {g.agent} serving {g.operation}: none alive"
+            + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
+        ),
+        r.BREAKER_OPEN: lambda: (
+            "a breaker: every instance's is open ("
+            + ", ".join(g.instances)
+            + f"), the next try at {_when(g.until)}"
+        ),
+        r.CONCURRENCY_FULL: lambda: (
+            f"its operation's concurrency: {g.in_use} of {g.limit}, held by " + ", ".join(g.held_by)
+        ),
+        r.RATE_FULL: lambda: (
+            f"its operation's rate: {g.in_use} of {g.limit} per {g.per}s, until {_when(g.until)}"
+        ),
+        r.NO_CAPACITY: lambda: "a free slot: every one of " + ", ".join(g.instances) + " is busy",
+        r.QUEUED: lambda: (
+            f"its turn in the queue: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.instances)
+        ),
+    }
+    return f"[{g.reason.value}] {lines[g.reason]()}"
 
 
 @cli.command()

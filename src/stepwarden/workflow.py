@@ -135,6 +135,9 @@ class Workflow:
     version: int = 1
     """Which version of the workflow `name` this is: a task runs to its end on the version
     it was submitted with (`App.workflow(version=...)`)."""
+    stuck_after: float | None = None
+    """Seconds a task of this workflow may stay unmoved before one `task_stuck` alert per
+    reason that holds it (None: never)."""
 
     def __post_init__(self) -> None:
         _check.integer(f"workflow {self.name!r}: version", self.version, 1)

@@ -19,8 +19,8 @@ from stepwarden import upgrade
 from stepwarden.sealing import Keyring, new_keyring
 from stepwarden.store import open_one
 
-from .test_engine import FAST, running
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import FAST, running
 
 # Only the agent `svc` runs: the steps of `slow` stay recorded and open.
 ONLY_SVC = dataclasses.replace(FAST, agents=frozenset({"svc"}))

@@ -203,6 +203,7 @@ def test_the_api_matches_its_openapi_document(served: Served) -> None:
         "GET /api/overview",
         "GET /api/tasks",
         "GET /api/tasks/{task_id}",
+        "GET /api/why/{task_id}",
         "POST /api/tasks/{task_id}/{action}",
         "POST /api/tasks/{task_id}/skip",
         "POST /api/actions",

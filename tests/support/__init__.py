@@ -11,6 +11,7 @@ from one another.
   for events, a shop with local calls) and the keyring of the sealing tests;
 - `relay`: status messages relayed to brokers, and a listener of a port;
 - `typescript`: the TypeScript client built once for the tests that drive it;
+- `why`: the worker options by role and the polling of the tests of why a task waits;
 - `dashboard`, `readme`: a query of the dashboard's tests, the README's first example.
 """
 

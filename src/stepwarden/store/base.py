@@ -56,6 +56,7 @@ from ..records import (
     ScheduleSpec,
     SendOutcome,
     StepDispatch,
+    StepFacts,
     StepOutcome,
     StepRecord,
     StepStats,
@@ -63,6 +64,7 @@ from ..records import (
     Submission,
     Submitted,
     SweepRound,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -75,7 +77,7 @@ from ..records import (
 from ..retry import Backoff, retried, within_tries
 from ..rules import await_next
 from ..sealing import Keyring, input_digest
-from ..states import TaskState
+from ..states import StepState, TaskState
 from . import _rows, _sql, policy, reseal
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 from .reseal import Cursor, Round
@@ -85,6 +87,8 @@ BEAT_GATHER = 0.01
 """Seconds the registry beats of one process wait for each other (`Store._beats`)."""
 DIGEST_BATCH = 500
 """Tasks given their input's digest in one transaction, when a store is migrated."""
+WHY_HELD_BY = 20
+"""The tasks named, at most, as holding an operation's concurrency (`Store.why_facts`)."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -1106,6 +1110,50 @@ class Store(abc.ABC):
         """For each agent and operation of the stored steps: how many were started
         (claimed), completed, failed and reassigned, and how long the completed ones took."""
         return [_rows.step_stats(r) for r in await self._read_one("step_stats")]
+
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None:
+        """The facts of why a task waits (`rules.task_gate`) and of each of its open steps
+        (`rules.step_gate`), None when there is no such task: the task with its rank, open
+        waits, pause and last alert, the registries, and for each open step its place in its
+        agent's queue and what takes up its operation's limit (`limits`, by (agent,
+        operation), as the App declares them). Several reads, each of the store's clock."""
+        rows = await self._read_one("why_task", task_id=task_id)
+        if not rows:
+            return None
+        waits = await self._read_one("why_waits", task_id=task_id)
+        marks = await self._read_one("why_marks", task_id=task_id)
+        schedulers = await self.list_schedulers()
+        task = _rows.task_facts(rows[0], waits, marks, schedulers, self.keys)
+        step_rows = await self._read_one("why_steps", task_id=task_id)
+        agents = await self.list_agents() if step_rows else []
+        steps: list[StepFacts] = []
+        for row in step_rows:
+            limit = (limits or {}).get((row["agent"], row["operation"]))
+            usage = None
+            if limit is not None and row["state"] == str(StepState.NOT_STARTED):
+                [usage] = await self._read_one(
+                    "why_limit",
+                    agent=row["agent"],
+                    operation=row["operation"],
+                    limit_key=row["limit_key"] or "",
+                    per=float(limit.per),
+                    tasks=WHY_HELD_BY,
+                )
+            steps.append(_rows.step_facts(row, agents, limit, usage, self.keys))
+        return task, steps
+
+    async def stale_tasks(self, workflow: str, after: float, limit: int) -> list[str]:
+        """The ids of the unfinished tasks of `workflow` (not those in error) that have not
+        moved for `after` seconds and raised no task_stuck alert since, the longest first."""
+        rows = await self._read_one("stale_tasks", workflow=workflow, after=after, limit=limit)
+        return [r["task_id"] for r in rows]
+
+    async def stuck_alerted(self, task_id: str, wait_reason: str) -> bool:
+        """Whether the task raised a task_stuck alert for this reason that holds it."""
+        [row] = await self._read_one("stuck_alerted", task_id=task_id, wait_reason=wait_reason)
+        return int(row["n"]) > 0
 
     async def count_events(self, kind: str) -> int:
         """The number of stored events of `kind`."""

@@ -56,6 +56,7 @@ from ..records import (
     ScheduleSpec,
     SendOutcome,
     StepDispatch,
+    StepFacts,
     StepOutcome,
     StepRecord,
     StepStats,
@@ -63,6 +64,7 @@ from ..records import (
     Submission,
     Submitted,
     SweepRound,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -151,6 +153,9 @@ class ReadPort(Protocol):
     ) -> list[VersionBacklog]: ...
     async def schedules(self) -> list[ScheduleRecord]: ...
     async def relay_backlog(self) -> list[RelayBacklog]: ...
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None: ...
 
 
 class ApplicationPort(WakeupPort, Protocol):
@@ -276,6 +281,12 @@ class SupervisorPort(AlertPort, RelayPort, Protocol):
     """When (monotonic) this process last lost the server."""
 
     async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry: ...
+    async def stale_tasks(self, workflow: str, after: float, limit: int) -> list[str]: ...
+    async def stuck_alerted(self, task_id: str, wait_reason: str) -> bool: ...
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None: ...
+    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None: ...
     async def look_lease(self, name: str, holder: str) -> float | None: ...
     async def sweep_round(
         self,

@@ -25,7 +25,7 @@ import heapq
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TypeVar
@@ -44,15 +44,18 @@ from ..records import (
     EventRecord,
     LeaseRecord,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     RelayBacklog,
     ScheduleRecord,
     SchedulerInstance,
     SendOutcome,
+    StepFacts,
     StepRecord,
     StepStats,
     Submission,
     Submitted,
+    TaskFacts,
     TaskRecord,
     VersionBacklog,
     WaitRecord,
@@ -557,6 +560,12 @@ class ShardedStore:
                     )
                 )
         return [merged[k] for k in sorted(merged)]
+
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None:
+        # On the task's shard, with that shard's registries: its own schedulers and agents.
+        return await (await self._shard_of(task_id)).why_facts(task_id, limits)
 
     async def relay_backlog(self) -> list[RelayBacklog]:
         return [b for each in await self._each(lambda p: p.relay_backlog()) for b in each]
