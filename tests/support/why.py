@@ -1,4 +1,5 @@
-"""What the tests of why a task waits share: worker options by role, and a value polled until it is true."""
+"""What the tests of why a task waits share: worker options by role, and a value polled
+until it is true."""
 
 from __future__ import annotations
 
