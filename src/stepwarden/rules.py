@@ -800,12 +800,20 @@ def schedule_task_id(name: str, tick: float) -> str:
 
 
 def resubmit(
-    new: Submission, *, workflow: str, version: int, submitted_by: str | None, same_input: bool
+    new: Submission,
+    *,
+    workflow: str,
+    version: int,
+    submitted_by: str | None,
+    same_input: bool,
+    tenant: str | None = None,
 ) -> Submitted:
-    """A submit under a task id taken by a task of `workflow` at `version`, submitted by
-    `submitted_by` (None: in Python), whose input is the new one's or not (`same_input`,
-    compared by digest): the same submit, or a conflict naming what differs. Of a task
-    another client submitted, nothing else is compared, nor told: its client differs."""
+    """A submit under a task id taken by a task of `workflow` at `version` and `tenant`,
+    submitted by `submitted_by` (None: in Python), whose input is the new one's or not
+    (`same_input`, compared by digest): the same submit, or a conflict naming what differs.
+    Of a task another client submitted, nothing else is compared, nor told: its client
+    differs (so a submit under an id another tenant holds is a conflict, which tells only
+    that the id is taken)."""
     if submitted_by != new.submitted_by:
         return Submitted(new.task_id, "conflict", ("client",))
     differs = tuple(
@@ -813,6 +821,7 @@ def resubmit(
         for name, same in (
             ("workflow", workflow == new.workflow),
             ("version", version == new.version),
+            ("tenant", (tenant or None) == (new.tenant or None)),
             ("input", same_input),
         )
         if not same

@@ -464,13 +464,16 @@ class Store(abc.ABC):
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, optionally of one state, one workflow and one version, oldest first."""
+        """Tasks, optionally of one state, one workflow, one version and one tenant ("":
+        the tasks of none), oldest first."""
         rows = await self._read_one(
             "list_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
             version=version,
+            tenant=tenant,
             limit=limit,
         )
         return [_rows.task_record(r, self.keys) for r in rows]
@@ -576,11 +579,12 @@ class Store(abc.ABC):
         return [_rows.relay_backlog(r) for r in await self._read_one("relay_backlog")]
 
     # -- retention ------------------------------------------------------------------------
-    async def purge(self, older_than: float, limit: int) -> int:
+    async def purge(self, older_than: float, limit: int, tenant: str | None = None) -> int:
         """Delete up to `limit` finished tasks (processed, compensated, cancelled) that
-        finished more than `older_than` seconds ago, with their steps, events and delivered
-        outbox messages; the number deleted. Tasks awaiting an operator are kept."""
-        return len(await self._write_one(policy.purge(older_than, limit)))
+        finished more than `older_than` seconds ago, of the tenant `tenant` only when given
+        ("": the tasks of none), with their steps, events and delivered outbox messages;
+        the number deleted. Tasks awaiting an operator are kept."""
+        return len(await self._write_one(policy.purge(older_than, limit, tenant)))
 
     # -- the operator ---------------------------------------------------------------------
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
@@ -1056,14 +1060,16 @@ class Store(abc.ABC):
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
-        """Tasks newest first, optionally of one state, one workflow and one version, and
-        whose id contains `search`."""
+        """Tasks newest first, optionally of one state, one workflow, one version and one
+        tenant ("": the tasks of none), and whose id contains `search`."""
         rows = await self._read_one(
             "find_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
             version=version,
+            tenant=tenant,
             search=search or None,
             limit=limit,
         )

@@ -384,6 +384,7 @@ class ShardedStore:
                             workflow=found.workflow,
                             version=found.version,
                             submitted_by=found.submitted_by,
+                            tenant=found.tenant,
                             same_input=policy.same_input(tasks[i], found.input_digest, part.keys),
                         )
                         break
@@ -484,9 +485,12 @@ class ShardedStore:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
-            lambda p: p.list_tasks(state=state, workflow=workflow, limit=limit, version=version)
+            lambda p: p.list_tasks(
+                state=state, workflow=workflow, limit=limit, version=version, tenant=tenant
+            )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
         return list(itertools.islice(merged, limit))
@@ -499,10 +503,16 @@ class ShardedStore:
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
             lambda p: p.find_tasks(
-                state=state, workflow=workflow, search=search, limit=limit, version=version
+                state=state,
+                workflow=workflow,
+                search=search,
+                limit=limit,
+                version=version,
+                tenant=tenant,
             )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id), reverse=True)
@@ -606,8 +616,8 @@ class ShardedStore:
         ]
         return replace(first, buckets=buckets)
 
-    async def purge(self, older_than: float, limit: int) -> int:
-        return sum(await self._each(lambda p: p.purge(older_than, limit)))
+    async def purge(self, older_than: float, limit: int, tenant: str | None = None) -> int:
+        return sum(await self._each(lambda p: p.purge(older_than, limit, tenant)))
 
     # -- what lives on the first shard: schedules, and the lease shown -------------------
     def _first(self) -> Store:

@@ -13,14 +13,14 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tenant)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         :process_state,
         CASE WHEN :waiting_for IS NOT NULL THEN coalesce(:start_at, :now + :start_after) END,
         :waiting_for, :version,
         :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
-        :input_digest)
+        :input_digest, :tenant)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -625,11 +625,12 @@ ON CONFLICT DO NOTHING
 SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state, one workflow and one version, oldest first.
+-- Tasks, optionally of one state, one workflow, one version and one tenant, oldest first.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:version IS NULL OR version = :version)
+  AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY created_at, task_id
 LIMIT :limit
 
@@ -763,7 +764,7 @@ RETURNING task_id
 
 -- name: submit_found
 -- The tasks of the given ids that a submit found taken: what a re-submit is compared by.
-SELECT task_id, workflow, version, submitted_by, input_digest FROM stepwarden_tasks
+SELECT task_id, workflow, version, submitted_by, input_digest, tenant FROM stepwarden_tasks
 WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 
 -- name: child_read
@@ -863,13 +864,13 @@ SELECT :now AS now
 -- caller worked out, one that did not keeps its own (and whether an operator paused it).
 INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
                                        complete_within, max_failures, on_failure, next_at,
-                                       updated_at, version)
+                                       updated_at, version, tenant)
 VALUES (:name, :workflow, :cron, :every, :input, :timezone, :catch_up, :complete_within,
-        :max_failures, :on_failure, :next_at, :now, :version)
+        :max_failures, :on_failure, :next_at, :now, :version, :tenant)
 ON CONFLICT (name) DO UPDATE
 SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
     complete_within = excluded.complete_within, max_failures = excluded.max_failures,
-    on_failure = excluded.on_failure, version = excluded.version,
+    on_failure = excluded.on_failure, version = excluded.version, tenant = excluded.tenant,
     cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
     next_at = CASE WHEN s.cron IS NOT excluded.cron OR s.every IS NOT excluded.every
                      OR s.timezone <> excluded.timezone
@@ -879,7 +880,7 @@ SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.ca
 -- name: due_schedules
 -- Schedules not paused whose next tick has come, with the store's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, next_at, :now AS now
+       max_failures, on_failure, tenant, next_at, :now AS now
 FROM stepwarden_schedules INDEXED BY stepwarden_schedules_due
 WHERE NOT paused AND next_at <= :now
 ORDER BY next_at
@@ -902,7 +903,7 @@ SELECT * FROM stepwarden_schedules ORDER BY name
 -- name: lock_schedule
 -- A schedule an operator pauses or resumes (under the write lock), with the store's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, paused, next_at, :now AS now
+       max_failures, on_failure, tenant, paused, next_at, :now AS now
 FROM stepwarden_schedules
 WHERE name = :name
 
@@ -1055,12 +1056,14 @@ GROUP BY o.channel
 ORDER BY o.channel
 
 -- name: purge
--- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,
+-- Finished tasks (processed, compensated, cancelled) older than the retention (of one tenant,
+-- or of all), oldest first,
 -- deleted with their events, delivered outbox messages and noted waits, and their steps (ON
 -- DELETE CASCADE).
 SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
 WHERE finished_at < :now - :older_than
   AND process_state IN ('processed', 'compensated', 'cancelled')
+  AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY finished_at
 LIMIT :limit;
 DELETE FROM stepwarden_events WHERE task_id = :task_id;
@@ -1074,12 +1077,13 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
 -- and its metrics.
--- Tasks newest first, optionally of one state, one workflow and one version, whose id
--- contains :search.
+-- Tasks newest first, optionally of one state, one workflow, one version and one tenant,
+-- whose id contains :search.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:version IS NULL OR version = :version)
+  AND (:tenant IS NULL OR tenant = :tenant)
   AND (:search IS NULL OR instr(task_id, :search) > 0)
 ORDER BY created_at DESC, task_id DESC
 LIMIT :limit
