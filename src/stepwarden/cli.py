@@ -1768,6 +1768,41 @@ def _dashboard_token(token: str | None, token_file: str | None) -> str | None:
     return token
 
 
+@cli.group(invoke_without_command=True)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_context
+def tenants(ctx: click.Context, as_json: bool) -> None:
+    """The tenants of the fair share of claims: each one's weight (1 unless set) and pass
+    (how far its claims have gone), and the fair clock. Under saturation each tenant with
+    tasks waiting gets claims in proportion to its weight; by priority within it. On a store
+    of shards, each shard shares its own claims."""
+    if ctx.invoked_subcommand is not None:
+        return
+    found = _run(_read_store(ctx.obj, lambda store: store.tenant_weights()))
+    if not as_json:
+        _echo(f"{'TENANT':<24} {'WEIGHT':>8} {'PASS':>12}")
+    for t in found:
+        _echo_record(t, as_json, f"{t.tenant or '-':<24} {t.weight:>8g} {t.pass_:>12.3f}")
+
+
+@tenants.command("weight")
+@click.argument("tenant")
+@click.argument("weight", type=click.FloatRange(min=0, min_open=True, max=1e6))
+@click.pass_obj
+def tenants_weight(obj: _Ctx, tenant: str, weight: float) -> None:
+    """Set TENANT's WEIGHT in the fair share of claims (a number above 0, 1 by default;
+    "" for the tasks of no tenant): every scheduler's next claim reads it, without a
+    restart."""
+
+    async def go(store: Store | ShardedStore) -> None:
+        if tenant:
+            _check.tenant(tenant)
+        await store.set_tenant_weight(tenant, weight)
+
+    _run(_read_store(obj, go))
+    _echo(f"tenant {tenant or '(none)'}: weight {weight:g}")
+
+
 @cli.group()
 def keys() -> None:
     """The keyring that seals secrets at rest (STEPWARDEN_KEYRING names its file). A key is

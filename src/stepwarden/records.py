@@ -864,6 +864,17 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantWeight:
+    """A tenant's row in the fair share of claims: its `weight` (1 unless set) and its
+    `pass` (how far its claims have gone, `rules.fair_shares`), beside the fair clock."""
+
+    tenant: str
+    weight: float
+    pass_: float
+    clock: float
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseTry:
     """A supervisor's try of the lease: its term when it holds it (None while another
     does), and the seconds until the lease another holds lapses (None when none does)."""

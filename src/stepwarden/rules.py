@@ -564,6 +564,50 @@ def head_start(priority: int) -> float:
     return max(-MAX_HEAD_START, min(MAX_HEAD_START, priority * PRIORITY_STEP))
 
 
+# -- fair share across tenants -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTurn:
+    """A tenant with tasks waiting for a claim, as the claim reads it: its `weight` and its
+    `pass` (None: no row yet, a tenant never claimed for)."""
+
+    tenant: str
+    weight: float
+    pass_: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """What one claim takes of each tenant (`counts`, by tenant), and the fair clock after
+    it (`clock`: where a tenant that comes back after an idle while starts)."""
+
+    counts: dict[str, int]
+    clock: float
+
+
+def fair_shares(turns: Sequence[TenantTurn], clock: float, limit: int) -> FairShare:
+    """Stride scheduling: each claim goes, one at a time, to the tenant of least pass, whose
+    pass then moves on by 1 / weight; ties by name. A tenant's pass is never below the
+    clock, the least pass of the tenants with work waiting at the last claim: one that comes
+    back after an idle while starts at the current minimum and hoards no credit. So under
+    saturation each tenant with work waiting gets claims in proportion to its weight, and
+    one of weight w gets at least one claim in every ceil(W / w) + 1 claims in a row (W: the
+    weights of the tenants waiting added up). The counts assume each tenant has work enough
+    (a claim takes fewer where it has not: the next claim goes on)."""
+    if not turns or limit <= 0:
+        return FairShare({}, clock)
+    passes = {t.tenant: max(clock, t.pass_ if t.pass_ is not None else clock) for t in turns}
+    weights = {t.tenant: t.weight for t in turns}
+    now = min(passes.values())
+    counts = {t.tenant: 0 for t in turns}
+    for _ in range(limit):
+        tenant = min(passes, key=lambda n: (passes[n], n))
+        counts[tenant] += 1
+        passes[tenant] += 1.0 / weights[tenant]
+    return FairShare({n: c for n, c in counts.items() if c}, max(clock, now))
+
+
 # -- agents: claims within limits ---------------------------------------------------------
 
 SCAN = 1000

@@ -68,3 +68,16 @@ def test_a_bad_tenant_is_refused_with_nothing_written(migrated_url: str) -> None
     ):
         assert_refused(invoke(*args), "tenant must be")
     assert snapshot(url) == before
+
+
+def test_a_tenant_s_weight_is_set_and_listed(migrated_url: str) -> None:
+    url = migrated_url
+    out = assert_ok(invoke("--store", url, "tenants", "weight", "acme", "3"))
+    assert out.strip() == "tenant acme: weight 3"
+    assert_ok(invoke("--store", url, "tenants", "weight", "globex", "0.5"))
+    rows = json_lines(assert_ok(invoke("--store", url, "tenants", "--json")))
+    assert [(r["tenant"], r["weight"]) for r in rows] == [("acme", 3.0), ("globex", 0.5)]
+    text = assert_ok(invoke("--store", url, "tenants"))
+    assert text.splitlines()[1].split()[:2] == ["acme", "3"]
+    assert_refused(invoke("--store", url, "tenants", "weight", "acme", "0"), "0")
+    assert_refused(invoke("--store", url, "tenants", "weight", "a b", "1"), "tenant must be")

@@ -65,6 +65,7 @@ from ..records import (
     SweepRound,
     TaskOutcome,
     TaskRecord,
+    TenantWeight,
     TicksMade,
     VersionBacklog,
     WaitOutcome,
@@ -593,12 +594,27 @@ class Store(abc.ABC):
         self.refuse_plain(a.result for a in actions)
         return await self._write(partial(policy.operate, actions))
 
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Set a tenant's weight in the fair share of claims (`rules.fair_shares`): every
+        scheduler's next claim reads it."""
+        await self._write_one(Query("set_tenant_weight", {"tenant": tenant, "weight": weight}))
+
+    async def tenant_weights(self) -> list[TenantWeight]:
+        """The tenants' rows of the fair share: those claimed for, and those given a weight."""
+        return [
+            TenantWeight(
+                r["tenant"], float(r["weight"]), float(r["pass"]), float(r["clock"] or 0.0)
+            )
+            for r in await self._read_one("tenant_weights")
+        ]
+
     # -- the scheduler --------------------------------------------------------------------
     async def claim_tasks(
         self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
     ) -> list[ClaimedTask]:
         """Claim up to `limit` eligible tasks of these (workflow, version) pairs (a workflow
-        named alone is its version 1), by priority with aging (`rules.head_start`),
+        named alone is its version 1), shared among the tenants waiting by their weights
+        (`rules.fair_shares`), by priority with aging within each (`rules.head_start`),
         exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
@@ -606,7 +622,7 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
-        rows = await self._write_one(policy.claim_tasks(scheduler, workflows, limit))
+        rows = await self._write(lambda wake: policy.claim_fair_tasks(scheduler, workflows, limit))
         again = policy.replayed(rows)
         step_rows: Rows = []
         wait_rows: Rows = []

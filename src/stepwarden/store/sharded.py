@@ -54,6 +54,7 @@ from ..records import (
     Submission,
     Submitted,
     TaskRecord,
+    TenantWeight,
     VersionBacklog,
     WaitRecord,
 )
@@ -615,6 +616,14 @@ class ShardedStore:
             for i, b in enumerate(first.buckets)
         ]
         return replace(first, buckets=buckets)
+
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """On every shard: each shares its own claims among the tenants fairly."""
+        await self._each(lambda p: p.set_tenant_weight(tenant, weight))
+
+    async def tenant_weights(self) -> list[TenantWeight]:
+        """The first shard's rows (the weights are set on every shard alike)."""
+        return await self.parts[0].tenant_weights()
 
     async def purge(self, older_than: float, limit: int, tenant: str | None = None) -> int:
         return sum(await self._each(lambda p: p.purge(older_than, limit, tenant)))

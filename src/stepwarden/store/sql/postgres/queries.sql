@@ -160,6 +160,111 @@ WHERE task_id IN (SELECT task_id FROM pick)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
 
+-- name: fair_tenants
+-- The tenants with pending tasks of the given (workflow, version) pairs, with their weights
+-- and passes (none without a row: weight 1), and the fair clock: the index of migration 0021
+-- walked from one tenant to the next (one probe a tenant, never a read of their tasks).
+WITH RECURSIVE w AS MATERIALIZED (
+    SELECT DISTINCT workflow, version
+    FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+    LIMIT cardinality(%(workflows)s::text[])
+), t AS (
+    SELECT w.workflow, w.version,
+           (SELECT x.tenant FROM stepwarden_tasks x
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version
+            ORDER BY x.tenant LIMIT 1) AS tenant
+    FROM w
+    UNION ALL
+    SELECT t.workflow, t.version,
+           (SELECT x.tenant FROM stepwarden_tasks x
+            WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+              AND x.version = t.version AND x.tenant > t.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT DISTINCT t.tenant, coalesce(n.weight, 1)::float8 AS weight, n.pass,
+       (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM t LEFT JOIN stepwarden_tenants n ON n.tenant = t.tenant
+WHERE t.tenant IS NOT NULL
+
+-- name: claim_fair
+-- claim_tasks with each tenant's share (rules.fair_shares: the arrays tenants and counts,
+-- side by side): of each tenant, up to its count of its eligible pending tasks by rank,
+-- through the index of migration 0021; the compensating tasks no scheduler holds first, by
+-- rank, as claim_tasks takes them; up to the limit in all.
+WITH a AS MATERIALIZED (
+    SELECT * FROM unnest(%(tenants)s::text[], %(counts)s::int[]) AS a(tenant, n)
+), w AS MATERIALIZED (
+    SELECT DISTINCT workflow, version
+    FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+    LIMIT cardinality(%(workflows)s::text[])
+), p AS MATERIALIZED (
+    SELECT x.*, a.tenant AS share_of, a.n FROM a CROSS JOIN w CROSS JOIN LATERAL (
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'pending' AND t.workflow = w.workflow
+          AND t.version = w.version AND t.tenant = a.tenant AND t.eligible_at <= now()
+        ORDER BY t.ranked_at
+        LIMIT a.n
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+), c AS MATERIALIZED (
+    SELECT x.* FROM w CROSS JOIN LATERAL (
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'compensating' AND t.locked_by IS NULL
+          AND t.workflow = w.workflow AND t.version = w.version AND t.eligible_at <= now()
+        ORDER BY t.ranked_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+), pick AS MATERIALIZED (
+    SELECT task_id FROM (
+        SELECT task_id, 0 AS k, ranked_at FROM c
+        UNION ALL
+        SELECT task_id, 1, ranked_at FROM (
+            SELECT task_id, ranked_at, n,
+                   row_number() OVER (PARTITION BY share_of ORDER BY ranked_at) AS r
+            FROM p
+        ) AS q
+        WHERE q.r <= q.n
+    ) AS y
+    ORDER BY k, ranked_at
+    LIMIT %(limit)s
+)
+UPDATE stepwarden_tasks
+SET locked_by = %(scheduler)s, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
+    complete_by = now() + make_interval(secs => complete_within), updated_at = now()
+WHERE task_id IN (SELECT task_id FROM pick)
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
+RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: advance_tenants
+-- Each tenant served by a claim: its pass moves on by its claims over its weight (delta),
+-- from the fair clock at least (floor); a tenant without a row gets one, of weight 1. In the
+-- order of the tenants, so that claims side by side lock their rows in one order.
+INSERT INTO stepwarden_tenants AS n (tenant, pass)
+SELECT d.tenant, %(floor)s::float8 + d.delta
+FROM unnest(%(tenant)s::text[], %(delta)s::float8[]) AS d(tenant, delta)
+ORDER BY d.tenant
+ON CONFLICT (tenant) DO UPDATE
+SET pass = greatest(n.pass, %(floor)s::float8) + (excluded.pass - %(floor)s::float8)
+
+-- name: advance_fair_clock
+-- The fair clock moves on (never back) to the least pass of the tenants a claim found.
+UPDATE stepwarden_fair_clock SET vtime = greatest(vtime, %(clock)s) WHERE id = 1
+
+-- name: set_tenant_weight
+-- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).
+INSERT INTO stepwarden_tenants (tenant, weight, pass)
+VALUES (%(tenant)s, %(weight)s, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1))
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight
+
+-- name: tenant_weights
+-- Every tenant's row: its weight and its pass; and the fair clock.
+SELECT n.tenant, n.weight, n.pass, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM stepwarden_tenants n ORDER BY n.tenant
+
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
 SELECT task_id, seq, position, kind, name FROM stepwarden_waits

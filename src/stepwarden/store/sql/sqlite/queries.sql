@@ -75,6 +75,95 @@ WHERE task_id IN (SELECT task_id FROM candidates ORDER BY ranked_at LIMIT :limit
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, complete_by - :now AS remaining
 
+-- name: fair_tenants
+-- The tenants with pending tasks of the given (workflow, version) pairs (the JSON arrays
+-- workflows and versions, side by side), with their weights and passes (none without a row:
+-- weight 1), and the fair clock: the index of migration 0021 walked from one tenant to the
+-- next (one probe a tenant, never a read of their tasks).
+WITH RECURSIVE w AS (
+    SELECT DISTINCT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+), walk(workflow, version, tenant) AS (
+    SELECT w.workflow, w.version,
+           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version
+            ORDER BY x.tenant LIMIT 1)
+    FROM w
+    UNION ALL
+    SELECT walk.workflow, walk.version,
+           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = walk.workflow
+              AND x.version = walk.version AND x.tenant > walk.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM walk WHERE walk.tenant IS NOT NULL
+)
+SELECT DISTINCT walk.tenant, coalesce(n.weight, 1.0) AS weight, n.pass,
+       (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM walk LEFT JOIN stepwarden_tenants AS n ON n.tenant = walk.tenant
+WHERE walk.tenant IS NOT NULL
+
+-- name: claim_fair
+-- claim_tasks with each tenant's share (rules.fair_shares: the JSON arrays tenants and
+-- counts, side by side): of each tenant, up to its count of its eligible pending tasks by
+-- rank, through the index of migration 0021; the compensating tasks no scheduler holds
+-- first, by rank, as claim_tasks takes them; up to the limit in all.
+WITH a AS (
+    SELECT n.value AS tenant, c.value AS n
+    FROM json_each(:tenants) AS n JOIN json_each(:counts) AS c ON c.key = n.key
+), w AS (
+    SELECT DISTINCT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+), candidates AS (
+    SELECT t.task_id, 0 AS k, t.ranked_at
+    FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
+        SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_compensate
+        WHERE x.process_state = 'compensating' AND x.locked_by IS NULL
+          AND x.workflow = w.workflow AND x.version = w.version AND x.eligible_at <= :now
+        ORDER BY x.ranked_at
+        LIMIT :limit)
+    UNION ALL
+    SELECT task_id, 1, ranked_at FROM (
+        SELECT t.task_id, t.ranked_at, a.n,
+               row_number() OVER (PARTITION BY a.tenant ORDER BY t.ranked_at) AS r
+        FROM a JOIN w JOIN stepwarden_tasks AS t ON t.rowid IN (
+            SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version AND x.tenant = a.tenant AND x.eligible_at <= :now
+            ORDER BY x.ranked_at
+            LIMIT :limit)
+    ) AS q
+    WHERE q.r <= q.n
+)
+UPDATE stepwarden_tasks
+SET locked_by = :scheduler, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
+    complete_by = :now + complete_within, updated_at = :now
+WHERE task_id IN (SELECT task_id FROM candidates ORDER BY k, ranked_at LIMIT :limit)
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
+RETURNING *, complete_by - :now AS remaining
+
+-- name: advance_tenants
+-- A tenant served by a claim: its pass moves on by its claims over its weight (delta), from
+-- the fair clock at least (floor); a tenant without a row gets one, of weight 1.
+INSERT INTO stepwarden_tenants (tenant, pass) VALUES (:tenant, :floor + :delta)
+ON CONFLICT (tenant) DO UPDATE SET pass = max(pass, :floor) + :delta
+
+-- name: advance_fair_clock
+-- The fair clock moves on (never back) to the least pass of the tenants a claim found.
+UPDATE stepwarden_fair_clock SET vtime = max(vtime, :clock) WHERE id = 1
+
+-- name: set_tenant_weight
+-- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).
+INSERT INTO stepwarden_tenants (tenant, weight, pass)
+VALUES (:tenant, :weight, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1))
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight
+
+-- name: tenant_weights
+-- Every tenant's row: its weight and its pass; and the fair clock.
+SELECT n.tenant, n.weight, n.pass, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM stepwarden_tenants AS n ORDER BY n.tenant
+
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
 SELECT task_id, seq, position, kind, name FROM stepwarden_waits
