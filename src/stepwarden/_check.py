@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, TypeAlias
 
-from ._text import first_unsafe
+from ._text import TENANT_PATTERN, first_unsafe
 from .errors import ConfigurationError
 from .states import TaskState
 
@@ -61,6 +61,16 @@ def name(what: str, value: Any) -> str:
             "(bidirectional controls and line separators are refused too)"
         )
     _unicode(what, value)
+    return value
+
+
+def tenant(value: Any) -> str:
+    """A tenant's name (`TENANT_PATTERN`)."""
+    if not isinstance(value, str) or not TENANT_PATTERN.fullmatch(value):
+        raise ConfigurationError(
+            "tenant must be 1 to 128 letters, digits and _.@:- (starting with a letter or "
+            f"digit), not {shown(value)}"
+        )
     return value
 
 

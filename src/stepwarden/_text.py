@@ -26,6 +26,9 @@ _FIND = re.compile(f"[{_CLASS}]")
 SAFE_PATTERN = f"^[^{_CLASS}]+$"
 """A regular expression (Python's and JSON Schema's dialect) of a non-empty text without an
 unsafe character: what a name may be, for an API's document."""
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
+"""A tenant's name: a letter or digit, then up to 127 of these and `_.@:-` (every name of an
+application API client is one: its tasks' default tenant); safe to show as it is."""
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 MAX_LOG_LINE = 8192

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ._files import OWNERS_TO_WRITE, read_guarded
+from ._text import TENANT_PATTERN
 from .errors import ConfigurationError
 
 T = TypeVar("T")
@@ -136,6 +137,18 @@ def _entry(text: str) -> str:
     return text
 
 
+def _tenant(text: str) -> str:
+    if text != EVERY and not TENANT_PATTERN.fullmatch(text):
+        raise ValueError(f"expected tenants' names (or {EVERY}: every tenant), not {text!r}")
+    return text
+
+
+def _workflow(text: str) -> str:
+    if text != EVERY and (not text.isprintable() or "," in text or len(text) > 200):
+        raise ValueError(f"expected workflows' names (or {EVERY}: every workflow), not {text!r}")
+    return text
+
+
 def _joined(values: tuple[str, ...]) -> str:
     return ",".join(values)
 
@@ -145,6 +158,8 @@ RATE = Kind(_rate, lambda v: f"{v:g}", "N")
 RANGE = Kind(_range, lambda v: f"{v[0]}..{v[1]}", "LOW..HIGH")
 CHANNELS = Kind(_list(_channel), _joined, "NAME,PREFIX*,...")
 ENTRIES = Kind(_list(_entry), _joined, "ENTRY,...")
+TENANTS = Kind(_list(_tenant), _joined, "TENANT,...")
+WORKFLOWS = Kind(_list(_workflow), _joined, "WORKFLOW,...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +202,15 @@ CAPACITY = _setting("capacity", 1000, COUNT, "the capacity of one agent instance
 TTL = _setting("ttl", 300, COUNT, "seconds an agent instance may live without a beat")
 POLLS = _setting("polls", 100, COUNT, "long polls at once (results, agents' claims)")
 STREAMS = _setting("streams", 100, COUNT, "streams at once (status messages, wake-ups)")
+GRANT_TENANTS = _setting(
+    "tenants",
+    (),
+    TENANTS,
+    "tenants besides its own whose tasks it may submit and see (* every one)",
+)
+GRANT_WORKFLOWS = _setting(
+    "workflows", (), WORKFLOWS, "workflows whose tasks it may see, of any tenant (* every one)"
+)
 
 
 def settings_help() -> str:
@@ -263,6 +287,22 @@ class Client:
             elif channel == pattern:
                 return True
         return False
+
+    def may_submit_as(self, tenant: str) -> bool:
+        """Whether the client may submit a task of `tenant`: its own name, or one its
+        `tenants` setting grants."""
+        granted = self.setting(GRANT_TENANTS)
+        return tenant == self.name or tenant in granted or EVERY in granted
+
+    def may_see(self, tenant: str | None, workflow: str) -> bool:
+        """Whether the client may read, follow, send events to and cancel a task of
+        `tenant` (None: a task of no tenant) and `workflow`: one of the tenants it may
+        submit as, or of a workflow its `workflows` setting grants. The application API
+        answers any other task as one that does not exist."""
+        if tenant is not None and self.may_submit_as(tenant):
+            return True
+        granted = self.setting(GRANT_WORKFLOWS)
+        return workflow in granted or EVERY in granted
 
     def destination_entries(self) -> tuple[str, ...] | None:
         """The entries of the destinations file the client may name; None: every one."""

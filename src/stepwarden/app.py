@@ -133,6 +133,7 @@ class SubmitOptions(TypedDict, total=False):
     start_at: datetime | None
     start_after: timedelta | float | None
     version: int | None
+    tenant: str | None
 
 
 class App:
@@ -209,6 +210,7 @@ class App:
         input: Any = None,
         timezone: str = "UTC",
         catch_up: str = "skip",
+        tenant: str | None = None,
     ) -> ScheduleSpec:
         """Run `workflow` with `input` at each tick of `cron` (a cron expression, read in
         `timezone`) or `every` (a timedelta or seconds): the supervisor leader stores the
@@ -216,8 +218,9 @@ class App:
         (`NAME@2026-11-24T02:00:00+00:00`). Ticks missed while no supervisor ran: "skip"
         (those over a minute late are skipped), "all" (each gets its task), "latest" (only the
         newest does); the ticks that come while it is paused are never made. Its tasks run the
-        newest version of the workflow this App declares. ConfigurationError for a bad
-        declaration, a cron expression that never fires (`0 0 30 2 *`) included."""
+        newest version of the workflow this App declares, under `tenant` (None: none).
+        ConfigurationError for a bad declaration, a cron expression that never fires
+        (`0 0 30 2 *`) included."""
         _check.name("the schedule's name", name)
         if "@" in name:
             raise ConfigurationError(f"a schedule's name cannot hold '@': {_check.shown(name)}")
@@ -243,6 +246,8 @@ class App:
             )
         if name in self.schedule_specs:
             raise ConfigurationError(f"schedule {name!r} is declared twice")
+        if tenant is not None:
+            _check.tenant(tenant)
         spec = ScheduleSpec(
             name=name,
             workflow=wf.name,
@@ -259,6 +264,7 @@ class App:
             timezone=timezone,
             catch_up=catch_up,
             version=wf.version,
+            tenant=tenant,
         )
         rules.first_tick(spec, time.time())  # a cron expression that never fires is refused here
         self.schedule_specs[name] = spec
@@ -297,6 +303,7 @@ class App:
             max_failures=s.max_failures,
             on_failure=s.on_failure,
             version=s.version,
+            tenant=s.tenant,
         )
         [answer] = await (await self.store()).submit([task])
         refuse_conflict(task, answer)
@@ -581,6 +588,8 @@ class App:
             raise ConfigurationError("reply_to must be a non-empty channel name")
         if reply_to is not None and is_destination(reply_to):
             self.destinations.check(reply_to)  # listed, never with credentials
+        if "tenant" in asked:
+            _check.tenant(asked["tenant"])
         text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
         return Submission(
             workflow=wf.name,
@@ -899,16 +908,20 @@ class App:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, oldest first, optionally of one state, one workflow and one version."""
+        """Tasks, oldest first, optionally of one state, one workflow, one version and one
+        tenant ("": the tasks of none)."""
         wanted = _check.state(state)
         if workflow is not None:
             _check.name("workflow", workflow)
         if version is not None:
             _check.integer("version", version, 1)
+        if tenant:
+            _check.tenant(tenant)
         _check.integer("limit", limit, 1)
         return await (await self.store()).list_tasks(
-            state=wanted, workflow=workflow, version=version, limit=limit
+            state=wanted, workflow=workflow, version=version, limit=limit, tenant=tenant
         )
 
     def tasks(
@@ -918,9 +931,12 @@ class App:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
         return self._call(
-            self.tasks_async(state=state, workflow=workflow, limit=limit, version=version)
+            self.tasks_async(
+                state=state, workflow=workflow, limit=limit, version=version, tenant=tenant
+            )
         )
 
     async def agent_instances_async(self) -> list[AgentInstance]:

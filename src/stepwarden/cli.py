@@ -621,6 +621,13 @@ def worker(
     "...), or a broker destination the operator lists (amqp://, nats://, redis://) "
     "[default: none].",
 )
+@_opt(
+    "--tenant",
+    envvar="STEPWARDEN_TENANT",
+    default=None,
+    metavar="NAME",
+    help="Who the task belongs to (its children too) [default: none].",
+)
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -633,6 +640,7 @@ def submit(
     start_at: str | None,
     workflow_version: int | None,
     reply_to: str | None,
+    tenant: str | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
     as its input; prints the task id. The task runs to its end on the newest version of
@@ -662,6 +670,7 @@ def submit(
                 start_at=when,
                 start_after=start_after,
                 version=workflow_version,
+                tenant=tenant,
             )
             [answer] = await app.submit_many_async([task])
             refuse_conflict(task, answer)
@@ -698,6 +707,13 @@ def submit(
     help="Only the tasks that run this version of their workflow.",
 )
 @_opt(
+    "--tenant",
+    envvar="STEPWARDEN_TENANT",
+    default=None,
+    metavar="NAME",
+    help='Only the tasks of this tenant ("": those of none).',
+)
+@_opt(
     "--limit",
     envvar="STEPWARDEN_LIMIT",
     default=100,
@@ -712,6 +728,7 @@ def tasks(
     state: str | None,
     workflow: str | None,
     workflow_version: int | None,
+    tenant: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
@@ -721,6 +738,8 @@ def tasks(
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
         if workflow is not None:
             _check.name("workflow", workflow)
+        if tenant:
+            _check.tenant(tenant)
         store = open_store(url)
         await store.open(migrate=False)
         try:
@@ -728,6 +747,7 @@ def tasks(
                 state=TaskState(state) if state else None,
                 workflow=workflow,
                 version=workflow_version,
+                tenant=tenant,
                 limit=limit,
             )
             return found, await store.count_tasks()
@@ -742,17 +762,18 @@ def tasks(
     _echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
     ids = _width(28, (t.task_id for t in found))
     names = _width(18, (t.workflow for t in found))
+    tenants = _width(6, (t.tenant or "-" for t in found))
     if found:
         _echo(
             f"{'TASK':<{ids}} {'WORKFLOW':<{names}} {'VER':>3} {'STATE':<11} {'FAIL':>4} "
-            f"{'ATT':>3}  UPDATED"
+            f"{'ATT':>3} {'TENANT':<{tenants}}  UPDATED"
         )
     for t in found:
         waiting = f"  {t.waiting_for} until {_time(t.wake_at)}" if t.waiting_for else ""
         _echo(
             f"{t.task_id:<{ids}} {t.workflow:<{names}} {t.version:>3} "
-            f"{t.process_state.value:<11} {t.failure_count:>4} {t.attempt:>3}  "
-            f"{_time(t.updated_at)}{waiting}"
+            f"{t.process_state.value:<11} {t.failure_count:>4} {t.attempt:>3} "
+            f"{t.tenant or '-':<{tenants}}  {_time(t.updated_at)}{waiting}"
         )
 
 
@@ -1094,6 +1115,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         return
     t = view.task
     _echo(f"task {t.task_id}  workflow {t.workflow}  version {t.version}  priority {t.priority}")
+    if t.tenant is not None:
+        _echo(f"  tenant         {t.tenant}")
     if t.parent_id is not None:
         _echo(f"  parent         {t.parent_id}  (started at its position {t.parent_position})")
     _echo(f"  process_state  {t.process_state.value}")
@@ -1481,19 +1504,29 @@ def skip(
     type=click.IntRange(min=1),
     help="Tasks deleted per transaction.",
 )
+@_opt(
+    "--tenant",
+    envvar="STEPWARDEN_TENANT",
+    default=None,
+    metavar="NAME",
+    help='Only the tasks of this tenant ("": those of none) [default: every tenant\'s].',
+)
 @click.pass_obj
-def purge(obj: _Ctx, older_than: float, batch: int) -> None:
+def purge(obj: _Ctx, older_than: float, batch: int, tenant: str | None) -> None:
     """Delete finished tasks (processed, compensated, cancelled) older than --older-than,
-    with their steps and history. Tasks in error wait for their operator and are kept."""
+    of one tenant with --tenant, with their steps and history. Tasks in error wait for
+    their operator and are kept."""
     url = obj.store_url()
 
     async def go() -> int:
+        if tenant:
+            _check.tenant(tenant)
         store = open_store(url)
         await store.open(migrate=False)
         try:
             total = 0
             while True:
-                n = await store.purge(older_than, batch)
+                n = await store.purge(older_than, batch, tenant)
                 total += n
                 if n < batch:
                     return total
@@ -1835,6 +1868,41 @@ def _dashboard_token(token: str | None, token_file: str | None) -> str | None:
             err=True,
         )
     return token
+
+
+@cli.group(invoke_without_command=True)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
+@click.pass_context
+def tenants(ctx: click.Context, as_json: bool) -> None:
+    """The tenants of the fair share of claims: each one's weight (1 unless set) and pass
+    (how far its claims have gone), and the fair clock. Under saturation each tenant with
+    tasks waiting gets claims in proportion to its weight; by priority within it. On a store
+    of shards, each shard shares its own claims."""
+    if ctx.invoked_subcommand is not None:
+        return
+    found = _run(_read_store(ctx.obj, lambda store: store.tenant_weights()))
+    if not as_json:
+        _echo(f"{'TENANT':<24} {'WEIGHT':>8} {'PASS':>12}")
+    for t in found:
+        _echo_record(t, as_json, f"{t.tenant or '-':<24} {t.weight:>8g} {t.pass_:>12.3f}")
+
+
+@tenants.command("weight")
+@click.argument("tenant")
+@click.argument("weight", type=click.FloatRange(min=0, min_open=True, max=1e6))
+@click.pass_obj
+def tenants_weight(obj: _Ctx, tenant: str, weight: float) -> None:
+    """Set TENANT's WEIGHT in the fair share of claims (a number above 0, 1 by default;
+    "" for the tasks of no tenant): every scheduler's next claim reads it, without a
+    restart."""
+
+    async def go(store: Store | ShardedStore) -> None:
+        if tenant:
+            _check.tenant(tenant)
+        await store.set_tenant_weight(tenant, weight)
+
+    _run(_read_store(obj, go))
+    _echo(f"tenant {tenant or '(none)'}: weight {weight:g}")
 
 
 @cli.group()

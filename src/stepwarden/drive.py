@@ -164,7 +164,9 @@ class TaskDrive:
         task = claimed.task
         self.host = host
         self.claimed = claimed
-        self.held = Held(task.task_id, task.attempt, task.workflow, task.priority, task.version)
+        self.held = Held(
+            task.task_id, task.attempt, task.workflow, task.priority, task.version, task.tenant
+        )
         self.task_id = task.task_id
         self.instance = host.instance
         self.began = time.monotonic()

@@ -69,6 +69,11 @@ class Submission:
     """Start no sooner than this many seconds after the submit, by the store's clock."""
     version: int = 1
     """The version of the workflow the task runs, from its first claim to its end."""
+    tenant: str | None = None
+    """Who the task belongs to (None: no tenant, the App's own in Python). Over the
+    application API a client's tasks are its own unless it names another tenant its tokens
+    entry grants, and it sees only the tasks of the tenants it may (`_tokens.Client.may_see`).
+    A child task has its parent's; a schedule's tasks have the schedule's."""
     complete_within: float
     """Seconds each claim of the task may hold it (its workflow's `complete_within`)."""
     max_failures: int
@@ -88,7 +93,15 @@ class Submission:
     re-submit under its id is compared by."""
 
 
-SUBMIT_OPTIONS = ("task_id", "priority", "reply_to", "start_at", "start_after", "version")
+SUBMIT_OPTIONS = (
+    "task_id",
+    "priority",
+    "reply_to",
+    "start_at",
+    "start_after",
+    "version",
+    "tenant",
+)
 """The fields of a `Submission` that a submit's caller chooses (`App.submit`'s keywords)."""
 
 SubmitOutcome = Literal["created", "same", "conflict"]
@@ -159,6 +172,8 @@ class TaskRecord:
     child or a schedule's tick)."""
     input_digest: str | None = None
     """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
+    tenant: str | None = None
+    """Who the task belongs to (`Submission.tenant`; None: no tenant)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +193,8 @@ class TaskStatus:
     reply_to: str | None
     parent_id: str | None
     """A child task's parent."""
+    tenant: str | None
+    """Who the task belongs to (None: no tenant)."""
     error: str | None
     waiting_for: str | None
     """A waiting task's: "timer", "event:NAME", "child:ID" or "start"."""
@@ -199,6 +216,7 @@ def status_of(task: TaskRecord) -> TaskStatus:
         priority=task.priority,
         reply_to=task.reply_to,
         parent_id=task.parent_id,
+        tenant=task.tenant,
         error=task.error,
         waiting_for=task.waiting_for,
         wake_at=task.wake_at,
@@ -276,6 +294,8 @@ class Held:
     workflow: str
     priority: int
     version: int = 1
+    tenant: str | None = None
+    """The task's tenant, which its children inherit."""
 
 
 # -- what a scheduler writes --------------------------------------------------------------
@@ -851,6 +871,19 @@ class ScheduleSpec:
     catch_up: str = "skip"
     version: int = 1
     """The version of the workflow its tasks run (the newest the declaring App has)."""
+    tenant: str | None = None
+    """The tenant of its tasks (None: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantWeight:
+    """A tenant's row in the fair share of claims: its `weight` (1 unless set) and its
+    `pass` (how far its claims have gone, `rules.fair_shares`), beside the fair clock."""
+
+    tenant: str
+    weight: float
+    pass_: float
+    clock: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -905,6 +938,8 @@ class ScheduleRecord:
     on_failure: str
     version: int = 1
     """The version of the workflow its ticks' tasks run."""
+    tenant: str | None = None
+    """The tenant of its ticks' tasks (None: none)."""
 
 
 # -- workflow versions -----------------------------------------------------------------------

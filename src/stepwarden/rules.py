@@ -604,6 +604,50 @@ def head_start(priority: int) -> float:
     return max(-MAX_HEAD_START, min(MAX_HEAD_START, priority * PRIORITY_STEP))
 
 
+# -- fair share across tenants -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTurn:
+    """A tenant with tasks waiting for a claim, as the claim reads it: its `weight` and its
+    `pass` (None: no row yet, a tenant never claimed for)."""
+
+    tenant: str
+    weight: float
+    pass_: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """What one claim takes of each tenant (`counts`, by tenant), and the fair clock after
+    it (`clock`: where a tenant that comes back after an idle while starts)."""
+
+    counts: dict[str, int]
+    clock: float
+
+
+def fair_shares(turns: Sequence[TenantTurn], clock: float, limit: int) -> FairShare:
+    """Stride scheduling: each claim goes, one at a time, to the tenant of least pass, whose
+    pass then moves on by 1 / weight; ties by name. A tenant's pass is never below the
+    clock, the least pass of the tenants with work waiting at the last claim: one that comes
+    back after an idle while starts at the current minimum and hoards no credit. So under
+    saturation each tenant with work waiting gets claims in proportion to its weight, and
+    one of weight w gets at least one claim in every ceil(W / w) + 1 claims in a row (W: the
+    weights of the tenants waiting added up). The counts assume each tenant has work enough
+    (a claim takes fewer where it has not: the next claim goes on)."""
+    if not turns or limit <= 0:
+        return FairShare({}, clock)
+    passes = {t.tenant: max(clock, t.pass_ if t.pass_ is not None else clock) for t in turns}
+    weights = {t.tenant: t.weight for t in turns}
+    now = min(passes.values())
+    counts = {t.tenant: 0 for t in turns}
+    for _ in range(limit):
+        tenant = min(passes, key=lambda n: (passes[n], n))
+        counts[tenant] += 1
+        passes[tenant] += 1.0 / weights[tenant]
+    return FairShare({n: c for n, c in counts.items() if c}, max(clock, now))
+
+
 # -- agents: claims within limits ---------------------------------------------------------
 
 SCAN = 1000
@@ -840,12 +884,20 @@ def schedule_task_id(name: str, tick: float) -> str:
 
 
 def resubmit(
-    new: Submission, *, workflow: str, version: int, submitted_by: str | None, same_input: bool
+    new: Submission,
+    *,
+    workflow: str,
+    version: int,
+    submitted_by: str | None,
+    same_input: bool,
+    tenant: str | None = None,
 ) -> Submitted:
-    """A submit under a task id taken by a task of `workflow` at `version`, submitted by
-    `submitted_by` (None: in Python), whose input is the new one's or not (`same_input`,
-    compared by digest): the same submit, or a conflict naming what differs. Of a task
-    another client submitted, nothing else is compared, nor told: its client differs."""
+    """A submit under a task id taken by a task of `workflow` at `version` and `tenant`,
+    submitted by `submitted_by` (None: in Python), whose input is the new one's or not
+    (`same_input`, compared by digest): the same submit, or a conflict naming what differs.
+    Of a task another client submitted, nothing else is compared, nor told: its client
+    differs (so a submit under an id another tenant holds is a conflict, which tells only
+    that the id is taken)."""
     if submitted_by != new.submitted_by:
         return Submitted(new.task_id, "conflict", ("client",))
     differs = tuple(
@@ -853,6 +905,7 @@ def resubmit(
         for name, same in (
             ("workflow", workflow == new.workflow),
             ("version", version == new.version),
+            ("tenant", (tenant or None) == (new.tenant or None)),
             ("input", same_input),
         )
         if not same

@@ -822,6 +822,7 @@ class Context:
             parent_id=held.task_id,
             parent_position=position,
             version=wf.version,
+            tenant=held.tenant,
         )
         outcome = await self._wait(position, "child", child_id, child=new)
         if outcome.state == "child_failed":

@@ -36,10 +36,11 @@ FAST = sw.WorkerOptions(
 )
 CLIENTS = {
     "billing": ("submit", "read", "events", "cancel", "agent:desk", "channels=orders,r"),
-    "reader": ("read", "channels=orders,r"),
+    "reader": ("read", "channels=orders,r", "tenants=billing,submitter"),
     "submitter": ("submit",),
 }
-"""Each client's scopes, and its settings (`SETTING=VALUE`)."""
+"""Each client's scopes, and its settings (`SETTING=VALUE`): the reader sees billing's tasks
+and submitter's (`tenants=`)."""
 
 
 def new_client(name: str, spec: Iterable[str]) -> tuple[str, _tokens.Client]:

@@ -200,7 +200,7 @@ async def test_a_clients_long_polls_and_streams_at_once_are_bounded(
 ) -> None:
     clients = {
         "waiter": ["submit", "read", "polls=2", "streams=1"],
-        "other": ["read", "channels=waiter"],
+        "other": ["read", "channels=waiter", "tenants=waiter"],
     }
     with served_with(store_url, tmp_path, clients) as (served, tokens):
         async with http(served) as c:
@@ -335,11 +335,12 @@ async def test_a_client_posts_and_reads_only_on_the_channels_it_is_given(
     store_url: str, tmp_path: Path
 ) -> None:
     """By default a client's channels are named after it (NAME, NAME.*): one client cannot
-    post into another's channel, nor read the status messages of a task on it."""
+    post into another's channel, nor read the status messages of a task on it, even one of a
+    tenant it is granted."""
     clients = {
         "alpha": ["submit", "read"],
-        "beta": ["submit", "read"],
-        "both": ["read", "channels=alpha.*,beta"],
+        "beta": ["submit", "read", "tenants=alpha"],
+        "both": ["read", "channels=alpha.*,beta", "tenants=alpha"],
     }
     with served_with(store_url, tmp_path, clients) as (served, tokens):
         async with http(served) as c:

@@ -44,6 +44,9 @@ export interface SubmitOptions {
   startAfterMs?: number;
   /** The version of the workflow to run (default: the newest declared). */
   version?: number;
+  /** Who the task belongs to (default: this client); another only when the client's tokens
+   * entry grants it. */
+  tenant?: string;
   signal?: AbortSignal;
 }
 
@@ -131,6 +134,7 @@ export class Client {
     }
     if (options.startAfterMs !== undefined) body.start_after = options.startAfterMs / 1000;
     if (options.version !== undefined) body.version = options.version;
+    if (options.tenant !== undefined) body.tenant = options.tenant;
     const answer = await this.#http.json<Wire["SubmitAnswer"]>("POST", `${API}/tasks`, { body, signal: options.signal });
     return new TaskHandle(this, answer.task_id, answer.created);
   }

@@ -41,6 +41,8 @@ export interface TaskStatus {
   priority: number;
   replyTo: string | null;
   parentId: string | null;
+  /** Who the task belongs to (null: none). */
+  tenant: string | null;
   error: string | null;
   /** A waiting task's: "timer", "event:NAME", "child:ID" or "start". */
   waitingFor: string | null;
@@ -115,6 +117,7 @@ export function taskStatus(w: Wire["TaskStatus"]): TaskStatus {
     priority: w.priority,
     replyTo: w.reply_to,
     parentId: w.parent_id,
+    tenant: w.tenant,
     error: w.error,
     waitingFor: w.waiting_for,
     wakeAt: maybeDate(w.wake_at),

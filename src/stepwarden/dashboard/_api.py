@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from starlette.responses import Response
 
 from .. import _check, _json
-from .._text import SAFE_PATTERN
+from .._text import SAFE_PATTERN, TENANT_PATTERN
 from ..app import App
 from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound, UnknownNameError
 from ..records import ActionOutcome
@@ -162,7 +162,7 @@ def router(
     @api.get(
         "/api/tasks",
         operation_id="listTasks",
-        summary="Tasks, newest first, by state, workflow, version and part of the id.",
+        summary="Tasks, newest first, by state, workflow, version, tenant and part of the id.",
         responses=_answers(
             r200=(TasksAnswer, "The tasks found, and every workflow name (for filters)."),
             r400=BAD,
@@ -190,14 +190,26 @@ def router(
                 description="Only tasks that run this version of their workflow.",
             ),
         ] = None,
+        tenant: Annotated[
+            str | None,
+            Query(
+                pattern=f"^{TENANT_PATTERN.pattern}$",
+                description="Only the tasks of this tenant.",
+            ),
+        ] = None,
     ) -> Response:
-        for name in ("state", "workflow", "search", "limit", "version"):
+        for name in ("state", "workflow", "search", "limit", "version", "tenant"):
             one(request, name)
         for what, value in (("workflow", workflow), ("search", search)):
             if value is not None:
                 _checked(what, value)
         found = await reader.tasks(
-            state=state, workflow=workflow, search=search, limit=limit, version=version
+            state=state,
+            workflow=workflow,
+            search=search,
+            limit=limit,
+            version=version,
+            tenant=tenant,
         )
         return json_response(found)
 

@@ -15,8 +15,11 @@ said. The dashboard's own token and sessions are not clients' tokens, nor the re
 Requests the models or the engine refuse are answered 422, every error as JSON
 `{"error": ...}`. Each client asks within the bounds its settings in the tokens file set
 (`_quotas.py`): its rates, its input's size, its priorities, its unfinished tasks, its long
-polls and streams at once, the channels and destinations it may name and read. The OpenAPI
-document of these routes alone is at /api/v1/openapi.json."""
+polls and streams at once, the channels and destinations it may name and read. A client sees
+only its tenants' tasks (`_tokens.Client.may_see`: its own name's, those its `tenants`
+setting grants, and of any tenant those of the workflows its `workflows` setting grants);
+any other is answered 404, as a task that does not exist. The OpenAPI document of these
+routes alone is at /api/v1/openapi.json."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
@@ -96,6 +99,12 @@ DESCRIPTION = (
     "of input a second, an input's size, its priorities, its unfinished tasks, its long polls "
     "and streams at once, the channels and broker destinations it may name): past one, 429 "
     "(Retry-After), 413 or 422, the error naming the bound and its setting. "
+    "Every task belongs to a tenant: by default its submitting client, or a tenant its "
+    "tokens entry grants (tenants setting). A client reads, waits for, follows, sends events "
+    "to and cancels only the tasks of its own tenants and of the workflows its entry grants "
+    "(workflows setting): any other task is answered 404, as one that does not exist. A "
+    "submit under an id another client's task holds is refused 409 all the same (it tells "
+    "only that the id is taken): use generated ids, or ids under a prefix of your own. "
     "Requests and answers are JSON (but the status messages' text/event-stream); a body over "
     '2 MiB is refused (413); a request refused is answered {"error": ...}: 422 when it is '
     "invalid (an unknown workflow: the error names those declared). Values marked secret are "
@@ -150,12 +159,16 @@ def _as_json(answers: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[s
 
 
 INVALID = (Error, "The request is invalid; the error says what is wrong, and where.")
-NO_TASK = (Error, "No such task.")
+NO_TASK = (
+    Error,
+    "No such task, or a task the client may not see (of another tenant: its tokens entry "
+    "grants neither its tenant nor its workflow), answered alike.",
+)
 UNAUTHORISED = (Error, "No client token, or a wrong one (Authorization: Bearer TOKEN).")
 FORBIDDEN = (
     Error,
     "The client's token does not have this route's scope (or the request names what is not "
-    "the client's: a channel, an agent instance).",
+    "the client's: a channel, an agent instance, a tenant).",
 )
 THROTTLED = (
     Error,
@@ -339,15 +352,21 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     quotas = quotas or Quotas(app.destinations)
     SubmitRequest = submit_request(sorted(app.workflows))
 
-    async def _task(task_id: str) -> TaskRecord | Response:
+    async def _task(task_id: str, entry: _tokens.Client) -> TaskRecord | Response:
+        """The task, when the client may see it (`Client.may_see`); a task of another
+        tenant is answered as one that does not exist, so that the answer tells nothing
+        of it."""
         try:
-            return await app.status_async(task_id)
+            found = await app.status_async(task_id)
         except TaskNotFound as exc:
             return error(404, str(exc))
         except StoreError:
             raise
         except StepwardenError as exc:
             return error(422, str(exc))
+        if not entry.may_see(found.tenant, found.workflow):
+            return error(404, f"no task {task_id!r}")
+        return found
 
     @api.post(
         f"{PREFIX}/tasks",
@@ -397,12 +416,20 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         entry: ClientEntry,
     ) -> Response:
         given: Any = body
+        options = given.options()
+        options["tenant"] = options["tenant"] or client
+        if not entry.may_submit_as(options["tenant"]):
+            return error(
+                403,
+                f"the client {client!r} may not submit tasks of the tenant "
+                f"{options['tenant']!r} (its tokens entry's tenants setting grants it none)",
+            )
         try:
             task = app.new_task(
                 given.workflow,
                 _json.revive(given.input, what="the task input"),
                 submitted_by=client,
-                **given.options(),
+                **options,
             )
         except StepwardenError as exc:
             return error(422, str(exc))
@@ -438,8 +465,8 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         openapi_extra=_scoped("read"),
         responses=_answers(r200=(TaskStatus, "The task's status."), r404=NO_TASK, r422=INVALID),
     )
-    async def status(task_id: TaskId) -> Response:
-        found = await _task(task_id)
+    async def status(task_id: TaskId, entry: ClientEntry) -> Response:
+        found = await _task(task_id, entry)
         if isinstance(found, Response):
             return found
         return json_response(status_dict(found))
@@ -473,13 +500,13 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     ) -> Response:
         if len(request.query_params.getlist("timeout")) > 1:
             return error(422, "timeout is given more than once")
-        found = await _task(task_id)
+        found = await _task(task_id, entry)
         if isinstance(found, Response):
             return found
         if found.process_state not in FINISHED_TASK_STATES and timeout > 0:
             async with quotas.holding(entry, _tokens.POLLS):
                 await _until_finished(app, task_id, timeout, stopping, request)
-            found = await _task(task_id)
+            found = await _task(task_id, entry)
             if isinstance(found, Response):
                 return found
         if found.process_state in FINISHED_TASK_STATES:
@@ -530,7 +557,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             ),
         ] = None,
     ) -> Response:
-        found = await _task(task_id)
+        found = await _task(task_id, entry)
         if isinstance(found, Response):
             return found
         if found.reply_to is None:
@@ -574,7 +601,10 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             r422=INVALID,
         ),
     )
-    async def send(task_id: TaskId, body: SendRequest) -> Response:
+    async def send(task_id: TaskId, body: SendRequest, entry: ClientEntry) -> Response:
+        found = await _task(task_id, entry)
+        if isinstance(found, Response):
+            return found
         try:
             sent = await app.send_event_async(
                 task_id,
@@ -607,9 +637,12 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         ),
     )
     async def cancel(
-        task_id: TaskId, client: ClientName, body: CancelRequest | None = None
+        task_id: TaskId, client: ClientName, entry: ClientEntry, body: CancelRequest | None = None
     ) -> Response:
         body = body or CancelRequest()
+        found = await _task(task_id, entry)
+        if isinstance(found, Response):
+            return found
         try:
             [outcome] = await app.operate_async(
                 "compensate" if body.compensate else "cancel",

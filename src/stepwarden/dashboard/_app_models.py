@@ -11,12 +11,14 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model, 
 from pydantic.json_schema import SkipJsonSchema
 
 from .._check import MAX_INT
+from .._text import TENANT_PATTERN
 from ..records import SUBMIT_OPTIONS
 from ..states import TaskState
 from ..workflow import MAX_WAIT
 from ._models import Flag, Name, Payload, Reason, _Closed, _int
 
 Priority = _int(-MAX_INT - 1, MAX_INT)
+Tenant = Annotated[str, Field(pattern=f"^{TENANT_PATTERN.pattern}$")]
 Version = _int(1, MAX_INT)
 
 
@@ -68,6 +70,13 @@ class _Submit(_Closed):
         default=None,
         description="The version of the workflow to run (default: the newest declared).",
     )
+    tenant: SkipJsonSchema[None] | Tenant = Field(
+        default=None,
+        description="Who the task belongs to (default: this client). Another tenant only "
+        "when the client's tokens entry grants it (its tenants setting; otherwise 403). A "
+        "client sees only the tasks of its own tenants and of the workflows it is granted: "
+        "any other task is answered 404, as one that does not exist.",
+    )
 
     def options(self) -> dict[str, Any]:
         """The submit's options as `App.new_task` takes them (`records.SUBMIT_OPTIONS`: a
@@ -76,7 +85,7 @@ class _Submit(_Closed):
 
     @model_validator(mode="after")
     def _one_start(self) -> _Submit:
-        for name in ("start_at", "start_after"):
+        for name in ("start_at", "start_after", "tenant"):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may be left out, not null")
         if self.start_at is not None and self.start_after is not None:
@@ -118,6 +127,10 @@ class TaskStatus(_Closed):
     priority: int
     reply_to: str | None
     parent_id: str | None = Field(description="A child task's parent.")
+    tenant: str | None = Field(
+        description="Who the task belongs to: its submitting client, the tenant its submit "
+        "named, or its parent's (null: none, a task submitted in Python without one)."
+    )
     error: str | None
     waiting_for: str | None = Field(
         description='A waiting task\'s: "timer", "event:NAME", "child:ID" or "start".'

@@ -45,6 +45,7 @@ def task_summary(t: TaskRecord) -> dict[str, Any]:
         "task_id": t.task_id,
         "workflow": t.workflow,
         "version": t.version,
+        "tenant": t.tenant,
         "process_state": str(t.process_state),
         "failure_count": t.failure_count,
         "compensation_failures": t.compensation_failures,
@@ -298,10 +299,16 @@ class Reader:
         search: str | None,
         limit: int,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
         store = await self.app.store()
         found = await store.find_tasks(
-            state=state, workflow=workflow, search=search, limit=limit, version=version
+            state=state,
+            workflow=workflow,
+            search=search,
+            limit=limit,
+            version=version,
+            tenant=tenant,
         )
         return {
             "tasks": [task_summary(t) for t in found],

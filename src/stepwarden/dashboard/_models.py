@@ -163,6 +163,7 @@ class TaskSummary(_Closed):
     version: int = Field(
         ge=1, description="The version of its workflow the task runs, from start to end."
     )
+    tenant: str | None = Field(description="Who the task belongs to (null: none).")
     process_state: TaskState
     failure_count: int
     compensation_failures: int

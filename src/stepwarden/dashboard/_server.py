@@ -123,12 +123,16 @@ def _filters(request: Request, *, lenient: bool) -> dict[str, Any]:
         search = _param(request, "search", lenient=lenient)
         if search is not None:
             _check.name("search", search)
+        tenant = _param(request, "tenant", lenient=lenient)
+        if tenant is not None:
+            _check.tenant(tenant)
     except StepwardenError as exc:
         raise BadRequest(str(exc)) from None
     return {
         "state": state,
         "workflow": workflow,
         "search": search,
+        "tenant": tenant,
         "limit": _limit(request, lenient=lenient),
     }
 

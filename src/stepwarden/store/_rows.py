@@ -94,6 +94,7 @@ def task_record(row: Row, keys: Keyring | None = None) -> TaskRecord:
         run_trace=row.get("run_trace"),
         submitted_by=row.get("submitted_by"),
         input_digest=row.get("input_digest"),
+        tenant=row.get("tenant") or None,
     )
 
 
@@ -311,6 +312,7 @@ def schedule_record(row: Row, keys: Keyring | None = None) -> ScheduleRecord:
         max_failures=int(row["max_failures"]),
         on_failure=row["on_failure"],
         version=int(row["version"]),
+        tenant=row.get("tenant") or None,
     )
 
 
@@ -328,6 +330,7 @@ def schedule_spec(row: Row) -> ScheduleSpec:
         timezone=row["timezone"],
         catch_up=row["catch_up"],
         version=int(row["version"]),
+        tenant=row.get("tenant") or None,
     )
 
 

@@ -67,6 +67,7 @@ from ..records import (
     TaskFacts,
     TaskOutcome,
     TaskRecord,
+    TenantWeight,
     TicksMade,
     VersionBacklog,
     WaitOutcome,
@@ -475,13 +476,16 @@ class Store(abc.ABC):
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, optionally of one state, one workflow and one version, oldest first."""
+        """Tasks, optionally of one state, one workflow, one version and one tenant ("":
+        the tasks of none), oldest first."""
         rows = await self._read_one(
             "list_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
             version=version,
+            tenant=tenant,
             limit=limit,
         )
         return [_rows.task_record(r, self.keys) for r in rows]
@@ -587,11 +591,12 @@ class Store(abc.ABC):
         return [_rows.relay_backlog(r) for r in await self._read_one("relay_backlog")]
 
     # -- retention ------------------------------------------------------------------------
-    async def purge(self, older_than: float, limit: int) -> int:
+    async def purge(self, older_than: float, limit: int, tenant: str | None = None) -> int:
         """Delete up to `limit` finished tasks (processed, compensated, cancelled) that
-        finished more than `older_than` seconds ago, with their steps, events and delivered
-        outbox messages; the number deleted. Tasks awaiting an operator are kept."""
-        return len(await self._write_one(policy.purge(older_than, limit)))
+        finished more than `older_than` seconds ago, of the tenant `tenant` only when given
+        ("": the tasks of none), with their steps, events and delivered outbox messages;
+        the number deleted. Tasks awaiting an operator are kept."""
+        return len(await self._write_one(policy.purge(older_than, limit, tenant)))
 
     # -- the operator ---------------------------------------------------------------------
     async def operate(self, actions: Sequence[OperatorAction]) -> list[ActionOutcome]:
@@ -600,12 +605,27 @@ class Store(abc.ABC):
         self.refuse_plain(a.result for a in actions)
         return await self._write(partial(policy.operate, actions))
 
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Set a tenant's weight in the fair share of claims (`rules.fair_shares`): every
+        scheduler's next claim reads it."""
+        await self._write_one(Query("set_tenant_weight", {"tenant": tenant, "weight": weight}))
+
+    async def tenant_weights(self) -> list[TenantWeight]:
+        """The tenants' rows of the fair share: those claimed for, and those given a weight."""
+        return [
+            TenantWeight(
+                r["tenant"], float(r["weight"]), float(r["pass"]), float(r["clock"] or 0.0)
+            )
+            for r in await self._read_one("tenant_weights")
+        ]
+
     # -- the scheduler --------------------------------------------------------------------
     async def claim_tasks(
         self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
     ) -> list[ClaimedTask]:
         """Claim up to `limit` eligible tasks of these (workflow, version) pairs (a workflow
-        named alone is its version 1), by priority with aging (`rules.head_start`),
+        named alone is its version 1), shared among the tenants waiting by their weights
+        (`rules.fair_shares`), by priority with aging within each (`rules.head_start`),
         exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
@@ -613,7 +633,7 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
-        rows = await self._write_one(policy.claim_tasks(scheduler, workflows, limit))
+        rows = await self._write(lambda wake: policy.claim_fair_tasks(scheduler, workflows, limit))
         again = policy.replayed(rows)
         step_rows: Rows = []
         wait_rows: Rows = []
@@ -1067,14 +1087,16 @@ class Store(abc.ABC):
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
-        """Tasks newest first, optionally of one state, one workflow and one version, and
-        whose id contains `search`."""
+        """Tasks newest first, optionally of one state, one workflow, one version and one
+        tenant ("": the tasks of none), and whose id contains `search`."""
         rows = await self._read_one(
             "find_tasks",
             state=None if state is None else str(state),
             workflow=workflow,
             version=version,
+            tenant=tenant,
             search=search or None,
             limit=limit,
         )

@@ -57,6 +57,7 @@ from ..records import (
     Submitted,
     TaskFacts,
     TaskRecord,
+    TenantWeight,
     VersionBacklog,
     WaitRecord,
 )
@@ -387,6 +388,7 @@ class ShardedStore:
                             workflow=found.workflow,
                             version=found.version,
                             submitted_by=found.submitted_by,
+                            tenant=found.tenant,
                             same_input=policy.same_input(tasks[i], found.input_digest, part.keys),
                         )
                         break
@@ -479,9 +481,12 @@ class ShardedStore:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
-            lambda p: p.list_tasks(state=state, workflow=workflow, limit=limit, version=version)
+            lambda p: p.list_tasks(
+                state=state, workflow=workflow, limit=limit, version=version, tenant=tenant
+            )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
         return list(itertools.islice(merged, limit))
@@ -494,10 +499,16 @@ class ShardedStore:
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tenant: str | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
             lambda p: p.find_tasks(
-                state=state, workflow=workflow, search=search, limit=limit, version=version
+                state=state,
+                workflow=workflow,
+                search=search,
+                limit=limit,
+                version=version,
+                tenant=tenant,
             )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id), reverse=True)
@@ -607,8 +618,16 @@ class ShardedStore:
         ]
         return replace(first, buckets=buckets)
 
-    async def purge(self, older_than: float, limit: int) -> int:
-        return sum(await self._each(lambda p: p.purge(older_than, limit)))
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """On every shard: each shares its own claims among the tenants fairly."""
+        await self._each(lambda p: p.set_tenant_weight(tenant, weight))
+
+    async def tenant_weights(self) -> list[TenantWeight]:
+        """The first shard's rows (the weights are set on every shard alike)."""
+        return await self.parts[0].tenant_weights()
+
+    async def purge(self, older_than: float, limit: int, tenant: str | None = None) -> int:
+        return sum(await self._each(lambda p: p.purge(older_than, limit, tenant)))
 
     # -- what lives on the first shard: schedules, and the lease shown -------------------
     def _first(self) -> Store:

@@ -843,6 +843,11 @@ export interface components {
              */
             task_id?: string | null;
             /**
+             * Tenant
+             * @description Who the task belongs to (default: this client). Another tenant only when the client's tokens entry grants it (its tenants setting; otherwise 403). A client sees only the tasks of its own tenants and of the workflows it is granted: any other task is answered 404, as one that does not exist.
+             */
+            tenant?: string;
+            /**
              * Version
              * @description The version of the workflow to run (default: the newest declared).
              */
@@ -908,6 +913,11 @@ export interface components {
             state: components["schemas"]["TaskState"];
             /** Task Id */
             task_id: string;
+            /**
+             * Tenant
+             * @description Who the task belongs to: its submitting client, the tenant its submit named, or its parent's (null: none, a task submitted in Python without one).
+             */
+            tenant: string | null;
             /**
              * Updated At
              * Format: date-time
@@ -986,7 +996,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1040,7 +1050,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1112,7 +1122,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1177,7 +1187,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1251,7 +1261,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1325,7 +1335,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1390,7 +1400,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1455,7 +1465,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1518,7 +1528,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1583,7 +1593,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1657,7 +1667,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1722,7 +1732,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1786,7 +1796,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1795,7 +1805,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such task. */
+            /** @description No such task, or a task the client may not see (of another tenant: its tokens entry grants neither its tenant nor its workflow), answered alike. */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1877,7 +1887,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1886,7 +1896,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such task. */
+            /** @description No such task, or a task the client may not see (of another tenant: its tokens entry grants neither its tenant nor its workflow), answered alike. */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1974,7 +1984,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1983,7 +1993,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such task. */
+            /** @description No such task, or a task the client may not see (of another tenant: its tokens entry grants neither its tenant nor its workflow), answered alike. */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2064,7 +2074,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2073,7 +2083,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such task. */
+            /** @description No such task, or a task the client may not see (of another tenant: its tokens entry grants neither its tenant nor its workflow), answered alike. */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2144,7 +2154,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2222,7 +2232,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance). */
+            /** @description The client's token does not have this route's scope (or the request names what is not the client's: a channel, an agent instance, a tenant). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2231,7 +2241,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such task. */
+            /** @description No such task, or a task the client may not see (of another tenant: its tokens entry grants neither its tenant nor its workflow), answered alike. */
             404: {
                 headers: {
                     [name: string]: unknown;

@@ -100,6 +100,7 @@ def _resubmit(new: Submission, row: Row, keys: Keyring | None) -> Submitted:
         workflow=row["workflow"],
         version=int(row["version"]),
         submitted_by=row["submitted_by"],
+        tenant=row["tenant"] or None,
         same_input=same_input(new, row["input_digest"], keys),
     )
 
@@ -138,6 +139,7 @@ def _task_params(tasks: Sequence[Submission]) -> list[dict[str, Any]]:
             "trace_context": t.trace_context,
             "submitted_by": t.submitted_by,
             "input_digest": t.input_digest,
+            "tenant": t.tenant or "",
             "process_state": str(_start(t)),
             "waiting_for": START_WAIT if _delayed(t) else None,
         }
@@ -234,5 +236,7 @@ def relay_refused(refused: Sequence[tuple[int, str]]) -> Query:
     return Query("relay_refused", each=[{"id": i, "error": e} for i, e in refused])
 
 
-def purge(older_than: float, limit: int) -> Query:
-    return Query("purge", {"older_than": float(older_than), "limit": limit})
+def purge(older_than: float, limit: int, tenant: str | None = None) -> Query:
+    """The finished tasks past `older_than` seconds deleted, of one tenant only when given
+    (None: of every tenant; "" the tasks of none)."""
+    return Query("purge", {"older_than": float(older_than), "limit": limit, "tenant": tenant})

@@ -20,9 +20,11 @@ from ...records import (
 from ...rules import (
     AlertReason,
     FinishPlan,
+    TenantTurn,
     abandoned_error,
     compensable_tasks,
     error_text,
+    fair_shares,
     head_start,
     plan_finish,
     plan_set_aside,
@@ -30,7 +32,7 @@ from ...rules import (
 from ...sealing import Keyring
 from ...states import FINISHED_TASK_STATES, TaskState
 from .. import _rows
-from .._flow import Flow, Query, Rows, Wakeups, first_of_each
+from .._flow import Flow, Query, Rows, Wakeups, fetch, first_of_each
 from ._shared import _by_ord, _holds, logger
 from .operator import _cascade, _cascaded, children_ended
 
@@ -46,6 +48,50 @@ def claim_tasks(scheduler: str, workflows: Sequence[str | tuple[str, int]], limi
     """Claim up to `limit` eligible tasks of these (workflow, version) pairs only: one
     statement (`claimed` makes the claimed tasks of its rows)."""
     return Query("claim_tasks", {"scheduler": scheduler, **claim_pairs(workflows), "limit": limit})
+
+
+def claim_fair_tasks(
+    scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
+) -> Flow[Rows]:
+    """`claim_tasks`, shared fairly among the tenants with pending tasks of these pairs
+    (`rules.fair_shares`: each tenant in proportion to its weight, by rank within it). With
+    one tenant waiting, or none, the claim is `claim_tasks` itself and writes no pass: there
+    is no other to be fair to. The passes of the tenants served move on by what they got."""
+    pairs = claim_pairs(workflows)
+    found = yield from fetch("fair_tenants", **pairs)
+    if len(found) <= 1:
+        [rows] = yield [claim_tasks(scheduler, workflows, limit)]
+        return rows
+    clock = float(found[0]["clock"] or 0.0)
+    turns = [
+        TenantTurn(r["tenant"], float(r["weight"]), None if r["pass"] is None else float(r["pass"]))
+        for r in found
+    ]
+    share = fair_shares(turns, clock, limit)
+    tenants = sorted(share.counts)
+    [rows] = yield [
+        Query(
+            "claim_fair",
+            {
+                "scheduler": scheduler,
+                **pairs,
+                "limit": limit,
+                "tenants": tenants,
+                "counts": [share.counts[t] for t in tenants],
+            },
+        )
+    ]
+    got: dict[str, int] = {}
+    for r in rows:
+        if r["process_state"] == str(TaskState.PROCESSING):  # a pending task claimed
+            got[r["tenant"]] = got.get(r["tenant"], 0) + 1
+    weights = {t.tenant: t.weight for t in turns}
+    served = [{"tenant": t, "delta": n / weights[t]} for t, n in sorted(got.items())]
+    writes = [Query("advance_fair_clock", {"clock": share.clock})]
+    if served:
+        writes.append(Query("advance_tenants", {"floor": share.clock}, each=served))
+    yield writes
+    return rows
 
 
 def replayed(rows: Rows) -> list[str]:

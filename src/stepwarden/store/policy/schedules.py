@@ -65,6 +65,7 @@ def store_schedules(specs: Sequence[ScheduleSpec], wake: Wakeups) -> Flow[dict[s
             "on_failure": s.on_failure,
             "next_at": firsts[s.name],
             "version": s.version,
+            "tenant": s.tenant or "",
         }
         for s in specs
         if s.name in firsts
@@ -106,6 +107,7 @@ def create_ticks(
                 max_failures=spec.max_failures,
                 on_failure=spec.on_failure,
                 version=spec.version,
+                tenant=spec.tenant,
                 input_digest=digest,
             )
             for tick, (text, digest) in zip(ticks, inputs, strict=True)

@@ -35,7 +35,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tenant)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -44,17 +44,19 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest
+       d.input_digest, d.tenant
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
             %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
-            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
+            %(tenant)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
-          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
+          tenant)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -75,7 +77,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tenant)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -84,17 +86,19 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest
+       d.input_digest, d.tenant
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
             %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
-            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
+            %(tenant)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
-          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
+          tenant)
 WHERE (SELECT generation FROM gen) = %(generation)s
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
@@ -155,6 +159,111 @@ SET locked_by = %(scheduler)s, attempt = attempt + 1,
 WHERE task_id IN (SELECT task_id FROM pick)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: fair_tenants
+-- The tenants with pending tasks of the given (workflow, version) pairs, with their weights
+-- and passes (none without a row: weight 1), and the fair clock: the index of migration 0021
+-- walked from one tenant to the next (one probe a tenant, never a read of their tasks).
+WITH RECURSIVE w AS MATERIALIZED (
+    SELECT DISTINCT workflow, version
+    FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+    LIMIT cardinality(%(workflows)s::text[])
+), t AS (
+    SELECT w.workflow, w.version,
+           (SELECT x.tenant FROM stepwarden_tasks x
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version
+            ORDER BY x.tenant LIMIT 1) AS tenant
+    FROM w
+    UNION ALL
+    SELECT t.workflow, t.version,
+           (SELECT x.tenant FROM stepwarden_tasks x
+            WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+              AND x.version = t.version AND x.tenant > t.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT DISTINCT t.tenant, coalesce(n.weight, 1)::float8 AS weight, n.pass,
+       (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM t LEFT JOIN stepwarden_tenants n ON n.tenant = t.tenant
+WHERE t.tenant IS NOT NULL
+
+-- name: claim_fair
+-- claim_tasks with each tenant's share (rules.fair_shares: the arrays tenants and counts,
+-- side by side): of each tenant, up to its count of its eligible pending tasks by rank,
+-- through the index of migration 0021; the compensating tasks no scheduler holds first, by
+-- rank, as claim_tasks takes them; up to the limit in all.
+WITH a AS MATERIALIZED (
+    SELECT * FROM unnest(%(tenants)s::text[], %(counts)s::int[]) AS a(tenant, n)
+), w AS MATERIALIZED (
+    SELECT DISTINCT workflow, version
+    FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
+    LIMIT cardinality(%(workflows)s::text[])
+), p AS MATERIALIZED (
+    SELECT x.*, a.tenant AS share_of, a.n FROM a CROSS JOIN w CROSS JOIN LATERAL (
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'pending' AND t.workflow = w.workflow
+          AND t.version = w.version AND t.tenant = a.tenant AND t.eligible_at <= now()
+        ORDER BY t.ranked_at
+        LIMIT a.n
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+), c AS MATERIALIZED (
+    SELECT x.* FROM w CROSS JOIN LATERAL (
+        SELECT task_id, ranked_at FROM stepwarden_tasks t
+        WHERE t.process_state = 'compensating' AND t.locked_by IS NULL
+          AND t.workflow = w.workflow AND t.version = w.version AND t.eligible_at <= now()
+        ORDER BY t.ranked_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+), pick AS MATERIALIZED (
+    SELECT task_id FROM (
+        SELECT task_id, 0 AS k, ranked_at FROM c
+        UNION ALL
+        SELECT task_id, 1, ranked_at FROM (
+            SELECT task_id, ranked_at, n,
+                   row_number() OVER (PARTITION BY share_of ORDER BY ranked_at) AS r
+            FROM p
+        ) AS q
+        WHERE q.r <= q.n
+    ) AS y
+    ORDER BY k, ranked_at
+    LIMIT %(limit)s
+)
+UPDATE stepwarden_tasks
+SET locked_by = %(scheduler)s, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
+    complete_by = now() + make_interval(secs => complete_within), updated_at = now()
+WHERE task_id IN (SELECT task_id FROM pick)
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
+RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
+
+-- name: advance_tenants
+-- Each tenant served by a claim: its pass moves on by its claims over its weight (delta),
+-- from the fair clock at least (floor); a tenant without a row gets one, of weight 1. In the
+-- order of the tenants, so that claims side by side lock their rows in one order.
+INSERT INTO stepwarden_tenants AS n (tenant, pass)
+SELECT d.tenant, %(floor)s::float8 + d.delta
+FROM unnest(%(tenant)s::text[], %(delta)s::float8[]) AS d(tenant, delta)
+ORDER BY d.tenant
+ON CONFLICT (tenant) DO UPDATE
+SET pass = greatest(n.pass, %(floor)s::float8) + (excluded.pass - %(floor)s::float8)
+
+-- name: advance_fair_clock
+-- The fair clock moves on (never back) to the least pass of the tenants a claim found.
+UPDATE stepwarden_fair_clock SET vtime = greatest(vtime, %(clock)s) WHERE id = 1
+
+-- name: set_tenant_weight
+-- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).
+INSERT INTO stepwarden_tenants (tenant, weight, pass)
+VALUES (%(tenant)s, %(weight)s, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1))
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight
+
+-- name: tenant_weights
+-- Every tenant's row: its weight and its pass; and the fair clock.
+SELECT n.tenant, n.weight, n.pass, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM stepwarden_tenants n ORDER BY n.tenant
 
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
@@ -961,12 +1070,13 @@ ON CONFLICT DO NOTHING
 SELECT * FROM stepwarden_steps WHERE task_id = %(task_id)s ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state, one workflow and one version, oldest first (run
+-- Tasks, optionally of one state, one workflow, one version and one tenant, oldest first (run
 -- unprepared).
 SELECT * FROM stepwarden_tasks
 WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(version)s::int IS NULL OR version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 ORDER BY created_at, task_id
 LIMIT %(limit)s
 
@@ -1099,7 +1209,7 @@ RETURNING t.task_id
 
 -- name: submit_found
 -- The tasks of the given ids that a submit found taken: what a re-submit is compared by.
-SELECT task_id, workflow, version, submitted_by, input_digest FROM stepwarden_tasks
+SELECT task_id, workflow, version, submitted_by, input_digest, tenant FROM stepwarden_tasks
 WHERE task_id = ANY(%(task_ids)s::text[])
 
 -- name: child_read
@@ -1231,19 +1341,20 @@ SELECT extract(epoch FROM now())::float8 AS now
 -- caller worked out, one that did not keeps its own (and whether an operator paused it).
 INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
                                        complete_within, max_failures, on_failure, next_at,
-                                       version)
+                                       version, tenant)
 SELECT d.name, d.workflow, d.cron, d.every, d.input::json, d.timezone, d.catch_up,
-       d.complete_within, d.max_failures, d.on_failure, to_timestamp(d.next_at), d.version
+       d.complete_within, d.max_failures, d.on_failure, to_timestamp(d.next_at), d.version,
+       d.tenant
 FROM unnest(%(name)s::text[], %(workflow)s::text[], %(cron)s::text[], %(every)s::float8[],
             %(input)s::text[], %(timezone)s::text[], %(catch_up)s::text[],
             %(complete_within)s::float8[], %(max_failures)s::int[], %(on_failure)s::text[],
-            %(next_at)s::float8[], %(version)s::int[])
+            %(next_at)s::float8[], %(version)s::int[], %(tenant)s::text[])
      AS d(name, workflow, cron, every, input, timezone, catch_up, complete_within,
-          max_failures, on_failure, next_at, version)
+          max_failures, on_failure, next_at, version, tenant)
 ON CONFLICT (name) DO UPDATE
 SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
     complete_within = excluded.complete_within, max_failures = excluded.max_failures,
-    on_failure = excluded.on_failure, version = excluded.version,
+    on_failure = excluded.on_failure, version = excluded.version, tenant = excluded.tenant,
     cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
     next_at = CASE WHEN s.cron IS DISTINCT FROM excluded.cron
                      OR s.every IS DISTINCT FROM excluded.every
@@ -1255,7 +1366,7 @@ SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.ca
 -- Schedules not paused whose next tick has come, locked until commit, with the database's
 -- clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, extract(epoch FROM next_at)::float8 AS next_at,
+       max_failures, on_failure, tenant, extract(epoch FROM next_at)::float8 AS next_at,
        extract(epoch FROM now())::float8 AS now
 FROM stepwarden_schedules
 WHERE NOT paused AND next_at <= now()
@@ -1284,7 +1395,7 @@ SELECT * FROM stepwarden_schedules ORDER BY name
 -- name: lock_schedule
 -- A schedule an operator pauses or resumes, locked until commit, with the database's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, paused, extract(epoch FROM next_at)::float8 AS next_at,
+       max_failures, on_failure, tenant, paused, extract(epoch FROM next_at)::float8 AS next_at,
        extract(epoch FROM now())::float8 AS now
 FROM stepwarden_schedules
 WHERE name = %(name)s
@@ -1461,12 +1572,13 @@ GROUP BY channel
 ORDER BY channel
 
 -- name: purge
--- Delete finished tasks (processed, compensated, cancelled) older than the retention, oldest
--- first, with their steps (ON DELETE CASCADE), events, delivered outbox rows and noted waits.
+-- Delete finished tasks (processed, compensated, cancelled) older than the retention (of one
+-- tenant, or of all), oldest first, with their steps (ON DELETE CASCADE), events, delivered outbox rows and noted waits.
 WITH p AS (
     SELECT task_id FROM stepwarden_tasks
     WHERE finished_at < now() - make_interval(secs => %(older_than)s::float8)
       AND process_state IN ('processed', 'compensated', 'cancelled')
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -1491,12 +1603,13 @@ ORDER BY e.ord
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
 -- and its metrics.
--- Tasks newest first, optionally of one state, one workflow and one version, whose id
--- contains a search (run unprepared).
+-- Tasks newest first, optionally of one state, one workflow, one version and one tenant,
+-- whose id contains a search (run unprepared).
 SELECT * FROM stepwarden_tasks
 WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(version)s::int IS NULL OR version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
   AND (%(search)s::text IS NULL OR strpos(task_id, %(search)s::text) > 0)
 ORDER BY created_at DESC, task_id DESC
 LIMIT %(limit)s

@@ -13,14 +13,14 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tenant)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         :process_state,
         CASE WHEN :waiting_for IS NOT NULL THEN coalesce(:start_at, :now + :start_after) END,
         :waiting_for, :version,
         :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
-        :input_digest)
+        :input_digest, :tenant)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -74,6 +74,95 @@ SET locked_by = :scheduler, attempt = attempt + 1,
 WHERE task_id IN (SELECT task_id FROM candidates ORDER BY ranked_at LIMIT :limit)
   AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
 RETURNING *, complete_by - :now AS remaining
+
+-- name: fair_tenants
+-- The tenants with pending tasks of the given (workflow, version) pairs (the JSON arrays
+-- workflows and versions, side by side), with their weights and passes (none without a row:
+-- weight 1), and the fair clock: the index of migration 0021 walked from one tenant to the
+-- next (one probe a tenant, never a read of their tasks).
+WITH RECURSIVE w AS (
+    SELECT DISTINCT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+), walk(workflow, version, tenant) AS (
+    SELECT w.workflow, w.version,
+           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version
+            ORDER BY x.tenant LIMIT 1)
+    FROM w
+    UNION ALL
+    SELECT walk.workflow, walk.version,
+           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = walk.workflow
+              AND x.version = walk.version AND x.tenant > walk.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM walk WHERE walk.tenant IS NOT NULL
+)
+SELECT DISTINCT walk.tenant, coalesce(n.weight, 1.0) AS weight, n.pass,
+       (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM walk LEFT JOIN stepwarden_tenants AS n ON n.tenant = walk.tenant
+WHERE walk.tenant IS NOT NULL
+
+-- name: claim_fair
+-- claim_tasks with each tenant's share (rules.fair_shares: the JSON arrays tenants and
+-- counts, side by side): of each tenant, up to its count of its eligible pending tasks by
+-- rank, through the index of migration 0021; the compensating tasks no scheduler holds
+-- first, by rank, as claim_tasks takes them; up to the limit in all.
+WITH a AS (
+    SELECT n.value AS tenant, c.value AS n
+    FROM json_each(:tenants) AS n JOIN json_each(:counts) AS c ON c.key = n.key
+), w AS (
+    SELECT DISTINCT n.value AS workflow, v.value AS version
+    FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
+), candidates AS (
+    SELECT t.task_id, 0 AS k, t.ranked_at
+    FROM w JOIN stepwarden_tasks AS t ON t.rowid IN (
+        SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_compensate
+        WHERE x.process_state = 'compensating' AND x.locked_by IS NULL
+          AND x.workflow = w.workflow AND x.version = w.version AND x.eligible_at <= :now
+        ORDER BY x.ranked_at
+        LIMIT :limit)
+    UNION ALL
+    SELECT task_id, 1, ranked_at FROM (
+        SELECT t.task_id, t.ranked_at, a.n,
+               row_number() OVER (PARTITION BY a.tenant ORDER BY t.ranked_at) AS r
+        FROM a JOIN w JOIN stepwarden_tasks AS t ON t.rowid IN (
+            SELECT x.rowid FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
+            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
+              AND x.version = w.version AND x.tenant = a.tenant AND x.eligible_at <= :now
+            ORDER BY x.ranked_at
+            LIMIT :limit)
+    ) AS q
+    WHERE q.r <= q.n
+)
+UPDATE stepwarden_tasks
+SET locked_by = :scheduler, attempt = attempt + 1,
+    process_state = CASE process_state WHEN 'pending' THEN 'processing' ELSE process_state END,
+    complete_by = :now + complete_within, updated_at = :now
+WHERE task_id IN (SELECT task_id FROM candidates ORDER BY k, ranked_at LIMIT :limit)
+  AND (process_state = 'pending' OR (process_state = 'compensating' AND locked_by IS NULL))
+RETURNING *, complete_by - :now AS remaining
+
+-- name: advance_tenants
+-- A tenant served by a claim: its pass moves on by its claims over its weight (delta), from
+-- the fair clock at least (floor); a tenant without a row gets one, of weight 1.
+INSERT INTO stepwarden_tenants (tenant, pass) VALUES (:tenant, :floor + :delta)
+ON CONFLICT (tenant) DO UPDATE SET pass = max(pass, :floor) + :delta
+
+-- name: advance_fair_clock
+-- The fair clock moves on (never back) to the least pass of the tenants a claim found.
+UPDATE stepwarden_fair_clock SET vtime = max(vtime, :clock) WHERE id = 1
+
+-- name: set_tenant_weight
+-- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).
+INSERT INTO stepwarden_tenants (tenant, weight, pass)
+VALUES (:tenant, :weight, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1))
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight
+
+-- name: tenant_weights
+-- Every tenant's row: its weight and its pass; and the fair clock.
+SELECT n.tenant, n.weight, n.pass, (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
+FROM stepwarden_tenants AS n ORDER BY n.tenant
 
 -- name: waits_of_tasks
 -- The recorded waits of the given tasks (their positions, kinds and names).
@@ -625,11 +714,12 @@ ON CONFLICT DO NOTHING
 SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state, one workflow and one version, oldest first.
+-- Tasks, optionally of one state, one workflow, one version and one tenant, oldest first.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:version IS NULL OR version = :version)
+  AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY created_at, task_id
 LIMIT :limit
 
@@ -763,7 +853,7 @@ RETURNING task_id
 
 -- name: submit_found
 -- The tasks of the given ids that a submit found taken: what a re-submit is compared by.
-SELECT task_id, workflow, version, submitted_by, input_digest FROM stepwarden_tasks
+SELECT task_id, workflow, version, submitted_by, input_digest, tenant FROM stepwarden_tasks
 WHERE task_id IN (SELECT value FROM json_each(:task_ids))
 
 -- name: child_read
@@ -863,13 +953,13 @@ SELECT :now AS now
 -- caller worked out, one that did not keeps its own (and whether an operator paused it).
 INSERT INTO stepwarden_schedules AS s (name, workflow, cron, every, input, timezone, catch_up,
                                        complete_within, max_failures, on_failure, next_at,
-                                       updated_at, version)
+                                       updated_at, version, tenant)
 VALUES (:name, :workflow, :cron, :every, :input, :timezone, :catch_up, :complete_within,
-        :max_failures, :on_failure, :next_at, :now, :version)
+        :max_failures, :on_failure, :next_at, :now, :version, :tenant)
 ON CONFLICT (name) DO UPDATE
 SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.catch_up,
     complete_within = excluded.complete_within, max_failures = excluded.max_failures,
-    on_failure = excluded.on_failure, version = excluded.version,
+    on_failure = excluded.on_failure, version = excluded.version, tenant = excluded.tenant,
     cron = excluded.cron, every = excluded.every, timezone = excluded.timezone,
     next_at = CASE WHEN s.cron IS NOT excluded.cron OR s.every IS NOT excluded.every
                      OR s.timezone <> excluded.timezone
@@ -879,7 +969,7 @@ SET workflow = excluded.workflow, input = excluded.input, catch_up = excluded.ca
 -- name: due_schedules
 -- Schedules not paused whose next tick has come, with the store's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, next_at, :now AS now
+       max_failures, on_failure, tenant, next_at, :now AS now
 FROM stepwarden_schedules INDEXED BY stepwarden_schedules_due
 WHERE NOT paused AND next_at <= :now
 ORDER BY next_at
@@ -902,7 +992,7 @@ SELECT * FROM stepwarden_schedules ORDER BY name
 -- name: lock_schedule
 -- A schedule an operator pauses or resumes (under the write lock), with the store's clock.
 SELECT name, workflow, version, cron, every, input, timezone, catch_up, complete_within,
-       max_failures, on_failure, paused, next_at, :now AS now
+       max_failures, on_failure, tenant, paused, next_at, :now AS now
 FROM stepwarden_schedules
 WHERE name = :name
 
@@ -1055,12 +1145,14 @@ GROUP BY o.channel
 ORDER BY o.channel
 
 -- name: purge
--- Finished tasks (processed, compensated, cancelled) older than the retention, oldest first,
+-- Finished tasks (processed, compensated, cancelled) older than the retention (of one tenant,
+-- or of all), oldest first,
 -- deleted with their events, delivered outbox messages and noted waits, and their steps (ON
 -- DELETE CASCADE).
 SELECT task_id FROM stepwarden_tasks INDEXED BY stepwarden_tasks_finished
 WHERE finished_at < :now - :older_than
   AND process_state IN ('processed', 'compensated', 'cancelled')
+  AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY finished_at
 LIMIT :limit;
 DELETE FROM stepwarden_events WHERE task_id = :task_id;
@@ -1074,12 +1166,13 @@ INSERT INTO stepwarden_events (task_id, at, kind, detail) VALUES (:task_id, :now
 -- name: find_tasks
 -- The dashboard (to the end of this file): read-only queries of the operator's dashboard
 -- and its metrics.
--- Tasks newest first, optionally of one state, one workflow and one version, whose id
--- contains :search.
+-- Tasks newest first, optionally of one state, one workflow, one version and one tenant,
+-- whose id contains :search.
 SELECT * FROM stepwarden_tasks
 WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:version IS NULL OR version = :version)
+  AND (:tenant IS NULL OR tenant = :tenant)
   AND (:search IS NULL OR instr(task_id, :search) > 0)
 ORDER BY created_at DESC, task_id DESC
 LIMIT :limit
