@@ -14,7 +14,15 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
@@ -130,6 +138,7 @@ class SubmitOptions(TypedDict, total=False):
     start_at: datetime | None
     start_after: timedelta | float | None
     version: int | None
+    tags: Mapping[str, str] | None
 
 
 class App:
@@ -560,6 +569,8 @@ class App:
             raise ConfigurationError("reply_to must be a non-empty channel name")
         if reply_to is not None and is_destination(reply_to):
             self.destinations.check(reply_to)  # listed, never with credentials
+        if "tags" in asked:
+            asked["tags"] = _check.tags(asked["tags"])
         text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
         return Submission(
             workflow=wf.name,
@@ -600,13 +611,15 @@ class App:
     ) -> TaskId[Any]:
         """Submit a task; returns its id. The options are the fields of
         `stepwarden.Submission` (`task_id`, `priority`, `reply_to`, `start_at`,
-        `start_after`, `version`). With `reply_to`, the task's status messages (received,
-        step_completed, processed, error, compensating, compensated, ...) are published on
-        that channel: follow them with `watch(task_id)` or `subscribe(channel)`. With
-        `start_at` (a datetime with its time zone) or `start_after` (a timedelta or seconds,
-        by the store's clock), the task waits (`waiting`, for "start") until then. The task
-        runs to its end on the newest version of the workflow this App declares, or on
-        `version` (one it declares).
+        `start_after`, `version`, `tags`). With `tags` (`{"customer": "c-42"}`: at most 16,
+        keys of at most 64 characters, values of at most 256; ConfigurationError beyond),
+        the task is found by them (`tasks(tags=...)`). With `reply_to`, the task's status
+        messages (received, step_completed, processed, error, compensating, compensated,
+        ...) are published on that channel: follow them with `watch(task_id)` or
+        `subscribe(channel)`. With `start_at` (a datetime with its time zone) or
+        `start_after` (a timedelta or seconds, by the store's clock), the task waits
+        (`waiting`, for "start") until then. The task runs to its end on the newest version
+        of the workflow this App declares, or on `version` (one it declares).
 
         A `task_id` submitted before creates nothing: the same submit (the same workflow,
         version and input, from Python) returns the id, its other options ignored; another
@@ -827,16 +840,19 @@ class App:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, oldest first, optionally of one state, one workflow and one version."""
+        """Tasks, oldest first, optionally of one state, one workflow and one version, and
+        having every tag of `tags` (`{"customer": "c-42"}`), read through the tags' index."""
         wanted = _check.state(state)
         if workflow is not None:
             _check.name("workflow", workflow)
         if version is not None:
             _check.integer("version", version, 1)
         _check.integer("limit", limit, 1)
+        tagged = None if tags is None else _check.tags(tags)
         return await (await self.store()).list_tasks(
-            state=wanted, workflow=workflow, version=version, limit=limit
+            state=wanted, workflow=workflow, version=version, limit=limit, tags=tagged
         )
 
     def tasks(
@@ -846,9 +862,13 @@ class App:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
+        """The blocking form of `tasks_async`."""
         return self._call(
-            self.tasks_async(state=state, workflow=workflow, limit=limit, version=version)
+            self.tasks_async(
+                state=state, workflow=workflow, limit=limit, version=version, tags=tags
+            )
         )
 
     async def agent_instances_async(self) -> list[AgentInstance]:

@@ -36,6 +36,7 @@ from .agent import AnyOperation
 from .deadline import Deadline
 from .errors import (
     ChildFailed,
+    ConfigurationError,
     PayloadError,
     StepFailed,
     StoreError,
@@ -191,6 +192,8 @@ class TaskDrive:
         """Writes of outcomes alone under way (kept from the garbage collector)."""
         self.span: Span | None = None
         """The span of this run (`tracing`), while traced; `outcome` ends it."""
+        self._tags = dict(task.tags)
+        """The task's tags as its claim read them and its workflow set them since."""
 
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
@@ -567,6 +570,21 @@ class TaskDrive:
             logger.warning("task %s: cannot record an alert: %s", self.task_id, exc)
 
     # -- waits ----------------------------------------------------------------------------
+    async def tag(self, held: Held, key: str, value: str) -> None:
+        """Tag the task while this drive holds it: at once when it has that tag already (a
+        replay), else written, fenced by the hold (Abandon when it is no longer held)."""
+        if self._tags.get(key) == value:
+            return
+        answer = await self._answered(
+            f"task {self.task_id}: cannot tag it",
+            lambda: self.host.store.tag_task(self.task_id, held.attempt, self.instance, key, value),
+        )
+        if answer is False:
+            raise Abandon
+        if isinstance(answer, str):
+            raise ConfigurationError(f"task {self.task_id!r}: {answer}")
+        self._tags[key] = value
+
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read a wait (tried again while the store is unreachable: a try whose
         answer was lost is found as it left the wait, or the task parked, hence fenced).

@@ -13,6 +13,7 @@ clock; the scheduler and the agents turn it into a deadline of their own monoton
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -44,13 +45,13 @@ class Submission:
     """A task to create, as every entry point builds it: `App.submit`, `submit_async`,
     `TaskTransaction.submit` and `App.new_task`, the application API's `POST /api/v1/tasks`,
     `stepwarden submit`, a schedule's tick and `ctx.child`. The submit's options are its
-    fields from `task_id` to `version`, with their defaults (`App.submit` takes them as
+    fields from `task_id` to `tags`, with their defaults (`App.submit` takes them as
     keywords: `task_id=None` there makes a new id).
 
     A submit under a task_id taken already creates nothing: it is the same submit
     (`Submitted.outcome` "same") when the task was submitted with the same workflow, version
     and input (compared by `input_digest`) by the same client, and a conflict otherwise. A
-    same re-submit's other options (priority, reply_to, start_at, start_after) are ignored:
+    same re-submit's other options (priority, reply_to, start_at, start_after, tags) are ignored:
     the task keeps those of its first submit."""
 
     workflow: str
@@ -68,6 +69,11 @@ class Submission:
     """Start no sooner than this many seconds after the submit, by the store's clock."""
     version: int = 1
     """The version of the workflow the task runs, from its first claim to its end."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """What the task is about, as key and value (`{"customer": "c-42"}`): shown with it,
+    and what `App.tasks`, `stepwarden tasks --tag` and the dashboard find it by. At most
+    `_check.MAX_TAGS`, each key of at most `_check.MAX_TAG_KEY` characters, each value of at
+    most `_check.MAX_TAG_VALUE`; its workflow may add more (`Context.tag`)."""
     complete_within: float
     """Seconds each claim of the task may hold it (its workflow's `complete_within`)."""
     max_failures: int
@@ -87,7 +93,15 @@ class Submission:
     re-submit under its id is compared by."""
 
 
-SUBMIT_OPTIONS = ("task_id", "priority", "reply_to", "start_at", "start_after", "version")
+SUBMIT_OPTIONS = (
+    "task_id",
+    "priority",
+    "reply_to",
+    "start_at",
+    "start_after",
+    "version",
+    "tags",
+)
 """The fields of a `Submission` that a submit's caller chooses (`App.submit`'s keywords)."""
 
 SubmitOutcome = Literal["created", "same", "conflict"]
@@ -158,6 +172,9 @@ class TaskRecord:
     child or a schedule's tick)."""
     input_digest: str | None = None
     """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """What the task is about: the tags of its submit and those its workflow added
+    (`Context.tag`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

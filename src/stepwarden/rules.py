@@ -168,6 +168,15 @@ def event_beyond(bounds: EventBounds, *, kept: int, size: int) -> EventBeyond | 
     return None
 
 
+def with_tag(tags: Mapping[str, str], key: str, value: str) -> dict[str, str] | str:
+    """A task's tags once its workflow tags it `key` = `value` (`Context.tag`): the same
+    tags when it has that tag already (a replay), `key` set to `value` when it has the key,
+    the tag added otherwise; or, past `_check.MAX_TAGS`, why it is refused."""
+    if key not in tags and len(tags) >= _check.MAX_TAGS:
+        return f"a task has at most {_check.MAX_TAGS} tags: {key!r} is refused"
+    return {**tags, key: value}
+
+
 def child_task_id(parent_id: str, position: str) -> str:
     """The id of a child task started at `position` of its parent's workflow without a
     task_id of its own: "PARENT:POSITION", the same on every replay. When that is longer

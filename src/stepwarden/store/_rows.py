@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .._json import loads
+from .._json import loads, tags_of
 from ..placement import Generation
 from ..records import (
     DURATION_BUCKETS,
@@ -88,6 +88,7 @@ def task_record(row: Row, keys: Keyring | None = None) -> TaskRecord:
         run_trace=row.get("run_trace"),
         submitted_by=row.get("submitted_by"),
         input_digest=row.get("input_digest"),
+        tags=tags_of(row.get("tags")),
     )
 
 

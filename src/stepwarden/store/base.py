@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from .._aio import first
 from .._batch import Batcher
-from .._json import holds_secret
+from .._json import holds_secret, tags_text
 from ..errors import KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
@@ -464,15 +464,17 @@ class Store(abc.ABC):
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
-        """Tasks, optionally of one state, one workflow and one version, oldest first."""
-        rows = await self._read_one(
-            "list_tasks",
-            state=None if state is None else str(state),
-            workflow=workflow,
-            version=version,
-            limit=limit,
-        )
+        """Tasks, optionally of one state, one workflow and one version, and having every
+        tag of `tags`, oldest first."""
+        filters = {"state": None if state is None else str(state), "workflow": workflow}
+        if tags:
+            rows = await self._read_one(
+                "list_tagged_tasks", **filters, **_tagged(tags), version=version, limit=limit
+            )
+        else:
+            rows = await self._read_one("list_tasks", **filters, version=version, limit=limit)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def count_tasks(self) -> dict[TaskState, int]:
@@ -780,6 +782,14 @@ class Store(abc.ABC):
         run's span to link to; only while `scheduler` holds the task under `attempt`."""
         return bool(await self._write_one(policy.note_run(task_id, attempt, scheduler, run_trace)))
 
+    async def tag_task(
+        self, task_id: str, attempt: int, scheduler: str, key: str, value: str
+    ) -> bool | str:
+        """Tag a task `key` = `value` while `scheduler` holds it under `attempt`
+        (`Context.tag`): True when it has the tag now (written only when it had not),
+        False when it is not held so, or why the tag is refused (`rules.with_tag`)."""
+        return await self._write(partial(policy.tag_task, task_id, attempt, scheduler, key, value))
+
     async def heartbeat_step(
         self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
     ) -> float | None:
@@ -1056,17 +1066,21 @@ class Store(abc.ABC):
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
-        """Tasks newest first, optionally of one state, one workflow and one version, and
-        whose id contains `search`."""
-        rows = await self._read_one(
-            "find_tasks",
-            state=None if state is None else str(state),
-            workflow=workflow,
-            version=version,
-            search=search or None,
-            limit=limit,
-        )
+        """Tasks newest first, optionally of one state, one workflow and one version, whose
+        id contains `search`, and having every tag of `tags`."""
+        filters = {
+            "state": None if state is None else str(state),
+            "workflow": workflow,
+            "version": version,
+            "search": search or None,
+            "limit": limit,
+        }
+        if tags:
+            rows = await self._read_one("find_tagged_tasks", **filters, **_tagged(tags))
+        else:
+            rows = await self._read_one("find_tasks", **filters)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def workflow_names(self) -> list[str]:
@@ -1104,3 +1118,10 @@ class Store(abc.ABC):
         """The number of stored events of `kind`."""
         [row] = await self._read_one("count_events", kind=kind)
         return int(row["n"])
+
+
+def _tagged(tags: Mapping[str, str]) -> dict[str, str]:
+    """The parameters of a read of the tasks having every tag of `tags`: the one it reads
+    through the index (`key`, `value`), and all of them (`tags`, a JSON object)."""
+    key, value = next(iter(sorted(tags.items())))
+    return {"key": key, "value": value, "tags": tags_text(tags)}

@@ -25,7 +25,7 @@ import heapq
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import NoReturn, TypeVar
@@ -484,9 +484,12 @@ class ShardedStore:
         workflow: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
-            lambda p: p.list_tasks(state=state, workflow=workflow, limit=limit, version=version)
+            lambda p: p.list_tasks(
+                state=state, workflow=workflow, limit=limit, version=version, tags=tags
+            )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
         return list(itertools.islice(merged, limit))
@@ -499,10 +502,16 @@ class ShardedStore:
         search: str | None = None,
         limit: int = 100,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
             lambda p: p.find_tasks(
-                state=state, workflow=workflow, search=search, limit=limit, version=version
+                state=state,
+                workflow=workflow,
+                search=search,
+                limit=limit,
+                version=version,
+                tags=tags,
             )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id), reverse=True)

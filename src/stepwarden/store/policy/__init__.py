@@ -49,6 +49,7 @@ from .scheduler import dispatch_steps as dispatch_steps
 from .scheduler import finish_tasks as finish_tasks
 from .scheduler import recorded as recorded
 from .scheduler import replayed as replayed
+from .scheduler import tag_task as tag_task
 from .schedulers import held_in_time as held_in_time
 from .schedulers import release_gone_schedulers as release_gone_schedulers
 from .schedulers import release_held as release_held

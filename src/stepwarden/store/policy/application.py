@@ -138,6 +138,7 @@ def _task_params(tasks: Sequence[Submission]) -> list[dict[str, Any]]:
             "trace_context": t.trace_context,
             "submitted_by": t.submitted_by,
             "input_digest": t.input_digest,
+            "tags": _json.tags_text(t.tags),
             "process_state": str(_start(t)),
             "waiting_for": START_WAIT if _delayed(t) else None,
         }

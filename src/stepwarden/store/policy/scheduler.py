@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..._json import tags_of, tags_text
 from ...records import (
     Adopt,
     ClaimedTask,
@@ -26,11 +27,12 @@ from ...rules import (
     head_start,
     plan_finish,
     plan_set_aside,
+    with_tag,
 )
 from ...sealing import Keyring
 from ...states import FINISHED_TASK_STATES, TaskState
 from .. import _rows
-from .._flow import Flow, Query, Rows, Wakeups, first_of_each
+from .._flow import Flow, Query, Rows, Wakeups, fetch, first_of_each
 from ._shared import _by_ord, _holds, logger
 from .operator import _cascade, _cascaded, children_ended
 
@@ -241,3 +243,23 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
         if r["process_state"] == TaskState.COMPENSATING and descendants:
             _cascaded(wake, (yield from _cascade(r["task_id"], "failed", descendants)))
     return [i in applied for i in range(len(batch))]
+
+
+def tag_task(
+    task_id: str, attempt: int, scheduler: str, key: str, value: str, wake: Wakeups
+) -> Flow[bool | str]:
+    """Tag a task while `scheduler` holds it under `attempt` (`Context.tag`): True when it
+    has the tag now (nothing written when it had it already: a replay), False when it is not
+    held so (nothing written), or why the tag is refused (`rules.with_tag`)."""
+    held = {"task_id": task_id, "attempt": attempt, "scheduler": scheduler}
+    rows = yield from fetch("held_tags", **held)
+    if not rows:
+        return False
+    tags = tags_of(rows[0]["tags"])
+    tagged = with_tag(tags, key, value)
+    if isinstance(tagged, str):
+        return tagged
+    if tagged == tags:
+        return True
+    [written] = yield [Query("set_tags", {**held, "tags": tags_text(tagged)})]
+    return bool(written)

@@ -35,7 +35,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tags)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -44,17 +44,19 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest
+       d.input_digest, d.tags::json
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
             %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
-            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
+            %(tags)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
-          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
+          tags)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -75,7 +77,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tags)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -84,17 +86,19 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest
+       d.input_digest, d.tags::json
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
             %(start_after)s::float8[], %(version)s::int[], %(parent_id)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
-            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[])
+            %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
+            %(tags)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
-          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for)
+          head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
+          tags)
 WHERE (SELECT generation FROM gen) = %(generation)s
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
@@ -457,6 +461,20 @@ SELECT ord, task_id, seq, agent FROM u
 -- Record the trace context of a task's run (its span) while the run holds the task, for the
 -- next run to link to (stepwarden.tracing).
 UPDATE stepwarden_tasks SET run_trace = %(run_trace)s
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
+RETURNING task_id
+
+-- name: held_tags
+-- The tags of a task while its scheduler holds it under this attempt (no row: not held so),
+-- its row locked until the commit (set_tags follows).
+SELECT tags FROM stepwarden_tasks
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
+FOR UPDATE
+
+-- name: set_tags
+-- A held task's tags, as its workflow tagged it (Context.tag); stepwarden_task_tags
+-- follows by trigger (migration 0022).
+UPDATE stepwarden_tasks SET tags = %(tags)s::json
 WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
 RETURNING task_id
 
@@ -968,6 +986,22 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(version)s::int IS NULL OR version = %(version)s::int)
 ORDER BY created_at, task_id
+LIMIT %(limit)s
+
+-- name: list_tagged_tasks
+-- list_tasks of the tasks that have every tag of the JSON object tags, read through the
+-- tags' index on (key, value) from one of them (key, value) (run unprepared).
+SELECT t.* FROM stepwarden_task_tags AS g
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = %(key)s::text AND g.value = %(value)s::text
+  AND (%(state)s::text IS NULL OR t.process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND NOT EXISTS (SELECT 1 FROM json_each_text(%(tags)s::json) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at, t.task_id
 LIMIT %(limit)s
 
 -- name: client_unfinished
@@ -1499,6 +1533,23 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(version)s::int IS NULL OR version = %(version)s::int)
   AND (%(search)s::text IS NULL OR strpos(task_id, %(search)s::text) > 0)
 ORDER BY created_at DESC, task_id DESC
+LIMIT %(limit)s
+
+-- name: find_tagged_tasks
+-- find_tasks of the tasks that have every tag of the JSON object tags, read through the
+-- tags' index on (key, value) from one of them (key, value) (run unprepared).
+SELECT t.* FROM stepwarden_task_tags AS g
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = %(key)s::text AND g.value = %(value)s::text
+  AND (%(state)s::text IS NULL OR t.process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND (%(search)s::text IS NULL OR strpos(t.task_id, %(search)s::text) > 0)
+  AND NOT EXISTS (SELECT 1 FROM json_each_text(%(tags)s::json) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at DESC, t.task_id DESC
 LIMIT %(limit)s
 
 -- name: workflow_names

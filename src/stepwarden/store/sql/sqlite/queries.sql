@@ -13,14 +13,14 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest)
+                              input_digest, tags)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         :process_state,
         CASE WHEN :waiting_for IS NOT NULL THEN coalesce(:start_at, :now + :start_after) END,
         :waiting_for, :version,
         :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
-        :input_digest)
+        :input_digest, :tags)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -277,6 +277,18 @@ VALUES (:task_id, :now, 'handed_back',
 -- Record the trace context of a task's run (its span) while the run holds the task, for the
 -- next run to link to (stepwarden.tracing).
 UPDATE stepwarden_tasks SET run_trace = :run_trace
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+RETURNING task_id
+
+-- name: held_tags
+-- The tags of a task while its scheduler holds it under this attempt (no row: not held so).
+SELECT tags FROM stepwarden_tasks
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+
+-- name: set_tags
+-- A held task's tags, as its workflow tagged it (Context.tag); stepwarden_task_tags
+-- follows by trigger (migration 0022).
+UPDATE stepwarden_tasks SET tags = :tags
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
 RETURNING task_id
 
@@ -631,6 +643,22 @@ WHERE (:state IS NULL OR process_state = :state)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:version IS NULL OR version = :version)
 ORDER BY created_at, task_id
+LIMIT :limit
+
+-- name: list_tagged_tasks
+-- list_tasks of the tasks that have every tag of :tags (a JSON object), read through the
+-- tags' index on (key, value) from one of them (:key, :value).
+SELECT t.* FROM stepwarden_task_tags AS g INDEXED BY stepwarden_task_tags_key_value
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = :key AND g.value = :value
+  AND (:state IS NULL OR t.process_state = :state)
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at, t.task_id
 LIMIT :limit
 
 -- name: client_unfinished
@@ -1082,6 +1110,23 @@ WHERE (:state IS NULL OR process_state = :state)
   AND (:version IS NULL OR version = :version)
   AND (:search IS NULL OR instr(task_id, :search) > 0)
 ORDER BY created_at DESC, task_id DESC
+LIMIT :limit
+
+-- name: find_tagged_tasks
+-- find_tasks of the tasks that have every tag of :tags (a JSON object), read through the
+-- tags' index on (key, value) from one of them (:key, :value).
+SELECT t.* FROM stepwarden_task_tags AS g INDEXED BY stepwarden_task_tags_key_value
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = :key AND g.value = :value
+  AND (:state IS NULL OR t.process_state = :state)
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND (:search IS NULL OR instr(t.task_id, :search) > 0)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at DESC, t.task_id DESC
 LIMIT :limit
 
 -- name: workflow_names
