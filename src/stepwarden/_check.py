@@ -32,7 +32,9 @@ MAX_TAG_KEY = 64
 """The longest tag key, in characters: a letter or digit, then letters, digits, `_ . : / -`."""
 MAX_TAG_VALUE = 256
 """The longest tag value, in characters (1 at least, without control characters)."""
-TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
+TAG_KEY_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/-]*$"
+"""What a tag key may be (Python's and JSON Schema's dialect)."""
+TAG_KEY = re.compile(TAG_KEY_PATTERN)
 
 
 def shown(value: Any, width: int = 60) -> str:
@@ -235,3 +237,17 @@ def tags(value: Any) -> dict[str, str]:
     if len(value) > MAX_TAGS:
         raise ConfigurationError(f"a task has at most {MAX_TAGS} tags, not {len(value)}")
     return dict(tag(k, v) for k, v in value.items())
+
+
+def tag_texts(texts: Iterable[str]) -> dict[str, str]:
+    """The tags written `KEY=VALUE` (split at the first `=`), each key once (`tags`): the
+    command line's `--tag`, the dashboard's `tag` parameter."""
+    found: dict[str, str] = {}
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not eq:
+            raise ConfigurationError(f"a tag is written KEY=VALUE, not {shown(text)}")
+        if key in found:
+            raise ConfigurationError(f"tag {shown(key)} is given twice")
+        found[key] = value
+    return tags(found)

@@ -13,7 +13,15 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -146,6 +154,33 @@ def _echo_json(document: str) -> None:
 def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that also reads `envvar`, and says so in its help."""
     return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+def _tag_option(help: str) -> Callable[[F], F]:
+    return _opt(
+        "--tag",
+        "tags",
+        envvar="STEPWARDEN_TAG",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_tags,
+        help=f"{help} Given again for more tags (at most {_check.MAX_TAGS}; a key of 1 to "
+        f"{_check.MAX_TAG_KEY} characters, a letter or digit then letters, digits and "
+        f"_ . : / -; a value of 1 to {_check.MAX_TAG_VALUE} characters). The variable holds "
+        "them separated by spaces.",
+    )
+
+
+def _tags(
+    ctx: click.Context, param: click.Parameter, given: tuple[str, ...]
+) -> dict[str, str] | None:
+    """The tags of `--tag KEY=VALUE` options (None: none given), checked as the App does."""
+    if not given:
+        return None
+    try:
+        return _check.tag_texts(given)
+    except StepwardenError as exc:
+        raise click.BadParameter(_one_line(exc), ctx=ctx, param=param) from exc
 
 
 def _destinations_option(what: str) -> Callable[[F], F]:
@@ -617,6 +652,7 @@ def worker(
     "...), or a broker destination the operator lists (amqp://, nats://, redis://) "
     "[default: none].",
 )
+@_tag_option("A tag of the task, what it is about: `stepwarden tasks --tag` finds it by it.")
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -629,6 +665,7 @@ def submit(
     start_at: str | None,
     workflow_version: int | None,
     reply_to: str | None,
+    tags: dict[str, str] | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
     as its input; prints the task id. The task runs to its end on the newest version of
@@ -658,6 +695,7 @@ def submit(
                 start_at=when,
                 start_after=start_after,
                 version=workflow_version,
+                tags=tags,
             )
             [answer] = await app.submit_many_async([task])
             refuse_conflict(task, answer)
@@ -701,6 +739,7 @@ def submit(
     type=click.IntRange(min=1, max=_check.MAX_INT),
     help="At most this many tasks.",
 )
+@_tag_option("Only the tasks that have this tag (and every other one given).")
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
 @click.pass_obj
 def tasks(
@@ -709,9 +748,11 @@ def tasks(
     workflow: str | None,
     workflow_version: int | None,
     limit: int,
+    tags: dict[str, str] | None,
     as_json: bool,
 ) -> None:
-    """List tasks, oldest first, with a count per state (of every task)."""
+    """List tasks, oldest first, with a count per state (of every task); with --tag, those
+    that have the tags given, looked up by the tags' index."""
     url = obj.store_url()
 
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
@@ -725,6 +766,7 @@ def tasks(
                 workflow=workflow,
                 version=workflow_version,
                 limit=limit,
+                tags=tags,
             )
             return found, await store.count_tasks()
         finally:
@@ -1004,6 +1046,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo(f"  waiting_for    {t.waiting_for}  until {_time(t.wake_at)}")
     _echo(f"  complete_by    {_time(t.complete_by)}")
     _echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
+    if t.tags:
+        _echo(f"  tags           {' '.join(f'{k}={v}' for k, v in sorted(t.tags.items()))}")
     _echo(f"  input          {_json.display(t.input)}")
     if t.result is not None:
         _echo(f"  result         {_json.display(t.result)}")
@@ -1861,6 +1905,8 @@ def _time(value: datetime | None) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, Mapping):
+        return dict(value)
     return value
 
 

@@ -161,7 +161,7 @@ def router(
     @api.get(
         "/api/tasks",
         operation_id="listTasks",
-        summary="Tasks, newest first, by state, workflow, version and part of the id.",
+        summary="Tasks, newest first, by state, workflow, version, part of the id and tags.",
         responses=_answers(
             r200=(TasksAnswer, "The tasks found, and every workflow name (for filters)."),
             r400=BAD,
@@ -189,14 +189,26 @@ def router(
                 description="Only tasks that run this version of their workflow.",
             ),
         ] = None,
+        tag: Annotated[
+            list[str] | None,
+            Query(
+                max_length=_check.MAX_TAGS,
+                description="Only tasks that have this tag, written KEY=VALUE; given again, "
+                "only those that have every tag given (read through the tags' index).",
+            ),
+        ] = None,
     ) -> Response:
         for name in ("state", "workflow", "search", "limit", "version"):
             one(request, name)
         for what, value in (("workflow", workflow), ("search", search)):
             if value is not None:
                 _checked(what, value)
+        try:
+            tags = _check.tag_texts(tag or ()) or None
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
         found = await reader.tasks(
-            state=state, workflow=workflow, search=search, limit=limit, version=version
+            state=state, workflow=workflow, search=search, limit=limit, version=version, tags=tags
         )
         return json_response(found)
 

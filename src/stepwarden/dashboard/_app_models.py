@@ -14,7 +14,7 @@ from .._check import MAX_INT
 from ..records import SUBMIT_OPTIONS
 from ..states import TaskState
 from ..workflow import MAX_WAIT
-from ._models import Flag, Name, Payload, Reason, _Closed, _int
+from ._models import Flag, Name, Payload, Reason, Tags, _Closed, _int
 
 Priority = _int(-MAX_INT - 1, MAX_INT)
 Version = _int(1, MAX_INT)
@@ -68,6 +68,7 @@ class _Submit(_Closed):
         default=None,
         description="The version of the workflow to run (default: the newest declared).",
     )
+    tags: SkipJsonSchema[None] | Tags = Field(default=None)
 
     def options(self) -> dict[str, Any]:
         """The submit's options as `App.new_task` takes them (`records.SUBMIT_OPTIONS`: a
@@ -76,7 +77,7 @@ class _Submit(_Closed):
 
     @model_validator(mode="after")
     def _one_start(self) -> _Submit:
-        for name in ("start_at", "start_after"):
+        for name in ("start_at", "start_after", "tags"):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may be left out, not null")
         if self.start_at is not None and self.start_after is not None:

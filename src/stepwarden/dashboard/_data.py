@@ -4,6 +4,7 @@ is, the pages render it. Payloads keep their `Secret`s, which every rendering ma
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,6 +63,7 @@ def task_detail(t: TaskRecord) -> dict[str, Any]:
         "reply_to": t.reply_to,
         "parent_id": t.parent_id,
         "parent_position": t.parent_position,
+        "tags": dict(t.tags),
     }
 
 
@@ -224,10 +226,11 @@ class Reader:
         search: str | None,
         limit: int,
         version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         store = await self.app.store()
         found = await store.find_tasks(
-            state=state, workflow=workflow, search=search, limit=limit, version=version
+            state=state, workflow=workflow, search=search, limit=limit, version=version, tags=tags
         )
         return {
             "tasks": [task_summary(t) for t in found],

@@ -18,7 +18,15 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from .._check import MAX_INT, MAX_NAME, MAX_REASON
+from .._check import (
+    MAX_INT,
+    MAX_NAME,
+    MAX_REASON,
+    MAX_TAG_KEY,
+    MAX_TAG_VALUE,
+    MAX_TAGS,
+    TAG_KEY_PATTERN,
+)
 from .._text import SAFE_PATTERN
 from ..states import StepState, TaskState
 
@@ -31,6 +39,17 @@ API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=SAFE_PATTERN)]
+TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY, pattern=TAG_KEY_PATTERN)]
+TagValue = Annotated[str, Field(min_length=1, max_length=MAX_TAG_VALUE, pattern=SAFE_PATTERN)]
+Tags = Annotated[
+    dict[TagKey, TagValue],
+    Field(
+        max_length=MAX_TAGS,
+        description=f"What the task is about, as keys and values (at most {MAX_TAGS}; keys "
+        f"of 1 to {MAX_TAG_KEY} characters, a letter or digit then letters, digits and "
+        f"_ . : / -; values of 1 to {MAX_TAG_VALUE} characters).",
+    ),
+]
 Reason = Annotated[str, Field(max_length=MAX_REASON)]
 Payload = Annotated[Any, Field(description='A JSON value; values marked secret are "***".')]
 
@@ -194,6 +213,10 @@ class Task(TaskSummary):
     )
     parent_position: str | None = Field(
         description="A child task's place in its parent's workflow."
+    )
+    tags: dict[str, str] = Field(
+        description="What the task is about: the tags of its submit and those its workflow "
+        "added (ctx.tag)."
     )
 
 

@@ -123,12 +123,15 @@ def _filters(request: Request, *, lenient: bool) -> dict[str, Any]:
         search = _param(request, "search", lenient=lenient)
         if search is not None:
             _check.name("search", search)
+        given = [t for t in request.query_params.getlist("tag") if t or not lenient]
+        tags = _check.tag_texts(given) or None
     except StepwardenError as exc:
         raise BadRequest(str(exc)) from None
     return {
         "state": state,
         "workflow": workflow,
         "search": search,
+        "tags": tags,
         "limit": _limit(request, lenient=lenient),
     }
 
