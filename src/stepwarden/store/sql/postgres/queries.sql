@@ -28,6 +28,7 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 -- from now by the database's clock), each with the version of its workflow it runs and its
 -- rank for claims (ranked_at: now less its priority's head start); an existing task_id is
 -- left untouched. A child task names its parent and its place in the parent's workflow.
+-- Its tags go to stepwarden_task_tags by trigger (migration 0022).
 -- The schedulers are woken (delivered on commit) when a task became
 -- pending: the statement runs alone, in autocommit (PostgresStore._write_alone).
 WITH ins AS (
