@@ -59,6 +59,7 @@ from .records import (
     EventRecord,
     OperatorAction,
     OutboxMessage,
+    Redrive,
     ScheduleRecord,
     SchedulerInstance,
     ScheduleSpec,
@@ -71,7 +72,7 @@ from .records import (
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, submit_version
+from .rules import CATCH_UP, plan_action, plan_retry, submit_version
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -1038,6 +1039,102 @@ class App:
     ) -> list[ActionOutcome]:
         """The blocking form of `operate_async`."""
         return self._call(self.operate_async(action, task_ids, **kwargs))
+
+    # -- redrives with a plan ---------------------------------------------------------------
+    async def retry_plan_async(self, task_id: str) -> Redrive:
+        """What `operate_async("retry", [task_id])` would do to each recorded step of the task
+        (`rules.plan_retry`), changing nothing: from error, a completed step is kept and a
+        failed one runs again under the same idempotency key; from compensation_failed, a
+        step to undo is undone (its compensation runs again). `applied` is False; `message`
+        says the move, or why a retry is refused."""
+        _check.name("task_id", task_id)
+        store = await self.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        steps = await store.get_steps(task_id)
+        outcome = self._retry_move(task.process_state)
+        return Redrive(
+            action="retry",
+            task_id=task_id,
+            runs_as=task_id,
+            applied=False,
+            steps=tuple(plan_retry(task_id, task.process_state, steps)),
+            message=outcome,
+        )
+
+    def retry_plan(self, task_id: str) -> Redrive:
+        """The blocking form of `retry_plan_async`."""
+        return self._call(self.retry_plan_async(task_id))
+
+    @staticmethod
+    def _retry_move(state: TaskState) -> str:
+        moves = OPERATOR_ACTIONS["retry"]
+        if state not in moves:
+            return f"cannot retry a task that is {state} (only when {', '.join(sorted(moves))})"
+        return f"would retry: {state} -> {moves[state]}"
+
+    async def fork_async(
+        self,
+        task_id: str,
+        *,
+        start: str,
+        new_task_id: str | None = None,
+        new_keys_from: int | None = None,
+        plan: bool = False,
+        by: str | None = None,
+        reason: str | None = None,
+        identity: str | None = None,
+    ) -> Redrive:
+        """A new task of the same workflow, version, input and tags as `task_id`, whose
+        steps before the place `start` ("3", "2.1") keep their recorded results and whose
+        steps from there on run again (DBOS's fork_workflow, Temporal's reset). The steps
+        that run again carry the original's idempotency keys (`task_id/seq`: the service
+        deduplicates), but for those of seq `new_keys_from` and after, which carry the
+        fork's (`NEW/seq`). The fork keeps steps only: a wait recorded before `start` (a
+        timer, an event, a child, a patch marker) refuses it. `new_task_id` defaults to
+        `TASK~fork-` and a random suffix. With `plan`, nothing is written: the answer says
+        what each step would do. Both tasks' history records the fork, `by` (default: the
+        user running this), `reason` and `identity`. Refused (`applied` False, `message`
+        why) for a task that is not finished or has no step at `start`; raises TaskNotFound
+        for an unknown task."""
+        _check.name("task_id", task_id)
+        _check.name("start", start)
+        if new_keys_from is not None:
+            _check.integer("new_keys_from", new_keys_from, 1)
+        for what, value in (("by", by), ("identity", identity)):
+            if value is not None:
+                _check.name(what, value)
+        _check.text("reason", reason)
+        _check.flag("plan", plan)
+        store = await self.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        new_id = (
+            new_task_id if new_task_id is not None else f"{task_id}~fork-{uuid.uuid4().hex[:8]}"
+        )
+        new = self.new_task(
+            task.workflow,
+            task.input,
+            task_id=new_id,
+            version=task.version,
+            tags=task.tags or None,
+        )
+        if task.process_state not in FINISHED_TASK_STATES:
+            why = f"task {task_id!r} is {task.process_state}: fork a finished task"
+            return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=False,
+                           steps=(), message=why)  # fmt: skip
+        detail: dict[str, Any] = {"action": "fork", "by": by or _operator_name(),
+                                  "reason": reason, "from_position": start,
+                                  "new_keys_from": new_keys_from}  # fmt: skip
+        if identity is not None:
+            detail["authenticated"] = identity
+        return await store.fork(task_id, new, start, new_keys_from, detail, apply=not plan)
+
+    def fork(self, task_id: str, **kwargs: Any) -> Redrive:
+        """The blocking form of `fork_async`."""
+        return self._call(self.fork_async(task_id, **kwargs))
 
     async def _preview(self, store: ApplicationPort, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)

@@ -195,6 +195,13 @@ class TaskDrive:
         self._tags = dict(task.tags)
         """The task's tags as its claim read them and its workflow set them since."""
 
+    def key(self, seq: int) -> str:
+        """The idempotency key of the task's step `seq` (a fork's: its original's keys)."""
+        task = self.claimed.task
+        return idempotency_key(
+            task.task_id, seq, keys_of=task.keys_of, new_keys_from=task.new_keys_from
+        )
+
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
         return self.host.workflows
@@ -351,6 +358,8 @@ class TaskDrive:
         trace context is recorded with the step."""
         if self.span is not None and span is None:
             return await self._traced_step(held, dispatch, step_name, fallback)
+        if isinstance(dispatch, NewStep) and self.claimed.task.keys_of is not None:
+            dispatch = replace(dispatch, idempotency_key=self.key(dispatch.seq))
         where = (self.task_id, dispatch.seq)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[dispatch.seq] = future
@@ -423,7 +432,7 @@ class TaskDrive:
                     step=step_name,
                     position=dispatch.position if isinstance(dispatch, NewStep) else None,
                     compensates=dispatch.compensates if isinstance(dispatch, NewStep) else None,
-                    idempotency_key=idempotency_key(self.task_id, dispatch.seq),
+                    idempotency_key=self.key(dispatch.seq),
                     task_attempt=held.attempt,
                     dispatch=type(dispatch).__name__.lower(),
                 ),
@@ -651,7 +660,7 @@ class TaskDrive:
             input=_json.loads(
                 dispatch.input, at=Binding.step(dispatch.task_id, dispatch.seq), keys=self.keys
             ),
-            idempotency_key=idempotency_key(dispatch.task_id, dispatch.seq),
+            idempotency_key=self.key(dispatch.seq),
             complete_by=Deadline.after(got.remaining).complete_by,
             remaining=got.remaining,
             compensates=dispatch.compensates,

@@ -32,8 +32,14 @@ def step_of_key(key: str) -> tuple[str, int]:
     return task_id, int(seq)
 
 
-def idempotency_key(task_id: str, seq: int) -> str:
-    """The key every dispatch and retry of a step carries to the remote service."""
+def idempotency_key(
+    task_id: str, seq: int, *, keys_of: str | None = None, new_keys_from: int | None = None
+) -> str:
+    """The key every dispatch and retry of a step carries to the remote service:
+    `task_id/seq`; for a fork (`App.fork`), `keys_of/seq`, the key of the task it was forked
+    from, for the steps before its `new_keys_from` (all of them when None)."""
+    if keys_of is not None and (new_keys_from is None or seq < new_keys_from):
+        return f"{keys_of}/{seq}"
     return f"{task_id}/{seq}"
 
 
@@ -175,6 +181,12 @@ class TaskRecord:
     tags: Mapping[str, str] = field(default_factory=dict)
     """What the task is about: the tags of its submit and those its workflow added
     (`Context.tag`)."""
+    keys_of: str | None = None
+    """A fork's (`App.fork`): the task whose idempotency keys its steps carry (None: its
+    own), for the steps before `new_keys_from` (all, when None)."""
+    new_keys_from: int | None = None
+    forked_from: str | None = None
+    """A fork's: the task it was forked from."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,6 +331,9 @@ class NewStep:
     total_within: float | None = None
     position: str | None = None
     """Its place in the workflow (`StepRecord.position`); None on a compensation."""
+    idempotency_key: str | None = None
+    """The key its calls carry, set by its task's drive (`records.idempotency_key` of the
+    task's keys); None: `task_id/seq`."""
     claimed_by: str | None = None
     """An agent instance of the scheduler's own process with room for it: the step is
     recorded running, held by that instance, which calls it at once (no queue, no wake-up)."""
@@ -930,3 +945,36 @@ class VersionBacklog:
     @property
     def tasks(self) -> int:
         return self.pending + self.compensating
+
+
+RedrivePlan = Literal["kept", "same_key", "new_key", "undone"]
+"""What a redrive (a retry, a fork) does with one recorded step: keeps its result; runs it
+again under the same idempotency key (the service deduplicates); runs it again under a new
+key (the operator asked for it); or undoes it first (its compensation runs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPlan:
+    """A redrive's plan for one step of the task as recorded (`rules.plan_retry`,
+    `rules.plan_fork`): its `seq`, place and name, what happens to it, and the idempotency
+    key its calls will carry (for one undone: the key the step was called with)."""
+
+    seq: int
+    position: str | None
+    name: str
+    plan: RedrivePlan
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redrive:
+    """A redrive of a task, planned or done: the task it acts on, the task that runs (a
+    fork's new id; the same task for a retry), whether it was applied, the plan per step,
+    and what the store said (a refusal's reason)."""
+
+    action: Literal["retry", "fork"]
+    task_id: str
+    runs_as: str
+    applied: bool
+    steps: tuple[StepPlan, ...]
+    message: str

@@ -89,6 +89,9 @@ def task_record(row: Row, keys: Keyring | None = None) -> TaskRecord:
         submitted_by=row.get("submitted_by"),
         input_digest=row.get("input_digest"),
         tags=tags_of(row.get("tags")),
+        keys_of=row.get("keys_of"),
+        new_keys_from=row.get("new_keys_from"),
+        forked_from=row.get("forked_from"),
     )
 
 

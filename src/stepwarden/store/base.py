@@ -46,6 +46,7 @@ from ..records import (
     OpLimit,
     OutboxMessage,
     ParkRequest,
+    Redrive,
     RelayBacklog,
     Released,
     Request,
@@ -781,6 +782,22 @@ class Store(abc.ABC):
         """Record the trace context of a run's span (JSON text) with its task, for the next
         run's span to link to; only while `scheduler` holds the task under `attempt`."""
         return bool(await self._write_one(policy.note_run(task_id, attempt, scheduler, run_trace)))
+
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive:
+        """Fork `task_id` as `new` from the place `start`, or, without `apply`, plan it only
+        (`policy.fork`)."""
+        self.refuse_plain([new.input])
+        flow = partial(policy.fork, task_id, new, start, new_keys_from, detail, apply, self.keys)
+        return await self._write(flow)
 
     async def tag_task(
         self, task_id: str, attempt: int, scheduler: str, key: str, value: str

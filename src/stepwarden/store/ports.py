@@ -47,6 +47,7 @@ from ..records import (
     OpLimit,
     OutboxMessage,
     ParkRequest,
+    Redrive,
     RelayBacklog,
     Released,
     Request,
@@ -193,6 +194,16 @@ class ApplicationPort(WakeupPort, Protocol):
     ) -> list[TaskRecord]: ...
     async def list_agents(self) -> list[AgentInstance]: ...
     async def list_schedulers(self) -> list[SchedulerInstance]: ...
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive: ...
     async def send_event(
         self,
         task_id: str,

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, TransientStoreError
@@ -45,6 +45,7 @@ from ..records import (
     LeaseRecord,
     OperatorAction,
     OutboxMessage,
+    Redrive,
     RelayBacklog,
     ScheduleRecord,
     SchedulerInstance,
@@ -435,6 +436,22 @@ class ShardedStore:
         self, task_id: str, *, limit: int = 100, before: int | None = None
     ) -> EventPage:
         return await (await self._shard_of(task_id)).history(task_id, limit=limit, before=before)
+
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive:
+        _refuse(
+            "a fork",
+            "the fork would be written on its original's shard, not where the shard map "
+            "places its id",
+        )
 
     async def send_event(
         self,

@@ -41,6 +41,7 @@ from .application import submit_fenced as submit_fenced
 from .application import write_shard_map as write_shard_map
 from .operator import CASCADING as CASCADING
 from .operator import children_ended as children_ended
+from .operator import fork as fork
 from .operator import operate as operate
 from .scheduler import claim_pairs as claim_pairs
 from .scheduler import claim_tasks as claim_tasks

@@ -147,7 +147,7 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "operation": d.operation,
             "priority": d.priority,
             "complete_within": float(d.complete_within),
-            "idempotency_key": idempotency_key(d.task_id, d.seq),
+            "idempotency_key": d.idempotency_key or idempotency_key(d.task_id, d.seq),
             "input": d.input,
             "compensation": d.compensation,
             "compensation_input": d.compensation_input,

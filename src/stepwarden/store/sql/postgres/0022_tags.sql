@@ -30,3 +30,10 @@ BEGIN
 END $$;
 CREATE TRIGGER stepwarden_tags_updated AFTER UPDATE OF tags ON stepwarden_tasks
 FOR EACH ROW WHEN (NEW.tags::text <> OLD.tags::text) EXECUTE FUNCTION stepwarden_tags_updated();
+
+-- A fork (App.fork): the task it was forked from, and whose idempotency keys its steps
+-- carry (keys_of), for the steps before new_keys_from (all of them when NULL):
+-- records.idempotency_key. NULL for every other task (its own keys, task_id/seq).
+ALTER TABLE stepwarden_tasks ADD COLUMN forked_from text;
+ALTER TABLE stepwarden_tasks ADD COLUMN keys_of text;
+ALTER TABLE stepwarden_tasks ADD COLUMN new_keys_from integer;

@@ -954,6 +954,30 @@ WITH d AS (
 )
 SELECT ord, task_id, failure_count, process_state FROM u ORDER BY ord
 
+-- name: set_fork
+-- A fork just inserted (App.fork): the task it was forked from, and whose idempotency
+-- keys its steps carry (records.idempotency_key).
+UPDATE stepwarden_tasks
+SET forked_from = %(forked_from)s, keys_of = %(keys_of)s, new_keys_from = %(new_keys_from)s::int
+WHERE task_id = %(task_id)s
+
+-- name: insert_forked_steps
+-- A fork's kept steps: each a copy of its original's step, completed with its result and
+-- its idempotency key, its input and result sealed again for the fork (new_id).
+INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
+                              task_attempt, priority, complete_by, idempotency_key, input,
+                              result, tries, created_at, dispatched_at, claimed_at,
+                              finished_at, compensation, compensation_input, complete_within,
+                              position, ranked_at, limit_key)
+SELECT d.new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
+       s.complete_by, s.idempotency_key, d.input::json, d.result::json, s.tries, s.created_at,
+       s.dispatched_at, s.claimed_at, s.finished_at, s.compensation,
+       d.compensation_input::json, s.complete_within, s.position, s.ranked_at, s.limit_key
+FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(new_id)s::text[], %(input)s::text[],
+            %(result)s::text[], %(compensation_input)s::text[])
+     AS d(task_id, seq, new_id, input, result, compensation_input)
+JOIN stepwarden_steps AS s ON s.task_id = d.task_id AND s.seq = d.seq
+
 -- name: get_task
 -- One task.
 SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s

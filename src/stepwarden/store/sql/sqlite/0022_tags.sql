@@ -26,3 +26,10 @@ BEGIN
     INSERT INTO stepwarden_task_tags (task_id, key, value)
     SELECT NEW.task_id, t.key, t.value FROM json_each(NEW.tags) AS t;
 END;
+
+-- A fork (App.fork): the task it was forked from, and whose idempotency keys its steps
+-- carry (keys_of), for the steps before new_keys_from (all of them when NULL):
+-- records.idempotency_key. NULL for every other task (its own keys, task_id/seq).
+ALTER TABLE stepwarden_tasks ADD COLUMN forked_from TEXT;
+ALTER TABLE stepwarden_tasks ADD COLUMN keys_of TEXT;
+ALTER TABLE stepwarden_tasks ADD COLUMN new_keys_from INTEGER;

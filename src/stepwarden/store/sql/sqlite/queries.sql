@@ -616,6 +616,28 @@ UPDATE stepwarden_steps
 SET state = 'failed', error = :abandoned_error, abandoned = 1, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running');
 
+-- name: set_fork
+-- A fork just inserted (App.fork): the task it was forked from, and whose idempotency
+-- keys its steps carry (records.idempotency_key).
+UPDATE stepwarden_tasks
+SET forked_from = :forked_from, keys_of = :keys_of, new_keys_from = :new_keys_from
+WHERE task_id = :task_id
+
+-- name: insert_forked_steps
+-- A fork's kept steps: each a copy of its original's step, completed with its result and
+-- its idempotency key, its input and result sealed again for the fork (new_id).
+INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
+                              task_attempt, priority, complete_by, idempotency_key, input,
+                              result, tries, created_at, dispatched_at, claimed_at,
+                              finished_at, compensation, compensation_input, complete_within,
+                              position, ranked_at, limit_key)
+SELECT :new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
+       s.complete_by, s.idempotency_key, :input, :result, s.tries, s.created_at,
+       s.dispatched_at, s.claimed_at, s.finished_at, s.compensation, :compensation_input,
+       s.complete_within, s.position, s.ranked_at, s.limit_key
+FROM stepwarden_steps AS s
+WHERE s.task_id = :task_id AND s.seq = :seq
+
 -- name: get_task
 SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
 
