@@ -159,7 +159,7 @@ async def test_a_fork_s_plan_is_what_the_service_then_sees(
 async def test_a_fork_is_refused_where_its_plan_cannot_hold(
     shop: tuple[sw.App, Service],
 ) -> None:
-    app, service = shop
+    app, _ = shop
     await app.submit_async("order", 1, task_id="o-1")
     early = await app.fork_async("o-1", start="1", new_task_id="f-1")
     assert not early.applied and "fork a finished task" in early.message
