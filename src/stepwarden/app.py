@@ -1086,7 +1086,8 @@ class App:
         reason: str | None = None,
         identity: str | None = None,
     ) -> Redrive:
-        """A new task of the same workflow, version, input and tags as `task_id`, whose
+        """A new task of the same workflow, version, input, priority, bounds and tags as
+        `task_id` (no `reply_to`: the App need not declare its workflow), whose
         steps before the place `start` ("3", "2.1") keep their recorded results and whose
         steps from there on run again (DBOS's fork_workflow, Temporal's reset). The steps
         that run again carry the original's idempotency keys (`task_id/seq`: the service
@@ -1114,12 +1115,21 @@ class App:
         new_id = (
             new_task_id if new_task_id is not None else f"{task_id}~fork-{uuid.uuid4().hex[:8]}"
         )
-        new = self.new_task(
-            task.workflow,
-            task.input,
+        _check.new_task_id(new_id)
+        text = _json.dumps(
+            task.input, what="the task input", seal=self._seal(Binding.input(new_id))
+        )
+        new = Submission(
+            workflow=task.workflow,
+            input=text,
             task_id=new_id,
+            priority=task.priority,
             version=task.version,
-            tags=task.tags or None,
+            tags=task.tags,
+            complete_within=task.complete_within,
+            max_failures=task.max_failures,
+            on_failure=task.on_failure,
+            input_digest=input_digest(_json.plain(task.input), self.keys),
         )
         if task.process_state not in FINISHED_TASK_STATES:
             why = f"task {task_id!r} is {task.process_state}: fork a finished task"

@@ -42,6 +42,7 @@ from .records import (
     DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
     EventBounds,
+    Redrive,
     SendOutcome,
     Submitted,
     TaskRecord,
@@ -1325,11 +1326,138 @@ def _operate(
 
 @cli.command()
 @_operator_options
+@_opt(
+    "--plan",
+    envvar="STEPWARDEN_PLAN",
+    is_flag=True,
+    help="Print what the retry does to each recorded step of the tasks named (kept, run "
+    "again under the same idempotency key, undone first); change nothing.",
+)
 @click.pass_obj
-def retry(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
+def retry(obj: _Ctx, /, task_ids: tuple[str, ...], plan: bool, **options: Any) -> None:
     """Resubmit tasks in error (or whose compensation failed): their failed steps run again
-    under new attempts and the same idempotency keys; completed steps are kept."""
-    _operate(obj, "retry", task_ids, **options)
+    under new attempts and the same idempotency keys; completed steps are kept. With
+    --plan, say so per step first, and change nothing."""
+    if not plan:
+        _operate(obj, "retry", task_ids, **options)
+        return
+    if not task_ids or options["state"] or options["workflow"]:
+        raise click.UsageError("--plan takes the tasks by name (a bulk retry has --dry-run)")
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> list[Redrive]:
+        try:
+            return [await app.retry_plan_async(t) for t in task_ids]
+        finally:
+            await app.aclose()
+
+    for redrive in _run(go()):
+        _echo_plan(redrive)
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt(
+    "--from",
+    "start",
+    envvar="STEPWARDEN_FROM",
+    required=True,
+    metavar="POSITION",
+    help="The place of the first step that runs again (1, 2, 3.1: `stepwarden show` gives "
+    "each step's); the steps before it keep their recorded results.",
+)
+@_opt(
+    "--task-id",
+    "new_task_id",
+    envvar="STEPWARDEN_TASK_ID",
+    default=None,
+    help="The new task's id [default: TASK_ID~fork- and a random suffix].",
+)
+@_opt(
+    "--new-keys-from",
+    envvar="STEPWARDEN_NEW_KEYS_FROM",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="SEQ",
+    help="The steps of this seq and after run again under new idempotency keys (NEW/seq) "
+    "[default: every step runs again under the original's key, which the service "
+    "deduplicates].",
+)
+@_opt(
+    "--plan",
+    envvar="STEPWARDEN_PLAN",
+    is_flag=True,
+    help="Print what the fork does to each recorded step (kept, run again under the same "
+    "key, run again under a new key); change nothing.",
+)
+@_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
+@_opt(
+    "--by",
+    envvar="STEPWARDEN_BY",
+    default=None,
+    help="Who, for the history (default: the user running this).",
+)
+@click.pass_obj
+def fork(
+    obj: _Ctx,
+    task_id: str,
+    start: str,
+    new_task_id: str | None,
+    new_keys_from: int | None,
+    plan: bool,
+    reason: str | None,
+    by: str | None,
+) -> None:
+    """Run a finished task again from the step at --from as a new task of the same
+    workflow, version and input: the steps before it keep their recorded results, those from
+    it run again under the original's idempotency keys (or new ones from --new-keys-from).
+    Prints the plan per step, then what it did (nothing with --plan); exit code 1 when the
+    fork is refused."""
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> Redrive:
+        try:
+            return await app.fork_async(
+                task_id,
+                start=start,
+                new_task_id=new_task_id,
+                new_keys_from=new_keys_from,
+                plan=plan,
+                by=by,
+                reason=reason,
+            )
+        finally:
+            await app.aclose()
+
+    redrive = _run(go())
+    if not redrive.applied and not (plan and redrive.message == "would fork"):
+        raise click.ClickException(f"{task_id}: {redrive.message}")
+    _echo_plan(redrive)
+
+
+_PLANS = {
+    "kept": "kept",
+    "same_key": "run again, same key",
+    "new_key": "run again, new key",
+    "undone": "undone first",
+}
+
+
+def _echo_plan(redrive: Redrive) -> None:
+    """A redrive's plan, a line per step, after a line of what it did or would do."""
+    head = redrive.message
+    if redrive.action == "fork" and redrive.message == "would fork":
+        head = f"would fork as {redrive.runs_as}"
+    _echo(f"{redrive.task_id}: {head}")
+    if redrive.steps:
+        width = _width(8, (p.position or "-" for p in redrive.steps))
+        names = _width(20, (p.name for p in redrive.steps))
+        _echo(f"  {'SEQ':>4} {'POSITION':<{width}} {'STEP':<{names}} {'PLAN':<19}  KEY")
+    for p in redrive.steps:
+        _echo(
+            f"  {p.seq:>4} {p.position or '-':<{width}} {p.name:<{names}} "
+            f"{_PLANS[p.plan]:<19}  {p.key}"
+        )
 
 
 @cli.command()

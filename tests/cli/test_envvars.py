@@ -25,7 +25,13 @@ from .helpers import (
 # They print something and exit: there is nothing for an environment variable to configure.
 NOT_SETTINGS = {"help", "version"}
 # The arguments a command needs to get as far as reading its options.
-REQUIRED_ARGS = {"submit": ["process"], "show": ["t-1"], "skip": ["t-1"], "send": ["t-1", "go"]}
+REQUIRED_ARGS = {
+    "submit": ["process"],
+    "show": ["t-1"],
+    "skip": ["t-1"],
+    "send": ["t-1", "go"],
+    "fork": ["t-1", "--from", "1"],
+}
 
 
 def _options() -> list[tuple[list[str], click.Option]]:
