@@ -9,6 +9,7 @@ every route instead, and names who acts."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
+import dataclasses
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -34,8 +35,10 @@ from ._models import (
     BulkAnswer,
     BulkRequest,
     Error,
+    ForkRequest,
     OutcomeAnswer,
     Overview,
+    RedriveAnswer,
     ScheduleAnswer,
     SchedulesAnswer,
     SendAnswer,
@@ -264,6 +267,66 @@ def router(
             seq=body.seq,
             result=_json.revive(body.result, what="the step result"),
         )
+
+    @api.post(
+        "/api/tasks/{task_id:path}/fork",
+        operation_id="forkTask",
+        summary="Fork a finished task from a step: a new task of the same workflow, version "
+        "and input whose steps before it keep their results and whose steps from it run "
+        "again (under the original's idempotency keys, or new ones from new_keys_from); with "
+        "plan, the plan only. Recorded in both tasks' history.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(RedriveAnswer, "Forked, or (plan) what the fork would do per step."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r429=THROTTLED,
+            r404=(Error, "No such task."),
+            r409=(
+                Error,
+                "Refused: the task is not finished, has no step there, or the id is taken.",
+            ),
+        ),
+    )
+    async def fork(task_id: TaskId, body: ForkRequest, identity: Identity) -> Response:
+        try:
+            redrive = await app.fork_async(
+                task_id,
+                start=body.start,
+                new_task_id=body.task_id,
+                new_keys_from=body.new_keys_from,
+                plan=body.plan,
+                by=DEFAULT_BY if body.by is None else body.by,
+                reason=body.reason,
+                identity=identity,
+            )
+        except TaskNotFound as exc:
+            return error(404, str(exc))
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        if not redrive.applied and not (body.plan and redrive.message == "would fork"):
+            return error(409, redrive.message)
+        return json_response(dataclasses.asdict(redrive))
+
+    @api.get(
+        "/api/retry-plan/{task_id:path}",
+        operation_id="retryPlan",
+        summary="What a retry of the task would do to each recorded step (kept, run again "
+        "under the same key, undone first); changes nothing.",
+        responses=_answers(
+            r200=(RedriveAnswer, "The plan."), r400=BAD, r404=(Error, "No such task.")
+        ),
+    )
+    async def retry_plan(task_id: TaskId) -> Response:
+        _checked("task_id", task_id)
+        try:
+            redrive = await app.retry_plan_async(task_id)
+        except TaskNotFound as exc:
+            return error(404, str(exc))
+        return json_response(dataclasses.asdict(redrive))
 
     @api.post(
         "/api/tasks/{task_id:path}/send",

@@ -90,6 +90,48 @@ class SkipRequest(_Closed):
     by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
 
 
+class ForkRequest(_Closed):
+    start: Name = Field(
+        alias="from",
+        description="The place of the first step that runs again (1, 2, 3.1); the steps "
+        "before it keep their recorded results.",
+    )
+    task_id: Name | None = Field(
+        default=None,
+        json_schema_extra={"not": {"enum": [".", ".."]}},
+        description="The new task's id (default: TASK~fork- and a random suffix).",
+    )
+    new_keys_from: StepNumber | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="The steps of this seq and after run again under new idempotency keys "
+        "(NEW/seq); the others under the original's.",
+    )
+    plan: bool = Field(default=False, description="Answer the plan only; change nothing.")
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+
+class StepPlanAnswer(_Closed):
+    seq: int
+    position: str | None
+    name: str
+    plan: Literal["kept", "same_key", "new_key", "undone"] = Field(
+        description="kept (its result recorded), same_key (run again under the same "
+        "idempotency key: the service deduplicates), new_key (run again under a new key), "
+        "undone (its compensation runs first)."
+    )
+    key: str = Field(description="The idempotency key its calls carry.")
+
+
+class RedriveAnswer(_Closed):
+    action: Literal["retry", "fork"]
+    task_id: str
+    runs_as: str = Field(description="The task that runs: a fork's new id, or the task.")
+    applied: bool
+    steps: list[StepPlanAnswer]
+    message: str
+
+
 class SendRequest(_Closed):
     name: Name = Field(description="The event's name (what the workflow waits for).")
     payload: Payload = Field(default=None, description="The event's JSON payload.")
