@@ -251,3 +251,19 @@ def tag_texts(texts: Iterable[str]) -> dict[str, str]:
             raise ConfigurationError(f"tag {shown(key)} is given twice")
         found[key] = value
     return tags(found)
+
+
+def tag_filter(texts: Iterable[str]) -> dict[str, str] | None:
+    """The tags a filter asks for, written `KEY=VALUE` (each checked as `tag_texts` does),
+    a key given twice with one value taken once; None when a key is given two values (no
+    task has both)."""
+    values: dict[str, set[str]] = {}
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not eq:
+            raise ConfigurationError(f"a tag is written KEY=VALUE, not {shown(text)}")
+        tag(key, value)
+        values.setdefault(key, set()).add(value)
+    if any(len(v) > 1 for v in values.values()):
+        return None
+    return tags({k: v.pop() for k, v in values.items()})

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from pydantic import StringConstraints
 from starlette.responses import Response
 
 from .. import _check, _json
@@ -29,6 +30,7 @@ from ._models import (
     MAX_BULK,
     MAX_EVENT_ID,
     MAX_LIST,
+    TAG_PATTERN,
     ActionRequest,
     AgentsAnswer,
     AlertsAnswer,
@@ -193,7 +195,7 @@ def router(
             ),
         ] = None,
         tag: Annotated[
-            list[str] | None,
+            list[Annotated[str, StringConstraints(pattern=TAG_PATTERN)]] | None,
             Query(
                 max_length=_check.MAX_TAGS,
                 description="Only tasks that have this tag, written KEY=VALUE; given again, "
@@ -207,9 +209,12 @@ def router(
             if value is not None:
                 _checked(what, value)
         try:
-            tags = _check.tag_texts(tag or ()) or None
+            tags = _check.tag_filter(tag or ())
         except StepwardenError as exc:
             raise BadRequest(str(exc)) from None
+        if tags is None:  # a key asked with two values: no task has both
+            names = await (await app.store()).workflow_names()
+            return json_response({"tasks": [], "workflows": names})
         found = await reader.tasks(
             state=state, workflow=workflow, search=search, limit=limit, version=version, tags=tags
         )

@@ -39,6 +39,11 @@ API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=SAFE_PATTERN)]
+TAG_PATTERN = (
+    f"^[A-Za-z0-9][A-Za-z0-9_.:/-]{{0,{MAX_TAG_KEY - 1}}}="
+    f"{SAFE_PATTERN[1:-2]}{{1,{MAX_TAG_VALUE}}}$"
+)
+"""What one tag filter may be: KEY=VALUE, as `_check.tag` takes them."""
 TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY, pattern=TAG_KEY_PATTERN)]
 TagValue = Annotated[str, Field(min_length=1, max_length=MAX_TAG_VALUE, pattern=SAFE_PATTERN)]
 Tags = Annotated[
