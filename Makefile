@@ -43,11 +43,13 @@ demo: $(STAMP)
 demo-ts: $(STAMP)
 	$(PY) -m examples.orders.demo --ts-shipping $(DEMO_ARGS)
 
-# ruff, mypy (strict, over the package, its tests and the example), and the package's layers.
+# ruff, mypy (strict, over the package, its tests and the example), the package's layers, and
+# test modules importing what they share from tests/support only.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) tools/test_imports.py
 
 # The dashboard's browser tests drive Debian's Chromium (never a downloaded build).
 chromium:
@@ -80,9 +82,12 @@ test: lint packages
 
 # make check: the unit and contract tests on SQLite, in process and over HTTP (no server, no
 # browser, no broker, no Node), for the loop of a change; make test runs them on PostgreSQL
-# and through the TypeScript library too, with everything else.
+# and through the TypeScript library too, with everything else. Their tests do not rely on
+# one another's order: they are spread one by one, in a random order (the seed is printed;
+# PYTEST_ARGS="--random-order-seed=N" runs that order again).
 check: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit tests/contract -k "not postgres and not typescript"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load --random-order-bucket=global \
+		tests/unit tests/contract -k "not postgres and not typescript" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -58,6 +58,7 @@ from .records import (
     EventBounds,
     EventRecord,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     Redrive,
     ScheduleRecord,
@@ -65,14 +66,24 @@ from .records import (
     ScheduleSpec,
     SendOutcome,
     StepRecord,
+    StepWhy,
     Submission,
     Submitted,
     TaskRecord,
     TaskStatus,
+    Why,
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, plan_action, plan_retry, submit_version
+from .rules import (
+    CATCH_UP,
+    holding_gate,
+    plan_action,
+    plan_retry,
+    step_gate,
+    submit_version,
+    task_gate,
+)
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -357,6 +368,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> W: ...
 
     @overload
@@ -370,6 +382,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> Callable[[W], W]: ...
 
     def workflow(
@@ -382,6 +395,7 @@ class App:
         on_failure: OnFailure | str = OnFailure.COMPENSATE,
         alert_after: int = 3,
         version: int = 1,
+        stuck_after: _check.Duration | None = None,
     ) -> W | Callable[[W], W]:
         """Declare a workflow: an async function `(ctx, input) -> result`.
 
@@ -398,7 +412,12 @@ class App:
         beside the others: a task runs to its end on the version it was submitted with
         (the newest the submitting App declares, unless `submit(..., version=N)`), and a
         scheduler claims only the tasks of the versions its App declares.
+
+        `stuck_after` (a duration; None, the default, turns it off) raises one alert
+        `task_stuck` for a task of this workflow that has not moved for that long, with what
+        holds it (`App.why`): once per task and reason (see docs/howto/why.md).
         """
+        stuck = None if stuck_after is None else _check.seconds("stuck_after", stuck_after, 1e-3)
         try:
             policy = OnFailure(on_failure)
         except ValueError:
@@ -421,6 +440,7 @@ class App:
                 on_failure=policy,
                 alert_after=alert_after,
                 version=version,
+                stuck_after=stuck,
             )
             if wf.key in self._workflows:
                 raise ConfigurationError(
@@ -477,6 +497,15 @@ class App:
                 store = open_store(self.store_url, keys=self.keys)
                 await store.open(migrate=self.auto_migrate)
                 self._stores[loop] = store
+        return store
+
+    async def _one_database(self, what: str, why: str) -> Store:
+        """The store, when it is one database: what only one database serves (a transaction
+        of the application's, a channel's messages from an id on) is refused on a store of
+        shards, saying why."""
+        store = await self.store()
+        if not isinstance(store, Store):
+            raise ConfigurationError(f"{what} is not served by a sharded store: {why}")
         return store
 
     async def _listening(self) -> ApplicationStore:
@@ -733,7 +762,11 @@ class App:
     async def transaction(self) -> AsyncIterator[TaskTransaction]:
         """A transaction in which the application writes its own rows and submits tasks, so
         that both commit together or neither does (the pattern's order submission)."""
-        store = await self.store()
+        store = await self._one_database(
+            "a transaction of the application's",
+            "its writes and its submits would commit on one database, and a submit made in it "
+            "would not be placed by the shard map",
+        )
         async with store.transaction() as tx:
             yield TaskTransaction(self, tx)
 
@@ -834,6 +867,53 @@ class App:
     ) -> TaskView:
         return self._call(self.show_async(task_id, events=events, events_before=events_before))
 
+    def operation_limits(self) -> dict[tuple[str, str], OpLimit]:
+        """The limits of the declared operations, by (agent, operation), as the store
+        judges them (concurrency and rate across every process)."""
+        return {
+            (agent.name, name): OpLimit(
+                concurrency=op.limit.concurrency, rate=op.limit.rate, per=float(op.limit.per)
+            )
+            for agent in self.agents.values()
+            for name, op in agent.operations.items()
+            if op.limit is not None
+        }
+
+    async def why_async(self, task_id: str) -> Why:
+        """Why the task waits: what holds it now, and each of its open steps, as data
+        (`Gate`: a `WaitReason` and its facts), decided by `rules.task_gate` and
+        `rules.step_gate` from what the store holds, with this App's operation limits."""
+        _check.name("task_id", task_id)
+        found = await (await self.store()).why_facts(task_id, self.operation_limits())
+        if found is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        facts, steps = found
+        t = facts.task
+        gate = task_gate(facts)
+        open_steps = tuple(
+            StepWhy(
+                seq=f.step.seq,
+                name=f.step.name,
+                agent=f.step.agent,
+                operation=f.step.operation,
+                state=f.step.state,
+                gate=step_gate(f),
+            )
+            for f in steps
+        )
+        return Why(
+            task_id=t.task_id,
+            workflow=t.workflow,
+            version=t.version,
+            state=t.process_state,
+            gate=gate,
+            steps=open_steps,
+            holding=holding_gate(gate, [s.gate for s in open_steps]),
+        )
+
+    def why(self, task_id: str) -> Why:
+        return self._call(self.why_async(task_id))
+
     async def tasks_async(
         self,
         *,
@@ -933,15 +1013,22 @@ class App:
         # read starts again from the newest id seen more than FOLLOW_SETTLE seconds earlier
         # (by the database clock), and ids already yielded are skipped.
         store = await self._listening()
+        if task_id is None:
+            channel_store = await self._one_database(
+                "a channel's status messages", "message ids are each shard's: follow one task's"
+            )
         sub = store.subscribe(CHANNEL_OUTBOX)
         low = after
         seen: dict[int, datetime] = {}
         try:
             while True:
                 try:
-                    batch = await store.outbox(
-                        channel=channel, task_id=task_id, after=low, limit=500
-                    )
+                    if task_id is not None:
+                        batch = await store.outbox(
+                            task_id=task_id, channel=channel, after=low, limit=500
+                        )
+                    else:  # a channel's ids are one database's
+                        batch = await channel_store.outbox(channel=channel, after=low, limit=500)
                 except TransientStoreError:  # the store is away: wait for it, as for news
                     await sub.wait(store.default_poll_interval * 4)
                     continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -22,7 +23,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TypeVar
@@ -30,7 +31,7 @@ from typing import IO, Any, TypeVar
 import click
 import orjson
 
-from . import _check, _json, _tokens, sealing
+from . import _check, _json, _tokens, sealing, upgrade
 from ._logs import JsonFormatter
 from ._text import EscapingFormatter, cut, escape, escape_json
 from .app import MAX_EVENT_PAGE, App, TaskView, refuse_conflict
@@ -42,17 +43,20 @@ from .records import (
     DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
     EventBounds,
+    Gate,
     Redrive,
     SendOutcome,
     Submitted,
     TaskRecord,
+    WaitReason,
+    Why,
 )
 from .retry import Backoff
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
 from .states import COMPENSATION_STATES, TaskState
-from .store import ShardedStore, Store, open_store, shown_url
+from .store import ShardedStore, Store, open_one, open_store, shown_url
 from .store.reseal import PLACES, Cursor
 from .supervisor import DEFAULT_RETENTION
 from .supervisor import LEASE as SUPERVISOR_LEASE
@@ -964,6 +968,104 @@ def _echo_record(record: Any, as_json: bool, line: str) -> None:
         _echo_json(_json.display({k: _plain(getattr(record, k)) for k in fields}))
     else:
         _echo(line)
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def why(obj: _Ctx, task_id: str, as_json: bool) -> None:
+    """Say why a task waits: what holds it now (a reason and its facts: a timer, an event,
+    its children, an operator, a backoff, no scheduler for its version, its rank, the
+    instance that holds it), and for each of its open steps (no agent alive, breakers open,
+    its operation's concurrency or rate full, no free slot, its rank in the queue, the
+    instance that runs it). With --app, the App's operation limits are known too; with
+    --store alone, no limit is judged."""
+    app = (
+        obj.app()
+        if obj.app_ref
+        else App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    )
+
+    async def go() -> Why:
+        try:
+            return await app.why_async(task_id)
+        finally:
+            await app.aclose()
+
+    found = _run(go())
+    if as_json:
+        _echo_json(_json.display(dataclasses.asdict(found), indent=True))
+        return
+    _echo(f"task {found.task_id}  workflow {found.workflow}  version {found.version}")
+    _echo(f"  state    {found.state.value}")
+    _echo(f"  waits    {_gate_line(found.holding)}")
+    if found.holding != found.gate:
+        _echo(f"  task     {_gate_line(found.gate)}")
+    for s in found.steps:
+        _echo(f"  step {s.seq} {s.name} ({s.agent}.{s.operation}, {s.state.value})")
+        _echo(f"           {_gate_line(s.gate)}")
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def _gate_line(g: Gate) -> str:
+    """A gate for a person, from its reason and facts."""
+    r = WaitReason
+    lines: dict[WaitReason, Callable[[], str]] = {
+        r.FINISHED: lambda: f"nothing: it ended {g.state} at {_when(g.since)}",
+        r.SET_ASIDE: lambda: (
+            f"an operator: it is {g.state} since {_when(g.since)}"
+            + (f", alert {g.alert}" if g.alert else "")
+            + (f" ({cut(g.error, 200)})" if g.error else "")
+        ),
+        r.PAUSED: lambda: (
+            f"an operator: paused by {g.by} at {_when(g.since)}"
+            + (f" ({g.note})" if g.note else "")
+        ),
+        r.START: lambda: f"its delayed start at {_when(g.until)}",
+        r.TIMER: lambda: f"a timer until {_when(g.until)}",
+        r.EVENT: lambda: f"event {g.event!r} until {_when(g.until)}",
+        r.CHILDREN: lambda: (
+            "its children: " + ", ".join(f"{c.task_id} ({c.state})" for c in g.children)
+        ),
+        r.BACKOFF: lambda: f"a retry's backoff until {_when(g.until)}",
+        r.NO_SCHEDULER: lambda: (
+            f"a scheduler of {g.workflow} version {g.version}: none alive"
+            + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
+        ),
+        r.RANKED: lambda: (
+            f"its turn: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.schedulers)
+        ),
+        r.HELD: lambda: (
+            f"{g.holder}, which holds it"
+            + ("" if g.beat_age is None else f" (last beat {g.beat_age:.1f}s ago)")
+            + ("" if g.holder_alive else ", gone")
+            + f"; the supervisor takes it back by {_when(g.until)}"
+        ),
+        r.NO_AGENT: lambda: (
+            f"an instance of agent {g.agent} serving {g.operation}: none alive"
+            + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
+        ),
+        r.BREAKER_OPEN: lambda: (
+            "a breaker: every instance's is open ("
+            + ", ".join(g.instances)
+            + f"), the next try at {_when(g.until)}"
+        ),
+        r.CONCURRENCY_FULL: lambda: (
+            f"its operation's concurrency: {g.in_use} of {g.limit}, held by " + ", ".join(g.held_by)
+        ),
+        r.RATE_FULL: lambda: (
+            f"its operation's rate: {g.in_use} of {g.limit} per {g.per}s, until {_when(g.until)}"
+        ),
+        r.NO_CAPACITY: lambda: "a free slot: every one of " + ", ".join(g.instances) + " is busy",
+        r.QUEUED: lambda: (
+            f"its turn in the queue: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.instances)
+        ),
+    }
+    return f"[{g.reason.value}] {lines[g.reason]()}"
 
 
 @cli.command()
@@ -2014,6 +2116,152 @@ def reseal(obj: _Ctx, batch: int) -> None:
         for error in errors:
             _echo(error, err=True)
         raise click.ClickException(f"{failed} value(s) did not open: they are left as they were")
+
+
+# -- an upgrade checked against the tasks in flight ------------------------------------------
+@cli.command("export-tasks")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True))
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=upgrade.DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="At most this many tasks of each state, oldest first.",
+)
+@click.pass_obj
+def export_tasks(obj: _Ctx, file: str, workflow: str | None, limit: int) -> None:
+    """Write the tasks an upgrade's new code would replay (every task not processed,
+    compensated or cancelled), with their steps and waits, to FILE: a JSON document only its
+    owner may read, for `check-upgrade --from-file` (in CI, say). Sealed secrets are written
+    sealed, as the store holds them; secrets stored plain are masked. Reads only: the store
+    is opened read-only."""
+    url = obj.store_url()
+
+    async def go() -> tuple[bytes, int, int]:
+        store = open_one(url, read_only=True)
+        await store.open(migrate=False)
+        try:
+            found = await upgrade.in_flight(store, workflow=workflow, limit=limit)
+        finally:
+            await store.close()
+        document, masked = upgrade.export(found, source=shown_url(url), now=datetime.now(UTC))
+        return document, len(found), masked
+
+    document, count, masked = _run(go())
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(document)
+    note = f"; {masked} secret(s) stored plain were masked" if masked else ""
+    _echo(f"exported {count} task(s) to {file}{note}")
+
+
+@cli.command("check-upgrade")
+@click.argument("new_app", metavar="NEW_MODULE:APP")
+@_opt(
+    "--from-file",
+    "from_file",
+    envvar="STEPWARDEN_FROM_FILE",
+    default=None,
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Check the tasks of this file of `stepwarden export-tasks` instead of a store's.",
+)
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=upgrade.DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="At most this many tasks of each state, oldest first (a store's).",
+)
+@_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+def check_upgrade(
+    obj: _Ctx, new_app: str, from_file: str | None, workflow: str | None, limit: int, as_json: bool
+) -> None:
+    """Replay, with the new code of NEW_MODULE:APP, every task it would run (those not
+    processed, compensated or cancelled) against its recorded steps and waits, as a
+    scheduler resumes it, calling no agent and writing nothing (the store is opened
+    read-only). Lists the tasks whose replay diverges (the position, what is recorded there,
+    what the new code asks for), those whose workflow version the new code no longer
+    declares, those it makes raise, and a summary per workflow and version. The tasks come
+    from the store (--store, or the new App's) or from --from-file. Sealed secrets open with
+    the keyring (STEPWARDEN_KEYRING or STEPWARDEN_KEYS); without it they are replayed masked,
+    and the report says how many tasks were. Exits 1 when a task would break, 0 otherwise."""
+    app = load_app(new_app)
+    try:
+        keys = sealing.Keyring.from_env()
+    except StepwardenError as exc:
+        raise click.ClickException(_one_line(exc)) from exc
+    operations = {op.qualname: op for a in app.agents.values() for op in a.operations.values()}
+    url = None if from_file is not None else (obj.store or app.store_url)
+    exported = None
+    if from_file is not None:
+        try:
+            exported = Path(from_file).read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--from-file") from exc
+
+    async def go() -> upgrade.Report:
+        masked = 0
+        if exported is not None:
+            found, masked = upgrade.load(exported, keys)
+            if workflow is not None:
+                found = [t for t in found if t.task.workflow == workflow]
+        else:
+            assert url is not None
+            store = open_one(url, keys=keys, read_only=True)
+            await store.open(migrate=False)
+            try:
+                found = await upgrade.in_flight(store, workflow=workflow, limit=limit)
+            finally:
+                await store.close()
+        return await upgrade.check(
+            found, app.workflow_versions, operations, keys, masked_in_file=masked
+        )
+
+    report = _run(go())
+    if as_json:
+        _echo_json(orjson.dumps(report.as_dict()).decode())
+    else:
+        _echo_report(report)
+    if not report.ok:
+        click.get_current_context().exit(1)
+
+
+def _echo_report(report: upgrade.Report) -> None:
+    _echo(
+        f"{report.checked} task(s) checked: {report.breaking} would break"
+        + ("" if report.breaking else ", none diverges")
+    )
+    for t in report.tasks:
+        if t.outcome == upgrade.Outcome.REPLAYS:
+            continue
+        where = "" if t.position is None else f" at position {t.position}"
+        _echo(
+            f"{t.outcome.upper():<11}  {t.task_id}  {t.workflow}@{t.version}  {t.state}{where}"
+            + ("" if t.breaks else "  (does not break)")
+        )
+        if t.recorded is not None:
+            _echo(f"    recorded:  {t.recorded}")
+            _echo(f"    new code:  {t.asked}")
+        if t.message is not None:
+            _echo(f"    {t.message}")
+    for s in report.summary:
+        counts = ", ".join(f"{n} {o}" for o, n in s.counts.items() if n)
+        declared = "declared" if s.declared else "NOT DECLARED by the new code"
+        _echo(f"{s.workflow}@{s.version} ({declared}): {s.tasks} task(s): {counts}")
+    if report.masked:
+        _echo(
+            f"{report.masked} task(s) hold sealed secrets, replayed masked: no keyring was given "
+            "(STEPWARDEN_KEYRING or STEPWARDEN_KEYS); a workflow that reveals one is not checked"
+        )
+    if report.masked_in_file:
+        _echo(f"the export masked {report.masked_in_file} secret(s) stored plain")
 
 
 def _datetime(text: str, option: str) -> datetime:

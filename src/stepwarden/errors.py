@@ -97,7 +97,25 @@ class ResultTimeout(StepwardenError):
 
 
 class NonDeterminismError(StepwardenError):
-    """A resumed workflow asked for a step other than the one recorded at that position."""
+    """A resumed workflow asked for a step other than the one recorded at that position.
+
+    As data: the task, the `position` (None when not known), what the workflow `asked` for
+    and what is `recorded` there (each None where the message alone says it)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str | None = None,
+        position: str | None = None,
+        asked: str | None = None,
+        recorded: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.position = position
+        self.asked = asked
+        self.recorded = recorded
 
 
 class StepFailed(StepwardenError):

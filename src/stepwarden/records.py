@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, TypedDict
 
 from .states import FINISHED_TASK_STATES, StepState, TaskState
 
@@ -307,6 +308,17 @@ class Held:
 
 
 # -- what a scheduler writes --------------------------------------------------------------
+
+
+class Fence(TypedDict):
+    """What fences a write of the scheduler that holds a task: the task, the attempt of its
+    hold, the scheduler instance. Every record a workflow's context writes through its drive
+    (a new step, a dispatch again, an adoption, a wait, a park) carries it; the store's write
+    changes nothing unless the task is still held so."""
+
+    task_id: str
+    task_attempt: int
+    scheduler: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -978,3 +990,194 @@ class Redrive:
     applied: bool
     steps: tuple[StepPlan, ...]
     message: str
+
+
+# -- why a task waits ------------------------------------------------------------------------
+
+
+class WaitReason(StrEnum):
+    """What holds a task, or one of its open steps, now (`rules.task_gate`,
+    `rules.step_gate`): the reason of a `Gate`, and the facts of the gate each one fills in.
+
+    - `finished`: The task ended (processed, compensated, cancelled): nothing holds it. Facts:
+      `state`, `since` (when it ended).
+    - `set_aside`: The task waits for an operator (error, compensation_failed): its workflow
+      failed, or the sweep set it aside. Facts: `state`, `error`, `alert` (the reason of its
+      last alert), `since`.
+    - `paused`: An operator paused the task. Facts: `by`, `note` (their reason), `since`.
+    - `start`: A delayed start (`start_after`, `start_at`) has not come. Facts: `until`.
+    - `timer`: The workflow sleeps (`ctx.sleep`). Facts: `until`, `waits`.
+    - `event`: The workflow waits for an event (`ctx.wait_for_event`). Facts: `event`, `until`
+      (its timeout), `waits`.
+    - `children`: The workflow waits for child tasks (`ctx.child`). Facts: `children` (each with
+      its state), `waits`.
+    - `backoff`: Pending (or compensating), but not eligible before a retry's backoff ends.
+      Facts: `until`.
+    - `no_scheduler`: Pending, and no alive scheduler runs its (workflow, version). Facts:
+      `workflow`, `version`, `since` (the last beat of one that ran it; None when the registry
+      holds none).
+    - `ranked`: Pending, for the alive schedulers named in `schedulers`, behind `ahead` others
+      of its (workflow, version) in the claim order (`rank` = ahead + 1).
+    - `held`: A scheduler instance (the task) or an agent instance (a running step) holds it.
+      Facts: `holder`, `holder_alive`, `beat_age` (seconds since its last beat), `until` (when
+      the supervisor takes it back at the latest: its complete_by, or sooner once the holder's
+      registry row expires).
+    - `no_agent`: A queued step, and no alive instance of its agent serves its operation. Facts:
+      `agent`, `operation`, `since` (the last beat of one that did; None when the registry holds
+      none).
+    - `breaker_open`: A queued step, and every alive instance of its agent has its breaker open.
+      Facts: `instances`, `until` (the soonest a breaker lets a call through).
+    - `concurrency_full`: A queued step whose operation's `Limit.concurrency` is reached (for
+      its limit key). Facts: `limit`, `in_use`, `held_by` (the tasks whose running steps hold
+      it).
+    - `rate_full`: A queued step whose operation's `Limit.rate` is reached for its period.
+      Facts: `limit`, `per`, `in_use` (the starts within the period), `until` (when the oldest
+      of them leaves it).
+    - `no_capacity`: A queued step, and every alive instance of its agent has all its slots
+      busy. Facts: `instances`.
+    - `queued`: A queued step an alive instance may claim, behind `ahead` requests of its agent
+      (`rank` = ahead + 1). Facts: `instances`.
+    """
+
+    FINISHED = "finished"
+    SET_ASIDE = "set_aside"
+    PAUSED = "paused"
+    START = "start"
+    TIMER = "timer"
+    EVENT = "event"
+    CHILDREN = "children"
+    BACKOFF = "backoff"
+    NO_SCHEDULER = "no_scheduler"
+    RANKED = "ranked"
+    HELD = "held"
+    NO_AGENT = "no_agent"
+    BREAKER_OPEN = "breaker_open"
+    CONCURRENCY_FULL = "concurrency_full"
+    RATE_FULL = "rate_full"
+    NO_CAPACITY = "no_capacity"
+    QUEUED = "queued"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitFact:
+    """One open wait of a waiting task: its place, kind ("timer", "event", "child"), name
+    (the event's, the child's id) and wake_at (a timer's end, an event's timeout)."""
+
+    position: str | None
+    kind: str
+    name: str
+    wake_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildFact:
+    task_id: str
+    state: TaskState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseFact:
+    """The operator action that paused a task: who (`by`, and how they proved it), why,
+    when."""
+
+    by: str
+    authenticated: str | None
+    note: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gate:
+    """What holds a task or a step now: a reason and its facts (the fields a reason does
+    not name are None or empty; `WaitReason` says which each one carries)."""
+
+    reason: WaitReason
+    until: datetime | None = None
+    since: datetime | None = None
+    state: TaskState | None = None
+    error: str | None = None
+    alert: str | None = None
+    by: str | None = None
+    authenticated: str | None = None
+    note: str | None = None
+    event: str | None = None
+    waits: tuple[WaitFact, ...] = ()
+    children: tuple[ChildFact, ...] = ()
+    workflow: str | None = None
+    version: int | None = None
+    schedulers: tuple[str, ...] = ()
+    ahead: int | None = None
+    rank: int | None = None
+    holder: str | None = None
+    holder_alive: bool | None = None
+    beat_age: float | None = None
+    agent: str | None = None
+    operation: str | None = None
+    instances: tuple[str, ...] = ()
+    limit: int | None = None
+    per: float | None = None
+    in_use: int | None = None
+    held_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFacts:
+    """What `rules.task_gate` decides a task's gate from, read in one go by the store
+    (`Store.why_facts`): the task, the store's clock, when it is eligible, how many tasks of
+    its (workflow, version) are ahead of it in the claim order, its open waits and the
+    children they name, the operator action that paused it, its last alert's reason, and
+    the scheduler registry (gone instances included)."""
+
+    task: TaskRecord
+    now: datetime
+    eligible_at: datetime
+    ahead: int
+    waits: tuple[WaitFact, ...]
+    children: tuple[ChildFact, ...]
+    paused: PauseFact | None
+    alert: str | None
+    schedulers: tuple[SchedulerInstance, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFacts:
+    """What `rules.step_gate` decides an open step's gate from: the step, the store's clock,
+    the registry's instances of its agent (gone ones included), how many requests of its
+    agent are ahead of it, its operation's limit as the App declares it (None: none, or
+    unknown), the tasks whose running steps of its operation (and limit key) hold the
+    concurrency, and the starts within the rate's period, with the oldest of them."""
+
+    step: StepRecord
+    now: datetime
+    instances: tuple[AgentInstance, ...]
+    ahead: int
+    limit: OpLimit | None
+    running: int
+    running_tasks: tuple[str, ...]
+    started: int
+    oldest_start: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepWhy:
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    state: StepState
+    gate: Gate
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Why:
+    """Why a task waits (`App.why`): its gate, and each open step's."""
+
+    task_id: str
+    workflow: str
+    version: int
+    state: TaskState
+    gate: Gate
+    steps: tuple[StepWhy, ...]
+    holding: Gate
+    """What holds the task in the end (`rules.holding_gate`): a held task's first open
+    step's gate, else its own."""

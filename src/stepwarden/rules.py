@@ -5,7 +5,8 @@ here, and write what it decided: where a task goes when its complete_by passes o
 scheduler ends its hold, how long it waits, which alert is raised and why, which steps must
 be undone, who may hold the supervisor's lease, which queued requests may start within their
 limits, what an operator's action does, which version of its workflow a new task runs and
-which waiting tasks no scheduler runs. Nothing here touches the database or the clock.
+which waiting tasks no scheduler runs, and why a task or a step waits. Nothing here touches
+the database or the clock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hashlib
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
@@ -27,20 +28,28 @@ from ._text import cut
 from .errors import ConfigurationError, UnknownNameError
 from .records import (
     ActionOutcome,
+    AgentInstance,
     EventBeyond,
     EventBounds,
+    Gate,
     OperatorAction,
     OperatorVerb,
     OpLimit,
     RedrivePlan,
+    SchedulerInstance,
     ScheduleSpec,
+    StepFacts,
     StepPlan,
     StepRecord,
     Submission,
     Submitted,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     VersionBacklog,
+    WaitOutcome,
+    WaitReason,
+    WaitRequest,
     idempotency_key,
 )
 from .retry import Backoff
@@ -66,6 +75,9 @@ class AlertReason(StrEnum):
     """A compensation failed, or the compensating task expired max_failures times."""
     STEP_RETRIED = "step_retried"
     """A step was dispatched the workflow's alert_after times."""
+    TASK_STUCK = "task_stuck"
+    """A task did not move for its workflow's stuck_after (`App.workflow`): once per task and
+    reason that holds it (its `wait_reason`)."""
     SET_ASIDE = "set_aside"
     """The engine could not apply its rule to the task (a bug, a row it cannot read): the
     task was set aside for an operator, in error or compensation_failed."""
@@ -523,6 +535,34 @@ def plan_finish(outcome: TaskOutcome, *, on_failure: str, compensable: bool) -> 
     return FinishPlan(state=state, compensation_starts=False, finished=True, alert=alert)
 
 
+# -- a step's deadline ----------------------------------------------------------------------
+
+
+def step_deadline(
+    now: float | None,
+    complete_within: float | None,
+    task_complete_by: float | None,
+    give_up_by: float | None,
+    not_before: float | None,
+) -> float | None:
+    """A step's complete_by wherever it is set (a dispatch, a dispatch again, a heartbeat, a
+    reassignment): `now` + the step's complete_within, never past its task's complete_by nor
+    its total timeout (give_up_by), never before `not_before` (a heartbeat does not shorten
+    it); a None is no candidate. In seconds of the store's clock.
+
+    SQLite's queries call it as the SQL function `stepwarden_step_deadline`, which the store
+    registers on each connection. PostgreSQL's deadlines come from the database's clock, in
+    the statement: there the rule is migration 0015's function of the same name, this rule
+    in SQL, kept equal to it by a contract test over every combination of NULLs and orders
+    (tests/contract/test_agents_store.py)."""
+    within = None if now is None or complete_within is None else now + complete_within
+    capped = [t for t in (within, task_complete_by, give_up_by) if t is not None]
+    earliest = min(capped) if capped else None
+    if earliest is None or not_before is None:
+        return not_before if earliest is None else earliest
+    return max(earliest, not_before)
+
+
 # -- the supervisor: steps past their timeouts --------------------------------------------
 
 
@@ -938,3 +978,175 @@ def plan_fork(
     if not found:
         return f"task {task.task_id!r} has no step at {start}"
     return plans, keys_of, keys_until
+
+
+def wait_mismatch(
+    req: WaitRequest, kind: str, name: str, child_workflow: str | None = None
+) -> WaitOutcome | None:
+    """Whether the wait a replay asks for (`req`) is another than the one recorded at its
+    seq (`kind`, `name`; for a child, the workflow its task runs, when it exists): the
+    "mismatch" the workflow's Context words as a divergence, or None when it is the same.
+    Asked by the store's wait (`store/policy.wait`) and by `stepwarden check-upgrade`."""
+    if (kind, name) != (req.kind, req.name):
+        return WaitOutcome(state="mismatch", recorded=(kind, name))
+    if (
+        req.kind == "child"
+        and req.child is not None
+        and child_workflow is not None
+        and child_workflow != req.child.workflow
+    ):
+        return WaitOutcome(
+            state="mismatch",
+            recorded=(kind, name),
+            reason=f"the child task {req.name!r} recorded at position {req.position} runs "
+            f"workflow {child_workflow!r}, the workflow asked for {req.child.workflow!r}",
+        )
+    return None
+
+
+# -- why a task waits ---------------------------------------------------------------------
+
+BREAKER_OPEN = "open"
+"""An agent instance's breaker that lets no call through (`breaker.OPEN`)."""
+WAIT_KINDS = {"timer": WaitReason.TIMER, "event": WaitReason.EVENT, "child": WaitReason.CHILDREN}
+
+
+def _holder(
+    reason: WaitReason,
+    holder: str,
+    instances: Sequence[AgentInstance | SchedulerInstance],
+    complete_by: datetime | None,
+    now: datetime,
+) -> Gate:
+    """Held by `holder`: how long since its last beat, and when the supervisor takes the work
+    back at the latest: its complete_by, or once the holder's registry row has expired."""
+    found = next((i for i in instances if i.instance == holder), None)
+    ends = [t for t in (complete_by, None if found is None else found.expires_at) if t is not None]
+    return Gate(
+        reason=reason,
+        holder=holder,
+        holder_alive=found is not None and found.alive,
+        beat_age=None if found is None else max(0.0, (now - found.heartbeat_at).total_seconds()),
+        until=min(ends) if ends else None,
+    )
+
+
+def _last_beat(gone: Iterable[AgentInstance | SchedulerInstance]) -> datetime | None:
+    return max((i.heartbeat_at for i in gone), default=None)
+
+
+def task_gate(f: TaskFacts) -> Gate:
+    """What holds a task now, from its facts: its end, an operator (set aside, paused), its
+    waits (a delayed start, a timer, an event, children), its scheduler's hold, a retry's
+    backoff, no scheduler alive for its (workflow, version), or its rank in the claim order."""
+    t = f.task
+    state = t.process_state
+    if state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):
+        return Gate(
+            reason=WaitReason.SET_ASIDE,
+            state=state,
+            error=t.error,
+            alert=f.alert,
+            since=t.finished_at or t.updated_at,
+        )
+    if state in FINISHED_TASK_STATES:
+        return Gate(reason=WaitReason.FINISHED, state=state, since=t.finished_at or t.updated_at)
+    if state == TaskState.PAUSED:
+        p = f.paused
+        return Gate(
+            reason=WaitReason.PAUSED,
+            by=None if p is None else p.by,
+            authenticated=None if p is None else p.authenticated,
+            note=None if p is None else p.note,
+            since=t.updated_at if p is None else p.at,
+        )
+    if state == TaskState.WAITING:
+        waits = tuple(sorted(f.waits, key=lambda w: _place_key(w.position)))
+        if not waits:  # a delayed start: no wait recorded
+            return Gate(reason=WaitReason.START, until=t.wake_at)
+        first = waits[0]
+        reason = WAIT_KINDS[first.kind]
+        if reason == WaitReason.CHILDREN:
+            named = {w.name for w in waits if w.kind == "child"}
+            children = tuple(c for c in f.children if c.task_id in named)
+            return Gate(reason=reason, children=children, waits=waits)
+        return Gate(
+            reason=reason,
+            until=first.wake_at,
+            event=first.name if reason == WaitReason.EVENT else None,
+            waits=waits,
+        )
+    if t.locked_by is not None:
+        return _holder(WaitReason.HELD, t.locked_by, f.schedulers, t.complete_by, f.now)
+    if f.eligible_at > f.now:
+        return Gate(reason=WaitReason.BACKOFF, until=f.eligible_at)
+    pair = (t.workflow, t.version)
+    running = [s for s in f.schedulers if pair in s.versions]
+    alive = tuple(s.instance for s in running if s.alive)
+    if not alive:
+        return Gate(
+            reason=WaitReason.NO_SCHEDULER,
+            workflow=t.workflow,
+            version=t.version,
+            since=_last_beat(running),
+        )
+    return Gate(reason=WaitReason.RANKED, schedulers=alive, ahead=f.ahead, rank=f.ahead + 1)
+
+
+def step_gate(f: StepFacts) -> Gate:
+    """What holds an open step now, from its facts: the agent instance running it, or, queued:
+    no alive instance of its agent serving its operation, every one's breaker open, its
+    operation's concurrency or rate limit reached, every slot busy, or its rank in the
+    queue."""
+    s = f.step
+    if s.state == StepState.RUNNING and s.locked_by is not None:
+        return _holder(WaitReason.HELD, s.locked_by, f.instances, s.complete_by, f.now)
+    serving = [i for i in f.instances if s.operation in i.operations]
+    alive = [i for i in serving if i.alive]
+    if not alive:
+        return Gate(
+            reason=WaitReason.NO_AGENT,
+            agent=s.agent,
+            operation=s.operation,
+            since=_last_beat(serving),
+        )
+    names = tuple(i.instance for i in alive)
+    closed = [i for i in alive if i.breaker != BREAKER_OPEN]
+    if not closed:
+        reopens = [
+            i.heartbeat_at + timedelta(seconds=float(i.breaker_detail["half_open_in"]))
+            for i in alive
+            if isinstance(i.breaker_detail.get("half_open_in"), int | float)
+        ]
+        return Gate(
+            reason=WaitReason.BREAKER_OPEN, instances=names, until=min(reopens, default=None)
+        )
+    lim = f.limit
+    if lim is not None and lim.concurrency is not None and f.running >= lim.concurrency:
+        return Gate(
+            reason=WaitReason.CONCURRENCY_FULL,
+            limit=lim.concurrency,
+            in_use=f.running,
+            held_by=f.running_tasks,
+        )
+    if lim is not None and lim.rate is not None and f.started >= lim.rate:
+        until = None if f.oldest_start is None else f.oldest_start + timedelta(seconds=lim.per)
+        return Gate(
+            reason=WaitReason.RATE_FULL, limit=lim.rate, per=lim.per, in_use=f.started, until=until
+        )
+    if all(i.inflight >= i.capacity for i in closed):
+        return Gate(reason=WaitReason.NO_CAPACITY, instances=tuple(i.instance for i in closed))
+    return Gate(
+        reason=WaitReason.QUEUED,
+        instances=tuple(i.instance for i in closed),
+        ahead=f.ahead,
+        rank=f.ahead + 1,
+    )
+
+
+def holding_gate(task: Gate, steps: Sequence[Gate]) -> Gate:
+    """What holds a task in the end: a held task waits for its first open step (whose gate
+    says why), any other for its own gate."""
+    if task.reason == WaitReason.HELD and steps:
+        return steps[0]
+    return task

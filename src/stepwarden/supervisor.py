@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from . import tracing
@@ -26,9 +26,19 @@ from ._aio import sleep_unless, stop_tasks, until_beat
 from .alerts import AlertDeliverer
 from .errors import TransientStoreError
 from .metrics import Metrics
-from .records import Expired, Released, ScheduleSpec, StepSwept, TicksMade, Woke
+from .records import (
+    Expired,
+    OpLimit,
+    Released,
+    ScheduleSpec,
+    StepSwept,
+    TicksMade,
+    WaitReason,
+    Woke,
+)
 from .relay import Relay
 from .retry import Backoff
+from .rules import AlertReason, holding_gate, step_gate, task_gate
 from .states import FINISHED_TASK_STATES
 from .store.ports import SupervisorPort
 
@@ -40,6 +50,8 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0
 """Seconds a finished task is kept (processed, compensated, cancelled)."""
 FORGET_AFTER = 3600.0
 """Seconds a gone agent or scheduler instance stays in the registry."""
+STUCK_EVERY = 10.0
+"""The most seconds between the leader's looks for stuck tasks (`Supervisor._alert_stuck`)."""
 DUE_AFTER = 0.01
 """Seconds past an expiry at which the tick it is due for comes."""
 
@@ -62,8 +74,17 @@ class Supervisor:
         schedules: Sequence[ScheduleSpec] = (),
         metrics: Metrics | None = None,
         beat_every: float | None = None,
+        stuck: Mapping[str, float] | None = None,
+        limits: Mapping[tuple[str, str], OpLimit] | None = None,
     ) -> None:
         self.store = store
+        self.stuck = dict(stuck or {})
+        """Each workflow's stuck_after (`App.workflow`): the leader raises one task_stuck
+        alert per task and reason that holds it, for a task unmoved that long."""
+        self.limits = dict(limits or {})
+        """The App's operation limits, for what holds a stuck task (`App.operation_limits`)."""
+        self._stuck_at = 0.0
+        """When (monotonic) the leader last looked for stuck tasks."""
         self.metrics = metrics or Metrics()
         """Where it counts what its sweeps recover (its worker's)."""
         self.metrics.watch_supervisor(self)
@@ -192,7 +213,40 @@ class Supervisor:
         if found.purged:
             # A small batch each tick keeps the hot tables small without long transactions.
             logger.info("supervisor: purged %d finished task(s) past retention", found.purged)
+        if self.stuck and time.monotonic() >= self._stuck_at + self._stuck_every():
+            self._stuck_at = time.monotonic()
+            await self._alert_stuck()
         return recovered
+
+    def _stuck_every(self) -> float:
+        """How often the leader looks for stuck tasks: at half the shortest threshold, at
+        most every STUCK_EVERY seconds, at least every tick."""
+        return max(self.interval, min(STUCK_EVERY, min(self.stuck.values()) / 2))
+
+    async def _alert_stuck(self) -> None:
+        """One task_stuck alert for each task that has not moved for its workflow's
+        stuck_after, once per task and reason that holds it (`rules.holding_gate`)."""
+        for workflow, after in sorted(self.stuck.items()):
+            for task_id in await self.store.stale_tasks(workflow, after, self.batch):
+                found = await self.store.why_facts(task_id, self.limits)
+                if found is None:
+                    continue
+                facts, steps = found
+                gate = holding_gate(task_gate(facts), [step_gate(f) for f in steps])
+                if gate.reason in (WaitReason.FINISHED, WaitReason.SET_ASIDE):
+                    continue
+                if await self.store.stuck_alerted(task_id, str(gate.reason)):
+                    continue
+                error = f"task {task_id!r} has not moved for {after:g}s: {gate.reason}"
+                detail = {
+                    "reason": str(AlertReason.TASK_STUCK),
+                    "wait_reason": str(gate.reason),
+                    "stuck_after": after,
+                    "error": error,
+                }
+                logger.warning("ALERT task %s: %s", task_id, error)
+                self.metrics.alert(str(AlertReason.TASK_STUCK))
+                await self.store.record_events([(task_id, "alert", detail)])
 
     async def _look(self) -> None:
         """The standby's look at the lease, beside its process's registry beats: when the

@@ -358,6 +358,12 @@ class Worker:
                 gone_grace=max(opts.agent_gone_after, opts.scheduler_gone_after),
                 schedules=list(self.app.schedule_specs.values()) if schedules else [],
                 metrics=self.metrics,
+                stuck={
+                    wf.name: wf.stuck_after
+                    for wf in self.app.workflows.values()
+                    if wf.stuck_after is not None
+                },
+                limits=self.app.operation_limits(),
                 # A standby looks at the lease beside this process's registry beats.
                 beat_every=(
                     opts.scheduler_heartbeat

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .records import (
     Adopt,
+    Fence,
     Held,
     NewStep,
     ParkRequest,
@@ -91,13 +92,34 @@ def _duration(value: object) -> timedelta | None:
         return timedelta.max
 
 
-def _diverged(task_id: str, position: str | None, what: str) -> NonDeterminismError:
+_BRANCHES = "the branches of a gather"
+"""What a divergence says is recorded where a gather's branches recorded something."""
+
+
+def _diverged(
+    task_id: str,
+    position: str | None,
+    asked: str,
+    recorded: str | None = None,
+) -> NonDeterminismError:
     """The error of a run that took another path than the one its task recorded: at
-    `position` (when known), `what` the workflow asked for and what is recorded there."""
+    `position` (when known), the workflow `asked` for something and `recorded` is what is
+    recorded there; without `recorded`, `asked` is the whole reason (the store's). The one
+    wording of a divergence, for a run and for `stepwarden check-upgrade` alike."""
     where = f"task {task_id!r}" if position is None else f"task {task_id!r} position {position}"
+    what = (
+        asked
+        if recorded is None
+        else f"the workflow asked for {asked} but {recorded} "
+        f"{'are' if recorded == _BRANCHES else 'is'} recorded there"
+    )
     return NonDeterminismError(
         f"{where}: {what}; a workflow must take the same steps and waits in the same order "
-        "when it is resumed"
+        "when it is resumed",
+        task_id=task_id,
+        position=position,
+        asked=None if recorded is None else asked,
+        recorded=recorded,
     )
 
 
@@ -113,6 +135,9 @@ class Workflow:
     version: int = 1
     """Which version of the workflow `name` this is: a task runs to its end on the version
     it was submitted with (`App.workflow(version=...)`)."""
+    stuck_after: float | None = None
+    """Seconds a task of this workflow may stay unmoved before one `task_stuck` alert per
+    reason that holds it (None: never)."""
 
     def __post_init__(self) -> None:
         _check.integer(f"workflow {self.name!r}: version", self.version, 1)
@@ -261,6 +286,14 @@ class Context:
         self._quiet_changed: asyncio.Event | None = None
         self._parker: asyncio.Task[None] | None = None
 
+    def _fence(self) -> Fence:
+        """The fence of every record this context writes: the task as its drive holds it."""
+        return {
+            "task_id": self._held.task_id,
+            "task_attempt": self._held.attempt,
+            "scheduler": self._runner.instance,
+        }
+
     @property
     def task_id(self) -> str:
         return self._held.task_id
@@ -307,7 +340,10 @@ class Context:
                 raise _diverged(
                     self._held.task_id,
                     None,
-                    f"a patch marker's place holds {outcome.recorded}",
+                    "a patch marker",
+                    "another record"
+                    if outcome.recorded is None
+                    else f"a {_wait_name(*outcome.recorded)}",
                 )
 
     # -- changing code while tasks run ----------------------------------------------------
@@ -325,9 +361,8 @@ class Context:
         marker = self._waits.get(place)
         if marker is not None and marker[1] == "patch":
             if marker[2] != patch_id:
-                raise NonDeterminismError(
-                    f"task {self._held.task_id!r} position {place}: the workflow asked for "
-                    f"patch {patch_id!r} but patch {marker[2]!r} is recorded there"
+                raise _diverged(
+                    self._held.task_id, place, f"patch {patch_id!r}", f"patch {marker[2]!r}"
                 )
             self._place()
             return True
@@ -335,9 +370,7 @@ class Context:
             return False  # recorded by the code before the patch: the old path
         place = self._place()
         request = WaitRequest(
-            task_id=self._held.task_id,
-            task_attempt=self._held.attempt,
-            scheduler=self._runner.instance,
+            **self._fence(),
             seq=self._new_seq(),
             kind="patch",
             name=patch_id,
@@ -356,6 +389,23 @@ class Context:
         marker = self._waits.get(self._peek())
         if marker is not None and marker[1:] == ("patch", patch_id):
             self._place()
+
+    def left_behind(self) -> NonDeterminismError | None:
+        """Once the workflow has returned: the divergence of a run that ended before a step
+        or wait recorded at a place it never took (the first such, by place), or None when
+        it took every recorded place. A run is not failed by it (its task ends processed,
+        its open steps abandoned): `stepwarden check-upgrade` reports it."""
+        places = [(p, f"step {s.name!r}") for p, s in self._recorded.items()]
+        places += [
+            (p, f"a {_wait_name(kind, name)}")
+            for p, (_, kind, name) in self._waits.items()
+            if kind != "patch"  # a marker left behind changes nothing
+        ]
+        for place, what in sorted(places, key=lambda p: [int(n) for n in p[0].split(".")]):
+            prefix, _, n = place.rpartition(".")
+            if self._taken.get(f"{prefix}." if prefix else "", 0) < int(n):
+                return _diverged(self._held.task_id, place, "its end", what)
+        return None
 
     def _recorded_at_or_under(self, place: str) -> bool:
         """Whether a step, a wait or a gather's branch is recorded at `place`."""
@@ -398,11 +448,8 @@ class Context:
             self._quiet_changed.clear()
             if not self._quiescent():
                 continue
-            held = self._held
             request = ParkRequest(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=self._runner.instance,
+                **self._fence(),
                 seqs=tuple(sorted(self._blocked)),
             )
             error: BaseException | None = None
@@ -463,11 +510,7 @@ class Context:
             )
             for b in branches:
                 b.close()
-            raise _diverged(
-                self._held.task_id,
-                position,
-                f"the workflow asked for a gather but {what} is recorded there",
-            )
+            raise _diverged(self._held.task_id, position, "a gather", what)
         if not branches:
             return []
         await self._recorded_markers()
@@ -563,23 +606,14 @@ class Context:
         seq = recorded.seq if recorded is not None else self._new_seq()
         step_name = name or operation.qualname
         if recorded is None and self._recorded_under(position):
-            raise _diverged(
-                self._held.task_id,
-                position,
-                (
-                    f"the workflow asked for step {step_name!r} but the branches of a gather are "
-                    "recorded there"
-                ),
-            )
+            raise _diverged(self._held.task_id, position, f"step {step_name!r}", _BRANCHES)
         if position in self._waits:
             _, kind, wait_name = self._waits[position]
             raise _diverged(
                 self._held.task_id,
                 position,
-                (
-                    f"the workflow asked for step {step_name!r} but a "
-                    f"{_wait_name(kind, wait_name)} is recorded there"
-                ),
+                f"step {step_name!r}",
+                f"a {_wait_name(kind, wait_name)}",
             )
         bounds = {
             what: None if value is None else as_within(f"step {step_name!r}", value, what)
@@ -592,7 +626,6 @@ class Context:
         pickup, total = bounds["pickup_within"], bounds["total_within"]
         bound = bounds["complete_within"] or self._runner.workflow_of(self._held).complete_within
         held = self._held
-        scheduler = self._runner.instance
         if recorded is None:
             payload = _json.dumps(
                 list(args),
@@ -600,9 +633,7 @@ class Context:
                 seal=_json.Seal(self._runner.keys, Binding.step(held.task_id, seq)),
             )
             new = NewStep(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=scheduler,
+                **self._fence(),
                 seq=seq,
                 name=step_name,
                 agent=operation.agent.name,
@@ -626,10 +657,8 @@ class Context:
             raise _diverged(
                 held.task_id,
                 position,
-                (
-                    f"the workflow asked for {wanted[0]!r} ({wanted[1]}.{wanted[2]}) but the "
-                    f"recorded step is {found[0]!r} ({found[1]}.{found[2]})"
-                ),
+                f"step {wanted[0]!r} ({wanted[1]}.{wanted[2]})",
+                f"step {found[0]!r} ({found[1]}.{found[2]})",
             )
         replayed: R = await self._recorded_step(recorded, step_name, bound)
         return replayed
@@ -644,18 +673,13 @@ class Context:
         if recorded.state == StepState.FAILED:
             raise StepFailed(step_name, recorded.error)
         held = self._held
-        scheduler = self._runner.instance
         adopt = Adopt(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=scheduler,
+            **self._fence(),
             seq=recorded.seq,
             expected_attempt=recorded.attempt,
         )
         again = Redispatch(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=scheduler,
+            **self._fence(),
             seq=recorded.seq,
             agent=recorded.agent,
             expected_attempt=recorded.attempt,
@@ -680,9 +704,7 @@ class Context:
         held = self._held
         seq = self._new_seq()
         new = NewStep(
-            task_id=held.task_id,
-            task_attempt=held.attempt,
-            scheduler=self._runner.instance,
+            **self._fence(),
             seq=seq,
             name=step_name,
             agent=agent,
@@ -835,22 +857,10 @@ class Context:
         held = self._held
         step = self._recorded.get(position)
         if step is None and position not in self._waits and self._recorded_under(position):
-            raise _diverged(
-                held.task_id,
-                position,
-                (
-                    f"the workflow asked for a {_wait_name(kind, name)} but the branches of a "
-                    "gather are recorded there"
-                ),
-            )
+            raise _diverged(held.task_id, position, f"a {_wait_name(kind, name)}", _BRANCHES)
         if step is not None:
             raise _diverged(
-                held.task_id,
-                position,
-                (
-                    f"the workflow asked for a {_wait_name(kind, name)} but the recorded step is "
-                    f"{step.name!r}"
-                ),
+                held.task_id, position, f"a {_wait_name(kind, name)}", f"step {step.name!r}"
             )
         recorded = self._waits.get(position)
         await self._recorded_markers()
@@ -858,9 +868,7 @@ class Context:
         branch = self._branch()
         while True:
             request = WaitRequest(
-                task_id=held.task_id,
-                task_attempt=held.attempt,
-                scheduler=self._runner.instance,
+                **self._fence(),
                 seq=seq,
                 kind=kind,
                 name=name,
@@ -877,10 +885,8 @@ class Context:
                 raise _diverged(
                     held.task_id,
                     position,
-                    (
-                        f"the workflow asked for a {_wait_name(kind, name)} but a "
-                        f"{_wait_name(*outcome.recorded)} is recorded there"
-                    ),
+                    f"a {_wait_name(kind, name)}",
+                    f"a {_wait_name(*outcome.recorded)}",
                 )
             if outcome.state == "refused":
                 raise ConfigurationError(outcome.reason or f"ctx.child: {name!r} is refused")

@@ -8,8 +8,6 @@ plain TCP listener of the test's own that must never see a connection; on both s
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,43 +18,10 @@ import stepwarden as sw
 from stepwarden.destinations import Destinations
 
 from ..agentserver import api_server
-from ..contract.test_engine import running
 from ..rawsql import sql
+from ..support.relay import Listener, all_processed, build, until
+from ..support.worker import running
 from .own import OwnRedis, free_port
-from .test_relay import all_processed, build, until
-
-
-class Listener:
-    """A plain TCP listener on a free port of 127.0.0.1: counts the connections made to it
-    (and closes each at once)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = int(self.sock.getsockname()[1])
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def url(self, scheme: str, name: str) -> str:
-        return f"{scheme}://127.0.0.1:{self.port}/{name}"
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture

@@ -10,11 +10,9 @@ import html
 import json
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -22,8 +20,8 @@ import pytest
 import stepwarden as sw
 from stepwarden.dashboard._data import Reader
 from stepwarden.dashboard._models import Overview
-from stepwarden.destinations import Destinations, destination
-from stepwarden.records import OutboxMessage, RelayBacklog
+from stepwarden.destinations import destination
+from stepwarden.records import RelayBacklog
 from stepwarden.relay import (
     _PUBLISHERS,
     DEADLINE,
@@ -37,12 +35,17 @@ from stepwarden.relay import (
 from ..agentserver import DASHBOARD_TOKEN, api_server
 from ..cli.helpers import assert_ok, invoke
 from ..conftest import unique
-from ..contract.test_engine import FAST, running
-from ..unit.test_relay_rounds import Outbox
+from ..support.relay import (
+    KINDS,
+    Outbox,
+    all_processed,
+    assert_delivered,
+    build,
+    outbox_of,
+    until,
+)
+from ..support.worker import FAST, running
 from .own import OwnBroker, OwnRedis, free_port, running_broker
-
-T = TypeVar("T")
-KINDS = ["received", "step_completed", "step_completed", "step_completed", "processed"]
 
 
 @pytest.fixture(scope="module", params=["amqp", "nats", "redis"])
@@ -51,79 +54,6 @@ def broker(
 ) -> Iterator[OwnBroker]:
     with running_broker(request.param, tmp_path_factory.mktemp(f"broker-{request.param}")) as own:
         yield own
-
-
-def build(store_url: str, destinations: Destinations | None = None) -> sw.App:
-    """Tasks of three steps: one, then two side by side (their completions may commit in
-    either order, from two transactions); their status messages may go to `destinations`."""
-    app = sw.App("relayed", store=store_url, destinations=destinations or Destinations())
-    svc = app.agent("svc")
-
-    @svc.operation
-    async def act(call: sw.Call, n: int) -> int:
-        return n
-
-    @app.workflow(complete_within=timedelta(seconds=30))
-    async def three(ctx: sw.Context, x: int) -> list[int]:
-        first = await ctx.step(act, x)
-        return [first, *await ctx.gather(ctx.step(act, x + 1), ctx.step(act, x + 2))]
-
-    return app
-
-
-async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def all_processed(
-    broker: OwnBroker, name: str, task_ids: Sequence[str]
-) -> list[dict[str, Any]]:
-    async def check() -> list[dict[str, Any]] | None:
-        found = await broker.received(name)
-        done = {m["task_id"] for m in found if m["kind"] == "processed"}
-        return found if done >= set(task_ids) else None
-
-    return await until(check, f"the processed message of {len(task_ids)} task(s) on {name}")
-
-
-async def outbox_of(app: sw.App, task_ids: Sequence[str]) -> dict[str, list[OutboxMessage]]:
-    store = await app.store()
-    return {t: await store.outbox(task_id=t) for t in task_ids}
-
-
-def assert_delivered(
-    received: list[dict[str, Any]],
-    outbox: dict[str, list[OutboxMessage]],
-    kinds: list[str] | None = KINDS,
-) -> int:
-    """Every outbox message arrived; each task's in outbox order (a duplicate only under the
-    same id, with the same body); the number of duplicates."""
-    first: dict[str, dict[str, Any]] = {}
-    order: dict[str, list[int]] = {}
-    duplicates = 0
-    for body in received:
-        if body["id"] in first:
-            assert body == first[body["id"]]
-            duplicates += 1
-            continue
-        first[body["id"]] = body
-        order.setdefault(body["task_id"], []).append(body["outbox_id"])
-    for task_id, messages in outbox.items():
-        if kinds is not None:
-            assert [m.kind for m in messages] == kinds
-        assert order.get(task_id) == [m.id for m in messages], task_id
-        for m in messages:
-            body = first[f"{task_id}:{m.id}"]
-            assert (body["kind"], body["task_id"]) == (m.kind, task_id)
-            assert body["detail"]["task_id"] == task_id
-    return duplicates
 
 
 async def test_each_tasks_messages_arrive_in_order_under_stable_ids(

@@ -14,10 +14,10 @@ import pytest
 
 from ..agentserver import api_server
 from ..conftest import unique
-from ..contract.test_engine import running
-from ..typescript.test_typescript_client import compiled_library
+from ..support.relay import all_processed, assert_delivered, build, outbox_of
+from ..support.typescript import compiled_library
+from ..support.worker import running
 from .own import OwnBroker, running_broker
-from .test_relay import all_processed, assert_delivered, build, outbox_of
 
 SUBMIT_JS = """
 import { Client } from "%(library)s";

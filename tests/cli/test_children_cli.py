@@ -11,9 +11,10 @@ import orjson
 
 import stepwarden as sw
 from stepwarden.dashboard import create_app
-from tests.contract.test_children import Family, in_state
-from tests.contract.test_engine import running
 
+from ..support.apps import Family
+from ..support.poll import in_state
+from ..support.worker import running
 from .helpers import assert_ok, invoke
 
 TOKEN = "a-token-of-24-characters"

@@ -28,8 +28,11 @@ NOT_SETTINGS = {"help", "version"}
 REQUIRED_ARGS = {
     "submit": ["process"],
     "show": ["t-1"],
+    "why": ["t-1"],
     "skip": ["t-1"],
     "send": ["t-1", "go"],
+    "check-upgrade": [APP],
+    "export-tasks": ["tasks.json"],
     "fork": ["t-1", "--from", "1"],
 }
 

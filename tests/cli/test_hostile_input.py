@@ -24,8 +24,8 @@ import pytest
 import stepwarden as sw
 from stepwarden._json import MAX_PAYLOAD_BYTES
 from tests.conftest import STORES, pg_database, unique
-from tests.contract.test_engine import running
 
+from ..support.worker import running
 from . import cli_app
 from .helpers import APP, assert_refused, error_line, invoke, is_sqlite, run, sqlite_path
 

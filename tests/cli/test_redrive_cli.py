@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import stepwarden as sw
-from tests.contract.test_engine import running
+from tests.support.worker import running
 
 from . import cli_app
 from .helpers import APP, assert_ok, assert_refused, invoke

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
+from stepwarden.store import Store
 
-from ..contract.test_engine import FAST
+from ..support.worker import FAST
 from .helpers import invoke
 
 CARD = "4111-1111-1111-1111"
@@ -45,6 +46,7 @@ async def test_a_secret_reaches_its_operation_and_is_never_shown(
             await app.result_async("t", timeout=20)
         view = await app.show_async("t")
         store = await app.store()
+        assert isinstance(store, Store)  # one database: a channel's messages are its own
         messages = [*await store.outbox(task_id="t"), *await store.outbox(channel="alerts")]
     finally:
         worker.stop.set()

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 import stepwarden as sw
-from tests.contract.test_engine import running
 
+from ..support.worker import running
 from . import versions_app
 from .helpers import assert_ok, assert_refused, invoke, json_lines, snapshot
 

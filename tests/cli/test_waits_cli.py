@@ -13,10 +13,11 @@ from click.testing import Result
 import stepwarden as sw
 from stepwarden.dashboard import create_app
 from stepwarden.supervisor import Supervisor
-from tests.contract.test_engine import running
-from tests.contract.test_waits import Approvals, in_state
 from tests.stores import app_store
 
+from ..support.apps import Approvals
+from ..support.poll import in_state
+from ..support.worker import running
 from . import cli_app
 from .helpers import APP, assert_ok, assert_refused, invoke, sql
 

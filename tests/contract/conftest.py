@@ -18,8 +18,8 @@ from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 
 from ..agentserver import AgentServer, Workers, agent_server, split_workers
-from ..typescript.test_typescript_client import compiled_library
-from .test_engine import FAST, running
+from ..support.typescript import compiled_library
+from ..support.worker import FAST, running
 from .typescript import TypeScriptAgentPort, TypeScriptWorkers
 
 TRANSPORTS = ["store", "http", "typescript"]

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from stepwarden import rules
 from stepwarden.records import (
-    AgentBeat,
     CallStop,
     OperatorAction,
     OpLimit,
@@ -34,45 +34,22 @@ from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 from stepwarden.store.sqlite import SQLiteStore
 
-from ..agentserver import CLIENT
 from ..dispatching import new_step
 from ..rawsql import sql
-from .test_store import dispatch, new_task, outcome
-from .test_sweep_compensation import compensating
+from ..support.store import (
+    A1,
+    A2,
+    A3,
+    beat,
+    compensating,
+    dispatch,
+    held_task,
+    new_task,
+    outcome,
+    running_step,
+)
 
 LEASE = "supervisor"
-A1, A2, A3 = (f"{CLIENT}/a{n}" for n in (1, 2, 3))
-
-
-def beat(instance: str, *, agent: str = "pay", breaker: str = "closed") -> AgentBeat:
-    return AgentBeat(
-        instance=instance,
-        agent=agent,
-        operations=("charge",),
-        capacity=10,
-        inflight=1,
-        breaker=breaker,
-        breaker_detail={"failures": 0},
-    )
-
-
-async def held_task(store: Store, task_id: str, *, within: float = 30) -> int:
-    """Submit a task and claim it as scheduler s1; its attempt."""
-    await store.submit([new_task(task_id, within=within)])
-    [claimed] = await store.claim_tasks("s1", ["wf"], 1)
-    assert claimed.task.task_id == task_id
-    return claimed.task.attempt
-
-
-async def running_step(
-    store: Store, agents: AgentPort, task_id: str, instance: str = A1, **kw: object
-) -> None:
-    """A held task whose step 1 is running, claimed by `instance` (through `agents`)."""
-    attempt = await held_task(store, task_id)
-    [got] = await store.dispatch_steps([replace(dispatch(task_id, attempt), **kw)])  # type: ignore[arg-type]
-    assert got is not None
-    [req] = await agents.claim_requests(instance, "pay", ["charge"], 1)
-    assert req.task_id == task_id
 
 
 async def sweep(store: Store, term: int) -> list[StepSwept]:
@@ -180,9 +157,10 @@ DEADLINES = [  # (now, complete_within, task's complete_by, give_up_by, not_befo
 async def test_a_steps_deadline_is_the_earliest_of_its_caps_a_null_none_of_them(
     store: Store,
 ) -> None:
-    """The one rule of a step's complete_by (`stepwarden_step_deadline`) gives the same
-    deadline on every store: a NULL is no candidate, as in PostgreSQL's LEAST and
-    GREATEST."""
+    """The one rule of a step's complete_by (`rules.step_deadline`, the SQL function
+    `stepwarden_step_deadline` of every store: SQLite's calls the rule, PostgreSQL's is the
+    rule in SQL, on the database's clock) gives the same deadline on every store: a NULL is
+    no candidate, as in PostgreSQL's LEAST and GREATEST."""
     for args, deadline in DEADLINES:
         if isinstance(store, SQLiteStore):
             call = f"SELECT stepwarden_step_deadline({', '.join(map(_literal, args))}) AS d"
@@ -197,7 +175,7 @@ async def test_a_steps_deadline_is_the_earliest_of_its_caps_a_null_none_of_them(
             interval = f"make_interval(secs => {_literal(within)})"
             call = f"stepwarden_step_deadline({stamps[0]}, {interval}, {', '.join(stamps[1:])})"
             [(found,)] = sql(store.url, f"SELECT extract(epoch FROM {call})::float8")
-        assert found == deadline, (args, found)
+        assert found == deadline == rules.step_deadline(*args), (args, found)
 
 
 def _literal(value: float | None) -> str:

@@ -29,7 +29,7 @@ from stepwarden.dashboard import create_app
 from tests.rawsql import sql
 from tests.receivers import answering, gzip_bomb, hostile, trickling
 
-from .test_engine import FAST, running
+from ..support.worker import FAST, running
 
 SECRETS = ("pa55word", "T0KEN-SECRET", "ana:", "token=", "/hook")
 DECODED = 64 * 1024 * 1024

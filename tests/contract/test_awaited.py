@@ -16,8 +16,8 @@ from stepwarden.states import TaskState
 from stepwarden.store import CHANNEL_TASK_DONE, Store
 from stepwarden.store.postgres import SQL, PostgresStore
 
-from .test_local_calls import app_task
-from .test_outbox import until
+from ..support.apps import app_task
+from ..support.poll import until
 
 
 async def row_awaited(store: Store, task_id: str) -> bool:

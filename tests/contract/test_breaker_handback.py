@@ -15,8 +15,8 @@ from typing import Any
 import stepwarden as sw
 
 from ..agentserver import Workers
-from .test_engine import FAST
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import FAST
 
 
 async def test_the_try_that_opens_the_breaker_hands_its_request_back(

@@ -17,9 +17,7 @@ from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 
 from ..rawsql import seconds_until, sql
-from .test_agents_store import A1, A2, A3, beat, running_step
-from .test_store import dispatch, new_task, outcome
-from .test_sweep_compensation import undoable
+from ..support.store import A1, A2, A3, beat, dispatch, new_task, outcome, running_step, undoable
 
 LEASE = "supervisor"
 

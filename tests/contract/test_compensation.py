@@ -4,97 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import timedelta
-from typing import Any
-
-import pytest
 
 import stepwarden as sw
 
-from .test_engine import running
-
-
-class Saga:
-    """reserve (undone by release) -> charge (undone by refund) -> ship (no undo)."""
-
-    def __init__(
-        self,
-        store_url: str,
-        *,
-        on_failure: str = "compensate",
-        max_failures: int = 2,
-        within: float = 5,
-        alert_after: int = 3,
-    ) -> None:
-        self.app = sw.App("saga", store=store_url)
-        self.effects: Counter[str] = Counter()
-        self.keys: dict[str, list[str | None]] = {}
-        self.fail: dict[str, BaseException] = {}
-        self.hang: set[str] = set()
-        self.release_gate = asyncio.Event()
-        self.release_gate.set()
-        inventory = self.app.agent("inventory", retry=sw.Retry(max_attempts=2, initial=0.001))
-        payments = self.app.agent("payments", retry=sw.Retry(max_attempts=2, initial=0.001))
-        shipping = self.app.agent("shipping")
-
-        def effect(name: str, call: sw.Call) -> None:
-            if name in self.fail:
-                raise self.fail[name]
-            self.effects[name] += 1
-            self.keys.setdefault(name, []).append(call.compensates_key)
-
-        @inventory.operation
-        async def reserve(call: sw.Call, order: dict[str, Any]) -> str:
-            effect("reserve", call)
-            return "reserved"
-
-        @inventory.operation
-        async def release(call: sw.Call, order: dict[str, Any]) -> str:
-            await self.release_gate.wait()
-            effect("release", call)
-            return "released"
-
-        @payments.operation
-        async def charge(call: sw.Call, order: dict[str, Any]) -> str:
-            if "charge" in self.hang:
-                await asyncio.sleep(3600)  # past complete_by: the agent gives up
-            effect("charge", call)
-            return "charged"
-
-        @payments.operation
-        async def refund(call: sw.Call, order: dict[str, Any]) -> str:
-            effect("refund", call)
-            return "refunded"
-
-        @shipping.operation
-        async def ship(call: sw.Call, order: dict[str, Any]) -> str:
-            effect("ship", call)
-            return "shipped"
-
-        @self.app.workflow(
-            complete_within=timedelta(seconds=within),
-            max_failures=max_failures,
-            on_failure=on_failure,
-            alert_after=alert_after,
-        )
-        async def order(ctx: sw.Context, order: dict[str, Any]) -> str:
-            await ctx.step(inventory.reserve, order, compensate=inventory.release)
-            await ctx.step(
-                payments.charge,
-                order,
-                compensate=payments.refund,
-                complete_within=timedelta(seconds=0.3),
-            )
-            await ctx.step(shipping.ship, order)
-            return "done"
-
-        self.order = order
-
-
-async def finish(saga: Saga, task_id: str, timeout: float = 20) -> sw.TaskState:
-    with pytest.raises(sw.TaskFailed) as failed:
-        await saga.app.result_async(task_id, timeout=timeout)
-    return sw.TaskState(failed.value.state)
+from ..support.apps import Saga, finish
+from ..support.worker import running
 
 
 async def test_a_permanent_error_undoes_the_completed_steps_once(store_url: str) -> None:

@@ -8,8 +8,6 @@ supervisor's, or needs the agents in the scheduler's process, and runs in one wo
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -22,34 +20,10 @@ from stepwarden.records import NewStep, StepOutcome
 from tests.stores import app_store
 
 from ..agentserver import Workers
+from ..support.worker import running
 
-FAST = sw.WorkerOptions(
-    poll_interval=0.01,
-    supervisor_interval=0.05,
-    lease_ttl=1.0,
-    backoff=sw.Backoff(initial=0.01, maximum=0.05),
-    drain_timeout=5,
-)
-RESUME = dataclasses.replace(
-    FAST,
-    agent_heartbeat=0.2,
-    agent_gone_after=1.0,
-    scheduler_heartbeat=0.2,
-    scheduler_gone_after=1.0,
-)
 """For a worker that takes up tasks another worker of the test left: what that one's agents
 and scheduler held is given back once they have been silent for a second, not five."""
-
-
-@contextlib.asynccontextmanager
-async def running(app: sw.App, options: sw.WorkerOptions = FAST) -> AsyncIterator[sw.Worker]:
-    worker = sw.Worker(app, options)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 class Shop:

@@ -23,8 +23,7 @@ from stepwarden.supervisor import LEASE
 
 from ..dispatching import new_step
 from ..rawsql import is_sqlite, script, seconds_ago, sql
-from .test_agents_store import beat
-from .test_store import dispatch
+from ..support.store import beat, dispatch
 
 HOLDER = "sup"
 XID = "test_transaction_id"

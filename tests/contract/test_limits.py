@@ -20,9 +20,10 @@ import pytest
 import stepwarden as sw
 from stepwarden.rules import MAX_ERROR
 from tests.agentserver import Workers
-from tests.contract.test_engine import running
 from tests.rawsql import is_sqlite, sql, sqlite_path
 from tests.stores import app_store
+
+from ..support.worker import running
 
 HUGE = 20_000_000
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -21,45 +20,14 @@ from typing import Any
 import pytest
 
 import stepwarden as sw
-from stepwarden.records import DispatchedStep, NewStep, StepOutcome, Submission, TaskOutcome
+from stepwarden.records import DispatchedStep, StepOutcome, TaskOutcome
 from stepwarden.store import Store
 from tests.stores import app_store
 
 from ..agentserver import Workers
-from .test_engine import running
-from .test_outbox import until
-
-
-class Shop:
-    def __init__(self, store_url: str) -> None:
-        self.app = sw.App("local", store=store_url)
-        self.calls: Counter[str] = Counter()
-        self.release = threading.Event()
-        self.started = threading.Event()
-        svc = self.app.agent("svc")
-
-        @svc.operation
-        async def quick(call: sw.Call, what: str) -> str:
-            self.calls[what] += 1
-            return f"done {what}"
-
-        @svc.operation
-        def slow(call: sw.Call, what: str) -> str:  # a sync call: nothing interrupts it
-            self.started.set()
-            self.release.wait(20)
-            self.calls[what] += 1
-            return f"done {what}"
-
-        @self.app.workflow(complete_within=timedelta(seconds=30))
-        async def three(ctx: sw.Context, _: Any) -> list[str]:
-            return [await ctx.step(quick, w) for w in ("a", "b", "c")]
-
-        @self.app.workflow(complete_within=timedelta(seconds=30))
-        async def stalled(ctx: sw.Context, _: Any) -> list[str]:
-            first = await ctx.step(slow, "first")
-            return [first, await ctx.step(quick, "second")]
-
-        self.three, self.stalled = three, stalled
+from ..support.apps import Shop, app_task, new_step
+from ..support.poll import until
+from ..support.worker import running
 
 
 @pytest.fixture
@@ -189,34 +157,6 @@ async def test_a_first_step_handed_at_once_is_written_alone_and_fenced(store: St
     assert (step.state, step.locked_by) == (sw.StepState.RUNNING, "a1")
     assert await store.get_steps("stale") == []
     assert await store.claim_requests("a2", "svc", ["quick"], 10) == []
-
-
-def app_task(task_id: str) -> Submission:
-    return Submission(
-        task_id=task_id,
-        workflow="wf",
-        input="null",
-        priority=0,
-        complete_within=30,
-        max_failures=3,
-    )
-
-
-def new_step(task_id: str, attempt: int, seq: int, claimed_by: str | None = None) -> NewStep:
-    return NewStep(
-        task_id=task_id,
-        task_attempt=attempt,
-        scheduler="s1",
-        seq=seq,
-        name="svc.quick",
-        agent="svc",
-        operation="quick",
-        input='["x"]',
-        priority=0,
-        complete_within=30,
-        position=str(seq),
-        claimed_by=claimed_by,
-    )
 
 
 async def test_a_drive_whose_outcome_was_refused_writes_nothing_more(store: Store) -> None:

@@ -13,7 +13,7 @@ import pytest
 import stepwarden as sw
 from stepwarden import _logs, runner
 
-from .test_engine import running
+from ..support.worker import running
 
 
 def _lines(caplog: pytest.LogCaptureFixture, fragment: str) -> list[logging.LogRecord]:

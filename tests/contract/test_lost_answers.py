@@ -32,10 +32,10 @@ from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 from tests.stores import app_store
 
-from .test_agents_store import A1
-from .test_engine import RESUME
-from .test_local_calls import Shop, app_task, new_step
-from .test_outbox import until
+from ..support.apps import Shop, app_task, new_step
+from ..support.poll import until
+from ..support.store import A1
+from ..support.worker import RESUME
 
 
 def done(task_id: str, seq: int = 1) -> StepOutcome:

@@ -11,7 +11,7 @@ from stepwarden.sealing import input_digest
 from stepwarden.store import _sql, open_one
 
 from ..rawsql import is_sqlite, script, seconds_until, sql
-from .test_engine import running
+from ..support.worker import running
 
 
 def build_at(url: str, version: int) -> None:

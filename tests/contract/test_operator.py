@@ -9,8 +9,8 @@ import pytest
 
 import stepwarden as sw
 
-from .test_compensation import Saga, finish
-from .test_engine import running
+from ..support.apps import Saga, finish
+from ..support.worker import running
 
 
 async def test_retry_after_the_fault_is_fixed_keeps_the_completed_steps(store_url: str) -> None:

@@ -15,8 +15,9 @@ import stepwarden as sw
 from stepwarden.destinations import Destinations
 from tests.stores import app_store
 
-from .test_compensation import Saga, finish
-from .test_engine import FAST, running
+from ..support.apps import Saga, finish
+from ..support.poll import until
+from ..support.worker import FAST, running
 
 
 class Webhook:
@@ -51,14 +52,6 @@ async def webhook() -> AsyncIterator[tuple[Webhook, str]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield hook, f"http://127.0.0.1:{port}/alerts"
     await runner.cleanup()
-
-
-async def until(check: Any, timeout: float = 20) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_a_webhook_that_is_down_gets_every_alert_once_it_is_back(

@@ -15,8 +15,8 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import FAST, RESUME, running
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import FAST, RESUME, running
 
 
 class Fanout:

@@ -16,8 +16,8 @@ import pytest
 
 import stepwarden as sw
 
-from .test_engine import RESUME, running
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import RESUME, running
 
 STOP_NOW = dataclasses.replace(RESUME, drain_timeout=0.2)
 

@@ -14,8 +14,7 @@ import pytest
 
 import stepwarden as sw
 from stepwarden.states import TaskState
-
-from .test_engine import running
+from tests.support.worker import running
 
 WITHIN = timedelta(seconds=30)
 

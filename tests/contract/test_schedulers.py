@@ -12,9 +12,8 @@ from stepwarden.states import TaskState
 from stepwarden.store import Store
 from stepwarden.supervisor import Supervisor
 
-from .test_agents_store import beat as agent_beat
-from .test_store import dispatch, new_task, outcome
-from .test_sweep_compensation import undoable
+from ..support.store import beat as agent_beat
+from ..support.store import dispatch, new_task, outcome, undoable
 
 LEASE = "supervisor"
 

@@ -16,24 +16,15 @@ from urllib.parse import urlsplit
 import pytest
 
 import stepwarden as sw
-from stepwarden import sealing
 
 from ..cli.helpers import invoke
 from ..rawsql import is_sqlite, sql
-from .test_engine import FAST, running
+from ..support.apps import keyring
+from ..support.worker import FAST, running
 
 PIN = "PIN-7391-secret"
 CARD = "4111-0000-1111-2222"
 TOKEN = "tok-88fd0ab1-secret"
-
-
-def keyring(*seal_ids: str, digest: str | None = None, keys: dict[str, str]) -> sw.Keyring:
-    """A keyring of these seal keys (the last seals), and a digest key, from `keys`: the
-    key text by id, made when missing (the same id has the same key across calls)."""
-    for key_id in (*seal_ids, "d1"):
-        keys.setdefault(key_id, sealing.new_key())
-    lines = [f"digest d1 {digest or keys['d1']}", *(f"seal {k} {keys[k]}" for k in seal_ids)]
-    return sw.Keyring.parse("\n".join(lines))
 
 
 class Vault:

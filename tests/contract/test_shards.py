@@ -22,12 +22,13 @@ import stepwarden as sw
 from stepwarden.cli import cli as main_cli
 from stepwarden.dashboard import create_app
 from stepwarden.placement import SLOTS, ShardMap, slot_of
+from stepwarden.records import SchedulerBeat
 from stepwarden.sealing import new_keyring
 from stepwarden.store import ShardedStore, open_one, open_store
 
 from ..conftest import pg_database, unique
-from .test_engine import FAST, running
-from .test_outbox import until
+from ..support.poll import until
+from ..support.worker import FAST, running
 
 
 @pytest.fixture
@@ -368,3 +369,32 @@ async def test_a_database_with_tasks_becomes_the_first_shard_and_keeps_them(
         new = [f"new-{i}" for i in range(40)]
         await app.submit_many_async([app.new_task("twice", 1, task_id=t) for t in new])
         assert ids_on(a) and ids_on(a) <= set(new)
+
+
+async def test_why_a_task_waits_is_read_on_its_shard_with_that_shard_s_registry(
+    sharded: sw.App,
+) -> None:
+    """Each shard has its own schedulers: a task waits for one of its own shard's."""
+    ids = [f"w-{i}" for i in range(8)]
+    for task_id in ids:
+        await sharded.submit_async("twice", 1, task_id=task_id)
+    store = await sharded.store()
+    assert isinstance(store, ShardedStore)
+    [first, *_] = store.parts
+    await first.beat_schedulers(
+        [SchedulerBeat(instance="s1-only", workflows=("twice",), capacity=1, held=0,
+                       versions=(("twice", 1),))],
+        ttl=60,
+    )  # fmt: skip
+    assert store.shard_map is not None
+    homes = {store.shard_map.home(t) for t in ids}
+    assert homes == set(store.names[:2])  # both shards hold some of them
+    for task_id in ids:
+        why = await sharded.why_async(task_id)
+        if store.shard_map.home(task_id) == store.names[0]:
+            assert why.gate.reason == sw.WaitReason.RANKED
+            assert why.gate.schedulers == ("s1-only",)
+        else:
+            assert why.gate.reason == sw.WaitReason.NO_SCHEDULER
+    with pytest.raises(sw.TaskNotFound):
+        await sharded.why_async("no-such-task")

@@ -3,90 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
 import pytest
 
 from stepwarden.errors import SchemaVersionError
-from stepwarden.records import StepDispatch, StepOutcome, Submission, TaskOutcome
+from stepwarden.records import TaskOutcome
 from stepwarden.retry import Backoff
-from stepwarden.sealing import input_digest
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import CHANNEL_REQUESTS, CHANNEL_RESULTS, Store, open_one
 
-from ..dispatching import step_dispatch
-
-
-def new_task(
-    task_id: str,
-    *,
-    priority: int = 0,
-    within: float = 30,
-    max_failures: int = 3,
-    workflow: str = "wf",
-) -> Submission:
-    return Submission(
-        task_id=task_id,
-        workflow=workflow,
-        input='{"n": 1}',
-        input_digest=input_digest('{"n": 1}'),
-        priority=priority,
-        complete_within=within,
-        max_failures=max_failures,
-    )
-
-
-def dispatch(
-    task_id: str,
-    attempt: int,
-    seq: int = 1,
-    *,
-    scheduler: str = "s1",
-    kind: str = "new",
-    expected: int = 0,
-    within: float = 10,
-    agent: str = "pay",
-) -> StepDispatch:
-    return step_dispatch(
-        kind,
-        task_id=task_id,
-        task_attempt=attempt,
-        scheduler=scheduler,
-        seq=seq,
-        name=f"{agent}.charge",
-        agent=agent,
-        operation="charge",
-        input='[{"amount": 5}]',
-        priority=0,
-        complete_within=within,
-        expected_attempt=expected,
-    )
-
-
-def outcome(
-    task_id: str,
-    attempt: int,
-    seq: int = 1,
-    *,
-    instance: str = "a1",
-    state: Literal[StepState.COMPLETED, StepState.FAILED] = StepState.COMPLETED,
-) -> StepOutcome:
-    return StepOutcome(
-        task_id=task_id,
-        seq=seq,
-        attempt=attempt,
-        agent_instance=instance,
-        state=state,
-        result='{"ok": true}',
-        error=None if state == StepState.COMPLETED else "boom",
-        tries=1,
-    )
-
-
-async def claim_one(store: Store, scheduler: str = "s1") -> int:
-    claimed = await store.claim_tasks(scheduler, ["wf"], 1)
-    assert len(claimed) == 1
-    return claimed[0].task.attempt
+from ..support.store import claim_one, dispatch, new_task, outcome
 
 
 async def test_migrate_is_idempotent_and_versions_are_checked(store: Store, store_url: str) -> None:

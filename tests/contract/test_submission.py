@@ -18,7 +18,7 @@ import stepwarden as sw
 from stepwarden import sealing
 from stepwarden.states import TaskState
 
-from .test_sealing import keyring
+from ..support.apps import keyring
 
 WITHIN = timedelta(seconds=30)
 

@@ -4,21 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
-from stepwarden.records import NewStep, OperatorAction, StepDispatch, TaskOutcome
+from stepwarden.records import OperatorAction, TaskOutcome
 from stepwarden.retry import Backoff
 from stepwarden.states import StepState, TaskState
 from stepwarden.store import Store
 
-from ..dispatching import new_step
-from .test_store import claim_one, dispatch, new_task, outcome
-
-
-def undoable(d: StepDispatch) -> NewStep:
-    return dataclasses.replace(
-        new_step(d), compensation="pay.refund", compensation_input='{"n": 1}'
-    )
+from ..support.store import claim_one, compensating, dispatch, new_task, outcome, undoable
 
 
 async def sweep(store: Store) -> list[tuple[str, TaskState, int]]:
@@ -83,32 +75,6 @@ async def test_the_failure_count_is_kept_when_compensation_starts(store: Store) 
     assert "complete_by passed 1 time(s), the last time on step 2" in (task.error or "")
     [expired] = await store.events(task_id="t1", kind="expired")
     assert expired.detail["failure_count"] == 1
-
-
-async def compensating(store: Store, *, within: float) -> int:
-    """A task "t1" in compensating, held by s2, with its undo step 2 of that attempt queued."""
-    await store.submit([new_task("t1", max_failures=3)])
-    attempt = await claim_one(store)
-    await store.dispatch_steps([undoable(dispatch("t1", attempt))])
-    assert len(await store.claim_requests("a1", "pay", ["charge"], 10)) == 1
-    assert await store.complete_steps([outcome("t1", 1)]) == [True]
-    error = TaskOutcome(
-        task_id="t1",
-        attempt=attempt,
-        scheduler="s1",
-        state=TaskState.ERROR,
-        result=None,
-        error="declined",
-    )
-    assert await store.finish_tasks([error]) == [True]
-    attempt = await claim_one(store, "s2")
-    undo = dataclasses.replace(
-        new_step(dispatch("t1", attempt, seq=2, scheduler="s2", within=within)),
-        operation="refund",
-        compensates=1,
-    )
-    assert await store.dispatch_steps([undo]) != [None]
-    return attempt
 
 
 async def test_a_compensating_task_released_by_the_sweep_is_not_swept_again(

@@ -17,8 +17,7 @@ from stepwarden.store import Store
 from stepwarden.supervisor import LEASE, Supervisor
 
 from ..rawsql import CLOCK_GRAIN, is_sqlite, script, seconds_ago, seconds_until, sql
-from .test_store import claim_one, dispatch
-from .test_sweep_compensation import undoable
+from ..support.store import claim_one, dispatch, undoable
 
 BACKOFF = Backoff(initial=0.5, maximum=30.0)
 

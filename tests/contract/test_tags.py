@@ -18,8 +18,7 @@ from stepwarden import _check
 from stepwarden.states import TaskState
 from tests.rawsql import is_sqlite, sql
 from tests.stores import app_store
-
-from .test_engine import running
+from tests.support.worker import running
 
 WITHIN = timedelta(seconds=30)
 

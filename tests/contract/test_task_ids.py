@@ -18,7 +18,7 @@ import pytest
 import stepwarden as sw
 from tests.typed.typed_shop import Order, Shop, build, submit_and_wait
 
-from .test_engine import running
+from ..support.worker import running
 
 ORDER: Order = {"id": 42, "items": ["book", "pen"]}
 

@@ -21,8 +21,8 @@ from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 import stepwarden as sw
 from stepwarden import tracing
 
+from ..support.worker import running
 from ..tracing_support import Rec, named, one, records, sdk
-from .test_engine import running
 
 WITHIN = timedelta(seconds=30)
 

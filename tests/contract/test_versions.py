@@ -19,7 +19,7 @@ from stepwarden.supervisor import Supervisor
 from tests.rawsql import is_sqlite, sql
 from tests.stores import app_store
 
-from .test_engine import running
+from ..support.worker import running
 
 T = TypeVar("T")
 WAITING = sw.TaskState.WAITING

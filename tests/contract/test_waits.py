@@ -15,74 +15,9 @@ import stepwarden as sw
 from stepwarden.store import Store
 from tests.rawsql import sql
 
-from .test_engine import FAST, running
-
-
-class Approvals:
-    """reserve -> (sleep | wait for "approved") -> ship; each effect counted."""
-
-    def __init__(self, store_url: str) -> None:
-        self.app = sw.App("waits", store=store_url)
-        self.effects: Counter[str] = Counter()
-        desk = self.app.agent("desk")
-
-        @desk.operation
-        async def reserve(call: sw.Call, order: Any) -> str:
-            self.effects["reserve"] += 1
-            return "reserved"
-
-        @desk.operation
-        async def ship(call: sw.Call, order: Any) -> str:
-            self.effects["ship"] += 1
-            return "shipped"
-
-        @desk.operation
-        async def release(call: sw.Call, order: Any) -> str:
-            self.effects["release"] += 1
-            return "released"
-
-        @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def nap(ctx: sw.Context, seconds: float) -> Any:
-            await ctx.step(desk.reserve, seconds, compensate=desk.release)
-            await ctx.sleep(timedelta(seconds=seconds))
-            return await ctx.step(desk.ship, seconds)
-
-        @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def until(ctx: sw.Context, when: str) -> Any:
-            await ctx.sleep_until(datetime.fromisoformat(when))
-            return await ctx.step(desk.ship, when)
-
-        @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def approval(ctx: sw.Context, timeout: float) -> Any:
-            await ctx.step(desk.reserve, timeout, compensate=desk.release)
-            try:
-                decision = await ctx.wait_for_event("approved", timeout=timedelta(seconds=timeout))
-            except sw.EventTimeout:
-                return {"timed_out": True}
-            await ctx.step(desk.ship, decision)
-            return {"approved": decision}
-
-        @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def twice(ctx: sw.Context, _: Any) -> Any:
-            first = await ctx.wait_for_event("vote", timeout=timedelta(seconds=60))
-            second = await ctx.wait_for_event("vote", timeout=timedelta(seconds=60))
-            return [first, second]
-
-        @self.app.workflow(complete_within=timedelta(seconds=20))
-        async def plain(ctx: sw.Context, value: Any) -> Any:
-            return await ctx.step(desk.ship, value)
-
-
-async def in_state(
-    app: sw.App, task_id: str, state: sw.TaskState, timeout: float = 20
-) -> sw.TaskRecord:
-    """The task once it is in `state` (read from the store until then)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            task = await app.status_async(task_id)
-            if task.process_state == state:
-                return task
-            await asyncio.sleep(0.02)
+from ..support.apps import Approvals
+from ..support.poll import in_state
+from ..support.worker import FAST, running
 
 
 async def test_a_sleeping_task_is_released_and_wakes_once(store_url: str) -> None:

@@ -199,7 +199,7 @@ class TypeScriptWorkers:
     async def __call__(
         self, app: sw.App, options: sw.WorkerOptions | None = None
     ) -> AsyncIterator[sw.Worker]:
-        from .test_engine import FAST
+        from ..support.worker import FAST
 
         options = options or FAST
         if self.served is None:

@@ -17,13 +17,13 @@ from schemathesis.core.result import Err
 import stepwarden as sw
 from tests.cli.helpers import error_line, run, sql
 
+from ..support.dashboard import AGENTS
 from .conftest import TOKEN, Served, run_async, submit_orders, wait_for
 from .dash_app import build, order
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
 """An operation of the OpenAPI document (the library leaves its type parameters open)."""
 
-AGENTS = "SELECT instance, capacity FROM stepwarden_agents WHERE agent = 'desk'"
 
 EXAMPLES = 4
 """Generated requests per operation and mode: few, so that the test stays fast."""
@@ -203,6 +203,7 @@ def test_the_api_matches_its_openapi_document(served: Served) -> None:
         "GET /api/overview",
         "GET /api/tasks",
         "GET /api/tasks/{task_id}",
+        "GET /api/why/{task_id}",
         "POST /api/tasks/{task_id}/{action}",
         "POST /api/tasks/{task_id}/skip",
         "POST /api/actions",

@@ -15,11 +15,12 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from stepwarden.dashboard._auth import SESSION_COOKIE
+from stepwarden.dashboard._data import WAITING_EVERY
 from tests.cli.helpers import sql
 
+from ..support.dashboard import AGENTS
 from .conftest import TOKEN, Served
 from .dash_app import CARD
-from .test_api import AGENTS
 
 STEP_COUNTS = (
     "SELECT count(claimed_at), "
@@ -34,6 +35,21 @@ def sign_in(page: Page) -> None:
     page.fill("input[name=token]", TOKEN)
     page.click("form.login button[type=submit]")
     expect(page.locator("meta[name=csrf-token]")).to_have_count(1)
+
+
+def test_the_overview_and_the_task_s_page_say_why_tasks_wait(served: Served, page: Page) -> None:
+    page.goto(served.url + "/")
+    row = page.locator("#waiting tr[data-reason=set_aside]")
+    # The overview counts them again every 10 s (WAITING_EVERY); the page follows it live.
+    expect(row.locator("td").nth(0)).to_have_text("2", timeout=(WAITING_EVERY + 10) * 1000)
+    expect(row.locator("td").nth(2)).to_have_text("process")
+    row.get_by_role("link", name=re.compile(r"^order-")).click()
+    expect(page).to_have_url(re.compile(r"/tasks/order-[12]$"))
+    holding = page.locator("#why-holding")
+    expect(holding.locator("[data-reason]")).to_have_attribute("data-reason", "set_aside")
+    expect(holding).to_contain_text("waits for an operator: error (alert task_error)")
+    why = served.get("/api/why/order-2").json()
+    assert why["gate"]["reason"] == "set_aside" and why["gate"]["alert"] == "task_error"
 
 
 def test_a_failed_task_is_found_from_the_overview_retried_and_completes(

@@ -47,7 +47,8 @@ ANN = {"X-Operator": "ann"}
 
 async def test_every_route_goes_through_the_service_auth(client: httpx.AsyncClient) -> None:
     for headers in ({}, {"X-Operator": "bob"}):
-        for path in ("/ops/api/overview", "/ops/api/tasks", "/ops/api/tasks/t-1", "/ops/metrics"):
+        paths = ("/ops/api/overview", "/ops/api/tasks", "/ops/api/tasks/t-1", "/ops/api/why/t-1")
+        for path in (*paths, "/ops/metrics"):
             answer = await client.get(path, headers=headers)
             assert answer.status_code == 401, (path, answer.text)
             assert answer.json() == {"error": "who is this?"}
@@ -56,6 +57,8 @@ async def test_every_route_goes_through_the_service_auth(client: httpx.AsyncClie
     task = await client.get("/ops/api/tasks/t-1", headers=ANN)
     assert task.json()["task"]["process_state"] == "pending"
     assert (await client.get("/ops/metrics", headers=ANN)).status_code == 200
+    why = (await client.get("/ops/api/why/t-1", headers=ANN)).json()
+    assert why["gate"]["reason"] == "no_scheduler"
 
 
 async def test_an_action_records_the_name_the_service_gives(client: httpx.AsyncClient) -> None:

@@ -15,7 +15,7 @@ import pytest
 import stepwarden as sw
 from stepwarden import _tokens
 from stepwarden.dashboard import create_app
-from tests.contract.test_engine import running
+from tests.support.worker import running
 
 TOKEN = "a-dashboard-token-of-24c"
 DASH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,7 +12,7 @@ import stepwarden as sw
 from stepwarden.records import DURATION_BUCKETS
 from tests.stores import app_store
 
-from ..contract.test_engine import running
+from ..support.worker import running
 
 RUN_FOR = 0.06
 """Seconds each successful stamp takes (so that its duration lands in a known bucket)."""

@@ -12,21 +12,10 @@ from pathlib import Path
 from tests.cli.helpers import STEPWARDEN, process_env
 from tests.rawsql import sql
 
+from ..support.readme import PAYMENTS, first_example
+
 ROOT = Path(__file__).resolve().parents[2]
 LEFT_PENDING = "Task was destroyed but it is pending"
-PAYMENTS = """
-class payment_api:  # the payment service the example calls, answering at once
-    @staticmethod
-    async def charge(order: dict, key: str, timeout: float) -> dict:
-        return {"charged": order["id"], "key": key}
-"""
-
-
-def first_example() -> str:
-    """The code of the README's section "A workflow in plain Python"."""
-    section = (ROOT / "README.md").read_text().split("## A workflow in plain Python", 1)[1]
-    # The fence names its file (```python title="shop.py"```): the code starts on the next line.
-    return section.split("```python", 1)[1].split("\n", 1)[1].split("```", 1)[0]
 
 
 def test_the_first_example_gets_its_result_and_ends_cleanly_on_postgres(

@@ -31,7 +31,7 @@ from stepwarden.retry import MAX_DELAY, MAX_EXPONENT, after_transient
 from stepwarden.rules import MAX_ERROR, error_text
 
 from ..agentserver import api_server
-from ..contract.test_engine import running
+from ..support.worker import running
 from .conftest import FAST, TIMEOUT, until
 
 AGENTS = "/api/v1/agents"

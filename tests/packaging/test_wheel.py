@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import stepwarden
-from tests.examples.test_readme import PAYMENTS, first_example
+
+from ..support.readme import PAYMENTS, first_example
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "stepwarden"

@@ -11,8 +11,8 @@ from typing import Any
 from stepwarden.records import OutboxMessage
 
 from ..brokers.own import OwnRedis
-from ..brokers.test_relay import assert_delivered
 from ..conftest import unique
+from ..support.relay import assert_delivered
 from .harness import PROCESSED, Cluster
 
 TASKS = 40

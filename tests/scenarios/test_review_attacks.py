@@ -27,9 +27,10 @@ import pytest
 
 import stepwarden as sw
 from stepwarden import _tokens
-from tests.brokers.test_destinations import Listener
 from tests.cli.helpers import REPO, STEPWARDEN, process_env
 from tests.httpapi.api_app import STORE_ENV
+
+from ..support.relay import Listener
 
 pytestmark = pytest.mark.slow
 

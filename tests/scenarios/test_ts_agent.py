@@ -24,7 +24,7 @@ import pytest
 import stepwarden as sw
 from stepwarden import _tokens
 
-from ..typescript.test_typescript_client import compiled_library
+from ..support.typescript import compiled_library
 from . import ts_scenario_app
 from .harness import ROOT
 

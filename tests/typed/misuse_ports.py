@@ -43,6 +43,18 @@ async def the_application(store: ApplicationPort) -> None:
     await store.try_lease("supervisor", "s1", 30.0)  # E: attr-defined
     await store.claim_requests("a1", "payments", ["charge"], 10)  # E: attr-defined
     await store.step_stats()  # E: attr-defined
+    # What only one database serves: the App asks for it of a Store, and refuses a store of
+    # shards with a ConfigurationError.
+    await store.outbox(task_id="t1", channel="shop")
+    await store.outbox(channel="shop")  # E: call-arg
+    store.transaction()  # E: attr-defined
+
+
+async def one_database(store: Store, sharded: ShardedStore) -> None:
+    await store.outbox(channel="shop")
+    store.transaction()
+    await sharded.outbox(channel="shop")  # E: call-arg
+    sharded.transaction()  # E: attr-defined
 
 
 async def the_reads(store: ReadPort) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import shutil
 
+from ..support.typescript import PACKAGE, installed_dependencies, run_command
 from .document import DOCUMENT, served_document, text
-from .test_typescript_client import PACKAGE, _run, installed_dependencies
 
 STALE = "stale: write it again with `python -m tests.typescript.document`"
 
@@ -27,4 +27,4 @@ def test_the_generated_types_are_current() -> None:
     npm = shutil.which("npm")
     assert npm, "npm is not installed: the TypeScript library needs Node 20+"
     # --check: openapi-typescript generates the types again and fails when they differ.
-    _run([npm, "run", "--silent", "generate", "--", "--check"], cwd=PACKAGE, timeout=120)
+    run_command([npm, "run", "--silent", "generate", "--", "--check"], cwd=PACKAGE, timeout=120)

@@ -16,59 +16,10 @@ from stepwarden.destinations import Destination, Destinations
 from stepwarden.errors import TransientStoreError
 from stepwarden.records import OutboxMessage
 from stepwarden.relay import BrokerAccess, Relay
-from stepwarden.store.base import Subscription
 
-BROKER = "redis://127.0.0.1:6390"
+from ..support.relay import BROKER, Outbox
+
 LISTED = Destinations.parse(f"a {BROKER} *\nb redis://127.0.0.1:6391 *")
-
-
-class Outbox:
-    """The store calls of a round: each task's messages, due at once; what was recorded."""
-
-    def __init__(self, tasks: dict[str, int], channel: str = f"{BROKER}/s") -> None:
-        self.due = [
-            OutboxMessage(
-                id=n * 100 + i,
-                channel=channel,
-                task_id=task,
-                kind="step_completed",
-                detail={},
-                at=datetime.now(UTC),
-            )
-            for n, (task, count) in enumerate(tasks.items())
-            for i in range(count)
-        ]
-        self.delivered: list[int] = []
-        self.failed: list[tuple[int, str]] = []
-        self.refuse_failed = False
-        self.recorded = asyncio.Event()
-        """Set once a delivery is recorded."""
-
-    async def relay_fence(self, safe: int) -> tuple[int, int | None]:
-        return safe, None
-
-    async def relay_due(self, upto: int, tasks: int, limit: int) -> list[OutboxMessage]:
-        return [m for m in self.due if m.id not in self.delivered]
-
-    async def relay_delivered(self, ids: list[int]) -> None:
-        self.delivered += ids
-        if ids:
-            self.recorded.set()
-
-    async def relay_refused(self, refused: list[tuple[int, str]]) -> None:
-        assert not refused, f"refused: {refused}"
-
-    async def relay_failed(self, message_id: int, error: str, delay: float) -> None:
-        await asyncio.sleep(0)
-        if self.refuse_failed:
-            raise TransientStoreError("the store is out of reach")
-        self.failed.append((message_id, error))
-
-    def subscribe(self, channel: str) -> Subscription:
-        return Subscription()
-
-    def unsubscribe(self, channel: str, sub: Subscription) -> None:
-        pass
 
 
 class FakePublisher:

@@ -16,7 +16,7 @@ import pytest
 import stepwarden as sw
 
 from ..conftest import STORES, pg_database, unique
-from ..contract.test_engine import RESUME, running
+from ..support.worker import RESUME, running
 from .saga_app import ORDER, SagaApp
 
 HERE = Path(__file__).parent

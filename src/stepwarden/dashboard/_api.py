@@ -48,6 +48,7 @@ from ._models import (
     SkipRequest,
     TaskAnswer,
     TasksAnswer,
+    WhyAnswer,
 )
 
 DEFAULT_BY = "dashboard"
@@ -242,6 +243,22 @@ def router(
         one(request, "events_before")
         _checked("task_id", task_id)
         data = await reader.task(task_id, limit=EVENT_PAGE, before=events_before)
+        if data is None:
+            return error(404, f"no task {task_id!r}")
+        return json_response(data)
+
+    @api.get(
+        "/api/why/{task_id:path}",
+        operation_id="whyTask",
+        summary="Why a task waits: what holds it now, and each of its open steps, as a reason "
+        "and its facts.",
+        responses=_answers(
+            r200=(WhyAnswer, "Why it waits."), r400=BAD, r404=(Error, "No such task.")
+        ),
+    )
+    async def why(task_id: TaskId) -> Response:
+        _checked("task_id", task_id)
+        data = await reader.why(task_id)
         if data is None:
             return error(404, f"no task {task_id!r}")
         return json_response(data)

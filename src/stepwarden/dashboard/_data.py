@@ -4,12 +4,14 @@ is, the pages render it. Payloads keep their `Secret`s, which every rendering ma
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..app import App
+from ..errors import TaskNotFound
 from ..records import (
     AgentInstance,
     EventRecord,
@@ -18,10 +20,11 @@ from ..records import (
     StepRecord,
     TaskRecord,
     VersionBacklog,
+    Why,
 )
 from ..rules import unrunnable
 from ..secret import public_name
-from ..states import TaskState
+from ..states import FINISHED_TASK_STATES, TaskState
 from ..supervisor import LEASE as SUPERVISOR_LEASE
 
 ALERTS = "alerts"
@@ -29,6 +32,13 @@ ALERTS = "alerts"
 ACTIVITY_WINDOW = 3600.0
 ACTIVITY_BUCKET = 60.0
 FAILED_STATES = (TaskState.ERROR, TaskState.COMPENSATION_FAILED)
+WHY_PER_STATE = 20
+"""The overview counts why tasks wait over the newest tasks of each unfinished state, this
+many of each (those waiting for an operator included)."""
+WAITING_EVERY = 10.0
+"""Seconds the overview's count of why tasks wait is kept before it is read again (the pages
+follow the store every second; each count reads why for up to 140 tasks)."""
+WAITING_STATES = tuple(s for s in TaskState if s not in FINISHED_TASK_STATES) + FAILED_STATES
 
 
 def task_summary(t: TaskRecord) -> dict[str, Any]:
@@ -171,11 +181,47 @@ def agent_dict(a: AgentInstance) -> dict[str, Any]:
     }
 
 
+def why_dict(why: Why) -> dict[str, Any]:
+    """Why a task waits, as plain data (the gates' enums as their values)."""
+    return dataclasses.asdict(why)
+
+
+def waiting_counts(found: list[Why]) -> list[dict[str, Any]]:
+    """The reasons that hold these tasks in the end (`Why.holding`), counted by reason, the
+    task's workflow and, for a step's reason, the step's agent: most first, each with the
+    earliest `since` and `until` of its tasks."""
+    groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    for why in found:
+        g = why.holding
+        from_step = bool(why.steps) and g is why.steps[0].gate
+        agent = why.steps[0].agent if from_step else None
+        key = (str(g.reason), why.workflow, agent)
+        entry = groups.setdefault(
+            key,
+            {
+                "reason": str(g.reason),
+                "workflow": why.workflow,
+                "agent": agent,
+                "tasks": 0,
+                "since": None,
+                "until": None,
+                "example": why.task_id,
+            },
+        )
+        entry["tasks"] += 1
+        for when in ("since", "until"):
+            value = getattr(g, when)
+            if value is not None and (entry[when] is None or value < entry[when]):
+                entry[when] = value
+    return sorted(groups.values(), key=lambda e: (-e["tasks"], e["reason"], e["workflow"]))
+
+
 @dataclass
 class Reader:
     """The dashboard's reads, through the App's store for the running event loop."""
 
     app: App
+    _waiting_read: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
 
     async def overview(self) -> dict[str, Any]:
         store = await self.app.store()
@@ -216,7 +262,35 @@ class Reader:
             "alerts": [alert_dict(m) for m in await store.newest_outbox(channel=ALERTS, limit=5)],
             "unrunnable": [backlog_dict(b) for b in stranded],
             "relay": [dataclasses.asdict(b) for b in await store.relay_backlog()],
+            "waiting": await self._waiting(),
         }
+
+    async def _waiting(self) -> dict[str, Any]:
+        """Why the newest unfinished tasks of each state wait, counted (`waiting_counts`),
+        as read within the last WAITING_EVERY seconds."""
+        if self._waiting_read is not None and time.monotonic() < self._waiting_read[0]:
+            return self._waiting_read[1]
+        counted = await self._count_waiting()
+        self._waiting_read = (time.monotonic() + WAITING_EVERY, counted)
+        return counted
+
+    async def _count_waiting(self) -> dict[str, Any]:
+        store = await self.app.store()
+        found: list[Why] = []
+        for state in WAITING_STATES:
+            for t in await store.find_tasks(state=state, limit=WHY_PER_STATE):
+                try:
+                    found.append(await self.app.why_async(t.task_id))
+                except TaskNotFound:  # purged meanwhile
+                    continue
+        return {"looked_at": len(found), "reasons": waiting_counts(found)}
+
+    async def why(self, task_id: str) -> dict[str, Any] | None:
+        """Why the task waits, or None when there is no such task."""
+        try:
+            return why_dict(await self.app.why_async(task_id))
+        except TaskNotFound:
+            return None
 
     async def tasks(
         self,

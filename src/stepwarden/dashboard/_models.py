@@ -28,6 +28,7 @@ from .._check import (
     TAG_KEY_PATTERN,
 )
 from .._text import SAFE_PATTERN
+from ..records import WaitReason
 from ..states import StepState, TaskState
 
 TASK_ACTIONS = ("retry", "skip", "pause", "resume", "cancel", "compensate")
@@ -407,6 +408,101 @@ class RelayDestination(_Closed):
     error: str | None = Field(description="The newest error, without credentials.")
 
 
+class WaitFact(_Closed):
+    position: str | None = Field(description="Its place in the workflow.")
+    kind: Literal["timer", "event", "child"]
+    name: str = Field(description="The event's name, the child's task id ('' for a timer).")
+    wake_at: datetime | None = Field(description="A timer's end, an event's timeout.")
+
+
+class ChildFact(_Closed):
+    task_id: str
+    state: TaskState
+
+
+class Gate(_Closed):
+    """What holds a task or a step now: its `reason`, and the facts that reason fills in (the
+    others are null or empty; the reason's description says which)."""
+
+    reason: WaitReason
+    until: datetime | None = Field(
+        description="When it ends: a timer, an event's timeout, a delayed start, a backoff, a "
+        "breaker's next try, a rate's period; for held work, when the supervisor takes it "
+        "back at the latest."
+    )
+    since: datetime | None = Field(
+        description="Since when: the task ended, was set aside or paused; the last beat of a "
+        "scheduler or agent instance that could run it (none alive)."
+    )
+    state: TaskState | None
+    error: str | None
+    alert: str | None = Field(description="The reason of the task's newest alert.")
+    by: str | None = Field(description="Who paused the task, as they said.")
+    authenticated: str | None = Field(description="How they proved it (api-token, session).")
+    note: str | None = Field(description="The reason they gave.")
+    event: str | None = Field(description="The event waited for.")
+    waits: list[WaitFact]
+    children: list[ChildFact]
+    workflow: str | None
+    version: int | None
+    schedulers: list[str] = Field(description="The alive schedulers that run the task's version.")
+    ahead: int | None = Field(description="Tasks (or requests of the agent) before it.")
+    rank: int | None = Field(description="Its place in the claim order (ahead + 1).")
+    holder: str | None = Field(description="The instance that holds it.")
+    holder_alive: bool | None
+    beat_age: float | None = Field(description="Seconds since the holder's last beat.")
+    agent: str | None
+    operation: str | None
+    instances: list[str] = Field(description="The agent instances the reason is about.")
+    limit: int | None = Field(description="The operation's concurrency or rate limit.")
+    per: float | None = Field(description="The rate's period, in seconds.")
+    in_use: int | None = Field(description="Steps running, or starts within the period.")
+    held_by: list[str] = Field(description="The tasks whose running steps hold the limit.")
+
+
+class StepWhy(_Closed):
+    seq: int
+    name: str
+    agent: str
+    operation: str
+    state: StepState
+    gate: Gate
+
+
+class WhyAnswer(_Closed):
+    """Why a task waits: its own gate, each open step's, and what holds it in the end."""
+
+    task_id: str
+    workflow: str
+    version: int
+    state: TaskState
+    gate: Gate
+    steps: list[StepWhy] = Field(description="Its open steps, by seq.")
+    holding: Gate = Field(
+        description="What holds the task in the end: a held task's first open step's gate, "
+        "else its own."
+    )
+
+
+class WaitingReason(_Closed):
+    reason: WaitReason
+    workflow: str
+    agent: str | None = Field(description="The agent of the step whose gate it is.")
+    tasks: int = Field(ge=1)
+    since: datetime | None = Field(description="The earliest since of these tasks.")
+    until: datetime | None = Field(description="The earliest until of these tasks.")
+    example: str = Field(description="One of these tasks.")
+
+
+class Waiting(_Closed):
+    looked_at: int = Field(
+        ge=0,
+        description="The tasks looked at: the newest of each unfinished state (counted "
+        "again every 10 s).",
+    )
+    reasons: list[WaitingReason] = Field(description="Most tasks first.")
+
+
 class Overview(_Closed):
     counts: Counts  # type: ignore[valid-type]
     oldest_pending_age: Annotated[float, Field(ge=0)] | None
@@ -422,6 +518,10 @@ class Overview(_Closed):
         default_factory=list,
         description="Per broker destination, the status messages not yet delivered "
         "(none listed: all delivered).",
+    )
+    waiting: Waiting = Field(
+        description="What holds the unfinished tasks (`WhyAnswer.holding`), by reason, "
+        "workflow and agent."
     )
 
 

@@ -306,6 +306,7 @@ def create_app(
             finished_states=[str(s) for s in FINISHED_TASK_STATES],
             waiting_event=_event_waited_for(data["task"]["waiting_for"]),
             timeline=step_timeline(data["task"], data["steps"], datetime.now(UTC)),
+            why=await reader.why(task_id),
         )
 
     async def alerts_page(request: Request) -> Response:

@@ -32,14 +32,16 @@ def open_store(url: str, *, keys: Keyring | None = None) -> Store | ShardedStore
     return store
 
 
-def open_one(url: str, *, keys: Keyring | None = None) -> Store:
+def open_one(url: str, *, keys: Keyring | None = None, read_only: bool = False) -> Store:
     """The store of the one database at `url` (not yet opened), as `open_store` opens it;
-    several URLs (a store of shards) are refused."""
+    several URLs (a store of shards) are refused. `read_only`: its connections refuse every
+    write (`Store.read_only`): open it with `migrate=False`."""
     _check_url(url)
     if len(url.split()) > 1:
         raise ConfigurationError("this store is one database: several URLs name shards")
     store = _store_for(url)
     store.keys = keys
+    store.read_only = read_only
     return store
 
 

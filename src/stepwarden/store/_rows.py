@@ -20,20 +20,26 @@ from ..records import (
     Activity,
     ActivityBucket,
     AgentInstance,
+    ChildFact,
     EventRecord,
     Expired,
     LeaseRecord,
+    OpLimit,
     OutboxMessage,
+    PauseFact,
     RelayBacklog,
     Released,
     Request,
     ScheduleRecord,
     SchedulerInstance,
     ScheduleSpec,
+    StepFacts,
     StepRecord,
     StepStats,
+    TaskFacts,
     TaskRecord,
     VersionBacklog,
+    WaitFact,
     WaitRecord,
     Woke,
 )
@@ -380,4 +386,84 @@ def call_facts(row: Row) -> CallFacts:
         abandoned=bool(row["abandoned"]),
         call_stopped=bool(row["call_stopped"]),
         task_state=TaskState(row["process_state"]),
+    )
+
+
+def wait_fact(row: Row) -> WaitFact:
+    return WaitFact(
+        position=row["position"], kind=row["kind"], name=row["name"], wake_at=when(row["wake_at"])
+    )
+
+
+def child_facts(rows: Sequence[Row]) -> tuple[ChildFact, ...]:
+    """The children a task's open child waits name, each in its state (a child purged
+    meanwhile is left out)."""
+    return tuple(
+        ChildFact(task_id=r["name"], state=TaskState(r["child_state"]))
+        for r in rows
+        if r["kind"] == "child" and r["child_state"] is not None
+    )
+
+
+def pause_fact(rows: Sequence[Row]) -> PauseFact | None:
+    """The operator action that paused the task, of the rows `why_marks` reads."""
+    for r in rows:
+        if r["kind"] == "operator":
+            detail = loads(r["detail"])
+            return PauseFact(
+                by=str(detail.get("by")),
+                authenticated=detail.get("authenticated"),
+                note=detail.get("reason"),
+                at=at(r["at"]),
+            )
+    return None
+
+
+def alert_reason(rows: Sequence[Row]) -> str | None:
+    """The reason of the task's newest alert, of the rows `why_marks` reads."""
+    for r in rows:
+        if r["kind"] == "alert":
+            reason = loads(r["detail"]).get("reason")
+            return None if reason is None else str(reason)
+    return None
+
+
+def task_facts(
+    row: Row,
+    waits: Sequence[Row],
+    marks: Sequence[Row],
+    schedulers: Sequence[SchedulerInstance],
+    keys: Keyring | None = None,
+) -> TaskFacts:
+    return TaskFacts(
+        task=task_record(row, keys),
+        now=at(row["now"]),
+        eligible_at=at(row["eligible_at"]),
+        ahead=int(row["ahead"]),
+        waits=tuple(wait_fact(w) for w in waits),
+        children=child_facts(waits),
+        paused=pause_fact(marks),
+        alert=alert_reason(marks),
+        schedulers=tuple(schedulers),
+    )
+
+
+def step_facts(
+    row: Row,
+    instances: Sequence[AgentInstance],
+    limit: OpLimit | None,
+    usage: Row | None,
+    keys: Keyring | None = None,
+) -> StepFacts:
+    """An open step's facts: `usage` is its operation's `why_limit` row (None: no limit)."""
+    return StepFacts(
+        step=step_record(row, keys),
+        now=at(row["now"]),
+        instances=tuple(i for i in instances if i.agent == row["agent"]),
+        ahead=int(row["ahead"]),
+        limit=limit,
+        running=0 if usage is None else int(usage["running"]),
+        running_tasks=() if usage is None else tuple(loads(usage["running_tasks"])),
+        started=0 if usage is None else int(usage["started"]),
+        oldest_start=None if usage is None else when(usage["oldest_start"]),
     )

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from .._aio import first
 from .._batch import Batcher
 from .._json import holds_secret, tags_text
-from ..errors import KeyringError, SchemaVersionError, TransientStoreError
+from ..errors import ConfigurationError, KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
     Activity,
@@ -57,6 +57,7 @@ from ..records import (
     ScheduleSpec,
     SendOutcome,
     StepDispatch,
+    StepFacts,
     StepOutcome,
     StepRecord,
     StepStats,
@@ -64,6 +65,7 @@ from ..records import (
     Submission,
     Submitted,
     SweepRound,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -76,7 +78,7 @@ from ..records import (
 from ..retry import Backoff, retried, within_tries
 from ..rules import await_next
 from ..sealing import Keyring, input_digest
-from ..states import TaskState
+from ..states import StepState, TaskState
 from . import _rows, _sql, policy, reseal
 from ._flow import Flow, FlowFn, Query, Rows, Wakeups
 from .reseal import Cursor, Round
@@ -86,6 +88,8 @@ BEAT_GATHER = 0.01
 """Seconds the registry beats of one process wait for each other (`Store._beats`)."""
 DIGEST_BATCH = 500
 """Tasks given their input's digest in one transaction, when a store is migrated."""
+WHY_HELD_BY = 20
+"""The tasks named, at most, as holding an operation's concurrency (`Store.why_facts`)."""
 
 
 def _one(query: Query) -> Flow[Rows]:
@@ -217,6 +221,11 @@ class Store(abc.ABC):
         self._beats: Batcher[Query, Rows] = Batcher(self._beat_group, gather=BEAT_GATHER)
         """The registry beats of this process's instances (its scheduler's and agents'),
         written together: one transaction per beat, however many instances beat."""
+        self.read_only = False
+        """Whether this store only reads (set before it opens, `open_one(read_only=True)`):
+        the database refuses every write of its connections (SQLite: `query_only`;
+        PostgreSQL: read-only transactions), it is never migrated, and a keyring is only
+        checked against the store's checks, never recorded."""
         self.write_observer: Callable[[float], None] | None = None
         """Told the seconds each write transaction took, committed or not (a worker's
         metrics, `Metrics.observe_write`)."""
@@ -318,6 +327,8 @@ class Store(abc.ABC):
         """Once connected: migrate when asked, then check the schema version (closing the
         store when either fails)."""
         try:
+            if migrate and self.read_only:
+                raise ConfigurationError("a read-only store is not migrated")
             if migrate:
                 await self.migrate()
             await self._check_version()
@@ -335,7 +346,7 @@ class Store(abc.ABC):
         store knows is not the one that sealed there (a wrong key); the keyring's current
         key recorded, with its check, when the store does not know it yet."""
         known = {r["key_id"]: r["check_value"] for r in await self._read_one("sealing_keys")}
-        if keys.current not in known:
+        if keys.current not in known and not self.read_only:
             check = keys.check()
             await self._write_one(
                 Query("add_sealing_key", {"key_id": keys.current, "check_value": check})
@@ -1130,6 +1141,50 @@ class Store(abc.ABC):
         """For each agent and operation of the stored steps: how many were started
         (claimed), completed, failed and reassigned, and how long the completed ones took."""
         return [_rows.step_stats(r) for r in await self._read_one("step_stats")]
+
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None:
+        """The facts of why a task waits (`rules.task_gate`) and of each of its open steps
+        (`rules.step_gate`), None when there is no such task: the task with its rank, open
+        waits, pause and last alert, the registries, and for each open step its place in its
+        agent's queue and what takes up its operation's limit (`limits`, by (agent,
+        operation), as the App declares them). Several reads, each of the store's clock."""
+        rows = await self._read_one("why_task", task_id=task_id)
+        if not rows:
+            return None
+        waits = await self._read_one("why_waits", task_id=task_id)
+        marks = await self._read_one("why_marks", task_id=task_id)
+        schedulers = await self.list_schedulers()
+        task = _rows.task_facts(rows[0], waits, marks, schedulers, self.keys)
+        step_rows = await self._read_one("why_steps", task_id=task_id)
+        agents = await self.list_agents() if step_rows else []
+        steps: list[StepFacts] = []
+        for row in step_rows:
+            limit = (limits or {}).get((row["agent"], row["operation"]))
+            usage = None
+            if limit is not None and row["state"] == str(StepState.NOT_STARTED):
+                [usage] = await self._read_one(
+                    "why_limit",
+                    agent=row["agent"],
+                    operation=row["operation"],
+                    limit_key=row["limit_key"] or "",
+                    per=float(limit.per),
+                    tasks=WHY_HELD_BY,
+                )
+            steps.append(_rows.step_facts(row, agents, limit, usage, self.keys))
+        return task, steps
+
+    async def stale_tasks(self, workflow: str, after: float, limit: int) -> list[str]:
+        """The ids of the unfinished tasks of `workflow` (not those in error) that have not
+        moved for `after` seconds and raised no task_stuck alert since, the longest first."""
+        rows = await self._read_one("stale_tasks", workflow=workflow, after=after, limit=limit)
+        return [r["task_id"] for r in rows]
+
+    async def stuck_alerted(self, task_id: str, wait_reason: str) -> bool:
+        """Whether the task raised a task_stuck alert for this reason that holds it."""
+        [row] = await self._read_one("stuck_alerted", task_id=task_id, wait_reason=wait_reason)
+        return int(row["n"]) > 0
 
     async def count_events(self, kind: str) -> int:
         """The number of stored events of `kind`."""

@@ -24,7 +24,6 @@ port here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -58,6 +57,7 @@ from ..records import (
     ScheduleSpec,
     SendOutcome,
     StepDispatch,
+    StepFacts,
     StepOutcome,
     StepRecord,
     StepStats,
@@ -65,6 +65,7 @@ from ..records import (
     Submission,
     Submitted,
     SweepRound,
+    TaskFacts,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -77,7 +78,7 @@ from ..records import (
 from ..retry import Backoff
 from ..sealing import Keyring
 from ..states import TaskState
-from .base import Subscription, Transaction
+from .base import Subscription
 
 
 class WakeupPort(Protocol):
@@ -115,8 +116,8 @@ class ReadPort(Protocol):
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]: ...
@@ -155,6 +156,9 @@ class ReadPort(Protocol):
     ) -> list[VersionBacklog]: ...
     async def schedules(self) -> list[ScheduleRecord]: ...
     async def relay_backlog(self) -> list[RelayBacklog]: ...
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None: ...
 
 
 class ApplicationPort(WakeupPort, Protocol):
@@ -167,7 +171,6 @@ class ApplicationPort(WakeupPort, Protocol):
 
     async def listen(self) -> None: ...
     async def submit(self, tasks: Sequence[Submission]) -> list[Submitted]: ...
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]: ...
     async def get_task(self, task_id: str) -> TaskRecord | None: ...
     async def await_task(self, task_id: str) -> TaskRecord | None: ...
     async def get_steps(self, task_id: str) -> list[StepRecord]: ...
@@ -178,8 +181,8 @@ class ApplicationPort(WakeupPort, Protocol):
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]: ...
@@ -295,6 +298,12 @@ class SupervisorPort(AlertPort, RelayPort, Protocol):
     """When (monotonic) this process last lost the server."""
 
     async def try_lease(self, name: str, holder: str, ttl: float) -> LeaseTry: ...
+    async def stale_tasks(self, workflow: str, after: float, limit: int) -> list[str]: ...
+    async def stuck_alerted(self, task_id: str, wait_reason: str) -> bool: ...
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None: ...
+    async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None: ...
     async def look_lease(self, name: str, holder: str) -> float | None: ...
     async def sweep_round(
         self,

@@ -442,6 +442,8 @@ class PostgresStore(Store):
         if self._pool is not None:
             return
         where = self._where()
+        if self.read_only:
+            self._read_only_sessions()
         # A direct first connection reports an unreachable server at once and clearly;
         # the pool would only keep retrying in the background.
         try:
@@ -464,6 +466,26 @@ class PostgresStore(Store):
         if self.pooler == "transaction":
             await self._check_session_timeouts()
         await self._ready(migrate)
+
+    def _read_only_sessions(self) -> None:
+        """Every session of this store reads only: its transactions are read-only
+        (`default_transaction_read_only`), so that the server refuses any write."""
+        if self.pooler == "transaction":
+            raise ConfigurationError(
+                "a read-only store needs its session options, which a pooler in transaction "
+                "mode does not pass: connect to the server itself, or to a standby"
+            )
+        options = str(
+            self.connect_kwargs.get("options")
+            or conninfo_to_dict(self.conninfo).get("options")
+            or ""
+        )
+        if "default_transaction_read_only" not in options:
+            self.connect_kwargs["options"] = (
+                f"{options} -c default_transaction_read_only=on".strip()
+            )
+        if "target_session_attrs" not in conninfo_to_dict(self.conninfo):
+            self.connect_kwargs["target_session_attrs"] = "any"  # a standby serves reads
 
     async def _check_session_timeouts(self) -> None:
         """Behind a transaction pooler the store cannot set SESSION_TIMEOUTS itself: refuse

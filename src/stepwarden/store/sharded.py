@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, TransientStoreError
@@ -44,16 +44,19 @@ from ..records import (
     EventRecord,
     LeaseRecord,
     OperatorAction,
+    OpLimit,
     OutboxMessage,
     Redrive,
     RelayBacklog,
     ScheduleRecord,
     SchedulerInstance,
     SendOutcome,
+    StepFacts,
     StepRecord,
     StepStats,
     Submission,
     Submitted,
+    TaskFacts,
     TaskRecord,
     VersionBacklog,
     WaitRecord,
@@ -62,7 +65,7 @@ from ..rules import resubmit
 from ..sealing import Keyring
 from ..states import TaskState
 from . import _rows, policy
-from .base import Notifier, Store, Subscription, Transaction
+from .base import Notifier, Store, Subscription
 
 T = TypeVar("T")
 logger = logging.getLogger("stepwarden.store")
@@ -407,13 +410,6 @@ class ShardedStore:
             await self._read_map(first=False)
         raise TransientStoreError("the shard map kept changing while tasks were submitted")
 
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
-        _refuse(
-            "a transaction of the application's",
-            "its writes and its submits would commit on one database, and a submit made in it "
-            "would not be placed by the shard map",
-        )
-
     # -- one task -------------------------------------------------------------------------
     async def get_task(self, task_id: str) -> TaskRecord | None:
         found = await self._find(task_id)
@@ -447,10 +443,9 @@ class ShardedStore:
         *,
         apply: bool,
     ) -> Redrive:
-        _refuse(
-            "a fork",
-            "the fork would be written on its original's shard, not where the shard map "
-            "places its id",
+        raise ConfigurationError(
+            "a fork is not made on a store of shards: it would be written on its original's "
+            "shard, not where the shard map places its id"
         )
 
     async def send_event(
@@ -478,15 +473,14 @@ class ShardedStore:
     async def outbox(
         self,
         *,
+        task_id: str,
         channel: str | None = None,
-        task_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> list[OutboxMessage]:
-        """A task's messages (its shard's): message ids are each shard's own, so that
-        reading a channel from an id on is one task's, or one shard's (`part`)."""
-        if task_id is None:
-            _refuse("a channel's status messages across shards", "follow one task's")
+        """A task's messages (its shard's). Message ids are each shard's own: a channel's
+        messages from an id on are one shard's, read on that shard's store (`parts`); the
+        store of shards serves no such read (the application's port asks for a task)."""
         part = await self._shard_of(task_id)
         return await part.outbox(channel=channel, task_id=task_id, after=after, limit=limit)
 
@@ -592,6 +586,12 @@ class ShardedStore:
                 )
         return [merged[k] for k in sorted(merged)]
 
+    async def why_facts(
+        self, task_id: str, limits: Mapping[tuple[str, str], OpLimit] | None = None
+    ) -> tuple[TaskFacts, list[StepFacts]] | None:
+        # On the task's shard, with that shard's registries: its own schedulers and agents.
+        return await (await self._shard_of(task_id)).why_facts(task_id, limits)
+
     async def relay_backlog(self) -> list[RelayBacklog]:
         return [b for each in await self._each(lambda p: p.relay_backlog()) for b in each]
 
@@ -656,10 +656,6 @@ def _postgres(url: str, keys: Keyring | None) -> Store:
     from . import open_one
 
     return open_one(url, keys=keys)
-
-
-def _refuse(what: str, instead: str) -> NoReturn:
-    raise ConfigurationError(f"{what} is not served by a sharded store: {instead}")
 
 
 def _shown(url: str) -> str:

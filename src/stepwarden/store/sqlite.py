@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from .. import rules
 from ..errors import (
     ConfigurationError,
     PermanentStoreError,
@@ -70,25 +71,6 @@ def _split(script: str) -> list[str]:
 
 
 SQL = {name: _split(text) for name, text in _sql.queries("sqlite").items()}
-
-
-def _step_deadline(
-    now: float | None,
-    complete_within: float | None,
-    task_complete_by: float | None,
-    give_up_by: float | None,
-    not_before: float | None,
-) -> float | None:
-    """SQL's `stepwarden_step_deadline`, as PostgreSQL's (migration 0015): `now` + the step's
-    complete_within, never past its task's complete_by nor its total timeout (give_up_by),
-    never before `not_before`; a NULL is no candidate, as in PostgreSQL's LEAST and
-    GREATEST (SQLite's MIN and MAX of several arguments are NULL when one is)."""
-    within = None if now is None or complete_within is None else now + complete_within
-    capped = [t for t in (within, task_complete_by, give_up_by) if t is not None]
-    earliest = min(capped) if capped else None
-    if earliest is None or not_before is None:
-        return not_before if earliest is None else earliest
-    return max(earliest, not_before)
 
 
 def _wal(conn: sqlite3.Connection) -> None:
@@ -221,7 +203,7 @@ class SQLiteStore(Store):
             target, isolation_level=None, check_same_thread=False, timeout=30, uri=uri
         )
         conn.row_factory = _dict_row
-        conn.create_function("stepwarden_step_deadline", 5, _step_deadline, deterministic=True)
+        conn.create_function("stepwarden_step_deadline", 5, rules.step_deadline, deterministic=True)
         return conn
 
     def _settle(self, conn: sqlite3.Connection) -> None:
@@ -229,6 +211,8 @@ class SQLiteStore(Store):
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=30000")
+        if self.read_only:
+            conn.execute("PRAGMA query_only=ON")  # every write of this connection refused
 
     async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None or self._executor is None:

@@ -18,6 +18,7 @@ from ...records import (
 )
 from ...rules import (
     event_beyond,
+    wait_mismatch,
     waiting_for_all,
 )
 from ...sealing import Binding, Keyring
@@ -53,18 +54,13 @@ def wait(req: WaitRequest, keys: Keyring | None, wake: Wakeups) -> Flow[WaitOutc
                "position": req.position}  # fmt: skip
         found = yield from fetch("insert_wait", **key, **new)
     [w] = found
-    if (w["kind"], w["name"]) != (req.kind, req.name):
-        return WaitOutcome(state="mismatch", recorded=(w["kind"], w["name"]))
-    if replayed and req.kind == "child" and req.child is not None:
+    child_workflow = None
+    if replayed and (w["kind"], w["name"]) == (req.kind, req.name) and req.kind == "child":
         child = yield from fetch("child_read", task_id=req.name)
-        if child and child[0]["workflow"] != req.child.workflow:
-            return WaitOutcome(
-                state="mismatch",
-                recorded=(w["kind"], w["name"]),
-                reason=f"the child task {req.name!r} recorded at position {req.position} runs "
-                f"workflow {child[0]['workflow']!r}, the workflow asked for "
-                f"{req.child.workflow!r}",
-            )
+        child_workflow = child[0]["workflow"] if child else None
+    mismatch = wait_mismatch(req, w["kind"], w["name"], child_workflow)
+    if mismatch is not None:
+        return mismatch
     if w["state"] == "done":
         return WaitOutcome(state="done", payload=_rows.wait_payload(w, keys))
     if w["state"] == "failed":

@@ -1894,3 +1894,86 @@ WHERE s.name = d.name AND s.input::text = d.old
 UPDATE stepwarden_outbox AS o SET detail = d.doc::json
 FROM unnest(%(id)s::bigint[], %(old)s::text[], %(doc)s::text[]) AS d(id, old, doc)
 WHERE o.id = d.id AND o.detail::text = d.old
+
+-- name: why_task
+-- A task, the store's clock, and how many tasks of its (workflow, version) are ahead of it in
+-- the claim order (pending, or compensating and unheld, eligible now, ranked before it): the
+-- facts of `rules.task_gate`, read through the claim indexes.
+SELECT t.*, now() AS now,
+       (SELECT count(*) FROM stepwarden_tasks AS x
+        WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+          AND x.version = t.version AND x.eligible_at <= now() AND x.ranked_at < t.ranked_at)
+       + (SELECT count(*) FROM stepwarden_tasks AS x
+          WHERE x.process_state = 'compensating' AND x.locked_by IS NULL
+            AND x.workflow = t.workflow AND x.version = t.version AND x.eligible_at <= now()
+            AND x.ranked_at < t.ranked_at) AS ahead
+FROM stepwarden_tasks AS t WHERE t.task_id = %(task_id)s
+
+-- name: why_waits
+-- A task's open waits (timers, events, children), each child's state beside its wait.
+SELECT w.position, w.kind, w.name, w.wake_at, c.process_state AS child_state
+FROM stepwarden_waits AS w
+LEFT JOIN stepwarden_tasks AS c ON w.kind = 'child' AND c.task_id = w.name
+WHERE w.task_id = %(task_id)s AND w.state = 'open' AND w.kind IN ('timer', 'event', 'child')
+ORDER BY w.seq
+
+-- name: why_marks
+-- The newest operator action that paused a task and its newest alert (kind, at, detail).
+(SELECT kind, at, detail::text AS detail FROM stepwarden_events
+ WHERE task_id = %(task_id)s AND kind = 'operator' AND detail->>'action' = 'pause'
+ ORDER BY id DESC LIMIT 1)
+UNION ALL
+(SELECT kind, at, detail::text AS detail FROM stepwarden_events
+ WHERE task_id = %(task_id)s AND kind = 'alert'
+ ORDER BY id DESC LIMIT 1)
+
+-- name: why_steps
+-- A task's open steps, each with the store's clock and how many requests of its agent are
+-- queued (in time) ahead of it.
+SELECT s.*, now() AS now,
+       (SELECT count(*) FROM stepwarden_steps AS q
+        WHERE q.state = 'not_started' AND q.agent = s.agent AND q.ranked_at < s.ranked_at
+          AND q.complete_by > now()) AS ahead
+FROM stepwarden_steps AS s
+WHERE s.task_id = %(task_id)s AND s.state IN ('not_started', 'running')
+ORDER BY s.seq
+
+-- name: why_limit
+-- What takes up an operation's limits for a limit key ('' for none): its running steps (the
+-- first of their tasks, oldest claim first), and its starts within the rate's period `per`
+-- with the oldest of them.
+SELECT (SELECT count(*) FROM stepwarden_steps
+        WHERE state = 'running' AND agent = %(agent)s AND operation = %(operation)s
+          AND coalesce(limit_key, '') = %(limit_key)s) AS running,
+       (SELECT coalesce(json_agg(task_id), '[]')::text FROM (
+            SELECT task_id FROM stepwarden_steps
+            WHERE state = 'running' AND agent = %(agent)s AND operation = %(operation)s
+              AND coalesce(limit_key, '') = %(limit_key)s
+            ORDER BY claimed_at, task_id LIMIT %(tasks)s) AS r) AS running_tasks,
+       (SELECT count(*) FROM stepwarden_starts
+        WHERE agent = %(agent)s AND operation = %(operation)s AND limit_key = %(limit_key)s
+          AND at > now() - make_interval(secs => %(per)s::float8)) AS started,
+       (SELECT min(at) FROM stepwarden_starts
+        WHERE agent = %(agent)s AND operation = %(operation)s AND limit_key = %(limit_key)s
+          AND at > now() - make_interval(secs => %(per)s::float8)) AS oldest_start
+
+-- name: stale_tasks
+-- The unfinished tasks of a workflow (not those waiting for an operator) that have not moved
+-- for `after` seconds and raised no task_stuck alert since they last moved, the longest
+-- unmoved first: what the supervisor looks at for the task_stuck alert.
+SELECT t.task_id FROM stepwarden_tasks AS t
+WHERE t.workflow = %(workflow)s
+  AND t.process_state IN ('pending', 'processing', 'waiting', 'paused', 'compensating')
+  AND t.updated_at <= now() - make_interval(secs => %(after)s::float8)
+  AND NOT EXISTS (
+      SELECT 1 FROM stepwarden_events AS e
+      WHERE e.task_id = t.task_id AND e.kind = 'alert' AND e.at >= t.updated_at
+        AND e.detail->>'reason' = 'task_stuck')
+ORDER BY t.updated_at
+LIMIT %(limit)s
+
+-- name: stuck_alerted
+-- Whether the task raised a task_stuck alert for this reason that holds it.
+SELECT count(*) AS n FROM stepwarden_events
+WHERE task_id = %(task_id)s AND kind = 'alert'
+  AND detail->>'reason' = 'task_stuck' AND detail->>'wait_reason' = %(wait_reason)s

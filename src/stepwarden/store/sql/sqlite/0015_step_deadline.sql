@@ -1,4 +1,4 @@
 -- A step's complete_by is computed by one function wherever it is set (a dispatch, a
 -- dispatch again, a heartbeat, a reassignment): stepwarden_step_deadline. SQLite stores no
--- function: the store registers it on each connection it opens (`sqlite._step_deadline`), so
+-- function: the store registers it on each connection it opens (`rules.step_deadline`), so
 -- this version changes nothing in the file; it keeps the versions of both dialects in step.
