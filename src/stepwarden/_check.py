@@ -9,7 +9,8 @@ becomes, cannot be stored at all), and integers must fit the stores' integer col
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeAlias
 
@@ -25,6 +26,15 @@ MAX_INT = 2**31 - 1
 """The largest priority, step number or limit: the stores' integer columns."""
 MAX_BIGINT = 2**63 - 1
 """The largest event or outbox id: the stores' bigint columns."""
+MAX_TAGS = 16
+"""The most tags a task may have (those of its submit and those its workflow adds)."""
+MAX_TAG_KEY = 64
+"""The longest tag key, in characters: a letter or digit, then letters, digits, `_ . : / -`."""
+MAX_TAG_VALUE = 256
+"""The longest tag value, in characters (1 at least, without control characters)."""
+TAG_KEY_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/-]*$"
+"""What a tag key may be (Python's and JSON Schema's dialect)."""
+TAG_KEY = re.compile(TAG_KEY_PATTERN)
 
 
 def shown(value: Any, width: int = 60) -> str:
@@ -204,3 +214,66 @@ def task_ids(value: Any) -> list[str]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise ConfigurationError(f"task_ids must be a list of task ids, not {shown(value)}")
     return [name("task_id", v) for v in value]
+
+
+def tag(key: Any, value: Any) -> tuple[str, str]:
+    """One tag of a task: a key of 1 to MAX_TAG_KEY characters (`TAG_KEY`: no `=`, so that
+    `--tag KEY=VALUE` reads it back), a value of 1 to MAX_TAG_VALUE characters of valid
+    Unicode without control characters."""
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_TAG_KEY or not TAG_KEY.fullmatch(key):
+        raise ConfigurationError(
+            f"a tag key must be 1 to {MAX_TAG_KEY} characters: a letter or digit, then "
+            f"letters, digits and _ . : / -, not {shown(key)}"
+        )
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TAG_VALUE:
+        raise ConfigurationError(
+            f"tag {key!r}: its value must be a string of 1 to {MAX_TAG_VALUE} characters, "
+            f"not {shown(value)}"
+        )
+    bad = first_unsafe(value)
+    if bad is not None:
+        raise ConfigurationError(
+            f"tag {key!r}: its value must not contain control characters: {shown(value)} "
+            f"holds U+{ord(bad):04X}"
+        )
+    _unicode(f"tag {key!r}", value)
+    return key, value
+
+
+def tags(value: Any) -> dict[str, str]:
+    """A task's tags: a mapping of at most MAX_TAGS tags (`tag`)."""
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"tags must be a mapping of keys to values, not {shown(value)}")
+    if len(value) > MAX_TAGS:
+        raise ConfigurationError(f"a task has at most {MAX_TAGS} tags, not {len(value)}")
+    return dict(tag(k, v) for k, v in value.items())
+
+
+def tag_texts(texts: Iterable[str]) -> dict[str, str]:
+    """The tags written `KEY=VALUE` (split at the first `=`), each key once (`tags`): the
+    command line's `--tag`, the dashboard's `tag` parameter."""
+    found: dict[str, str] = {}
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not eq:
+            raise ConfigurationError(f"a tag is written KEY=VALUE, not {shown(text)}")
+        if key in found:
+            raise ConfigurationError(f"tag {shown(key)} is given twice")
+        found[key] = value
+    return tags(found)
+
+
+def tag_filter(texts: Iterable[str]) -> dict[str, str] | None:
+    """The tags a filter asks for, written `KEY=VALUE` (each checked as `tag_texts` does),
+    a key given twice with one value taken once; None when a key is given two values (no
+    task has both)."""
+    values: dict[str, set[str]] = {}
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not eq:
+            raise ConfigurationError(f"a tag is written KEY=VALUE, not {shown(text)}")
+        tag(key, value)
+        values.setdefault(key, set()).add(value)
+    if any(len(v) > 1 for v in values.values()):
+        return None
+    return tags({k: v.pop() for k, v in values.items()})

@@ -8,6 +8,7 @@ Read back (`loads`), either is a `Secret` again; a sealed one opens when reveale
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,18 @@ def plain(value: Any, *, what: str = "payload") -> str:
         if isinstance(exc.__cause__, KeyringError):
             raise exc.__cause__ from None
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def tags_text(tags: Mapping[str, str]) -> str:
+    """A task's tags as stored: a JSON object of strings, its keys sorted."""
+    return orjson.dumps(dict(tags), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def tags_of(stored: str | None) -> dict[str, str]:
+    """A task's tags as stored (`tags_text`); none for a row read without them."""
+    if stored is None:
+        return {}
+    return {str(k): str(v) for k, v in orjson.loads(stored).items()}
 
 
 def holds_secret(text: str | bytes) -> bool:

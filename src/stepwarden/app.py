@@ -14,7 +14,15 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
@@ -52,6 +60,7 @@ from .records import (
     OperatorAction,
     OpLimit,
     OutboxMessage,
+    Redrive,
     ScheduleRecord,
     SchedulerInstance,
     ScheduleSpec,
@@ -66,7 +75,15 @@ from .records import (
     status_of,
 )
 from .retry import Retry
-from .rules import CATCH_UP, holding_gate, plan_action, step_gate, submit_version, task_gate
+from .rules import (
+    CATCH_UP,
+    holding_gate,
+    plan_action,
+    plan_retry,
+    step_gate,
+    submit_version,
+    task_gate,
+)
 from .sealing import Binding, Keyring, input_digest
 from .secret import public_name
 from .states import FINISHED_TASK_STATES, OPERATOR_ACTIONS, OnFailure, TaskState
@@ -134,6 +151,7 @@ class SubmitOptions(TypedDict, total=False):
     start_after: timedelta | float | None
     version: int | None
     tenant: str | None
+    tags: Mapping[str, str] | None
 
 
 class App:
@@ -590,6 +608,8 @@ class App:
             self.destinations.check(reply_to)  # listed, never with credentials
         if "tenant" in asked:
             _check.tenant(asked["tenant"])
+        if "tags" in asked:
+            asked["tags"] = _check.tags(asked["tags"])
         text = _json.dumps(input, what="the task input", seal=self._seal(Binding.input(task_id)))
         return Submission(
             workflow=wf.name,
@@ -630,13 +650,15 @@ class App:
     ) -> TaskId[Any]:
         """Submit a task; returns its id. The options are the fields of
         `stepwarden.Submission` (`task_id`, `priority`, `reply_to`, `start_at`,
-        `start_after`, `version`). With `reply_to`, the task's status messages (received,
-        step_completed, processed, error, compensating, compensated, ...) are published on
-        that channel: follow them with `watch(task_id)` or `subscribe(channel)`. With
-        `start_at` (a datetime with its time zone) or `start_after` (a timedelta or seconds,
-        by the store's clock), the task waits (`waiting`, for "start") until then. The task
-        runs to its end on the newest version of the workflow this App declares, or on
-        `version` (one it declares).
+        `start_after`, `version`, `tags`). With `tags` (`{"customer": "c-42"}`: at most 16,
+        keys of at most 64 characters, values of at most 256; ConfigurationError beyond),
+        the task is found by them (`tasks(tags=...)`). With `reply_to`, the task's status
+        messages (received, step_completed, processed, error, compensating, compensated,
+        ...) are published on that channel: follow them with `watch(task_id)` or
+        `subscribe(channel)`. With `start_at` (a datetime with its time zone) or
+        `start_after` (a timedelta or seconds, by the store's clock), the task waits
+        (`waiting`, for "start") until then. The task runs to its end on the newest version
+        of the workflow this App declares, or on `version` (one it declares).
 
         A `task_id` submitted before creates nothing: the same submit (the same workflow,
         version and input, from Python) returns the id, its other options ignored; another
@@ -909,9 +931,11 @@ class App:
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         """Tasks, oldest first, optionally of one state, one workflow, one version and one
-        tenant ("": the tasks of none)."""
+        tenant ("": the tasks of none), and having every tag of `tags` (`{"customer":
+        "c-42"}`), read through the tags' index."""
         wanted = _check.state(state)
         if workflow is not None:
             _check.name("workflow", workflow)
@@ -920,8 +944,14 @@ class App:
         if tenant:
             _check.tenant(tenant)
         _check.integer("limit", limit, 1)
+        tagged = None if tags is None else _check.tags(tags)
         return await (await self.store()).list_tasks(
-            state=wanted, workflow=workflow, version=version, limit=limit, tenant=tenant
+            state=wanted,
+            workflow=workflow,
+            version=version,
+            limit=limit,
+            tenant=tenant,
+            tags=tagged,
         )
 
     def tasks(
@@ -932,10 +962,17 @@ class App:
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
+        """The blocking form of `tasks_async`."""
         return self._call(
             self.tasks_async(
-                state=state, workflow=workflow, limit=limit, version=version, tenant=tenant
+                state=state,
+                workflow=workflow,
+                limit=limit,
+                version=version,
+                tenant=tenant,
+                tags=tags,
             )
         )
 
@@ -1113,6 +1150,112 @@ class App:
     ) -> list[ActionOutcome]:
         """The blocking form of `operate_async`."""
         return self._call(self.operate_async(action, task_ids, **kwargs))
+
+    # -- redrives with a plan ---------------------------------------------------------------
+    async def retry_plan_async(self, task_id: str) -> Redrive:
+        """What `operate_async("retry", [task_id])` would do to each recorded step of the task
+        (`rules.plan_retry`), changing nothing: from error, a completed step is kept and a
+        failed one runs again under the same idempotency key; from compensation_failed, a
+        step to undo is undone (its compensation runs again). `applied` is False; `message`
+        says the move, or why a retry is refused."""
+        _check.name("task_id", task_id)
+        store = await self.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        steps = await store.get_steps(task_id)
+        outcome = self._retry_move(task.process_state)
+        return Redrive(
+            action="retry",
+            task_id=task_id,
+            runs_as=task_id,
+            applied=False,
+            steps=tuple(plan_retry(task_id, task.process_state, steps)),
+            message=outcome,
+        )
+
+    def retry_plan(self, task_id: str) -> Redrive:
+        """The blocking form of `retry_plan_async`."""
+        return self._call(self.retry_plan_async(task_id))
+
+    @staticmethod
+    def _retry_move(state: TaskState) -> str:
+        moves = OPERATOR_ACTIONS["retry"]
+        if state not in moves:
+            return f"cannot retry a task that is {state} (only when {', '.join(sorted(moves))})"
+        return f"would retry: {state} -> {moves[state]}"
+
+    async def fork_async(
+        self,
+        task_id: str,
+        *,
+        start: str,
+        new_task_id: str | None = None,
+        new_keys_from: int | None = None,
+        plan: bool = False,
+        by: str | None = None,
+        reason: str | None = None,
+        identity: str | None = None,
+    ) -> Redrive:
+        """A new task of the same workflow, version, input, priority, bounds and tags as
+        `task_id` (no `reply_to`: the App need not declare its workflow), whose
+        steps before the place `start` ("3", "2.1") keep their recorded results and whose
+        steps from there on run again (DBOS's fork_workflow, Temporal's reset). The steps
+        that run again carry the original's idempotency keys (`task_id/seq`: the service
+        deduplicates), but for those of seq `new_keys_from` and after, which carry the
+        fork's (`NEW/seq`). The fork keeps steps only: a wait recorded before `start` (a
+        timer, an event, a child, a patch marker) refuses it. `new_task_id` defaults to
+        `TASK~fork-` and a random suffix. With `plan`, nothing is written: the answer says
+        what each step would do. Both tasks' history records the fork, `by` (default: the
+        user running this), `reason` and `identity`. Refused (`applied` False, `message`
+        why) for a task that is not finished or has no step at `start`; raises TaskNotFound
+        for an unknown task."""
+        _check.name("task_id", task_id)
+        _check.name("start", start)
+        if new_keys_from is not None:
+            _check.integer("new_keys_from", new_keys_from, 1)
+        for what, value in (("by", by), ("identity", identity)):
+            if value is not None:
+                _check.name(what, value)
+        _check.text("reason", reason)
+        _check.flag("plan", plan)
+        store = await self.store()
+        task = await store.get_task(task_id)
+        if task is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        new_id = (
+            new_task_id if new_task_id is not None else f"{task_id}~fork-{uuid.uuid4().hex[:8]}"
+        )
+        _check.new_task_id(new_id)
+        text = _json.dumps(
+            task.input, what="the task input", seal=self._seal(Binding.input(new_id))
+        )
+        new = Submission(
+            workflow=task.workflow,
+            input=text,
+            task_id=new_id,
+            priority=task.priority,
+            version=task.version,
+            tags=task.tags,
+            complete_within=task.complete_within,
+            max_failures=task.max_failures,
+            on_failure=task.on_failure,
+            input_digest=input_digest(_json.plain(task.input), self.keys),
+        )
+        if task.process_state not in FINISHED_TASK_STATES:
+            why = f"task {task_id!r} is {task.process_state}: fork a finished task"
+            return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=False,
+                           steps=(), message=why)  # fmt: skip
+        detail: dict[str, Any] = {"action": "fork", "by": by or _operator_name(),
+                                  "reason": reason, "from_position": start,
+                                  "new_keys_from": new_keys_from}  # fmt: skip
+        if identity is not None:
+            detail["authenticated"] = identity
+        return await store.fork(task_id, new, start, new_keys_from, detail, apply=not plan)
+
+    def fork(self, task_id: str, **kwargs: Any) -> Redrive:
+        """The blocking form of `fork_async`."""
+        return self._call(self.fork_async(task_id, **kwargs))
 
     async def _preview(self, store: ApplicationPort, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)

@@ -14,7 +14,15 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -36,6 +44,7 @@ from .records import (
     ActionOutcome,
     EventBounds,
     Gate,
+    Redrive,
     SendOutcome,
     Submitted,
     TaskRecord,
@@ -150,6 +159,33 @@ def _echo_json(document: str) -> None:
 def _opt(*names: str, envvar: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that also reads `envvar`, and says so in its help."""
     return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
+def _tag_option(help: str) -> Callable[[F], F]:
+    return _opt(
+        "--tag",
+        "tags",
+        envvar="STEPWARDEN_TAG",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_tags,
+        help=f"{help} Given again for more tags (at most {_check.MAX_TAGS}; a key of 1 to "
+        f"{_check.MAX_TAG_KEY} characters, a letter or digit then letters, digits and "
+        f"_ . : / -; a value of 1 to {_check.MAX_TAG_VALUE} characters). The variable holds "
+        "them separated by spaces.",
+    )
+
+
+def _tags(
+    ctx: click.Context, param: click.Parameter, given: tuple[str, ...]
+) -> dict[str, str] | None:
+    """The tags of `--tag KEY=VALUE` options (None: none given), checked as the App does."""
+    if not given:
+        return None
+    try:
+        return _check.tag_texts(given)
+    except StepwardenError as exc:
+        raise click.BadParameter(_one_line(exc), ctx=ctx, param=param) from exc
 
 
 def _destinations_option(what: str) -> Callable[[F], F]:
@@ -628,6 +664,7 @@ def worker(
     metavar="NAME",
     help="Who the task belongs to (its children too) [default: none].",
 )
+@_tag_option("A tag of the task, what it is about: `stepwarden tasks --tag` finds it by it.")
 @click.pass_obj
 def submit(
     obj: _Ctx,
@@ -641,6 +678,7 @@ def submit(
     workflow_version: int | None,
     reply_to: str | None,
     tenant: str | None,
+    tags: dict[str, str] | None,
 ) -> None:
     """Submit a task of WORKFLOW with INPUT_JSON (default null) or the JSON of --input-file
     as its input; prints the task id. The task runs to its end on the newest version of
@@ -671,6 +709,7 @@ def submit(
                 start_after=start_after,
                 version=workflow_version,
                 tenant=tenant,
+                tags=tags,
             )
             [answer] = await app.submit_many_async([task])
             refuse_conflict(task, answer)
@@ -721,6 +760,7 @@ def submit(
     type=click.IntRange(min=1, max=_check.MAX_INT),
     help="At most this many tasks.",
 )
+@_tag_option("Only the tasks that have this tag (and every other one given).")
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
 @click.pass_obj
 def tasks(
@@ -730,9 +770,11 @@ def tasks(
     workflow_version: int | None,
     tenant: str | None,
     limit: int,
+    tags: dict[str, str] | None,
     as_json: bool,
 ) -> None:
-    """List tasks, oldest first, with a count per state (of every task)."""
+    """List tasks, oldest first, with a count per state (of every task); with --tag, those
+    that have the tags given, looked up by the tags' index."""
     url = obj.store_url()
 
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
@@ -749,6 +791,7 @@ def tasks(
                 version=workflow_version,
                 tenant=tenant,
                 limit=limit,
+                tags=tags,
             )
             return found, await store.count_tasks()
         finally:
@@ -1129,6 +1172,8 @@ def show(obj: _Ctx, task_id: str, as_json: bool, events: int, before: int | None
         _echo(f"  waiting_for    {t.waiting_for}  until {_time(t.wake_at)}")
     _echo(f"  complete_by    {_time(t.complete_by)}")
     _echo(f"  created        {_time(t.created_at)}   finished {_time(t.finished_at)}")
+    if t.tags:
+        _echo(f"  tags           {' '.join(f'{k}={v}' for k, v in sorted(t.tags.items()))}")
     _echo(f"  input          {_json.display(t.input)}")
     if t.result is not None:
         _echo(f"  result         {_json.display(t.result)}")
@@ -1406,11 +1451,138 @@ def _operate(
 
 @cli.command()
 @_operator_options
+@_opt(
+    "--plan",
+    envvar="STEPWARDEN_PLAN",
+    is_flag=True,
+    help="Print what the retry does to each recorded step of the tasks named (kept, run "
+    "again under the same idempotency key, undone first); change nothing.",
+)
 @click.pass_obj
-def retry(obj: _Ctx, /, task_ids: tuple[str, ...], **options: Any) -> None:
+def retry(obj: _Ctx, /, task_ids: tuple[str, ...], plan: bool, **options: Any) -> None:
     """Resubmit tasks in error (or whose compensation failed): their failed steps run again
-    under new attempts and the same idempotency keys; completed steps are kept."""
-    _operate(obj, "retry", task_ids, **options)
+    under new attempts and the same idempotency keys; completed steps are kept. With
+    --plan, say so per step first, and change nothing."""
+    if not plan:
+        _operate(obj, "retry", task_ids, **options)
+        return
+    if not task_ids or options["state"] or options["workflow"]:
+        raise click.UsageError("--plan takes the tasks by name (a bulk retry has --dry-run)")
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> list[Redrive]:
+        try:
+            return [await app.retry_plan_async(t) for t in task_ids]
+        finally:
+            await app.aclose()
+
+    for redrive in _run(go()):
+        _echo_plan(redrive)
+
+
+@cli.command()
+@click.argument("task_id")
+@_opt(
+    "--from",
+    "start",
+    envvar="STEPWARDEN_FROM",
+    required=True,
+    metavar="POSITION",
+    help="The place of the first step that runs again (1, 2, 3.1: `stepwarden show` gives "
+    "each step's); the steps before it keep their recorded results.",
+)
+@_opt(
+    "--task-id",
+    "new_task_id",
+    envvar="STEPWARDEN_TASK_ID",
+    default=None,
+    help="The new task's id [default: TASK_ID~fork- and a random suffix].",
+)
+@_opt(
+    "--new-keys-from",
+    envvar="STEPWARDEN_NEW_KEYS_FROM",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="SEQ",
+    help="The steps of this seq and after run again under new idempotency keys (NEW/seq) "
+    "[default: every step runs again under the original's key, which the service "
+    "deduplicates].",
+)
+@_opt(
+    "--plan",
+    envvar="STEPWARDEN_PLAN",
+    is_flag=True,
+    help="Print what the fork does to each recorded step (kept, run again under the same "
+    "key, run again under a new key); change nothing.",
+)
+@_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
+@_opt(
+    "--by",
+    envvar="STEPWARDEN_BY",
+    default=None,
+    help="Who, for the history (default: the user running this).",
+)
+@click.pass_obj
+def fork(
+    obj: _Ctx,
+    task_id: str,
+    start: str,
+    new_task_id: str | None,
+    new_keys_from: int | None,
+    plan: bool,
+    reason: str | None,
+    by: str | None,
+) -> None:
+    """Run a finished task again from the step at --from as a new task of the same
+    workflow, version and input: the steps before it keep their recorded results, those from
+    it run again under the original's idempotency keys (or new ones from --new-keys-from).
+    Prints the plan per step, then what it did (nothing with --plan); exit code 1 when the
+    fork is refused."""
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    async def go() -> Redrive:
+        try:
+            return await app.fork_async(
+                task_id,
+                start=start,
+                new_task_id=new_task_id,
+                new_keys_from=new_keys_from,
+                plan=plan,
+                by=by,
+                reason=reason,
+            )
+        finally:
+            await app.aclose()
+
+    redrive = _run(go())
+    if not redrive.applied and not (plan and redrive.message == "would fork"):
+        raise click.ClickException(f"{task_id}: {redrive.message}")
+    _echo_plan(redrive)
+
+
+_PLANS = {
+    "kept": "kept",
+    "same_key": "run again, same key",
+    "new_key": "run again, new key",
+    "undone": "undone first",
+}
+
+
+def _echo_plan(redrive: Redrive) -> None:
+    """A redrive's plan, a line per step, after a line of what it did or would do."""
+    head = redrive.message
+    if redrive.action == "fork" and redrive.message == "would fork":
+        head = f"would fork as {redrive.runs_as}"
+    _echo(f"{redrive.task_id}: {head}")
+    if redrive.steps:
+        width = _width(8, (p.position or "-" for p in redrive.steps))
+        names = _width(20, (p.name for p in redrive.steps))
+        _echo(f"  {'SEQ':>4} {'POSITION':<{width}} {'STEP':<{names}} {'PLAN':<19}  KEY")
+    for p in redrive.steps:
+        _echo(
+            f"  {p.seq:>4} {p.position or '-':<{width}} {p.name:<{names}} "
+            f"{_PLANS[p.plan]:<19}  {p.key}"
+        )
 
 
 @cli.command()
@@ -2177,6 +2349,8 @@ def _time(value: datetime | None) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, Mapping):
+        return dict(value)
     return value
 
 

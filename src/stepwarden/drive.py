@@ -36,6 +36,7 @@ from .agent import AnyOperation
 from .deadline import Deadline
 from .errors import (
     ChildFailed,
+    ConfigurationError,
     PayloadError,
     StepFailed,
     StoreError,
@@ -193,6 +194,15 @@ class TaskDrive:
         """Writes of outcomes alone under way (kept from the garbage collector)."""
         self.span: Span | None = None
         """The span of this run (`tracing`), while traced; `outcome` ends it."""
+        self._tags = dict(task.tags)
+        """The task's tags as its claim read them and its workflow set them since."""
+
+    def key(self, seq: int) -> str:
+        """The idempotency key of the task's step `seq` (a fork's: its original's keys)."""
+        task = self.claimed.task
+        return idempotency_key(
+            task.task_id, seq, keys_of=task.keys_of, new_keys_from=task.new_keys_from
+        )
 
     @property
     def workflows(self) -> Mapping[tuple[str, int], Workflow]:
@@ -350,6 +360,8 @@ class TaskDrive:
         trace context is recorded with the step."""
         if self.span is not None and span is None:
             return await self._traced_step(held, dispatch, step_name, fallback)
+        if isinstance(dispatch, NewStep) and self.claimed.task.keys_of is not None:
+            dispatch = replace(dispatch, idempotency_key=self.key(dispatch.seq))
         where = (self.task_id, dispatch.seq)
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[dispatch.seq] = future
@@ -422,7 +434,7 @@ class TaskDrive:
                     step=step_name,
                     position=dispatch.position if isinstance(dispatch, NewStep) else None,
                     compensates=dispatch.compensates if isinstance(dispatch, NewStep) else None,
-                    idempotency_key=idempotency_key(self.task_id, dispatch.seq),
+                    idempotency_key=self.key(dispatch.seq),
                     task_attempt=held.attempt,
                     dispatch=type(dispatch).__name__.lower(),
                 ),
@@ -569,6 +581,21 @@ class TaskDrive:
             logger.warning("task %s: cannot record an alert: %s", self.task_id, exc)
 
     # -- waits ----------------------------------------------------------------------------
+    async def tag(self, held: Held, key: str, value: str) -> None:
+        """Tag the task while this drive holds it: at once when it has that tag already (a
+        replay), else written, fenced by the hold (Abandon when it is no longer held)."""
+        if self._tags.get(key) == value:
+            return
+        answer = await self._answered(
+            f"task {self.task_id}: cannot tag it",
+            lambda: self.host.store.tag_task(self.task_id, held.attempt, self.instance, key, value),
+        )
+        if answer is False:
+            raise Abandon
+        if isinstance(answer, str):
+            raise ConfigurationError(f"task {self.task_id!r}: {answer}")
+        self._tags[key] = value
+
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read a wait (tried again while the store is unreachable: a try whose
         answer was lost is found as it left the wait, or the task parked, hence fenced).
@@ -635,7 +662,7 @@ class TaskDrive:
             input=_json.loads(
                 dispatch.input, at=Binding.step(dispatch.task_id, dispatch.seq), keys=self.keys
             ),
-            idempotency_key=idempotency_key(dispatch.task_id, dispatch.seq),
+            idempotency_key=self.key(dispatch.seq),
             complete_by=Deadline.after(got.remaining).complete_by,
             remaining=got.remaining,
             compensates=dispatch.compensates,

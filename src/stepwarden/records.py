@@ -13,6 +13,7 @@ clock; the scheduler and the agents turn it into a deadline of their own monoton
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -32,8 +33,14 @@ def step_of_key(key: str) -> tuple[str, int]:
     return task_id, int(seq)
 
 
-def idempotency_key(task_id: str, seq: int) -> str:
-    """The key every dispatch and retry of a step carries to the remote service."""
+def idempotency_key(
+    task_id: str, seq: int, *, keys_of: str | None = None, new_keys_from: int | None = None
+) -> str:
+    """The key every dispatch and retry of a step carries to the remote service:
+    `task_id/seq`; for a fork (`App.fork`), `keys_of/seq`, the key of the task it was forked
+    from, for the steps before its `new_keys_from` (all of them when None)."""
+    if keys_of is not None and (new_keys_from is None or seq < new_keys_from):
+        return f"{keys_of}/{seq}"
     return f"{task_id}/{seq}"
 
 
@@ -45,13 +52,13 @@ class Submission:
     """A task to create, as every entry point builds it: `App.submit`, `submit_async`,
     `TaskTransaction.submit` and `App.new_task`, the application API's `POST /api/v1/tasks`,
     `stepwarden submit`, a schedule's tick and `ctx.child`. The submit's options are its
-    fields from `task_id` to `version`, with their defaults (`App.submit` takes them as
+    fields from `task_id` to `tags`, with their defaults (`App.submit` takes them as
     keywords: `task_id=None` there makes a new id).
 
     A submit under a task_id taken already creates nothing: it is the same submit
     (`Submitted.outcome` "same") when the task was submitted with the same workflow, version
     and input (compared by `input_digest`) by the same client, and a conflict otherwise. A
-    same re-submit's other options (priority, reply_to, start_at, start_after) are ignored:
+    same re-submit's other options (priority, reply_to, start_at, start_after, tags) are ignored:
     the task keeps those of its first submit."""
 
     workflow: str
@@ -74,6 +81,11 @@ class Submission:
     application API a client's tasks are its own unless it names another tenant its tokens
     entry grants, and it sees only the tasks of the tenants it may (`_tokens.Client.may_see`).
     A child task has its parent's; a schedule's tasks have the schedule's."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """What the task is about, as key and value (`{"customer": "c-42"}`): shown with it,
+    and what `App.tasks`, `stepwarden tasks --tag` and the dashboard find it by. At most
+    `_check.MAX_TAGS`, each key of at most `_check.MAX_TAG_KEY` characters, each value of at
+    most `_check.MAX_TAG_VALUE`; its workflow may add more (`Context.tag`)."""
     complete_within: float
     """Seconds each claim of the task may hold it (its workflow's `complete_within`)."""
     max_failures: int
@@ -101,6 +113,7 @@ SUBMIT_OPTIONS = (
     "start_after",
     "version",
     "tenant",
+    "tags",
 )
 """The fields of a `Submission` that a submit's caller chooses (`App.submit`'s keywords)."""
 
@@ -174,6 +187,15 @@ class TaskRecord:
     """A keyed digest of the task's canonical input (`sealing.input_digest`)."""
     tenant: str | None = None
     """Who the task belongs to (`Submission.tenant`; None: no tenant)."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """What the task is about: the tags of its submit and those its workflow added
+    (`Context.tag`)."""
+    keys_of: str | None = None
+    """A fork's (`App.fork`): the task whose idempotency keys its steps carry (None: its
+    own), for the steps before `new_keys_from` (all, when None)."""
+    new_keys_from: int | None = None
+    forked_from: str | None = None
+    """A fork's: the task it was forked from."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +356,9 @@ class NewStep:
     total_within: float | None = None
     position: str | None = None
     """Its place in the workflow (`StepRecord.position`); None on a compensation."""
+    idempotency_key: str | None = None
+    """The key its calls carry, set by its task's drive (`records.idempotency_key` of the
+    task's keys); None: `task_id/seq`."""
     claimed_by: str | None = None
     """An agent instance of the scheduler's own process with room for it: the step is
     recorded running, held by that instance, which calls it at once (no queue, no wake-up)."""
@@ -960,6 +985,39 @@ class VersionBacklog:
     @property
     def tasks(self) -> int:
         return self.pending + self.compensating
+
+
+RedrivePlan = Literal["kept", "same_key", "new_key", "undone"]
+"""What a redrive (a retry, a fork) does with one recorded step: keeps its result; runs it
+again under the same idempotency key (the service deduplicates); runs it again under a new
+key (the operator asked for it); or undoes it first (its compensation runs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPlan:
+    """A redrive's plan for one step of the task as recorded (`rules.plan_retry`,
+    `rules.plan_fork`): its `seq`, place and name, what happens to it, and the idempotency
+    key its calls will carry (for one undone: the key the step was called with)."""
+
+    seq: int
+    position: str | None
+    name: str
+    plan: RedrivePlan
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redrive:
+    """A redrive of a task, planned or done: the task it acts on, the task that runs (a
+    fork's new id; the same task for a retry), whether it was applied, the plan per step,
+    and what the store said (a refusal's reason)."""
+
+    action: Literal["retry", "fork"]
+    task_id: str
+    runs_as: str
+    applied: bool
+    steps: tuple[StepPlan, ...]
+    message: str
 
 
 # -- why a task waits ------------------------------------------------------------------------

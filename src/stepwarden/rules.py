@@ -35,18 +35,22 @@ from .records import (
     OperatorAction,
     OperatorVerb,
     OpLimit,
+    RedrivePlan,
     SchedulerInstance,
     ScheduleSpec,
     StepFacts,
+    StepPlan,
     StepRecord,
     Submission,
     Submitted,
     TaskFacts,
     TaskOutcome,
+    TaskRecord,
     VersionBacklog,
     WaitOutcome,
     WaitReason,
     WaitRequest,
+    idempotency_key,
 )
 from .retry import Backoff
 from .states import (
@@ -178,6 +182,15 @@ def event_beyond(bounds: EventBounds, *, kept: int, size: int) -> EventBeyond | 
     if kept >= bounds.events:
         return EventBeyond(bound="max_events_per_task", limit=bounds.events, found=kept)
     return None
+
+
+def with_tag(tags: Mapping[str, str], key: str, value: str) -> dict[str, str] | str:
+    """A task's tags once its workflow tags it `key` = `value` (`Context.tag`): the same
+    tags when it has that tag already (a replay), `key` set to `value` when it has the key,
+    the tag added otherwise; or, past `_check.MAX_TAGS`, why it is refused."""
+    if key not in tags and len(tags) >= _check.MAX_TAGS:
+        return f"a task has at most {_check.MAX_TAGS} tags: {key!r} is refused"
+    return {**tags, key: value}
 
 
 def child_task_id(parent_id: str, position: str) -> str:
@@ -942,6 +955,82 @@ def unrunnable(
         (b for b in backlog if (b.workflow, b.version) not in runnable),
         key=lambda b: (b.workflow, b.version),
     )
+
+
+# -- redrives: a retry or a fork, and their plans ----------------------------------------
+
+
+def place_of(position: str) -> tuple[int, ...]:
+    """A step's place (`"3"`, `"3.2.1"`) as numbers, in the workflow's order."""
+    return tuple(int(p) for p in position.split("."))
+
+
+def plan_retry(task_id: str, state: TaskState, steps: Sequence[StepRecord]) -> list[StepPlan]:
+    """What `retry` does with each step of a task in `state` (error, compensation_failed):
+    from error, a completed step is kept and a failed one runs again under its key; from
+    compensation_failed, a step that needs compensation is undone (its compensation runs
+    again), the others are kept. Compensation steps are planned through the step each
+    undoes."""
+    plans = []
+    for s in steps:
+        if s.compensates is not None:
+            continue
+        if state == TaskState.COMPENSATION_FAILED:
+            kind: RedrivePlan = "undone" if step_needs_compensation(s) else "kept"
+        elif s.state == StepState.COMPLETED:
+            kind = "kept"
+        else:
+            kind = "same_key"
+        plans.append(StepPlan(seq=s.seq, position=s.position, name=s.name, plan=kind,
+                              key=s.idempotency_key))  # fmt: skip
+    return plans
+
+
+def plan_fork(
+    task: TaskRecord,
+    steps: Sequence[StepRecord],
+    new_id: str,
+    start: str,
+    new_keys_from: int | None,
+    waits: Sequence[str] = (),
+) -> tuple[list[StepPlan], str, int | None] | str:
+    """A fork of `task` as `new_id` from the place `start`: each forward step before it is
+    kept (its result recorded in the fork), each from it runs again, under the key it had
+    unless `new_keys_from` gives it a new one (`seq >= new_keys_from`: `new_id/seq`); and
+    the fork's keys (`keys_of`, `new_keys_from`: those of `task`'s own keys, for a fork of a
+    fork). Or why it is refused: a step before `start` that did not complete, a wait before
+    it (a fork copies steps only), or no step at `start`."""
+    try:
+        first = place_of(start)
+    except ValueError:
+        return f"--from must be a step's place (1, 2, 3.1, ...), not {start!r}"
+    earlier = sorted((w for w in waits if place_of(w) < first), key=place_of)
+    if earlier:
+        return (
+            f"task {task.task_id!r} recorded a wait at {earlier[0]}, before {start}: a fork "
+            "keeps steps only (fork from a place before its first wait)"
+        )
+    keys_of = task.keys_of or task.task_id
+    bound = [n for n in (new_keys_from, task.new_keys_from) if n is not None]
+    keys_until = min(bound) if bound else None
+    plans = []
+    found = False
+    for s in steps:
+        if s.compensates is not None or s.position is None:
+            continue
+        if place_of(s.position) < first:
+            if s.state != StepState.COMPLETED:
+                return f"step {s.seq} at {s.position}, before {start}, did not complete ({s.state})"
+            plans.append(StepPlan(seq=s.seq, position=s.position, name=s.name, plan="kept",
+                                  key=s.idempotency_key))  # fmt: skip
+            continue
+        found = found or s.position == start or place_of(s.position)[: len(first)] == first
+        key = idempotency_key(new_id, s.seq, keys_of=keys_of, new_keys_from=keys_until)
+        kind: RedrivePlan = "same_key" if key == s.idempotency_key else "new_key"
+        plans.append(StepPlan(seq=s.seq, position=s.position, name=s.name, plan=kind, key=key))
+    if not found:
+        return f"task {task.task_id!r} has no step at {start}"
+    return plans, keys_of, keys_until
 
 
 def wait_mismatch(

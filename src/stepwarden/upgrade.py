@@ -234,6 +234,11 @@ class _Replay:
             await self._stand(place, f"step {step_name!r}, not yet recorded")
         await self._stand(self._places.get(dispatch.seq), f"step {step_name!r}, under way")
 
+    async def tag(self, held: Held, key: str, value: str) -> None:
+        """A tag takes no place and is no record to match: the replay goes on (nothing
+        written)."""
+        self.moves += 1
+
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         self.moves += 1
         found = self._waits.get(request.seq)

@@ -198,6 +198,10 @@ class StepRunner(Protocol):
         """Write `dispatch` (or, when it is fenced out, `fallback`), then wait for the
         step's result: its value, or StepFailed."""
 
+    async def tag(self, held: Held, key: str, value: str) -> None:
+        """Tag the task `key` = `value` while it is held (nothing written when it has that
+        tag); ConfigurationError when the tag is beyond the task's bound."""
+
     async def wait(self, request: WaitRequest) -> WaitOutcome:
         """Record or read the wait at its position; park the task when it must wait (and
         the request says to)."""
@@ -726,6 +730,17 @@ class Context:
         finally:
             branch.ops -= 1
             self._changed()
+
+    # -- what the task is about ----------------------------------------------------------
+    async def tag(self, key: str, value: str) -> None:
+        """Tag this task `key` = `value` (a key it has already takes the new value): it is
+        found by its tags (`App.tasks(tags=...)`, `stepwarden tasks --tag KEY=VALUE`, the
+        dashboard) beside those of its submit. Idempotent, and it takes no place: a replay
+        that tags it again writes nothing, and a tag added to a workflow is no divergence
+        for the tasks it runs already. Raises ConfigurationError for a key or value beyond
+        its bound (`_check.tag`), or a tag past the task's `_check.MAX_TAGS`."""
+        _check.tag(key, value)
+        await self._busy(self._runner.tag(self._held, key, value))
 
     # -- waits ----------------------------------------------------------------------------
     async def sleep(self, delay: _check.Duration) -> None:

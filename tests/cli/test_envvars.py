@@ -33,6 +33,7 @@ REQUIRED_ARGS = {
     "send": ["t-1", "go"],
     "check-upgrade": [APP],
     "export-tasks": ["tasks.json"],
+    "fork": ["t-1", "--from", "1"],
 }
 
 

@@ -9,10 +9,12 @@ every route instead, and names who acts."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, some of
 # which are local to `router`.
+import dataclasses
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from pydantic import StringConstraints
 from starlette.responses import Response
 
 from .. import _check, _json
@@ -28,14 +30,17 @@ from ._models import (
     MAX_BULK,
     MAX_EVENT_ID,
     MAX_LIST,
+    TAG_PATTERN,
     ActionRequest,
     AgentsAnswer,
     AlertsAnswer,
     BulkAnswer,
     BulkRequest,
     Error,
+    ForkRequest,
     OutcomeAnswer,
     Overview,
+    RedriveAnswer,
     ScheduleAnswer,
     SchedulesAnswer,
     SendAnswer,
@@ -162,7 +167,8 @@ def router(
     @api.get(
         "/api/tasks",
         operation_id="listTasks",
-        summary="Tasks, newest first, by state, workflow, version, tenant and part of the id.",
+        summary="Tasks, newest first, by state, workflow, version, tenant, part of the id and "
+        "tags.",
         responses=_answers(
             r200=(TasksAnswer, "The tasks found, and every workflow name (for filters)."),
             r400=BAD,
@@ -197,12 +203,27 @@ def router(
                 description="Only the tasks of this tenant.",
             ),
         ] = None,
+        tag: Annotated[
+            list[Annotated[str, StringConstraints(pattern=TAG_PATTERN)]] | None,
+            Query(
+                max_length=_check.MAX_TAGS,
+                description="Only tasks that have this tag, written KEY=VALUE; given again, "
+                "only those that have every tag given (read through the tags' index).",
+            ),
+        ] = None,
     ) -> Response:
         for name in ("state", "workflow", "search", "limit", "version", "tenant"):
             one(request, name)
         for what, value in (("workflow", workflow), ("search", search)):
             if value is not None:
                 _checked(what, value)
+        try:
+            tags = _check.tag_filter(tag or ())
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        if tags is None:  # a key asked with two values: no task has both
+            names = await (await app.store()).workflow_names()
+            return json_response({"tasks": [], "workflows": names})
         found = await reader.tasks(
             state=state,
             workflow=workflow,
@@ -210,6 +231,7 @@ def router(
             limit=limit,
             version=version,
             tenant=tenant,
+            tags=tags,
         )
         return json_response(found)
 
@@ -281,6 +303,66 @@ def router(
             seq=body.seq,
             result=_json.revive(body.result, what="the step result"),
         )
+
+    @api.post(
+        "/api/tasks/{task_id:path}/fork",
+        operation_id="forkTask",
+        summary="Fork a finished task from a step: a new task of the same workflow, version "
+        "and input whose steps before it keep their results and whose steps from it run "
+        "again (under the original's idempotency keys, or new ones from new_keys_from); with "
+        "plan, the plan only. Recorded in both tasks' history.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(RedriveAnswer, "Forked, or (plan) what the fork would do per step."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r429=THROTTLED,
+            r404=(Error, "No such task."),
+            r409=(
+                Error,
+                "Refused: the task is not finished, has no step there, or the id is taken.",
+            ),
+        ),
+    )
+    async def fork(task_id: TaskId, body: ForkRequest, identity: Identity) -> Response:
+        try:
+            redrive = await app.fork_async(
+                task_id,
+                start=body.start,
+                new_task_id=body.task_id,
+                new_keys_from=body.new_keys_from,
+                plan=body.plan,
+                by=DEFAULT_BY if body.by is None else body.by,
+                reason=body.reason,
+                identity=identity,
+            )
+        except TaskNotFound as exc:
+            return error(404, str(exc))
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        if not redrive.applied and not (body.plan and redrive.message == "would fork"):
+            return error(409, redrive.message)
+        return json_response(dataclasses.asdict(redrive))
+
+    @api.get(
+        "/api/retry-plan/{task_id:path}",
+        operation_id="retryPlan",
+        summary="What a retry of the task would do to each recorded step (kept, run again "
+        "under the same key, undone first); changes nothing.",
+        responses=_answers(
+            r200=(RedriveAnswer, "The plan."), r400=BAD, r404=(Error, "No such task.")
+        ),
+    )
+    async def retry_plan(task_id: TaskId) -> Response:
+        _checked("task_id", task_id)
+        try:
+            redrive = await app.retry_plan_async(task_id)
+        except TaskNotFound as exc:
+            return error(404, str(exc))
+        return json_response(dataclasses.asdict(redrive))
 
     @api.post(
         "/api/tasks/{task_id:path}/send",

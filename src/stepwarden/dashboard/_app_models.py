@@ -15,7 +15,7 @@ from .._text import TENANT_PATTERN
 from ..records import SUBMIT_OPTIONS
 from ..states import TaskState
 from ..workflow import MAX_WAIT
-from ._models import Flag, Name, Payload, Reason, _Closed, _int
+from ._models import Flag, Name, Payload, Reason, Tags, _Closed, _int
 
 Priority = _int(-MAX_INT - 1, MAX_INT)
 Tenant = Annotated[str, Field(pattern=f"^{TENANT_PATTERN.pattern}$")]
@@ -77,6 +77,7 @@ class _Submit(_Closed):
         "client sees only the tasks of its own tenants and of the workflows it is granted: "
         "any other task is answered 404, as one that does not exist.",
     )
+    tags: SkipJsonSchema[None] | Tags = Field(default=None)
 
     def options(self) -> dict[str, Any]:
         """The submit's options as `App.new_task` takes them (`records.SUBMIT_OPTIONS`: a
@@ -85,7 +86,7 @@ class _Submit(_Closed):
 
     @model_validator(mode="after")
     def _one_start(self) -> _Submit:
-        for name in ("start_at", "start_after", "tenant"):
+        for name in ("start_at", "start_after", "tenant", "tags"):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may be left out, not null")
         if self.start_at is not None and self.start_after is not None:

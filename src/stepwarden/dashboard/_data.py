@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -73,6 +74,7 @@ def task_detail(t: TaskRecord) -> dict[str, Any]:
         "reply_to": t.reply_to,
         "parent_id": t.parent_id,
         "parent_position": t.parent_position,
+        "tags": dict(t.tags),
     }
 
 
@@ -300,6 +302,7 @@ class Reader:
         limit: int,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         store = await self.app.store()
         found = await store.find_tasks(
@@ -309,6 +312,7 @@ class Reader:
             limit=limit,
             version=version,
             tenant=tenant,
+            tags=tags,
         )
         return {
             "tasks": [task_summary(t) for t in found],

@@ -18,7 +18,15 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from .._check import MAX_INT, MAX_NAME, MAX_REASON
+from .._check import (
+    MAX_INT,
+    MAX_NAME,
+    MAX_REASON,
+    MAX_TAG_KEY,
+    MAX_TAG_VALUE,
+    MAX_TAGS,
+    TAG_KEY_PATTERN,
+)
 from .._text import SAFE_PATTERN
 from ..records import WaitReason
 from ..states import StepState, TaskState
@@ -32,6 +40,22 @@ API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=SAFE_PATTERN)]
+TAG_PATTERN = (
+    f"^[A-Za-z0-9][A-Za-z0-9_.:/-]{{0,{MAX_TAG_KEY - 1}}}="
+    f"{SAFE_PATTERN[1:-2]}{{1,{MAX_TAG_VALUE}}}$"
+)
+"""What one tag filter may be: KEY=VALUE, as `_check.tag` takes them."""
+TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY, pattern=TAG_KEY_PATTERN)]
+TagValue = Annotated[str, Field(min_length=1, max_length=MAX_TAG_VALUE, pattern=SAFE_PATTERN)]
+Tags = Annotated[
+    dict[TagKey, TagValue],
+    Field(
+        max_length=MAX_TAGS,
+        description=f"What the task is about, as keys and values (at most {MAX_TAGS}; keys "
+        f"of 1 to {MAX_TAG_KEY} characters, a letter or digit then letters, digits and "
+        f"_ . : / -; values of 1 to {MAX_TAG_VALUE} characters).",
+    ),
+]
 Reason = Annotated[str, Field(max_length=MAX_REASON)]
 Payload = Annotated[Any, Field(description='A JSON value; values marked secret are "***".')]
 
@@ -70,6 +94,48 @@ class SkipRequest(_Closed):
     )
     reason: Reason | None = None
     by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+
+class ForkRequest(_Closed):
+    start: Name = Field(
+        alias="from",
+        description="The place of the first step that runs again (1, 2, 3.1); the steps "
+        "before it keep their recorded results.",
+    )
+    task_id: Name | None = Field(
+        default=None,
+        json_schema_extra={"not": {"enum": [".", ".."]}},
+        description="The new task's id (default: TASK~fork- and a random suffix).",
+    )
+    new_keys_from: StepNumber | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="The steps of this seq and after run again under new idempotency keys "
+        "(NEW/seq); the others under the original's.",
+    )
+    plan: bool = Field(default=False, description="Answer the plan only; change nothing.")
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+
+class StepPlanAnswer(_Closed):
+    seq: int
+    position: str | None
+    name: str
+    plan: Literal["kept", "same_key", "new_key", "undone"] = Field(
+        description="kept (its result recorded), same_key (run again under the same "
+        "idempotency key: the service deduplicates), new_key (run again under a new key), "
+        "undone (its compensation runs first)."
+    )
+    key: str = Field(description="The idempotency key its calls carry.")
+
+
+class RedriveAnswer(_Closed):
+    action: Literal["retry", "fork"]
+    task_id: str
+    runs_as: str = Field(description="The task that runs: a fork's new id, or the task.")
+    applied: bool
+    steps: list[StepPlanAnswer]
+    message: str
 
 
 class SendRequest(_Closed):
@@ -196,6 +262,10 @@ class Task(TaskSummary):
     )
     parent_position: str | None = Field(
         description="A child task's place in its parent's workflow."
+    )
+    tags: dict[str, str] = Field(
+        description="What the task is about: the tags of its submit and those its workflow "
+        "added (ctx.tag)."
     )
 
 

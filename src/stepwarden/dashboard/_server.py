@@ -126,6 +126,8 @@ def _filters(request: Request, *, lenient: bool) -> dict[str, Any]:
         tenant = _param(request, "tenant", lenient=lenient)
         if tenant is not None:
             _check.tenant(tenant)
+        given = [t for t in request.query_params.getlist("tag") if t or not lenient]
+        tags = _check.tag_texts(given) or None
     except StepwardenError as exc:
         raise BadRequest(str(exc)) from None
     return {
@@ -133,6 +135,7 @@ def _filters(request: Request, *, lenient: bool) -> dict[str, Any]:
         "workflow": workflow,
         "search": search,
         "tenant": tenant,
+        "tags": tags,
         "limit": _limit(request, lenient=lenient),
     }
 

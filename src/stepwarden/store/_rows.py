@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .._json import loads
+from .._json import loads, tags_of
 from ..placement import Generation
 from ..records import (
     DURATION_BUCKETS,
@@ -95,6 +95,10 @@ def task_record(row: Row, keys: Keyring | None = None) -> TaskRecord:
         submitted_by=row.get("submitted_by"),
         input_digest=row.get("input_digest"),
         tenant=row.get("tenant") or None,
+        tags=tags_of(row.get("tags")),
+        keys_of=row.get("keys_of"),
+        new_keys_from=row.get("new_keys_from"),
+        forked_from=row.get("forked_from"),
     )
 
 

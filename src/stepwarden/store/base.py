@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from .._aio import first
 from .._batch import Batcher
-from .._json import holds_secret
+from .._json import holds_secret, tags_text
 from ..errors import ConfigurationError, KeyringError, SchemaVersionError, TransientStoreError
 from ..records import (
     ActionOutcome,
@@ -46,6 +46,7 @@ from ..records import (
     OpLimit,
     OutboxMessage,
     ParkRequest,
+    Redrive,
     RelayBacklog,
     Released,
     Request,
@@ -477,17 +478,21 @@ class Store(abc.ABC):
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         """Tasks, optionally of one state, one workflow, one version and one tenant ("":
-        the tasks of none), oldest first."""
-        rows = await self._read_one(
-            "list_tasks",
-            state=None if state is None else str(state),
-            workflow=workflow,
-            version=version,
-            tenant=tenant,
-            limit=limit,
-        )
+        the tasks of none), and having every tag of `tags`, oldest first."""
+        filters = {
+            "state": None if state is None else str(state),
+            "workflow": workflow,
+            "tenant": tenant,
+        }
+        if tags:
+            rows = await self._read_one(
+                "list_tagged_tasks", **filters, **_tagged(tags), version=version, limit=limit
+            )
+        else:
+            rows = await self._read_one("list_tasks", **filters, version=version, limit=limit)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def count_tasks(self) -> dict[TaskState, int]:
@@ -811,6 +816,30 @@ class Store(abc.ABC):
         run's span to link to; only while `scheduler` holds the task under `attempt`."""
         return bool(await self._write_one(policy.note_run(task_id, attempt, scheduler, run_trace)))
 
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive:
+        """Fork `task_id` as `new` from the place `start`, or, without `apply`, plan it only
+        (`policy.fork`)."""
+        self.refuse_plain([new.input])
+        flow = partial(policy.fork, task_id, new, start, new_keys_from, detail, apply, self.keys)
+        return await self._write(flow)
+
+    async def tag_task(
+        self, task_id: str, attempt: int, scheduler: str, key: str, value: str
+    ) -> bool | str:
+        """Tag a task `key` = `value` while `scheduler` holds it under `attempt`
+        (`Context.tag`): True when it has the tag now (written only when it had not),
+        False when it is not held so, or why the tag is refused (`rules.with_tag`)."""
+        return await self._write(partial(policy.tag_task, task_id, attempt, scheduler, key, value))
+
     async def heartbeat_step(
         self, task_id: str, seq: int, attempt: int, instance: str, detail: str | None
     ) -> float | None:
@@ -1088,18 +1117,23 @@ class Store(abc.ABC):
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         """Tasks newest first, optionally of one state, one workflow, one version and one
-        tenant ("": the tasks of none), and whose id contains `search`."""
-        rows = await self._read_one(
-            "find_tasks",
-            state=None if state is None else str(state),
-            workflow=workflow,
-            version=version,
-            tenant=tenant,
-            search=search or None,
-            limit=limit,
-        )
+        tenant ("": the tasks of none), whose id contains `search`, and having every tag of
+        `tags`."""
+        filters = {
+            "state": None if state is None else str(state),
+            "workflow": workflow,
+            "version": version,
+            "tenant": tenant,
+            "search": search or None,
+            "limit": limit,
+        }
+        if tags:
+            rows = await self._read_one("find_tagged_tasks", **filters, **_tagged(tags))
+        else:
+            rows = await self._read_one("find_tasks", **filters)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def workflow_names(self) -> list[str]:
@@ -1181,3 +1215,10 @@ class Store(abc.ABC):
         """The number of stored events of `kind`."""
         [row] = await self._read_one("count_events", kind=kind)
         return int(row["n"])
+
+
+def _tagged(tags: Mapping[str, str]) -> dict[str, str]:
+    """The parameters of a read of the tasks having every tag of `tags`: the one it reads
+    through the index (`key`, `value`), and all of them (`tags`, a JSON object)."""
+    key, value = next(iter(sorted(tags.items())))
+    return {"key": key, "value": value, "tags": tags_text(tags)}

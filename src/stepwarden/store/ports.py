@@ -46,6 +46,7 @@ from ..records import (
     OpLimit,
     OutboxMessage,
     ParkRequest,
+    Redrive,
     RelayBacklog,
     Released,
     Request,
@@ -128,6 +129,7 @@ class ReadPort(Protocol):
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]: ...
     async def count_tasks(self) -> dict[TaskState, int]: ...
     async def client_unfinished(self, client: str) -> int: ...
@@ -140,6 +142,7 @@ class ReadPort(Protocol):
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]: ...
     async def workflow_names(self) -> list[str]: ...
     async def newest_outbox(self, *, channel: str, limit: int) -> list[OutboxMessage]: ...
@@ -193,9 +196,20 @@ class ApplicationPort(WakeupPort, Protocol):
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]: ...
     async def list_agents(self) -> list[AgentInstance]: ...
     async def list_schedulers(self) -> list[SchedulerInstance]: ...
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive: ...
     async def send_event(
         self,
         task_id: str,
@@ -247,6 +261,9 @@ class SchedulerPort(PollingPort, Protocol):
     async def note_run(
         self, task_id: str, attempt: int, scheduler: str, run_trace: str
     ) -> bool: ...
+    async def tag_task(
+        self, task_id: str, attempt: int, scheduler: str, key: str, value: str
+    ) -> bool | str: ...
     async def wait(self, request: WaitRequest) -> WaitOutcome: ...
     async def park(self, request: ParkRequest) -> WaitOutcome: ...
     async def record_events(self, events: Sequence[tuple[str | None, str, Any]]) -> None: ...

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError, TransientStoreError
@@ -46,6 +46,7 @@ from ..records import (
     OperatorAction,
     OpLimit,
     OutboxMessage,
+    Redrive,
     RelayBacklog,
     ScheduleRecord,
     SchedulerInstance,
@@ -434,6 +435,21 @@ class ShardedStore:
     ) -> EventPage:
         return await (await self._shard_of(task_id)).history(task_id, limit=limit, before=before)
 
+    async def fork(
+        self,
+        task_id: str,
+        new: Submission,
+        start: str,
+        new_keys_from: int | None,
+        detail: dict[str, Any],
+        *,
+        apply: bool,
+    ) -> Redrive:
+        raise ConfigurationError(
+            "a fork is not made on a store of shards: it would be written on its original's "
+            "shard, not where the shard map places its id"
+        )
+
     async def send_event(
         self,
         task_id: str,
@@ -482,10 +498,16 @@ class ShardedStore:
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
             lambda p: p.list_tasks(
-                state=state, workflow=workflow, limit=limit, version=version, tenant=tenant
+                state=state,
+                workflow=workflow,
+                limit=limit,
+                version=version,
+                tenant=tenant,
+                tags=tags,
             )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
@@ -500,6 +522,7 @@ class ShardedStore:
         limit: int = 100,
         version: int | None = None,
         tenant: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[TaskRecord]:
         found = await self._each(
             lambda p: p.find_tasks(
@@ -509,6 +532,7 @@ class ShardedStore:
                 limit=limit,
                 version=version,
                 tenant=tenant,
+                tags=tags,
             )
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id), reverse=True)

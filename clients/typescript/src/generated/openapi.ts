@@ -838,6 +838,13 @@ export interface components {
              */
             start_at?: string;
             /**
+             * Tags
+             * @description What the task is about, as keys and values (at most 16; keys of 1 to 64 characters, a letter or digit then letters, digits and _ . : / -; values of 1 to 256 characters).
+             */
+            tags?: {
+                [key: string]: string;
+            };
+            /**
              * Task Id
              * @description The task's id (default: a new one). A submit is idempotent by it: a task of this id submitted before by this client, with the same workflow, version and input, is left as it is (200, created false; the other options are ignored); with another workflow, version or input, or by another client, the submit is refused (409).
              */

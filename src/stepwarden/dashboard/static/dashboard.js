@@ -159,7 +159,7 @@
       const form = new FormData(bulk);
       const body = { action: form.get("action"), dry_run: form.get("dry_run") === "on" };
       if (form.get("reason")) body.reason = form.get("reason");
-      if (bulk.dataset.search) {
+      if (bulk.dataset.listed) {
         body.task_ids = Array.from(document.querySelectorAll("#tasks tr[data-task]"),
           (row) => row.dataset.task);
       } else {

@@ -41,6 +41,7 @@ from .application import submit_fenced as submit_fenced
 from .application import write_shard_map as write_shard_map
 from .operator import CASCADING as CASCADING
 from .operator import children_ended as children_ended
+from .operator import fork as fork
 from .operator import operate as operate
 from .scheduler import claim_fair_tasks as claim_fair_tasks
 from .scheduler import claim_pairs as claim_pairs
@@ -50,6 +51,7 @@ from .scheduler import dispatch_steps as dispatch_steps
 from .scheduler import finish_tasks as finish_tasks
 from .scheduler import recorded as recorded
 from .scheduler import replayed as replayed
+from .scheduler import tag_task as tag_task
 from .schedulers import held_in_time as held_in_time
 from .schedulers import release_gone_schedulers as release_gone_schedulers
 from .schedulers import release_held as release_held

@@ -140,6 +140,7 @@ def _task_params(tasks: Sequence[Submission]) -> list[dict[str, Any]]:
             "submitted_by": t.submitted_by,
             "input_digest": t.input_digest,
             "tenant": t.tenant or "",
+            "tags": _json.tags_text(t.tags),
             "process_state": str(_start(t)),
             "waiting_for": START_WAIT if _delayed(t) else None,
         }

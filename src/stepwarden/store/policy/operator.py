@@ -4,10 +4,15 @@ children."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from ..._json import Seal, dumps
 from ...records import (
     ActionOutcome,
     OperatorAction,
+    Redrive,
+    StepPlan,
+    Submission,
     step_key,
 )
 from ...rules import (
@@ -17,10 +22,14 @@ from ...rules import (
     action_detail,
     plan_action,
     plan_cascade,
+    plan_fork,
 )
+from ...sealing import Binding, Keyring
 from ...states import FINISHED_TASK_STATES, TaskState
+from .. import _rows
 from .._flow import Flow, Query, Rows, Wakeups, fetch
 from ._shared import _holds, _json_text
+from .application import _task_params, record_events
 
 
 def operate(actions: Sequence[OperatorAction], wake: Wakeups) -> Flow[list[ActionOutcome]]:
@@ -171,3 +180,76 @@ def _moves(action: OperatorAction, plan: ActionPlan, attempt: int, hold: float) 
     if plan.reopen is not None:
         queries.append(Query("op_reopen_steps", {**task, "compensations": plan.reopen}))
     return queries
+
+
+def fork(
+    task_id: str,
+    new: Submission,
+    start: str,
+    new_keys_from: int | None,
+    detail: dict[str, Any],
+    apply: bool,
+    keys: Keyring | None,
+    wake: Wakeups,
+) -> Flow[Redrive]:
+    """Fork the task `task_id` as `new` (its workflow, version and input) from the place
+    `start` (`rules.plan_fork`): the forward steps before it recorded in the fork, completed,
+    with their results and keys; those from it left to run again, under the keys the plan
+    gives (`records.idempotency_key` of the fork's `keys_of` and `new_keys_from`). With
+    `apply` False, the plan only. Both tasks' history records who asked (`detail`)."""
+    rows, steps, waits = yield [
+        Query("get_task", {"task_id": task_id}),
+        Query("get_steps", {"task_id": task_id}),
+        Query("waits_of_tasks", {"task_ids": [task_id]}),
+    ]
+    if not rows:
+        return _forked(task_id, new.task_id, False, (), f"no task {task_id!r}")
+    task = _rows.task_record(rows[0], keys)
+    recorded = [_rows.step_record(r, keys) for r in steps]
+    places = [w["position"] for w in waits if w["position"] is not None]
+    planned = plan_fork(task, recorded, new.task_id, start, new_keys_from, places)
+    if isinstance(planned, str):
+        return _forked(task_id, new.task_id, False, (), planned)
+    plans, keys_of, keys_until = planned
+    if not apply:
+        return _forked(task_id, new.task_id, False, plans, "would fork")
+    [created] = yield [Query("insert_tasks", each=_task_params([new]))]
+    if not created:
+        return _forked(task_id, new.task_id, False, plans, f"task {new.task_id!r} exists")
+    kept = {p.seq for p in plans if p.plan == "kept"}
+    copies = []
+    for s in recorded:
+        if s.seq not in kept:
+            continue
+        here = Seal(keys, Binding.step(new.task_id, s.seq))
+        copies.append(
+            {
+                "task_id": task_id,
+                "seq": s.seq,
+                "new_id": new.task_id,
+                "input": dumps(s.input, what="a step's input", seal=here),
+                "result": dumps(s.result, what="a step's result", seal=here),
+                "compensation_input": None
+                if s.compensation_input is None
+                else dumps(s.compensation_input, what="a compensation input", seal=here),
+            }
+        )
+    fork_params = {"task_id": new.task_id, "forked_from": task_id, "keys_of": keys_of,
+                   "new_keys_from": keys_until}  # fmt: skip
+    events = [
+        (new.task_id, "operator", {**detail, "forked_from": task_id}),
+        (task_id, "operator", {**detail, "forked_to": new.task_id}),
+    ]
+    writes = [Query("set_fork", fork_params), record_events(events)]
+    if copies:
+        writes.append(Query("insert_forked_steps", each=copies))
+    yield writes
+    wake.tasks()
+    return _forked(task_id, new.task_id, True, plans, f"forked as {new.task_id}")
+
+
+def _forked(
+    task_id: str, new_id: str, applied: bool, plans: Sequence[StepPlan], message: str
+) -> Redrive:
+    return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=applied,
+                   steps=tuple(plans), message=message)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..._json import tags_of, tags_text
 from ...records import (
     Adopt,
     ClaimedTask,
@@ -28,6 +29,7 @@ from ...rules import (
     head_start,
     plan_finish,
     plan_set_aside,
+    with_tag,
 )
 from ...sealing import Keyring
 from ...states import FINISHED_TASK_STATES, TaskState
@@ -191,7 +193,7 @@ def _dispatch_params(d: StepDispatch) -> dict[str, Any]:
             "operation": d.operation,
             "priority": d.priority,
             "complete_within": float(d.complete_within),
-            "idempotency_key": idempotency_key(d.task_id, d.seq),
+            "idempotency_key": d.idempotency_key or idempotency_key(d.task_id, d.seq),
             "input": d.input,
             "compensation": d.compensation,
             "compensation_input": d.compensation_input,
@@ -287,3 +289,23 @@ def finish_tasks(batch: Sequence[TaskOutcome], wake: Wakeups) -> Flow[list[bool]
         if r["process_state"] == TaskState.COMPENSATING and descendants:
             _cascaded(wake, (yield from _cascade(r["task_id"], "failed", descendants)))
     return [i in applied for i in range(len(batch))]
+
+
+def tag_task(
+    task_id: str, attempt: int, scheduler: str, key: str, value: str, wake: Wakeups
+) -> Flow[bool | str]:
+    """Tag a task while `scheduler` holds it under `attempt` (`Context.tag`): True when it
+    has the tag now (nothing written when it had it already: a replay), False when it is not
+    held so (nothing written), or why the tag is refused (`rules.with_tag`)."""
+    held = {"task_id": task_id, "attempt": attempt, "scheduler": scheduler}
+    rows = yield from fetch("held_tags", **held)
+    if not rows:
+        return False
+    tags = tags_of(rows[0]["tags"])
+    tagged = with_tag(tags, key, value)
+    if isinstance(tagged, str):
+        return tagged
+    if tagged == tags:
+        return True
+    [written] = yield [Query("set_tags", {**held, "tags": tags_text(tagged)})]
+    return bool(written)

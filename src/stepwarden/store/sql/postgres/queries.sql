@@ -28,6 +28,7 @@ INSERT INTO stepwarden_schema (version, name) VALUES (%(version)s, %(name)s)
 -- from now by the database's clock), each with the version of its workflow it runs and its
 -- rank for claims (ranked_at: now less its priority's head start); an existing task_id is
 -- left untouched. A child task names its parent and its place in the parent's workflow.
+-- Its tags go to stepwarden_task_tags by trigger (migration 0022).
 -- The schedulers are woken (delivered on commit) when a task became
 -- pending: the statement runs alone, in autocommit (PostgresStore._write_alone).
 WITH ins AS (
@@ -35,7 +36,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest, tenant)
+                              input_digest, tenant, tags)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -44,7 +45,7 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest, d.tenant
+       d.input_digest, d.tenant, d.tags::json
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
@@ -52,11 +53,11 @@ FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
             %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
-            %(tenant)s::text[])
+            %(tenant)s::text[], %(tags)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
           head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
-          tenant)
+          tenant, tags)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
 ), woken AS (
@@ -77,7 +78,7 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest, tenant)
+                              input_digest, tenant, tags)
 SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.max_failures,
        d.on_failure, d.reply_to, now(), now(), now(),
        d.process_state,
@@ -86,7 +87,7 @@ SELECT d.task_id, d.workflow, d.input::json, d.priority, d.complete_within, d.ma
                           now() + make_interval(secs => d.start_after)) END,
        d.waiting_for, d.version, d.parent_id, d.parent_position,
        now() - make_interval(secs => d.head_start), d.trace_context, d.submitted_by,
-       d.input_digest, d.tenant
+       d.input_digest, d.tenant, d.tags::json
 FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(priority)s::int[], %(complete_within)s::float8[], %(max_failures)s::int[],
             %(on_failure)s::text[], %(reply_to)s::text[], %(start_at)s::float8[],
@@ -94,11 +95,11 @@ FROM unnest(%(task_id)s::text[], %(workflow)s::text[], %(input)s::text[],
             %(parent_position)s::text[], %(head_start)s::float8[],
             %(trace_context)s::text[], %(submitted_by)s::text[],
             %(input_digest)s::text[], %(process_state)s::text[], %(waiting_for)s::text[],
-            %(tenant)s::text[])
+            %(tenant)s::text[], %(tags)s::text[])
      AS d(task_id, workflow, input, priority, complete_within, max_failures, on_failure,
           reply_to, start_at, start_after, version, parent_id, parent_position,
           head_start, trace_context, submitted_by, input_digest, process_state, waiting_for,
-          tenant)
+          tenant, tags)
 WHERE (SELECT generation FROM gen) = %(generation)s
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id, process_state
@@ -566,6 +567,20 @@ SELECT ord, task_id, seq, agent FROM u
 -- Record the trace context of a task's run (its span) while the run holds the task, for the
 -- next run to link to (stepwarden.tracing).
 UPDATE stepwarden_tasks SET run_trace = %(run_trace)s
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
+RETURNING task_id
+
+-- name: held_tags
+-- The tags of a task while its scheduler holds it under this attempt (no row: not held so),
+-- its row locked until the commit (set_tags follows).
+SELECT tags FROM stepwarden_tasks
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
+FOR UPDATE
+
+-- name: set_tags
+-- A held task's tags, as its workflow tagged it (Context.tag); stepwarden_task_tags
+-- follows by trigger (migration 0022).
+UPDATE stepwarden_tasks SET tags = %(tags)s::json
 WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND locked_by = %(scheduler)s
 RETURNING task_id
 
@@ -1044,6 +1059,30 @@ WITH d AS (
 )
 SELECT ord, task_id, failure_count, process_state FROM u ORDER BY ord
 
+-- name: set_fork
+-- A fork just inserted (App.fork): the task it was forked from, and whose idempotency
+-- keys its steps carry (records.idempotency_key).
+UPDATE stepwarden_tasks
+SET forked_from = %(forked_from)s, keys_of = %(keys_of)s, new_keys_from = %(new_keys_from)s::int
+WHERE task_id = %(task_id)s
+
+-- name: insert_forked_steps
+-- A fork's kept steps: each a copy of its original's step, completed with its result and
+-- its idempotency key, its input and result sealed again for the fork (new_id).
+INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
+                              task_attempt, priority, complete_by, idempotency_key, input,
+                              result, tries, created_at, dispatched_at, claimed_at,
+                              finished_at, compensation, compensation_input, complete_within,
+                              position, ranked_at, limit_key)
+SELECT d.new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
+       s.complete_by, s.idempotency_key, d.input::json, d.result::json, s.tries, s.created_at,
+       s.dispatched_at, s.claimed_at, s.finished_at, s.compensation,
+       d.compensation_input::json, s.complete_within, s.position, s.ranked_at, s.limit_key
+FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(new_id)s::text[], %(input)s::text[],
+            %(result)s::text[], %(compensation_input)s::text[])
+     AS d(task_id, seq, new_id, input, result, compensation_input)
+JOIN stepwarden_steps AS s ON s.task_id = d.task_id AND s.seq = d.seq
+
 -- name: get_task
 -- One task.
 SELECT * FROM stepwarden_tasks WHERE task_id = %(task_id)s
@@ -1078,6 +1117,23 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(version)s::int IS NULL OR version = %(version)s::int)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 ORDER BY created_at, task_id
+LIMIT %(limit)s
+
+-- name: list_tagged_tasks
+-- list_tasks (and its tenant) of the tasks that have every tag of the JSON object tags, read through the
+-- tags' index on (key, value) from one of them (key, value) (run unprepared).
+SELECT t.* FROM stepwarden_task_tags AS g
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = %(key)s::text AND g.value = %(value)s::text
+  AND (%(state)s::text IS NULL OR t.process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+  AND NOT EXISTS (SELECT 1 FROM json_each_text(%(tags)s::json) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at, t.task_id
 LIMIT %(limit)s
 
 -- name: client_unfinished
@@ -1612,6 +1668,24 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
   AND (%(search)s::text IS NULL OR strpos(task_id, %(search)s::text) > 0)
 ORDER BY created_at DESC, task_id DESC
+LIMIT %(limit)s
+
+-- name: find_tagged_tasks
+-- find_tasks (and its tenant) of the tasks that have every tag of the JSON object tags, read through the
+-- tags' index on (key, value) from one of them (key, value) (run unprepared).
+SELECT t.* FROM stepwarden_task_tags AS g
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = %(key)s::text AND g.value = %(value)s::text
+  AND (%(state)s::text IS NULL OR t.process_state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+  AND (%(search)s::text IS NULL OR strpos(t.task_id, %(search)s::text) > 0)
+  AND NOT EXISTS (SELECT 1 FROM json_each_text(%(tags)s::json) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at DESC, t.task_id DESC
 LIMIT %(limit)s
 
 -- name: workflow_names

@@ -13,14 +13,14 @@ INSERT INTO stepwarden_tasks (task_id, workflow, input, priority, complete_withi
                               on_failure, reply_to, eligible_at, created_at, updated_at,
                               process_state, wake_at, waiting_for, version, parent_id,
                               parent_position, ranked_at, trace_context, submitted_by,
-                              input_digest, tenant)
+                              input_digest, tenant, tags)
 VALUES (:task_id, :workflow, :input, :priority, :complete_within, :max_failures, :on_failure,
         :reply_to, :now, :now, :now,
         :process_state,
         CASE WHEN :waiting_for IS NOT NULL THEN coalesce(:start_at, :now + :start_after) END,
         :waiting_for, :version,
         :parent_id, :parent_position, :now - :head_start, :trace_context, :submitted_by,
-        :input_digest, :tenant)
+        :input_digest, :tenant, :tags)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 
@@ -369,6 +369,18 @@ UPDATE stepwarden_tasks SET run_trace = :run_trace
 WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
 RETURNING task_id
 
+-- name: held_tags
+-- The tags of a task while its scheduler holds it under this attempt (no row: not held so).
+SELECT tags FROM stepwarden_tasks
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+
+-- name: set_tags
+-- A held task's tags, as its workflow tagged it (Context.tag); stepwarden_task_tags
+-- follows by trigger (migration 0022).
+UPDATE stepwarden_tasks SET tags = :tags
+WHERE task_id = :task_id AND attempt = :attempt AND locked_by = :scheduler
+RETURNING task_id
+
 -- name: heartbeat_step
 -- Extend a running step's complete_by by its complete_within from now: never shorter than
 -- it is, never past its task's complete_by nor its total timeout.
@@ -693,6 +705,28 @@ UPDATE stepwarden_steps
 SET state = 'failed', error = :abandoned_error, abandoned = 1, finished_at = :now
 WHERE task_id = :task_id AND state IN ('not_started', 'running');
 
+-- name: set_fork
+-- A fork just inserted (App.fork): the task it was forked from, and whose idempotency
+-- keys its steps carry (records.idempotency_key).
+UPDATE stepwarden_tasks
+SET forked_from = :forked_from, keys_of = :keys_of, new_keys_from = :new_keys_from
+WHERE task_id = :task_id
+
+-- name: insert_forked_steps
+-- A fork's kept steps: each a copy of its original's step, completed with its result and
+-- its idempotency key, its input and result sealed again for the fork (new_id).
+INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt,
+                              task_attempt, priority, complete_by, idempotency_key, input,
+                              result, tries, created_at, dispatched_at, claimed_at,
+                              finished_at, compensation, compensation_input, complete_within,
+                              position, ranked_at, limit_key)
+SELECT :new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
+       s.complete_by, s.idempotency_key, :input, :result, s.tries, s.created_at,
+       s.dispatched_at, s.claimed_at, s.finished_at, s.compensation, :compensation_input,
+       s.complete_within, s.position, s.ranked_at, s.limit_key
+FROM stepwarden_steps AS s
+WHERE s.task_id = :task_id AND s.seq = :seq
+
 -- name: get_task
 SELECT * FROM stepwarden_tasks WHERE task_id = :task_id
 
@@ -721,6 +755,23 @@ WHERE (:state IS NULL OR process_state = :state)
   AND (:version IS NULL OR version = :version)
   AND (:tenant IS NULL OR tenant = :tenant)
 ORDER BY created_at, task_id
+LIMIT :limit
+
+-- name: list_tagged_tasks
+-- list_tasks (and its tenant) of the tasks that have every tag of :tags (a JSON object), read through the
+-- tags' index on (key, value) from one of them (:key, :value).
+SELECT t.* FROM stepwarden_task_tags AS g INDEXED BY stepwarden_task_tags_key_value
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = :key AND g.value = :value
+  AND (:state IS NULL OR t.process_state = :state)
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND (:tenant IS NULL OR t.tenant = :tenant)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at, t.task_id
 LIMIT :limit
 
 -- name: client_unfinished
@@ -1175,6 +1226,24 @@ WHERE (:state IS NULL OR process_state = :state)
   AND (:tenant IS NULL OR tenant = :tenant)
   AND (:search IS NULL OR instr(task_id, :search) > 0)
 ORDER BY created_at DESC, task_id DESC
+LIMIT :limit
+
+-- name: find_tagged_tasks
+-- find_tasks (and its tenant) of the tasks that have every tag of :tags (a JSON object), read through the
+-- tags' index on (key, value) from one of them (:key, :value).
+SELECT t.* FROM stepwarden_task_tags AS g INDEXED BY stepwarden_task_tags_key_value
+JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
+WHERE g.key = :key AND g.value = :value
+  AND (:state IS NULL OR t.process_state = :state)
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND (:tenant IS NULL OR t.tenant = :tenant)
+  AND (:search IS NULL OR instr(t.task_id, :search) > 0)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
+                  WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                    WHERE m.task_id = t.task_id AND m.key = w.key
+                                      AND m.value = w.value))
+ORDER BY t.created_at DESC, t.task_id DESC
 LIMIT :limit
 
 -- name: workflow_names
