@@ -303,6 +303,7 @@ def _plan(store_url: str, query: str, search: str) -> str:
         "state": "NULL",
         "workflow": "NULL",
         "version": "NULL",
+        "tenant": "NULL",
         "search": "NULL",
         "limit": "100",
     }
