@@ -59,6 +59,23 @@ async def stop_tasks(*tasks: asyncio.Task[Any] | None) -> None:
             raise task.exception()  # type: ignore[misc]
 
 
+async def cancel_until_ended(
+    *tasks: asyncio.Task[Any], again_after: float = 1.0
+) -> list[asyncio.Task[Any]]:
+    """Cancel each task and wait until each has ended, whatever each raised. A task still
+    running `again_after` seconds after its cancel is cancelled again, and so on: a
+    cancellation that a loop's cleanup or a library took for its own, and went on, would
+    otherwise keep the caller waiting for ever. The tasks that needed another cancel."""
+    again: list[asyncio.Task[Any]] = []
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_after)
+        again += [t for t in pending if t not in again]
+    return again
+
+
 async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
     """Sleep `seconds`, or less if `stop` is set meanwhile."""
     try:

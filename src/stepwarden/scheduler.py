@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from ._aio import Pace, first, sleep_unless, spread, until_beat
+from ._aio import Pace, cancel_until_ended, first, sleep_unless, spread, until_beat
 from ._batch import Batcher
 from .agent import AnyOperation
 from .drive import Entry, LocalAgent, TaskDrive
@@ -141,10 +141,12 @@ class Scheduler:
                 await asyncio.wait(set(self._running))
             await self._writes.drain()
         finally:
-            results.cancel()
-            beats.cancel()
-            versions.cancel()
-            await asyncio.gather(results, beats, versions, return_exceptions=True)
+            for task in await cancel_until_ended(results, beats, versions):
+                logger.warning(
+                    "scheduler %s: %s went on after it was cancelled: cancelled again",
+                    self.instance,
+                    task.get_coro().__qualname__,  # type: ignore[union-attr]
+                )
             await self._leave()
 
     # -- the registry ---------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from stepwarden._aio import stop_tasks, to_the_end
+from stepwarden._aio import cancel_until_ended, stop_tasks, to_the_end
 
 
 class Cleanup:
@@ -71,3 +71,33 @@ async def test_stopping_a_task_that_failed_raises_its_error() -> None:
     await under_way.wait()
     with pytest.raises(OSError, match="closing failed"):
         await stop_tasks(task)
+
+
+async def test_a_loop_that_takes_its_cancellation_for_its_own_is_cancelled_until_it_ends() -> None:
+    """A loop whose first cancellation is caught and gone on from (as a call that answers
+    an error of its own for it would) still ends: it is cancelled again; one that ends at
+    once is cancelled once."""
+    cancels = 0
+    started = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> None:
+        nonlocal cancels
+        started[0].set()
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels == 2:
+                    raise
+                # taken for its own: the loop goes on
+
+    async def plain() -> None:
+        started[1].set()
+        await asyncio.Event().wait()
+
+    loop, other = asyncio.create_task(stubborn()), asyncio.create_task(plain())
+    await asyncio.gather(started[0].wait(), started[1].wait())
+    again = await cancel_until_ended(loop, other, again_after=0.05)
+    assert again == [loop] and cancels == 2
+    assert loop.cancelled() and other.cancelled()
