@@ -73,12 +73,13 @@ packages: chromium
 	@command -v redis-server >/dev/null || (apt-get update -q && apt-get install -y -q redis-server)
 	@command -v rabbitmq-server >/dev/null || (apt-get update -q && apt-get install -y -q rabbitmq-server)
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist), each test module in one of them
-# (a module's tests may rely on their order); TEST_WORKERS=0 runs it in one. Three on two
-# cores: much of the suite waits on the processes, servers and brokers it starts.
+# The suite runs in TEST_WORKERS processes (pytest-xdist): the unit and contract tests spread
+# one by one, every other module in one of them (its tests may rely on their order; see
+# tests/conftest.py); TEST_WORKERS=0 runs it in one. Three on two cores: much of the suite
+# waits on the processes, servers and brokers it starts.
 TEST_WORKERS ?= 3
 test: lint packages
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # make check: the unit and contract tests on SQLite, in process and over HTTP (no server, no
 # browser, no broker, no Node), for the loop of a change; make test runs them on PostgreSQL

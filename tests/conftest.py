@@ -146,3 +146,19 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+# Modules whose tests are spread one by one over the suite's processes (`make test` runs
+# `--dist loadgroup`): their tests rely on no order of one another (`make check` runs them in
+# a random one). Every other module runs in one process, its tests in their order, and so
+# does a module here that starts a server of its own for its tests.
+_SPREAD = ("tests/unit/", "tests/contract/")
+_KEPT_TOGETHER = ("tests/contract/test_server_warnings.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        module = item.path.relative_to(root).as_posix()
+        if not module.startswith(_SPREAD) or module in _KEPT_TOGETHER:
+            item.add_marker(pytest.mark.xdist_group(module))

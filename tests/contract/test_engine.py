@@ -20,6 +20,7 @@ from stepwarden.records import NewStep, StepOutcome
 from tests.stores import app_store
 
 from ..agentserver import Workers
+from ..support.poll import until
 from ..support.worker import running
 
 """For a worker that takes up tasks another worker of the test left: what that one's agents
@@ -231,11 +232,17 @@ async def test_a_resumed_task_does_not_rerun_completed_steps(store_url: str) -> 
 
 
 async def test_an_open_step_of_a_dead_scheduler_is_dispatched_again(store_url: str) -> None:
-    shop = Shop(store_url, within=0.3)
+    shop = Shop(store_url)
     try:
         await shop.app.submit_async(shop.process_order, {"id": 1}, task_id="order-1")
         await _record_first_step(shop, "order-1", complete=False)
-        await asyncio.sleep(0.35)  # the queued request's complete_by passes with no agent up
+        store = await app_store(shop.app)
+
+        async def step_past_complete_by() -> bool:  # by the store's clock, no agent up
+            read = await store.read_step("order-1", 1)
+            return read is not None and read[1] <= 0
+
+        await until(step_past_complete_by)
         async with running(shop.app):
             await shop.app.result_async("order-1", timeout=20)
         view = await shop.app.show_async("order-1")

@@ -381,6 +381,11 @@ def build_app(store: str, versions: tuple[int, ...] = (1,)) -> sw.App:
     app.workflow(deploy, name="deploy", complete_within=timedelta(seconds=60), max_failures=3)
     # A long task deadline: a task expires only through its steps.
     app.workflow(run_steps, name="steps", complete_within=timedelta(seconds=30), max_failures=3)
+    # Steps that may pass their complete_by many times while the agent that will finish them
+    # starts (a frozen agent's step, dispatched again each second until another is up).
+    app.workflow(
+        run_steps, name="steps_patient", complete_within=timedelta(seconds=60), max_failures=30
+    )
     # A short task deadline: a task held by a dead scheduler is recovered quickly.
     app.workflow(
         run_steps, name="steps_short", complete_within=timedelta(seconds=2.5), max_failures=3

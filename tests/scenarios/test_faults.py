@@ -39,7 +39,9 @@ def test_a_zombie_agent_frozen_past_complete_by_changes_nothing_when_it_wakes(
     spec = {"within": 1.0, "block_until": str(release), "block_attempts": [1], "idempotent": True}
     if kind == "async":
         spec.update({"async": True, "ignore_cancel": True})
-    c.submit("z1", [spec])
+    # Each second until agents-2 is up the step passes its complete_by again: a busy machine
+    # may take several to start it, more than the three failures of the "steps" workflow.
+    c.submit("z1", [spec], workflow="steps_patient")
     c.wait_until(lambda: c.calls(key="z1/1"), "the call in agents-1", task_ids=("z1",))
     c.pause(zombie)
     other = c.start("agents-2", "--roles", "agents")
