@@ -484,6 +484,14 @@ _BACKOFF = Backoff()
     "have no access control).",
 )
 @_opt(
+    "--metrics-tenants",
+    envvar="STEPWARDEN_METRICS_TENANTS",
+    default=None,
+    metavar="T1,T2",
+    help="Name these tenants in the metrics' tenant label (stepwarden_tenant_tasks_ended); "
+    "every other tenant is counted as _other, a task of none as _none [default: none named].",
+)
+@_opt(
     "--agent-url",
     envvar="STEPWARDEN_AGENT_URL",
     default=None,
@@ -535,6 +543,7 @@ def worker(
     alert_webhook_file: IO[str] | None,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_tenants: str | None,
     agent_url: str | None,
     agent_token_file: IO[str] | None,
     shards: str | None,
@@ -580,6 +589,9 @@ def worker(
             alert_webhooks=alert_webhooks,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            metrics_tenants=frozenset(
+                t.strip() for t in (metrics_tenants or "").split(",") if t.strip()
+            ),
             agent_url=agent_url,
             agent_token=agent_token,
             shards=frozenset(x.strip() for x in shards.split(",") if x.strip()) if shards else None,

@@ -339,7 +339,7 @@ class TaskDrive:
             return
         if applied:
             self.outcome = "failed" if state == TaskState.ERROR else str(state)
-            self.host.metrics.task_ended(self.held.workflow, state)
+            self.host.metrics.task_ended(self.held.workflow, state, self.held.tenant)
         if not applied:
             logger.info("task %s: outcome discarded, the task is no longer held", self.task_id)
         elif state in (TaskState.ERROR, TaskState.COMPENSATION_FAILED):

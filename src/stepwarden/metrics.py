@@ -54,14 +54,31 @@ class SupervisorGauges(Protocol):
     def leads(self) -> bool: ...
 
 
+OTHER_TENANT = "_other"
+"""The `tenant` label of a task whose tenant the worker was not told to name."""
+NO_TENANT = "_none"
+"""The `tenant` label of a task of no tenant."""
+
+
 class Metrics:
     """The metrics of one worker (its scheduler, agent instances and supervisor), in a
     registry of its own (`registry`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenants: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         wf, step = ["workflow"], ["agent", "operation"]
+        self.tenants = frozenset(tenants)
+        """The tenants `stepwarden_tenant_tasks_ended` names (`tenant_label`)."""
+        self._tenant_tasks_ended = Counter(
+            "stepwarden_tenant_tasks_ended",
+            "Tasks whose outcome this worker's scheduler recorded, by tenant: one named in "
+            f"the worker's --metrics-tenants, {OTHER_TENANT} for any other, {NO_TENANT} for "
+            "a task of none (state: processed; error when its workflow failed, then compensated or "
+            "compensation_failed when its compensation ended).",
+            ["tenant", "state"],
+            registry=r,
+        )
         self._tasks_claimed = Counter(
             "stepwarden_tasks_claimed", "Tasks claimed by this worker's scheduler.", wf,
             registry=r,
@@ -217,8 +234,17 @@ class Metrics:
         for workflow in workflows:
             self._tasks_claimed.labels(workflow).inc()
 
-    def task_ended(self, workflow: str, state: str) -> None:
+    def tenant_label(self, tenant: str | None) -> str:
+        """The `tenant` label of a task's tenant: its name when the worker was given it, else
+        OTHER_TENANT (NO_TENANT for a task of none). So the label has at most as many values
+        as the operator named, and two more, however many tenants submit."""
+        if tenant is None:
+            return NO_TENANT
+        return tenant if tenant in self.tenants else OTHER_TENANT
+
+    def task_ended(self, workflow: str, state: str, tenant: str | None = None) -> None:
         """A task's outcome recorded by its scheduler (`TaskState` values)."""
+        self._tenant_tasks_ended.labels(self.tenant_label(tenant), state).inc()
         if state == "processed":
             self._tasks_processed.labels(workflow).inc()
         elif state == "error":

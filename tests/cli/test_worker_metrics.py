@@ -85,10 +85,16 @@ def worker_of() -> Iterator[Callable[..., Worker]]:
             w.proc.stderr.close()
 
 
-def _submit(url: str, workflow: str, value: str, task_id: str) -> None:
+def _submit(url: str, workflow: str, value: str, task_id: str, *args: str) -> None:
     assert_ok(
-        invoke("--app", APP, "--store", url, "submit", workflow, value, f"--task-id={task_id}")
-    )
+        invoke(
+            "--app", APP, "--store", url, "submit", workflow, value, f"--task-id={task_id}", *args
+        )
+    )  # fmt: skip
+
+
+# Whose each order is: a tenant the worker names in its metrics, one it does not, none.
+TENANTS = {1: ("--tenant=acme",), 2: ("--tenant=globex",)}
 
 
 def _states(url: str) -> dict[str, str]:
@@ -117,6 +123,7 @@ def test_a_worker_counts_a_known_workload_and_logs_it_as_json(
         "worker",
         APP,
         "--metrics-port=0",
+        "--metrics-tenants=acme",
         "--poll-interval=0.02",
         "--supervisor-interval=0.05",
         "--agent-concurrency=10",
@@ -125,7 +132,7 @@ def test_a_worker_counts_a_known_workload_and_logs_it_as_json(
     metrics_url = found.group(1)
 
     for n in range(1, ORDERS + 1):
-        _submit(store_url, "order", f'{{"n": {n}}}', f"order-{n}")
+        _submit(store_url, "order", f'{{"n": {n}}}', f"order-{n}", *TENANTS.get(n, ()))
     _submit(store_url, "doomed", '"x"', "doomed-1")
     _submit(store_url, "patient", '"p"', "patient-1")
     waiting = "SELECT waiting_for FROM stepwarden_tasks WHERE task_id = 'patient-1'"
@@ -206,6 +213,20 @@ def test_a_worker_counts_a_known_workload_and_logs_it_as_json(
     for (workflow, outcome), n in runs.items():
         labels = {"workflow": workflow, "outcome": outcome}
         assert value(m, "stepwarden_task_run_seconds_count", **labels) == n, labels
+    # The tenant label names only the tenant the worker was told to: globex is one of the
+    # others, and the tasks of no tenant are counted apart.
+    by_tenant = {
+        labels: v
+        for (name, labels), v in m.items()
+        if name == "stepwarden_tenant_tasks_ended_total"
+    }
+    assert by_tenant == {
+        (("state", "processed"), ("tenant", "acme")): 1,
+        (("state", "processed"), ("tenant", "_other")): 1,
+        (("state", "processed"), ("tenant", "_none")): ORDERS - 2 + 1,  # order-3, patient
+        (("state", "error"), ("tenant", "_none")): 1,  # doomed-1 failed, then
+        (("state", "compensated"), ("tenant", "_none")): 1,  # was compensated
+    }
     assert value(m, "stepwarden_store_write_seconds_count") > 0
     assert value(m, "stepwarden_agent_slots_free", agent="shop") == 10
     assert value(m, "stepwarden_agent_breaker", agent="shop", state="closed") == 1
