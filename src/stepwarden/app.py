@@ -7,6 +7,7 @@ code, and a coroutine (`submit_async`, ...) for code already running in an event
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import getpass
@@ -108,6 +109,9 @@ if TYPE_CHECKING:  # a default (PEP 696) for the type checker alone: a bare Task
 else:
     R_co = TypeVar("R_co", covariant=True)
 MAX_EVENT_PAGE = 1000
+CREATED_KEPT = 10_000
+"""The ids of the tasks an App created that it keeps, for a wait on one's result to note
+itself at once (`rules.await_first`)."""
 """The most events of a task's history read at once."""
 FOLLOW_SETTLE = 5.0
 """Seconds after which an outbox message is taken as committed in id order."""
@@ -210,6 +214,9 @@ class App:
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         """Held while a loop's store opens: callers at once share the one store it opens."""
         self._submits: dict[asyncio.AbstractEventLoop, Batcher[Submission, Submitted]] = {}
+        self._created: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        """The ids of the tasks this App created last (CREATED_KEPT at most), newest last: a
+        wait for one's result notes itself before its first read (rules.await_first)."""
         """Per event loop, the group commit of `submit_async`: the submits of concurrent
         callers share a transaction."""
         self._portal: _Portal | None = None
@@ -678,11 +685,16 @@ class App:
         if submits is None:
             submits = self._submits[loop] = Batcher((await self.store()).submit)
         if not tracing.active():
-            return await submits.submit(task)
-        with _submit_span(task.workflow, [task]) as span:
-            task = dataclasses.replace(task, trace_context=tracing.stored(span))
             answer = await submits.submit(task)
-            _answered(span, answer)
+        else:
+            with _submit_span(task.workflow, [task]) as span:
+                task = dataclasses.replace(task, trace_context=tracing.stored(span))
+                answer = await submits.submit(task)
+                _answered(span, answer)
+        if answer.created:
+            self._created[task.task_id] = True
+            if len(self._created) > CREATED_KEPT:
+                self._created.popitem(last=False)
         return answer
 
     @overload
@@ -826,7 +838,9 @@ class App:
                         if awaited:
                             task = await store.get_task(task_id)
                         else:
-                            task = await store.await_task(task_id)
+                            task = await store.await_task(
+                                task_id, created_here=self._created.pop(task_id, False)
+                            )
                             awaited = True
                     except TransientStoreError:  # wait for the store as for the task
                         await sub.wait(store.default_poll_interval)

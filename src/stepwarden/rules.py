@@ -300,6 +300,15 @@ back to the queue, in time, for an agent to claim)."""
 AwaitStep = Literal["wait", "note", "mark"]
 
 
+def await_first(*, created_here: bool) -> Literal["read", "note"]:
+    """What a waiter for a task's result does first. "note" when this process created the
+    task a moment ago (`created_here`): it exists and most likely no scheduler holds it yet,
+    so the read that would find that out is spared and the wait noted at once, then the task
+    read as after any note (`await_next` with `noted`). "read" otherwise: a task that ended,
+    or is held, needs no note (and a read of an ended one writes nothing)."""
+    return "note" if created_here else "read"
+
+
 def await_next(*, state: TaskState | None, held: bool, awaited: bool, noted: bool) -> AwaitStep:
     """What a waiter for a task's result does next, having read the task (`state`: None when
     there is no such task; `held`: a scheduler holds it; `awaited`: its row is marked), so

@@ -176,3 +176,55 @@ async def test_on_postgresql_a_mark_that_waits_for_an_end_reads_the_end(pg_url: 
         assert not await row_awaited(store, "t")
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("then", ["pending", "held", "ended", "unknown"])
+async def test_a_wait_for_a_task_created_here_notes_itself_before_it_reads(
+    store: Store, then: str
+) -> None:
+    """An App that has just created a task notes its wait before reading it: one read fewer
+    while no scheduler holds the task (the case right after a submit), and whatever the
+    task became in between (held, ended, never stored), its end still wakes the waiter and
+    what is read is the task as it is."""
+    reads: list[str] = []
+    read_one = store._read_one
+
+    async def counted(name: str, **params: object) -> object:
+        reads.append(name)
+        return await read_one(name, **params)
+
+    if then != "unknown":
+        await store.submit([app_task("t")])
+    attempt = None
+    if then in ("held", "ended"):
+        [c] = await store.claim_tasks("s1", ["wf"], 1)
+        attempt = c.task.attempt
+        if then == "ended":
+            assert await store.finish_tasks([processed("t", attempt)]) == [True]
+    done = store.subscribe(CHANNEL_TASK_DONE)
+    store._read_one = counted  # type: ignore[method-assign]
+    try:
+        task = await store.await_task("t", created_here=True)
+    finally:
+        store._read_one = read_one  # type: ignore[method-assign]
+    assert reads == ["get_task"]  # the note first, then one read (and a mark when held)
+    if then == "unknown":
+        assert task is None
+        return
+    assert task is not None
+    expected = {
+        "pending": TaskState.PENDING,
+        "held": TaskState.PROCESSING,
+        "ended": TaskState.PROCESSED,
+    }
+    assert task.process_state == expected[then]
+    if then == "held":
+        assert await row_awaited(store, "t")
+    if then == "ended":
+        return
+    if then == "pending":
+        [c] = await store.claim_tasks("s1", ["wf"], 1)
+        attempt = c.task.attempt
+    assert attempt is not None
+    assert await store.finish_tasks([processed("t", attempt)]) == [True]
+    assert await done.wait(5) == ["t"]

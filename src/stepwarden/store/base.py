@@ -77,7 +77,7 @@ from ..records import (
     Woke,
 )
 from ..retry import Backoff, retried, within_tries
-from ..rules import await_next
+from ..rules import await_first, await_next
 from ..sealing import Keyring, input_digest
 from ..states import StepState, TaskState
 from . import _rows, _sql, policy, reseal
@@ -440,12 +440,16 @@ class Store(abc.ABC):
         rows = await self._read_one("get_task", task_id=task_id)
         return _rows.task_record(rows[0], self.keys) if rows else None
 
-    async def await_task(self, task_id: str) -> TaskRecord | None:
+    async def await_task(self, task_id: str, *, created_here: bool = False) -> TaskRecord | None:
         """The task, read so that its end, when it has not ended, wakes this process's
         subscribers of CHANNEL_TASK_DONE (a task's end notifies only those who wait for it):
-        its row marked awaited, or its wait noted beside it (rules.await_next). Each write
+        its row marked awaited, or its wait noted beside it (rules.await_next); noted before
+        the first read when this process has just created it (rules.await_first). Each write
         is a statement of its own, committed before the next read. Safe to repeat."""
         noted = False
+        if await_first(created_here=created_here) == "note":
+            await self._write_one(Query("note_awaited", {"task_id": task_id}))
+            noted = True
         while True:
             rows = await self._read_one("get_task", task_id=task_id)
             row = rows[0] if rows else None

@@ -417,8 +417,8 @@ class ShardedStore:
         found = await self._find(task_id)
         return found[1] if found else None
 
-    async def await_task(self, task_id: str) -> TaskRecord | None:
-        found = await self._find(task_id)
+    async def await_task(self, task_id: str, *, created_here: bool = False) -> TaskRecord | None:
+        found = await self._find(task_id)  # a read: the shard is found by the task's row
         return None if found is None else await found[0].await_task(task_id)
 
     async def get_steps(self, task_id: str) -> list[StepRecord]:
