@@ -7,6 +7,7 @@ skipping locked ones, so a waiter does not lock them); an end reads both."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
@@ -189,7 +190,7 @@ async def test_a_wait_for_a_task_created_here_notes_itself_before_it_reads(
     reads: list[str] = []
     read_one = store._read_one
 
-    async def counted(name: str, **params: object) -> object:
+    async def counted(name: str, **params: Any) -> list[dict[str, Any]]:
         reads.append(name)
         return await read_one(name, **params)
 
@@ -202,7 +203,7 @@ async def test_a_wait_for_a_task_created_here_notes_itself_before_it_reads(
         if then == "ended":
             assert await store.finish_tasks([processed("t", attempt)]) == [True]
     done = store.subscribe(CHANNEL_TASK_DONE)
-    store._read_one = counted  # type: ignore[method-assign]
+    store._read_one = counted  # type: ignore[method-assign,assignment]
     try:
         task = await store.await_task("t", created_here=True)
     finally:
