@@ -1186,6 +1186,7 @@ class App:
             applied=False,
             steps=tuple(plan_retry(task_id, task.process_state, steps)),
             message=outcome,
+            refused=task.process_state not in OPERATOR_ACTIONS["retry"],
         )
 
     def retry_plan(self, task_id: str) -> Redrive:
@@ -1259,7 +1260,7 @@ class App:
         if task.process_state not in FINISHED_TASK_STATES:
             why = f"task {task_id!r} is {task.process_state}: fork a finished task"
             return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=False,
-                           steps=(), message=why)  # fmt: skip
+                           steps=(), message=why, refused=True)  # fmt: skip
         detail: dict[str, Any] = {"action": "fork", "by": by or _operator_name(),
                                   "reason": reason, "from_position": start,
                                   "new_keys_from": new_keys_from}  # fmt: skip

@@ -1567,7 +1567,7 @@ def fork(
             await app.aclose()
 
     redrive = _run(go())
-    if not redrive.applied and not (plan and redrive.message == "would fork"):
+    if redrive.refused:
         raise click.ClickException(f"{task_id}: {redrive.message}")
     _echo_plan(redrive)
 
@@ -1583,7 +1583,7 @@ _PLANS = {
 def _echo_plan(redrive: Redrive) -> None:
     """A redrive's plan, a line per step, after a line of what it did or would do."""
     head = redrive.message
-    if redrive.action == "fork" and redrive.message == "would fork":
+    if redrive.action == "fork" and not redrive.applied:
         head = f"would fork as {redrive.runs_as}"
     _echo(f"{redrive.task_id}: {head}")
     if redrive.steps:

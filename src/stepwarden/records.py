@@ -1010,7 +1010,9 @@ class StepPlan:
 class Redrive:
     """A redrive of a task, planned or done: the task it acts on, the task that runs (a
     fork's new id; the same task for a retry), whether it was applied, the plan per step,
-    and what the store said (a refusal's reason)."""
+    and what the store said (a refusal's reason). `refused`: it cannot be done (no such
+    task, one not finished, no step there, a new id taken: `message` says which); neither
+    applied nor refused, it is a plan of what would be done."""
 
     action: Literal["retry", "fork"]
     task_id: str
@@ -1018,6 +1020,7 @@ class Redrive:
     applied: bool
     steps: tuple[StepPlan, ...]
     message: str
+    refused: bool = False
 
 
 # -- why a task waits ------------------------------------------------------------------------

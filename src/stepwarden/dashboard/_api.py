@@ -343,7 +343,7 @@ def router(
             raise
         except StepwardenError as exc:
             raise BadRequest(str(exc)) from None
-        if not redrive.applied and not (body.plan and redrive.message == "would fork"):
+        if redrive.refused:
             return error(409, redrive.message)
         return json_response(dataclasses.asdict(redrive))
 

@@ -136,6 +136,10 @@ class RedriveAnswer(_Closed):
     applied: bool
     steps: list[StepPlanAnswer]
     message: str
+    refused: bool = Field(
+        description="It cannot be done (message says why); neither applied nor refused: "
+        "the plan of what would be done."
+    )
 
 
 class SendRequest(_Closed):

@@ -203,19 +203,19 @@ def fork(
         Query("waits_of_tasks", {"task_ids": [task_id]}),
     ]
     if not rows:
-        return _forked(task_id, new.task_id, False, (), f"no task {task_id!r}")
+        return _refused(task_id, new.task_id, (), f"no task {task_id!r}")
     task = _rows.task_record(rows[0], keys)
     recorded = [_rows.step_record(r, keys) for r in steps]
     places = [w["position"] for w in waits if w["position"] is not None]
     planned = plan_fork(task, recorded, new.task_id, start, new_keys_from, places)
     if isinstance(planned, str):
-        return _forked(task_id, new.task_id, False, (), planned)
+        return _refused(task_id, new.task_id, (), planned)
     plans, keys_of, keys_until = planned
     if not apply:
         return _forked(task_id, new.task_id, False, plans, "would fork")
     [created] = yield [Query("insert_tasks", each=_task_params([new]))]
     if not created:
-        return _forked(task_id, new.task_id, False, plans, f"task {new.task_id!r} exists")
+        return _refused(task_id, new.task_id, plans, f"task {new.task_id!r} exists")
     kept = {p.seq for p in plans if p.plan == "kept"}
     copies = []
     for s in recorded:
@@ -253,3 +253,8 @@ def _forked(
 ) -> Redrive:
     return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=applied,
                    steps=tuple(plans), message=message)  # fmt: skip
+
+
+def _refused(task_id: str, new_id: str, plans: Sequence[StepPlan], why: str) -> Redrive:
+    return Redrive(action="fork", task_id=task_id, runs_as=new_id, applied=False,
+                   steps=tuple(plans), message=why, refused=True)  # fmt: skip
