@@ -19,8 +19,8 @@ from stepwarden.dashboard._data import WAITING_EVERY
 from tests.cli.helpers import sql
 
 from ..support.dashboard import AGENTS
-from .conftest import TOKEN, Served
-from .dash_app import CARD
+from .conftest import TOKEN, Served, run_async, wait_for
+from .dash_app import CARD, build, order
 
 STEP_COUNTS = (
     "SELECT count(claimed_at), "
@@ -178,6 +178,64 @@ def test_the_agents_page_shows_the_worker_s_agent_instance(served: Served, page:
     [counts] = sql(served.store_url, STEP_COUNTS)
     cells = page.locator("#operations tr", has_text="desk.stamp").locator("td")
     expect(cells).to_have_text(["desk.stamp", *(str(n) for n in counts), "0"])
+
+
+def _submit_processed(served: Served, task_id: str, n: int, **options: Any) -> None:
+    """An order the worker completes (the stamp pad refilled), submitted with `options`."""
+    served.flag.touch()
+
+    async def go() -> None:
+        app = build(served.store_url, None)
+        try:
+            await app.submit_async("process", order(n), task_id=task_id, **options)
+        finally:
+            await app.aclose()
+
+    run_async(go())
+    wait_for(f"{task_id} processed", served.in_state(task_id, "processed"))
+
+
+def test_a_finished_task_is_forked_from_its_page_its_plan_shown_first(
+    served: Served, page: Page
+) -> None:
+    _submit_processed(served, "order-7", 7)
+    page.goto(served.url + "/tasks/order-7")
+    sign_in(page)
+    expect(page.locator("#redrive button[data-redrive=retry-plan]")).to_have_count(0)
+    page.select_option("#fork-from", "1")
+    page.click("#redrive button[data-redrive=fork-plan]")
+    flash = page.locator("#flash")
+    expect(flash).to_contain_text("would fork as order-7~fork-")
+    expect(flash).to_contain_text("step 1 at 1 desk.stamp: run again, same key (key order-7/1)")
+    listed = served.get("/api/tasks?workflow=process&limit=500").json()["tasks"]
+    assert "order-7" in {t["task_id"] for t in listed}
+    assert not [t for t in listed if t["task_id"].startswith("order-7~")]  # nothing forked
+
+    page.check("#fork-new-keys")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#redrive button[data-redrive=fork]")
+    expect(flash).to_contain_text("forked as order-7~fork-")
+    expect(flash).to_contain_text("run again, new key")
+    forked = re.search(r"forked as (\S+)", flash.inner_text())
+    assert forked is not None
+    new_id = forked.group(1)
+    wait_for(f"{new_id} processed", served.in_state(new_id, "processed"))
+    [step] = served.get(f"/api/tasks/{new_id}").json()["steps"]
+    assert step["idempotency_key"] == f"{new_id}/1"  # a new key, as asked
+    page.goto(served.url + "/tasks/order-7")
+    expect(page.locator("#history tr.event-operator")).to_contain_text("fork")
+
+
+def test_a_tag_on_a_task_s_page_lists_the_tasks_of_that_tag(served: Served, page: Page) -> None:
+    _submit_processed(served, "order-8", 8, tags={"region": "eu-west"})
+    _submit_processed(served, "order-9", 9, tags={"region": "us-east"})
+    page.goto(served.url + "/tasks/order-8")
+    tag = page.locator("#tags a.tag")
+    expect(tag).to_have_text("region=eu-west")
+    tag.click()
+    expect(page).to_have_url(re.compile(r"/tasks\?tag=region%3Deu-west$"))
+    expect(page.locator("#tasks tr[data-task]")).to_have_count(1)
+    expect(page.locator("#tasks tr[data-task=order-8]")).to_have_count(1)
 
 
 def test_bulk_actions_by_filter_dry_run_first(served: Served, page: Page) -> None:

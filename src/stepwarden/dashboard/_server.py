@@ -307,6 +307,12 @@ def create_app(
             data=data,
             actions=actions,
             skip_allowed=state in OPERATOR_ACTIONS["skip"],
+            retry_allowed=state in OPERATOR_ACTIONS["retry"],
+            fork_starts=[
+                {"start": s["position"] or str(s["seq"]), "seq": s["seq"], "name": s["name"]}
+                for s in data["steps"]
+                if s["compensates"] is None
+            ],
             finished_states=[str(s) for s in FINISHED_TASK_STATES],
             waiting_event=_event_waited_for(data["task"]["waiting_for"]),
             timeline=step_timeline(data["task"], data["steps"], datetime.now(UTC)),

@@ -152,6 +152,56 @@
     refresh();
   });
 
+  const PLANS = {
+    kept: "kept",
+    same_key: "run again, same key",
+    new_key: "run again, new key",
+    undone: "undone first",
+  };
+
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-redrive]");
+    if (!button) return;
+    event.preventDefault();
+    const kind = button.dataset.redrive;
+    const task = button.dataset.task;
+    let response;
+    let data = {};
+    if (kind === "retry-plan") {
+      response = await fetch("/api/retry-plan/" + segment(task), {
+        credentials: "same-origin",
+        cache: "no-store",
+      });
+      try {
+        data = await response.json();
+      } catch (err) {
+        data = {};
+      }
+    } else {
+      const select = document.getElementById("fork-from");
+      const option = select.options[select.selectedIndex];
+      const body = { from: option.value, plan: kind === "fork-plan" };
+      if (document.getElementById("fork-new-keys").checked) body.new_keys_from = Number(option.dataset.seq);
+      const reason = document.getElementById("reason");
+      if (reason && reason.value) body.reason = reason.value;
+      if (kind === "fork" && button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+      [response, data] = await post("/api/tasks/" + segment(task) + "/fork", body);
+    }
+    if (!response.ok) {
+      flash(kind + " refused (" + response.status + "): " + (data.error || response.statusText), "error");
+      return;
+    }
+    let head = data.message;
+    if (data.action === "fork") head = data.applied ? "forked as " + data.runs_as : "would fork as " + data.runs_as;
+    const lines = [head];
+    for (const s of data.steps) {
+      lines.push("step " + s.seq + (s.position ? " at " + s.position : "") + " " + s.name + ": " +
+        (PLANS[s.plan] || s.plan) + " (key " + s.key + ")");
+    }
+    flashList(lines, data.refused ? "error" : "ok");
+    refresh();
+  });
+
   const bulk = document.getElementById("bulk");
   if (bulk) {
     bulk.addEventListener("submit", async (event) => {
