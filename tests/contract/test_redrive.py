@@ -58,9 +58,23 @@ async def shop(store_url: str) -> AsyncIterator[tuple[sw.App, Service]]:
         service.call("ship", call.idempotency_key)
         return f"s-{n}"
 
+    @pay.operation
+    async def refund(call: sw.Call, n: int) -> str:
+        service.call("refund", call.idempotency_key)
+        return f"refunded-{n}"
+
     @app.workflow(complete_within=WITHIN)
     async def order(ctx: sw.Context, n: int) -> list[str]:
         return [await ctx.step(reserve, n), await ctx.step(charge, n), await ctx.step(ship, n)]
+
+    @app.workflow(complete_within=WITHIN, max_failures=1)
+    async def refunded(ctx: sw.Context, n: int) -> list[str]:
+        """A charge undone by a refund when the shipment fails."""
+        return [
+            await ctx.step(reserve, n),
+            await ctx.step(charge, n, compensate=refund),
+            await ctx.step(ship, n),
+        ]
 
     async with app:
         yield app, service
@@ -99,7 +113,42 @@ async def test_a_retry_s_plan_is_what_the_service_then_sees(
     # The planned calls, then the step the retry reached for the first time.
     assert service.since(mark) == [*_seen(plan), ("ship", "o-1/3")]
     refused = await app.retry_plan_async("o-1")
+    assert refused.refused and not refused.applied
     assert refused.message.startswith("cannot retry a task that is processed")
+
+
+async def test_a_retry_s_plan_undoes_first_what_a_failed_compensation_left_done(
+    shop: tuple[sw.App, Service],
+) -> None:
+    """The shipment fails for good, so the charge is undone by a refund, which fails too:
+    the task ends compensation_failed. The retry's plan says the charge is undone first
+    (the steps without a compensation are kept); the retry then calls the refund again
+    under its key, and nothing else."""
+    app, service = shop
+    service.failing.update(ship=1, refund=1)
+    await app.submit_async("refunded", 2, task_id="o-2")
+    async with running(app):
+        with pytest.raises(sw.TaskFailed):
+            await app.result_async("o-2", timeout=20)
+    assert (await app.status_async("o-2")).process_state == TaskState.COMPENSATION_FAILED
+    [first_refund] = [key for op, key in service.calls if op == "refund"]
+    plan = await app.retry_plan_async("o-2")
+    assert _planned(plan) == [
+        (1, "pay.reserve", "kept", "o-2/1"),
+        (2, "pay.charge", "undone", "o-2/2"),
+        (3, "pay.ship", "kept", "o-2/3"),
+    ]
+    assert not plan.refused and not plan.applied
+    assert (await app.status_async("o-2")).process_state == TaskState.COMPENSATION_FAILED
+    mark = len(service.calls)
+    [done] = await app.operate_async("retry", ["o-2"], by="ops")
+    assert done.applied
+    async with running(app):
+        with pytest.raises(sw.TaskFailed):
+            await app.result_async("o-2", timeout=20)
+    assert (await app.status_async("o-2")).process_state == TaskState.COMPENSATED
+    # The step planned undone had its compensation called again, under the same key.
+    assert service.since(mark) == [("refund", first_refund)]
 
 
 async def test_a_fork_s_plan_is_what_the_service_then_sees(
