@@ -79,7 +79,7 @@ packages: chromium
 # waits on the processes, servers and brokers it starts.
 TEST_WORKERS ?= 3
 test: lint packages
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # make check: the unit and contract tests on SQLite, in process and over HTTP (no server, no
 # browser, no broker, no Node), for the loop of a change; make test runs them on PostgreSQL

@@ -18,6 +18,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -148,17 +149,27 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         await s.close()
 
 
-# Modules whose tests are spread one by one over the suite's processes (`make test` runs
-# `--dist loadgroup`): their tests rely on no order of one another (`make check` runs them in
-# a random one). Every other module runs in one process, its tests in their order, and so
-# does a module here that starts a server of its own for its tests.
+# Modules whose tests are spread one by one over the suite's processes by `make test`
+# (`--dist loadscope`, with the scope below): their tests rely on no order of one another
+# (`make check` runs them in a random one). Every other module runs in one process, its
+# tests in their order, and so does a module here that starts a server of its own for its
+# tests.
 _SPREAD = ("tests/unit/", "tests/contract/")
 _KEPT_TOGETHER = ("tests/contract/test_server_warnings.py",)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = config.rootpath
-    for item in items:
-        module = item.path.relative_to(root).as_posix()
-        if not module.startswith(_SPREAD) or module in _KEPT_TOGETHER:
-            item.add_marker(pytest.mark.xdist_group(module))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadscope`: a test of a module of _SPREAD is a scope of its own, any
+    other test is of its module's."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class ModuleOrTest(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module.startswith(_SPREAD) and module not in _KEPT_TOGETHER:
+                return nodeid
+            return module
+
+    return ModuleOrTest(config, log)
