@@ -55,6 +55,8 @@ from .records import (
     SUBMIT_OPTIONS,
     ActionOutcome,
     AgentInstance,
+    BulkPlan,
+    BulkProgress,
     EventBeyond,
     EventBounds,
     EventRecord,
@@ -70,6 +72,7 @@ from .records import (
     StepWhy,
     Submission,
     Submitted,
+    TaskFilter,
     TaskRecord,
     TaskStatus,
     Why,
@@ -77,7 +80,9 @@ from .records import (
 )
 from .retry import Retry
 from .rules import (
+    BULK_ACTIONS,
     CATCH_UP,
+    bulk_states,
     holding_gate,
     plan_action,
     plan_retry,
@@ -1271,6 +1276,129 @@ class App:
     def fork(self, task_id: str, **kwargs: Any) -> Redrive:
         """The blocking form of `fork_async`."""
         return self._call(self.fork_async(task_id, **kwargs))
+
+    # -- bulk actions by filter ------------------------------------------------------------
+    @staticmethod
+    def _bulk_filter(match: TaskFilter, action: str) -> TaskFilter | None:
+        """`match` checked, narrowed to the states `action` moves (`rules.bulk_states`); None
+        when it leaves none."""
+        if not isinstance(match, TaskFilter):
+            raise ConfigurationError(f"a bulk action takes a TaskFilter, not {_check.shown(match)}")
+        if not isinstance(action, str) or action not in BULK_ACTIONS:
+            known = ", ".join(BULK_ACTIONS)
+            raise ConfigurationError(f"unknown bulk action {_check.shown(action)} (known: {known})")
+        for s in match.states:
+            _check.state(s)
+        if match.workflow is not None:
+            _check.name("workflow", match.workflow)
+        if match.version is not None:
+            _check.integer("version", match.version, 1)
+        if match.tenant:
+            _check.tenant(match.tenant)
+        _check.text("error", match.error)
+        for what in ("created_after", "created_before", "finished_after", "finished_before"):
+            at = getattr(match, what)
+            if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+                raise ConfigurationError(f"{what} must be a datetime with its time zone")
+        tags = None if match.tags is None else _check.tags(match.tags)
+        states = bulk_states(action, frozenset(TaskState(s) for s in match.states))
+        if not states:
+            return None
+        return dataclasses.replace(match, states=states, tags=tags)
+
+    async def bulk_plan_async(self, match: TaskFilter, action: str, *, after: str = "") -> BulkPlan:
+        """What `bulk_async(match, action)` would do, changing nothing: the tasks `match`
+        matches in a state `action` moves (a filter of other states alone matches none), their
+        count per (workflow, version) and per move, for a retry the plan of their recorded
+        steps summed (`retry_plan`: kept, same_key, undone), and the first 5 task ids; with
+        `after`, of the tasks whose id comes after it only (as `bulk_async`)."""
+        _check.text("after", after)
+        narrowed = self._bulk_filter(match, action)
+        store = await self.store()
+        matched = 0
+        by_workflow: dict[tuple[str, int], int] = {}
+        moves: dict[str, int] = {}
+        steps: dict[str, int] = {}
+        sample: list[str] = []
+        while narrowed is not None:
+            found = await store.select_tasks(narrowed, after=after, limit=500)
+            for t in found:
+                matched += 1
+                pair = (t.workflow, t.version)
+                by_workflow[pair] = by_workflow.get(pair, 0) + 1
+                move = f"{t.process_state} -> {OPERATOR_ACTIONS[action][t.process_state]}"
+                moves[move] = moves.get(move, 0) + 1
+                if len(sample) < 5:
+                    sample.append(t.task_id)
+                if action == "retry":
+                    for p in plan_retry(
+                        t.task_id, t.process_state, await store.get_steps(t.task_id)
+                    ):
+                        steps[p.plan] = steps.get(p.plan, 0) + 1
+            if len(found) < 500:
+                break
+            after = found[-1].task_id
+        return BulkPlan(action=action, matched=matched, by_workflow=by_workflow, moves=moves,
+                        steps=steps, sample=tuple(sample))  # fmt: skip
+
+    def bulk_plan(self, match: TaskFilter, action: str, *, after: str = "") -> BulkPlan:
+        """The blocking form of `bulk_plan_async`."""
+        return self._call(self.bulk_plan_async(match, action, after=after))
+
+    async def bulk_async(
+        self,
+        match: TaskFilter,
+        action: str,
+        *,
+        batch: int = 100,
+        limit: int | None = None,
+        after: str = "",
+        reason: str | None = None,
+        by: str | None = None,
+        identity: str | None = None,
+        progress: Callable[[BulkProgress], None] | None = None,
+    ) -> BulkProgress:
+        """Apply `action` (retry, cancel, compensate, pause, resume) to every task `match`
+        matches in a state it moves, by task id, `batch` tasks at a time, each batch through
+        `operate_async` (the same rules, and history entry, as an action on one task), until
+        none is left or `limit` tasks were reached; `progress` is called after each batch.
+
+        Resumable: a task acted on is in a state the action does not move, so it no longer
+        matches, and the same call again goes on with the rest (a task that came back to such
+        a state meanwhile, retried and failed again, matches again: `after`, the `last` id
+        the interrupted run reported, goes on strictly after it). A task that moved between
+        the read and its action is refused, counted in `refused`, and left as it is."""
+        _check.integer("batch", batch, 1, 10_000)
+        if limit is not None:
+            _check.integer("limit", limit, 1)
+        _check.text("after", after)
+        narrowed = self._bulk_filter(match, action)
+        store = await self.store()
+        acted = refused = 0
+        last: str | None = after or None
+        done = narrowed is None
+        while narrowed is not None and not done:
+            room = batch if limit is None else min(batch, limit - acted - refused)
+            if room == 0:
+                break
+            found = await store.select_tasks(narrowed, after=last or "", limit=room)
+            done = len(found) < room  # a short batch: none is left after it
+            if not found:
+                break
+            outcomes = await self.operate_async(
+                action, [t.task_id for t in found], reason=reason, by=by, identity=identity
+            )
+            acted += sum(1 for o in outcomes if o.applied)
+            refused += sum(1 for o in outcomes if not o.applied)
+            last = found[-1].task_id
+            if progress is not None:
+                progress(BulkProgress(action=action, acted=acted, refused=refused, last=last,
+                                      done=done))  # fmt: skip
+        return BulkProgress(action=action, acted=acted, refused=refused, last=last, done=done)
+
+    def bulk(self, match: TaskFilter, action: str, **kwargs: Any) -> BulkProgress:
+        """The blocking form of `bulk_async`."""
+        return self._call(self.bulk_async(match, action, **kwargs))
 
     async def _preview(self, store: ApplicationPort, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)

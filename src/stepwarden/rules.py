@@ -995,6 +995,24 @@ def plan_retry(task_id: str, state: TaskState, steps: Sequence[StepRecord]) -> l
     return plans
 
 
+BULK_ACTIONS = ("retry", "cancel", "compensate", "pause", "resume")
+"""The operator actions a bulk action by filter may apply (`App.bulk`): every one but skip,
+which names a step."""
+
+
+def bulk_states(action: str, states: frozenset[TaskState]) -> frozenset[TaskState]:
+    """The states a bulk `action` reaches among those a filter asks for (empty: any): those
+    the action moves a task out of (`OPERATOR_ACTIONS`). A task it acted on is then in a
+    state it does not move, so it no longer matches: a bulk run again with the same filter
+    goes on with the tasks the first did not reach (but for a task that came back meanwhile,
+    say retried, failed again)."""
+    if action not in BULK_ACTIONS:
+        known = ", ".join(BULK_ACTIONS)
+        raise ValueError(f"a bulk action is one of {known}, not {action!r}")
+    moves = frozenset(OPERATOR_ACTIONS[action])
+    return moves & states if states else moves
+
+
 def plan_fork(
     task: TaskRecord,
     steps: Sequence[StepRecord],
