@@ -1236,10 +1236,6 @@ class Store(abc.ABC):
 def _filtered(match: TaskFilter) -> dict[str, Any]:
     """The parameters of `select_tasks` for a filter: states a JSON array, tags a JSON
     object, times as epochs; None for each not asked."""
-
-    def epoch(at: datetime | None) -> float | None:
-        return None if at is None else at.timestamp()
-
     return {
         "states": orjson.dumps(sorted(str(s) for s in match.states)).decode()
         if match.states
@@ -1248,12 +1244,16 @@ def _filtered(match: TaskFilter) -> dict[str, Any]:
         "version": match.version,
         "tenant": match.tenant,
         "error": match.error or None,
-        "created_after": epoch(match.created_after),
-        "created_before": epoch(match.created_before),
-        "finished_after": epoch(match.finished_after),
-        "finished_before": epoch(match.finished_before),
+        "created_after": _epoch(match.created_after),
+        "created_before": _epoch(match.created_before),
+        "finished_after": _epoch(match.finished_after),
+        "finished_before": _epoch(match.finished_before),
         "tags": tags_text(match.tags) if match.tags else None,
     }
+
+
+def _epoch(at: datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
 
 
 def _tagged(tags: Mapping[str, str]) -> dict[str, str]:
