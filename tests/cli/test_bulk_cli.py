@@ -1,12 +1,19 @@
 """Bulk actions from the command line, on both stores: `bulk ACTION --plan` prints the count
 per workflow and move, the steps of a retry and the first task ids, and changes nothing;
 `bulk ACTION --yes` acts on the matching tasks only, a line per batch; stopped at a limit, it
-says where, and the same command again finishes the rest; without --yes it asks first."""
+says where, and the same command again finishes the rest, as it does after a process
+SIGKILLed mid-run; without --yes it asks first."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
+import psycopg
 import pytest
 
 import stepwarden as sw
@@ -14,7 +21,7 @@ from stepwarden.states import TaskState
 from tests.support.worker import running
 
 from . import cli_app
-from .helpers import APP, assert_ok, assert_refused, invoke
+from .helpers import APP, REPO, STEPWARDEN, assert_ok, assert_refused, invoke, process_env
 
 
 def _failed(url: str, refusals: dict[str, str]) -> None:
@@ -112,3 +119,48 @@ def test_bulk_asks_before_acting_unless_told_yes(migrated_url: str) -> None:
         "--created-after",
         exit_code=2,
     )
+
+
+def test_a_bulk_killed_mid_run_is_finished_by_the_same_command(pg_url: str, tmp_path: Path) -> None:
+    """A real `stepwarden bulk` process, its second batch held up by a row lock (PostgreSQL:
+    the lock makes "mid-run" a place, not a moment), SIGKILLed there: its first batch stands,
+    the second is rolled back, and the same command again acts on the rest, once each."""
+    url = pg_url
+    for task_id in ("k-1", "k-2", "k-3"):
+        assert_ok(
+            invoke("--app", APP, "--store", url, "submit", "process", "{}", "--task-id", task_id)
+        )
+    out = tmp_path / "bulk.out"
+    with psycopg.connect(url) as hold, out.open("w") as sink:
+        hold.execute("SELECT 1 FROM stepwarden_tasks WHERE task_id = 'k-2' FOR UPDATE")
+        proc = subprocess.Popen(
+            [STEPWARDEN, "--store", url, "bulk", "pause", "--workflow", "process", "--yes",
+             "--batch", "1", "--by", "ops"],
+            cwd=REPO, env=process_env(), stdout=sink, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while "through k-1" not in out.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        hold.rollback()
+    assert out.read_text() == "pause: 1 acted, 0 refused, through k-1\n"
+    states = _states(url)
+    assert [states[t] for t in ("k-1", "k-2", "k-3")] == [
+        TaskState.PAUSED,
+        TaskState.PENDING,
+        TaskState.PENDING,
+    ]
+    again = assert_ok(
+        invoke("--store", url, "bulk", "pause", "--workflow", "process", "--yes", "--by", "ops")
+    )
+    assert again.splitlines() == [
+        "pause: 2 acted, 0 refused, through k-3",
+        "pause: done: 2 acted, 0 refused",
+    ]
+    assert set(_states(url).values()) == {TaskState.PAUSED}
+    for task_id in ("k-1", "k-2", "k-3"):
+        assert assert_ok(invoke("--store", url, "show", task_id)).count("operator") == 1
