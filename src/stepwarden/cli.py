@@ -1752,7 +1752,8 @@ def bulk(
     """Apply ACTION (retry, cancel, compensate, pause, resume) to every task that matches
     the filter and is in a state the action moves, by task id, a batch at a time, each task
     as `stepwarden ACTION TASK` would (the same rules, a history entry each). With --plan,
-    print what it would do and change nothing. Prints a line per batch: the tasks acted on,
+    print what it would do and change nothing; without --plan or --yes, print it and ask
+    for a yes first. Acting, it prints a line per batch: the tasks acted on,
     those refused (moved meanwhile), and the last task id reached. Resumable: a task acted
     on no longer matches, so the same command again goes on with the rest (--after LAST
     also skips those before LAST, one retried that has failed again among them). Exit code
