@@ -36,6 +36,7 @@ from .metrics import Metrics
 from .records import (
     ActionOutcome,
     AgentInstance,
+    BulkFork,
     BulkPlan,
     BulkProgress,
     ChildFact,
@@ -77,6 +78,7 @@ __all__ = [
     "App",
     "Backoff",
     "Breaker",
+    "BulkFork",
     "BulkPlan",
     "BulkProgress",
     "Call",

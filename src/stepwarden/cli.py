@@ -42,6 +42,7 @@ from .records import (
     DEFAULT_MAX_EVENT_PAYLOAD,
     DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
+    BulkFork,
     BulkPlan,
     BulkProgress,
     EventBounds,
@@ -1720,6 +1721,30 @@ def _time_option(name: str, help: str) -> Callable[[F], F]:
     metavar="TASK",
     help="Only the tasks whose id comes after this one: the last id an interrupted run printed.",
 )
+@_opt(
+    "--from",
+    "start",
+    envvar="STEPWARDEN_FROM",
+    default=None,
+    metavar="POSITION",
+    help="fork: the place of the first step that runs again (as `stepwarden fork --from`).",
+)
+@_opt(
+    "--as",
+    "fork_name",
+    envvar="STEPWARDEN_AS",
+    default=None,
+    metavar="NAME",
+    help="fork: each fork's id is TASK~NAME; the same NAME again forks no task twice.",
+)
+@_opt(
+    "--new-keys-from",
+    envvar="STEPWARDEN_NEW_KEYS_FROM",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="SEQ",
+    help="fork: the steps of this seq and after run again under new idempotency keys.",
+)
 @_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
 @_opt(
     "--by",
@@ -1746,10 +1771,13 @@ def bulk(
     batch: int,
     limit: int | None,
     after: str,
+    start: str | None,
+    fork_name: str | None,
+    new_keys_from: int | None,
     reason: str | None,
     by: str | None,
 ) -> None:
-    """Apply ACTION (retry, cancel, compensate, pause, resume) to every task that matches
+    """Apply ACTION (retry, cancel, compensate, pause, resume, fork) to every task that matches
     the filter and is in a state the action moves, by task id, a batch at a time, each task
     as `stepwarden ACTION TASK` would (the same rules, a history entry each). With --plan,
     print what it would do and change nothing; without --plan or --yes, print it and ask
@@ -1757,7 +1785,16 @@ def bulk(
     those refused (moved meanwhile), and the last task id reached. Resumable: a task acted
     on no longer matches, so the same command again goes on with the rest (--after LAST
     also skips those before LAST, one retried that has failed again among them). Exit code
-    1 when a task was refused."""
+    1 when a task was refused. A fork (--from, --as) forks each finished task as
+    TASK~NAME, as `stepwarden fork` does; a task forked so already is skipped, and the forks
+    are left alone."""
+    fork = None
+    if action == "fork":
+        if start is None or fork_name is None:
+            raise click.UsageError("bulk fork needs --from POSITION and --as NAME")
+        fork = BulkFork(start=start, name=fork_name, new_keys_from=new_keys_from)
+    elif start is not None or fork_name is not None or new_keys_from is not None:
+        raise click.UsageError("--from, --as and --new-keys-from are a bulk fork's")
     match = TaskFilter(
         states=frozenset(TaskState(s) for s in states),
         workflow=workflow,
@@ -1772,20 +1809,24 @@ def bulk(
     )
     app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
 
+    def counts(p: BulkProgress) -> str:
+        before = f", {p.skipped} forked before" if action == "fork" else ""
+        return f"{p.acted} acted, {p.refused} refused{before}"
+
     def said(p: BulkProgress) -> None:
-        _echo(f"{action}: {p.acted} acted, {p.refused} refused, through {p.last}")
+        _echo(f"{action}: {counts(p)}, through {p.last}")
 
     async def go() -> BulkProgress | None:
         try:
             if plan or not yes:
-                found = await app.bulk_plan_async(match, action, after=after)
+                found = await app.bulk_plan_async(match, action, after=after, fork=fork)
                 _echo_bulk_plan(found)
                 if plan or not found.matched:
                     return None
                 click.confirm(f"{action} {found.matched} task(s)?", abort=True, err=True)
             return await app.bulk_async(
-                match, action, batch=batch, limit=limit, after=after, reason=reason, by=by,
-                progress=said,
+                match, action, batch=batch, limit=limit, after=after, fork=fork, reason=reason,
+                by=by, progress=said,
             )  # fmt: skip
         finally:
             await app.aclose()
@@ -1794,17 +1835,19 @@ def bulk(
     if ended is None:
         return
     if ended.done:
-        _echo(f"{action}: done: {ended.acted} acted, {ended.refused} refused")
+        _echo(f"{action}: done: {counts(ended)}")
     else:
-        _echo(
-            f"{action}: stopped at the limit: {ended.acted} acted, {ended.refused} refused; "
-            f"go on with --after {ended.last}"
-        )
+        _echo(f"{action}: stopped at the limit: {counts(ended)}; go on with --after {ended.last}")
     if ended.refused:
         raise click.ClickException(f"{ended.refused} task(s) refused (they moved meanwhile)")
 
 
-_STEP_PLANS = {"kept": "kept", "same_key": "run again, same key", "undone": "undone first"}
+_STEP_PLANS = {
+    "kept": "kept",
+    "same_key": "run again, same key",
+    "new_key": "run again, new key",
+    "undone": "undone first",
+}
 
 
 def _echo_bulk_plan(plan: BulkPlan) -> None:
@@ -1815,6 +1858,8 @@ def _echo_bulk_plan(plan: BulkPlan) -> None:
         _echo(f"  {name} v{version}: {n}")
     for move, n in sorted(plan.moves.items()):
         _echo(f"  {move}: {n}")
+    if plan.skipped:
+        _echo(f"  forked before: {plan.skipped}")
     if plan.steps:
         steps = ", ".join(
             f"{plan.steps[k]} {_STEP_PLANS[k]}" for k in _STEP_PLANS if k in plan.steps

@@ -1049,12 +1049,24 @@ class TaskFilter:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BulkFork:
+    """What a bulk fork (`App.bulk(..., "fork", fork=...)`) makes of each task: a fork from
+    the place `start`, as `App.fork` does, under the id `TASK~NAME` (`name`: one per bulk
+    run, which makes it resumable), with new keys from `new_keys_from`."""
+
+    start: str
+    name: str
+    new_keys_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BulkPlan:
     """What a bulk action would do (`App.bulk_plan`), changing nothing: how many tasks match
     (`matched`: those in a state the action moves, `rules.bulk_states`), how many per
-    (workflow, version) and per move (`"error -> pending"`), for a retry the recorded steps of
-    them all per plan (`rules.plan_retry`: kept, same_key, undone), and the first task ids by
-    id (`sample`, at most 5)."""
+    (workflow, version) and per move (`"error -> pending"`; a fork's: `"processed -> fork"`,
+    or `"refused"` for a task the fork refuses), for a retry or a fork the recorded steps of
+    them all per plan (`rules.plan_retry`, `rules.plan_fork`: kept, same_key, new_key,
+    undone), and the first task ids by id (`sample`, at most 5)."""
 
     action: str
     matched: int
@@ -1062,6 +1074,9 @@ class BulkPlan:
     moves: Mapping[str, int]
     steps: Mapping[str, int]
     sample: tuple[str, ...]
+    skipped: int = 0
+    """A bulk fork's: the tasks whose fork is there already (counted in `matched`, and in no
+    move)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1076,6 +1091,8 @@ class BulkProgress:
     refused: int
     last: str | None
     done: bool
+    skipped: int = 0
+    """A bulk fork's: the tasks whose fork was there already (made by a run before)."""
 
 
 # -- why a task waits ------------------------------------------------------------------------

@@ -164,3 +164,26 @@ def test_a_bulk_killed_mid_run_is_finished_by_the_same_command(pg_url: str, tmp_
     assert set(_states(url).values()) == {TaskState.PAUSED}
     for task_id in ("k-1", "k-2", "k-3"):
         assert assert_ok(invoke("--store", url, "show", task_id)).count("operator") == 1
+
+
+def test_bulk_fork_forks_each_task_once_under_its_name(migrated_url: str) -> None:
+    url = migrated_url
+    _failed(url, {"f-1": "card", "f-2": "card"})
+    fork = ("bulk", "fork", "--state", "error", "--from", "1", "--as", "again")
+    planned = assert_ok(invoke("--store", url, *fork, "--plan"))
+    assert planned.splitlines() == [
+        "fork: 2 task(s) match",
+        "  process v1: 2",
+        "  error -> fork: 2",
+        "  steps: 2 run again, same key",
+        "  first: f-1 f-2",
+    ]
+    done = assert_ok(invoke("--store", url, *fork, "--yes", "--limit", "1"))
+    assert done.splitlines()[-1] == (
+        "fork: stopped at the limit: 1 acted, 0 refused, 0 forked before; go on with --after f-1"
+    )
+    rest = assert_ok(invoke("--store", url, *fork, "--yes"))
+    assert rest.splitlines()[-1] == "fork: done: 1 acted, 0 refused, 1 forked before"
+    assert set(_states(url)) == {"f-1", "f-2", "f-1~again", "f-2~again"}
+    assert_refused(invoke("--store", url, "bulk", "fork", "--yes"), "--from POSITION and --as")
+    assert_refused(invoke("--store", url, "bulk", "retry", "--as", "x"), "a bulk fork's")

@@ -180,3 +180,40 @@ async def test_bulk_pause_resume_and_cancel_reach_the_tasks_of_a_tag_and_a_time(
     assert await _operator_actions(app, "p-4") == ["resume", "pause"]
     with pytest.raises(sw.ConfigurationError, match="unknown bulk action"):
         await app.bulk_plan_async(c42, "skip")
+
+
+async def test_a_bulk_fork_forks_each_matching_task_once_and_leaves_its_forks_alone(
+    shop: sw.App,
+) -> None:
+    app = shop
+    await _failed_orders(app)
+    fork = sw.BulkFork(start="2", name="fix", new_keys_from=2)
+    declined = sw.TaskFilter(workflow="order", error="declined")
+    plan = await app.bulk_plan_async(declined, "fork", fork=fork)
+    assert plan == sw.BulkPlan(
+        action="fork",
+        matched=3,
+        by_workflow={("order", 1): 3},
+        moves={"error -> fork": 3},
+        steps={"kept": 3, "new_key": 3},
+        sample=("o-1", "o-2", "o-4"),
+    )
+    assert len(await _states(app)) == 6  # nothing made
+    first = await app.bulk_async(declined, "fork", fork=fork, limit=2, by="ops")
+    assert (first.acted, first.skipped, first.last, first.done) == (2, 0, "o-2", False)
+    again = await app.bulk_async(declined, "fork", fork=fork, by="ops")
+    assert (again.acted, again.skipped, again.refused, again.done) == (1, 2, 0, True)
+    states = await _states(app)
+    assert {t for t in states if "~" in t} == {"o-1~fix", "o-2~fix", "o-4~fix"}
+    for task_id in ("o-1", "o-2", "o-4"):
+        assert await _operator_actions(app, task_id) == ["fork"]
+    # The forks run the failed step under a new key; once they fail too, a bulk fork of the
+    # same name matches them, and forks none of them again.
+    async with running(app):
+        for task_id in ("o-1~fix", "o-2~fix", "o-4~fix"):
+            with pytest.raises(sw.TaskFailed, match="declined"):
+                await app.result_async(task_id, timeout=20)
+    last = await app.bulk_plan_async(declined, "fork", fork=fork)
+    assert (last.matched, last.skipped, dict(last.moves)) == (3, 3, {})
+    with pytest.raises(sw.ConfigurationError, match="BulkFork"):
+        await app.bulk_plan_async(declined, "fork")
