@@ -1355,7 +1355,7 @@ class App:
                             t.task_id, start=forking.start, new_task_id=new_id,
                             new_keys_from=forking.new_keys_from, plan=True,
                         )  # fmt: skip
-                        fine = redrive.message == "would fork"
+                        fine = not redrive.refused
                         move = f"{t.process_state} -> fork" if fine else "refused"
                         planned = redrive.steps if fine else ()
                 else:
@@ -1448,8 +1448,8 @@ class App:
                     )  # fmt: skip
                     if redrive.applied:
                         acted += 1
-                    elif redrive.message == f"task {new_id!r} exists":
-                        skipped += 1
+                    elif await store.get_task(new_id) is not None:
+                        skipped += 1  # forked by a run before
                     else:
                         refused += 1
             last = found[-1].task_id
