@@ -1484,7 +1484,9 @@ def retry(obj: _Ctx, /, task_ids: tuple[str, ...], plan: bool, **options: Any) -
         _operate(obj, "retry", task_ids, **options)
         return
     if not task_ids or options["state"] or options["workflow"]:
-        raise click.UsageError("--plan takes the tasks by name (a bulk retry has --dry-run)")
+        raise click.UsageError(
+            "--plan takes the tasks by name (the plan of a filter: stepwarden bulk retry --plan)"
+        )
     app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
 
     async def go() -> list[Redrive]:
