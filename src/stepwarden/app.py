@@ -55,6 +55,9 @@ from .records import (
     SUBMIT_OPTIONS,
     ActionOutcome,
     AgentInstance,
+    BulkFork,
+    BulkPlan,
+    BulkProgress,
     EventBeyond,
     EventBounds,
     EventRecord,
@@ -66,10 +69,12 @@ from .records import (
     SchedulerInstance,
     ScheduleSpec,
     SendOutcome,
+    StepPlan,
     StepRecord,
     StepWhy,
     Submission,
     Submitted,
+    TaskFilter,
     TaskRecord,
     TaskStatus,
     Why,
@@ -77,7 +82,10 @@ from .records import (
 )
 from .retry import Retry
 from .rules import (
+    BULK_ACTIONS,
     CATCH_UP,
+    bulk_fork_id,
+    bulk_states,
     holding_gate,
     plan_action,
     plan_retry,
@@ -1271,6 +1279,189 @@ class App:
     def fork(self, task_id: str, **kwargs: Any) -> Redrive:
         """The blocking form of `fork_async`."""
         return self._call(self.fork_async(task_id, **kwargs))
+
+    # -- bulk actions by filter ------------------------------------------------------------
+    @staticmethod
+    def _bulk_filter(match: TaskFilter, action: str) -> TaskFilter | None:
+        """`match` checked, narrowed to the states `action` moves (`rules.bulk_states`); None
+        when it leaves none."""
+        if not isinstance(match, TaskFilter):
+            raise ConfigurationError(f"a bulk action takes a TaskFilter, not {_check.shown(match)}")
+        if not isinstance(action, str) or action not in BULK_ACTIONS:
+            known = ", ".join(BULK_ACTIONS)
+            raise ConfigurationError(f"unknown bulk action {_check.shown(action)} (known: {known})")
+        for s in match.states:
+            _check.state(s)
+        if match.workflow is not None:
+            _check.name("workflow", match.workflow)
+        if match.version is not None:
+            _check.integer("version", match.version, 1)
+        if match.tenant:
+            _check.tenant(match.tenant)
+        _check.text("error", match.error)
+        for what in ("created_after", "created_before", "finished_after", "finished_before"):
+            at = getattr(match, what)
+            if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+                raise ConfigurationError(f"{what} must be a datetime with its time zone")
+        tags = None if match.tags is None else _check.tags(match.tags)
+        states = bulk_states(action, frozenset(TaskState(s) for s in match.states))
+        if not states:
+            return None
+        return dataclasses.replace(match, states=states, tags=tags)
+
+    @staticmethod
+    def _bulk_fork(action: str, fork: BulkFork | None) -> BulkFork | None:
+        if (action == "fork") != (fork is not None):
+            raise ConfigurationError("a bulk fork, and it alone, takes a BulkFork (fork=...)")
+        if fork is not None:
+            if not isinstance(fork, BulkFork):
+                raise ConfigurationError(f"fork must be a BulkFork, not {_check.shown(fork)}")
+            _check.name("start", fork.start)
+            _check.name("name", fork.name)
+            if fork.new_keys_from is not None:
+                _check.integer("new_keys_from", fork.new_keys_from, 1)
+        return fork
+
+    async def bulk_plan_async(
+        self, match: TaskFilter, action: str, *, after: str = "", fork: BulkFork | None = None
+    ) -> BulkPlan:
+        """What `bulk_async(match, action)` would do, changing nothing: the tasks `match`
+        matches in a state `action` moves (a filter of other states alone matches none), their
+        count per (workflow, version) and per move, for a retry or a fork the plan of their
+        recorded steps summed (`retry_plan`, `fork(plan=True)`), and the first 5 task ids;
+        with `after`, of the tasks whose id comes after it only (as `bulk_async`)."""
+        _check.text("after", after)
+        narrowed = self._bulk_filter(match, action)
+        forking = self._bulk_fork(action, fork)
+        store = await self.store()
+        matched = skipped = 0
+        by_workflow: dict[tuple[str, int], int] = {}
+        moves: dict[str, int] = {}
+        steps: dict[str, int] = {}
+        sample: list[str] = []
+        while narrowed is not None:
+            found = await store.select_tasks(narrowed, after=after, limit=500)
+            for t in found:
+                planned: Sequence[StepPlan] = ()
+                if forking is not None:
+                    new_id = bulk_fork_id(t.task_id, forking.name)
+                    if new_id is None:
+                        continue  # a fork this bulk made
+                    if await store.get_task(new_id) is not None:
+                        move = None
+                        skipped += 1
+                    else:
+                        redrive = await self.fork_async(
+                            t.task_id, start=forking.start, new_task_id=new_id,
+                            new_keys_from=forking.new_keys_from, plan=True,
+                        )  # fmt: skip
+                        fine = not redrive.refused
+                        move = f"{t.process_state} -> fork" if fine else "refused"
+                        planned = redrive.steps if fine else ()
+                else:
+                    move = f"{t.process_state} -> {OPERATOR_ACTIONS[action][t.process_state]}"
+                    if action == "retry":
+                        recorded = await store.get_steps(t.task_id)
+                        planned = plan_retry(t.task_id, t.process_state, recorded)
+                matched += 1
+                pair = (t.workflow, t.version)
+                by_workflow[pair] = by_workflow.get(pair, 0) + 1
+                if move is not None:
+                    moves[move] = moves.get(move, 0) + 1
+                if len(sample) < 5:
+                    sample.append(t.task_id)
+                for p in planned:
+                    steps[p.plan] = steps.get(p.plan, 0) + 1
+            if len(found) < 500:
+                break
+            after = found[-1].task_id
+        return BulkPlan(action=action, matched=matched, by_workflow=by_workflow, moves=moves,
+                        steps=steps, sample=tuple(sample), skipped=skipped)  # fmt: skip
+
+    def bulk_plan(
+        self, match: TaskFilter, action: str, *, after: str = "", fork: BulkFork | None = None
+    ) -> BulkPlan:
+        """The blocking form of `bulk_plan_async`."""
+        return self._call(self.bulk_plan_async(match, action, after=after, fork=fork))
+
+    async def bulk_async(
+        self,
+        match: TaskFilter,
+        action: str,
+        *,
+        batch: int = 100,
+        limit: int | None = None,
+        after: str = "",
+        fork: BulkFork | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+        identity: str | None = None,
+        progress: Callable[[BulkProgress], None] | None = None,
+    ) -> BulkProgress:
+        """Apply `action` (retry, cancel, compensate, pause, resume, fork) to every task
+        `match` matches in a state it moves, by task id, `batch` tasks at a time, each batch
+        through `operate_async` (the same rules, and history entry, as an action on one task;
+        a fork through `fork_async`, as `fork`, a `BulkFork`, says), until none is left or
+        `limit` tasks were reached; `progress` is called after each batch.
+
+        Resumable: a task acted on is in a state the action does not move, so it no longer
+        matches, and the same call again goes on with the rest (a task that came back to such
+        a state meanwhile, retried and failed again, matches again: `after`, the `last` id
+        the interrupted run reported, goes on strictly after it). A forked task stays as it
+        was, but its fork's id (`TASK~NAME`) is taken: the same call again counts it in
+        `skipped` and forks it no second time; the forks themselves are left alone. A task
+        that moved between the read and its action is refused, counted in `refused`, and
+        left as it is."""
+        _check.integer("batch", batch, 1, 10_000)
+        if limit is not None:
+            _check.integer("limit", limit, 1)
+        _check.text("after", after)
+        narrowed = self._bulk_filter(match, action)
+        forking = self._bulk_fork(action, fork)
+        store = await self.store()
+        acted = refused = skipped = 0
+        last: str | None = after or None
+        done = narrowed is None
+        while narrowed is not None and not done:
+            room = batch if limit is None else min(batch, limit - acted - refused - skipped)
+            if room == 0:
+                break
+            found = await store.select_tasks(narrowed, after=last or "", limit=room)
+            done = len(found) < room  # a short batch: none is left after it
+            if not found:
+                break
+            if forking is None:
+                outcomes = await self.operate_async(
+                    action, [t.task_id for t in found], reason=reason, by=by, identity=identity
+                )
+                acted += sum(1 for o in outcomes if o.applied)
+                refused += sum(1 for o in outcomes if not o.applied)
+            else:
+                for t in found:
+                    new_id = bulk_fork_id(t.task_id, forking.name)
+                    if new_id is None:
+                        continue
+                    redrive = await self.fork_async(
+                        t.task_id, start=forking.start, new_task_id=new_id,
+                        new_keys_from=forking.new_keys_from, by=by, reason=reason,
+                        identity=identity,
+                    )  # fmt: skip
+                    if redrive.applied:
+                        acted += 1
+                    elif await store.get_task(new_id) is not None:
+                        skipped += 1  # forked by a run before
+                    else:
+                        refused += 1
+            last = found[-1].task_id
+            if progress is not None:
+                progress(BulkProgress(action=action, acted=acted, refused=refused, last=last,
+                                      done=done, skipped=skipped))  # fmt: skip
+        return BulkProgress(action=action, acted=acted, refused=refused, last=last, done=done,
+                            skipped=skipped)  # fmt: skip
+
+    def bulk(self, match: TaskFilter, action: str, **kwargs: Any) -> BulkProgress:
+        """The blocking form of `bulk_async`."""
+        return self._call(self.bulk_async(match, action, **kwargs))
 
     async def _preview(self, store: ApplicationPort, action: OperatorAction) -> ActionOutcome:
         task = await store.get_task(action.task_id)

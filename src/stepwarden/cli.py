@@ -42,16 +42,21 @@ from .records import (
     DEFAULT_MAX_EVENT_PAYLOAD,
     DEFAULT_MAX_EVENTS_PER_TASK,
     ActionOutcome,
+    BulkFork,
+    BulkPlan,
+    BulkProgress,
     EventBounds,
     Gate,
     Redrive,
     SendOutcome,
     Submitted,
+    TaskFilter,
     TaskRecord,
     WaitReason,
     Why,
 )
 from .retry import Backoff
+from .rules import BULK_ACTIONS
 from .runner import DEFAULT_GONE_AFTER, DEFAULT_HEARTBEAT
 from .scheduler import DEFAULT_GONE_AFTER as DEFAULT_SCHEDULER_GONE_AFTER
 from .scheduler import DEFAULT_HEARTBEAT as DEFAULT_SCHEDULER_HEARTBEAT
@@ -1479,7 +1484,9 @@ def retry(obj: _Ctx, /, task_ids: tuple[str, ...], plan: bool, **options: Any) -
         _operate(obj, "retry", task_ids, **options)
         return
     if not task_ids or options["state"] or options["workflow"]:
-        raise click.UsageError("--plan takes the tasks by name (a bulk retry has --dry-run)")
+        raise click.UsageError(
+            "--plan takes the tasks by name (the plan of a filter: stepwarden bulk retry --plan)"
+        )
     app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
 
     async def go() -> list[Redrive]:
@@ -1628,6 +1635,240 @@ def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options:
     running steps are cancelled. It reaches their children that have not ended (and
     theirs), newest first."""
     _operate(obj, "compensate" if compensate else "cancel", task_ids, **options)
+
+
+def _time_option(name: str, help: str) -> Callable[[F], F]:
+    return _opt(
+        name,
+        envvar="STEPWARDEN_" + name[2:].upper().replace("-", "_"),
+        default=None,
+        metavar="TIME",
+        callback=lambda ctx, param, text: None if text is None else _datetime(text, name),
+        help=f"{help} (ISO 8601, with its time zone).",
+    )
+
+
+@cli.command()
+@click.argument("action", type=click.Choice(BULK_ACTIONS))
+@_opt(
+    "--state",
+    "states",
+    envvar="STEPWARDEN_STATE",
+    multiple=True,
+    type=click.Choice([s.value for s in TaskState]),
+    help="Only tasks in this state; given again for more. Only those in a state the action "
+    "moves are reached (retry: error, compensation_failed; resume: paused; ...).",
+)
+@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
+@_opt(
+    "--version",
+    "workflow_version",
+    envvar="STEPWARDEN_WORKFLOW_VERSION",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="N",
+    help="Only the tasks that run this version of their workflow.",
+)
+@_opt(
+    "--error",
+    envvar="STEPWARDEN_ERROR",
+    default=None,
+    metavar="TEXT",
+    help="Only the tasks whose error contains this text (case-sensitive).",
+)
+@_time_option("--created-after", "Only the tasks created at or after this time")
+@_time_option("--created-before", "Only the tasks created before this time")
+@_time_option("--finished-after", "Only the tasks that finished at or after this time")
+@_time_option("--finished-before", "Only the tasks that finished before this time")
+@_opt(
+    "--tenant",
+    envvar="STEPWARDEN_TENANT",
+    default=None,
+    metavar="NAME",
+    help='Only the tasks of this tenant ("": those of none).',
+)
+@_tag_option("Only the tasks that have this tag (and every other one given).")
+@_opt(
+    "--plan",
+    envvar="STEPWARDEN_PLAN",
+    is_flag=True,
+    help="Print how many tasks match (per workflow and version, per move; for a retry their "
+    "steps kept and run again) and the first 5 by id; change nothing.",
+)
+@_opt(
+    "--yes",
+    envvar="STEPWARDEN_YES",
+    is_flag=True,
+    help="Act without asking first (otherwise the plan is printed and a yes asked for).",
+)
+@_opt(
+    "--batch",
+    envvar="STEPWARDEN_BATCH",
+    default=100,
+    show_default=True,
+    type=click.IntRange(min=1, max=10_000),
+    help="Tasks acted on per batch (a line of progress each).",
+)
+@_opt(
+    "--limit",
+    envvar="STEPWARDEN_LIMIT",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    help="At most this many tasks [default: every one that matches].",
+)
+@_opt(
+    "--after",
+    envvar="STEPWARDEN_AFTER",
+    default="",
+    metavar="TASK",
+    help="Only the tasks whose id comes after this one: the last id an interrupted run printed.",
+)
+@_opt(
+    "--from",
+    "start",
+    envvar="STEPWARDEN_FROM",
+    default=None,
+    metavar="POSITION",
+    help="fork: the place of the first step that runs again (as `stepwarden fork --from`).",
+)
+@_opt(
+    "--as",
+    "fork_name",
+    envvar="STEPWARDEN_AS",
+    default=None,
+    metavar="NAME",
+    help="fork: each fork's id is TASK~NAME; the same NAME again forks no task twice.",
+)
+@_opt(
+    "--new-keys-from",
+    envvar="STEPWARDEN_NEW_KEYS_FROM",
+    default=None,
+    type=click.IntRange(min=1, max=_check.MAX_INT),
+    metavar="SEQ",
+    help="fork: the steps of this seq and after run again under new idempotency keys.",
+)
+@_opt("--reason", envvar="STEPWARDEN_REASON", default=None, help="Why, for the history.")
+@_opt(
+    "--by",
+    envvar="STEPWARDEN_BY",
+    default=None,
+    help="Who, for the history (default: the user running this).",
+)
+@click.pass_obj
+def bulk(
+    obj: _Ctx,
+    action: str,
+    states: tuple[str, ...],
+    workflow: str | None,
+    workflow_version: int | None,
+    error: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    finished_after: datetime | None,
+    finished_before: datetime | None,
+    tenant: str | None,
+    tags: dict[str, str] | None,
+    plan: bool,
+    yes: bool,
+    batch: int,
+    limit: int | None,
+    after: str,
+    start: str | None,
+    fork_name: str | None,
+    new_keys_from: int | None,
+    reason: str | None,
+    by: str | None,
+) -> None:
+    """Apply ACTION (retry, cancel, compensate, pause, resume, fork) to every task that matches
+    the filter and is in a state the action moves, by task id, a batch at a time, each task
+    as `stepwarden ACTION TASK` would (the same rules, a history entry each). With --plan,
+    print what it would do and change nothing; without --plan or --yes, print it and ask
+    for a yes first. Acting, it prints a line per batch: the tasks acted on,
+    those refused (moved meanwhile), and the last task id reached. Resumable: a task acted
+    on no longer matches, so the same command again goes on with the rest (--after LAST
+    also skips those before LAST, one retried that has failed again among them). Exit code
+    1 when a task was refused. A fork (--from, --as) forks each finished task as
+    TASK~NAME, as `stepwarden fork` does; a task forked so already is skipped, and the forks
+    are left alone."""
+    fork = None
+    if action == "fork":
+        if start is None or fork_name is None:
+            raise click.UsageError("bulk fork needs --from POSITION and --as NAME")
+        fork = BulkFork(start=start, name=fork_name, new_keys_from=new_keys_from)
+    elif start is not None or fork_name is not None or new_keys_from is not None:
+        raise click.UsageError("--from, --as and --new-keys-from are a bulk fork's")
+    match = TaskFilter(
+        states=frozenset(TaskState(s) for s in states),
+        workflow=workflow,
+        version=workflow_version,
+        error=error,
+        created_after=created_after,
+        created_before=created_before,
+        finished_after=finished_after,
+        finished_before=finished_before,
+        tenant=tenant,
+        tags=tags,
+    )
+    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+
+    def counts(p: BulkProgress) -> str:
+        before = f", {p.skipped} forked before" if action == "fork" else ""
+        return f"{p.acted} acted, {p.refused} refused{before}"
+
+    def said(p: BulkProgress) -> None:
+        _echo(f"{action}: {counts(p)}, through {p.last}")
+
+    async def go() -> BulkProgress | None:
+        try:
+            if plan or not yes:
+                found = await app.bulk_plan_async(match, action, after=after, fork=fork)
+                _echo_bulk_plan(found)
+                if plan or not found.matched:
+                    return None
+                click.confirm(f"{action} {found.matched} task(s)?", abort=True, err=True)
+            return await app.bulk_async(
+                match, action, batch=batch, limit=limit, after=after, fork=fork, reason=reason,
+                by=by, progress=said,
+            )  # fmt: skip
+        finally:
+            await app.aclose()
+
+    ended = _run(go())
+    if ended is None:
+        return
+    if ended.done:
+        _echo(f"{action}: done: {counts(ended)}")
+    else:
+        _echo(f"{action}: stopped at the limit: {counts(ended)}; go on with --after {ended.last}")
+    if ended.refused:
+        raise click.ClickException(f"{ended.refused} task(s) refused (they moved meanwhile)")
+
+
+_STEP_PLANS = {
+    "kept": "kept",
+    "same_key": "run again, same key",
+    "new_key": "run again, new key",
+    "undone": "undone first",
+}
+
+
+def _echo_bulk_plan(plan: BulkPlan) -> None:
+    """A bulk action's plan: the count, per workflow and version, per move, the steps, the
+    sample."""
+    _echo(f"{plan.action}: {plan.matched} task(s) match")
+    for (name, version), n in sorted(plan.by_workflow.items()):
+        _echo(f"  {name} v{version}: {n}")
+    for move, n in sorted(plan.moves.items()):
+        _echo(f"  {move}: {n}")
+    if plan.skipped:
+        _echo(f"  forked before: {plan.skipped}")
+    if plan.steps:
+        steps = ", ".join(
+            f"{plan.steps[k]} {_STEP_PLANS[k]}" for k in _STEP_PLANS if k in plan.steps
+        )
+        _echo(f"  steps: {steps}")
+    if plan.sample:
+        _echo(f"  first: {' '.join(plan.sample)}")
 
 
 @cli.command()

@@ -1023,6 +1023,78 @@ class Redrive:
     refused: bool = False
 
 
+# -- bulk actions by filter ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFilter:
+    """Which tasks a bulk action (`App.bulk`) reaches: each field given narrows them, and a
+    task matches when it meets every one. `states`: any of them (empty: any state);
+    `workflow`, `version`, `tenant` ("": the tasks of none): equal; `error`: the task's error
+    contains this text (case-sensitive); `created_after` / `created_before` and
+    `finished_after` / `finished_before`: the time is at or after the first, and before the
+    second (a task not finished has no finished time, and matches neither); `tags`: the task
+    has every one of them."""
+
+    states: frozenset[TaskState] = frozenset()
+    workflow: str | None = None
+    version: int | None = None
+    error: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+    tenant: str | None = None
+    tags: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkFork:
+    """What a bulk fork (`App.bulk(..., "fork", fork=...)`) makes of each task: a fork from
+    the place `start`, as `App.fork` does, under the id `TASK~NAME` (`name`: one per bulk
+    run, which makes it resumable), with new keys from `new_keys_from`."""
+
+    start: str
+    name: str
+    new_keys_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkPlan:
+    """What a bulk action would do (`App.bulk_plan`), changing nothing: how many tasks match
+    (`matched`: those in a state the action moves, `rules.bulk_states`), how many per
+    (workflow, version) and per move (`"error -> pending"`; a fork's: `"processed -> fork"`,
+    or `"refused"` for a task the fork refuses), for a retry or a fork the recorded steps of
+    them all per plan (`rules.plan_retry`, `rules.plan_fork`: kept, same_key, new_key,
+    undone), and the first task ids by id (`sample`, at most 5)."""
+
+    action: str
+    matched: int
+    by_workflow: Mapping[tuple[str, int], int]
+    moves: Mapping[str, int]
+    steps: Mapping[str, int]
+    sample: tuple[str, ...]
+    skipped: int = 0
+    """A bulk fork's: the tasks whose fork is there already (counted in `matched`, and in no
+    move)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkProgress:
+    """Where a bulk action stands (`App.bulk`), after each batch: the tasks it acted on,
+    those the store refused (a task that moved meanwhile), and the last task id it reached:
+    the tasks after it by id are still to do (`after` resumes from there); `done` when none
+    was left to reach (False after a `limit`)."""
+
+    action: str
+    acted: int
+    refused: int
+    last: str | None
+    done: bool
+    skipped: int = 0
+    """A bulk fork's: the tasks whose fork was there already (made by a run before)."""
+
+
 # -- why a task waits ------------------------------------------------------------------------
 
 

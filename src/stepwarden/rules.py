@@ -995,6 +995,32 @@ def plan_retry(task_id: str, state: TaskState, steps: Sequence[StepRecord]) -> l
     return plans
 
 
+BULK_ACTIONS = ("retry", "cancel", "compensate", "pause", "resume", "fork")
+"""The operator actions a bulk action by filter may apply (`App.bulk`): every one but skip,
+which names a step, and fork."""
+
+
+def bulk_states(action: str, states: frozenset[TaskState]) -> frozenset[TaskState]:
+    """The states a bulk `action` reaches among those a filter asks for (empty: any): those
+    the action moves a task out of (`OPERATOR_ACTIONS`); for a fork, the finished ones. A
+    task acted on is then in a state the action does not move, so it no longer matches: a
+    bulk run again with the same filter goes on with the tasks the first did not reach (but
+    for a task that came back meanwhile, say retried, failed again). A forked task stays as
+    it was: its fork's id (`bulk_fork_id`) is taken, which refuses a second fork."""
+    if action not in BULK_ACTIONS:
+        known = ", ".join(BULK_ACTIONS)
+        raise ValueError(f"a bulk action is one of {known}, not {action!r}")
+    moves = FINISHED_TASK_STATES if action == "fork" else frozenset(OPERATOR_ACTIONS[action])
+    return moves & states if states else moves
+
+
+def bulk_fork_id(task_id: str, name: str) -> str | None:
+    """The id of a bulk fork's task for `task_id` (`TASK~NAME`); None for a task that is
+    itself such a fork (of the same NAME), which a bulk fork leaves alone."""
+    suffix = f"~{name}"
+    return None if task_id.endswith(suffix) else task_id + suffix
+
+
 def plan_fork(
     task: TaskRecord,
     steps: Sequence[StepRecord],

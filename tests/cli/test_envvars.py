@@ -34,6 +34,7 @@ REQUIRED_ARGS = {
     "check-upgrade": [APP],
     "export-tasks": ["tasks.json"],
     "fork": ["t-1", "--from", "1"],
+    "bulk": ["retry"],
 }
 
 

@@ -398,3 +398,20 @@ async def test_why_a_task_waits_is_read_on_its_shard_with_that_shard_s_registry(
             assert why.gate.reason == sw.WaitReason.NO_SCHEDULER
     with pytest.raises(sw.TaskNotFound):
         await sharded.why_async("no-such-task")
+
+
+async def test_a_bulk_action_reaches_the_matching_tasks_of_every_shard_by_id(
+    sharded: sw.App,
+) -> None:
+    ids = [f"b-{i:02}" for i in range(12)]
+    for i, task_id in enumerate(ids):
+        await sharded.submit_async("twice", i, task_id=task_id, tags={"half": str(i % 2)})
+    even = sw.TaskFilter(tags={"half": "0"})
+    plan = await sharded.bulk_plan_async(even, "pause")
+    assert (plan.matched, plan.sample) == (6, ("b-00", "b-02", "b-04", "b-06", "b-08"))
+    first = await sharded.bulk_async(even, "pause", batch=2, limit=4)
+    assert (first.acted, first.last, first.done) == (4, "b-06", False)
+    rest = await sharded.bulk_async(even, "pause", batch=2)
+    assert (rest.acted, rest.last, rest.done) == (2, "b-10", True)
+    states = {t.task_id: t.process_state for t in await sharded.tasks_async(limit=100)}
+    assert {t for t, s in states.items() if s == sw.TaskState.PAUSED} == set(ids[::2])

@@ -20,8 +20,11 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
+
+import orjson
 
 from .._aio import first
 from .._batch import Batcher
@@ -66,6 +69,7 @@ from ..records import (
     Submitted,
     SweepRound,
     TaskFacts,
+    TaskFilter,
     TaskOutcome,
     TaskRecord,
     TenantWeight,
@@ -497,6 +501,14 @@ class Store(abc.ABC):
             )
         else:
             rows = await self._read_one("list_tasks", **filters, version=version, limit=limit)
+        return [_rows.task_record(r, self.keys) for r in rows]
+
+    async def select_tasks(
+        self, match: TaskFilter, *, after: str = "", limit: int = 100
+    ) -> list[TaskRecord]:
+        """The tasks `match` matches, by task id, those after `after` (a cursor: the last id
+        of the batch before; "" from the first)."""
+        rows = await self._read_one("select_tasks", **_filtered(match), after=after, limit=limit)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def count_tasks(self) -> dict[TaskState, int]:
@@ -1219,6 +1231,29 @@ class Store(abc.ABC):
         """The number of stored events of `kind`."""
         [row] = await self._read_one("count_events", kind=kind)
         return int(row["n"])
+
+
+def _filtered(match: TaskFilter) -> dict[str, Any]:
+    """The parameters of `select_tasks` for a filter: states a JSON array, tags a JSON
+    object, times as epochs; None for each not asked."""
+    return {
+        "states": orjson.dumps(sorted(str(s) for s in match.states)).decode()
+        if match.states
+        else None,
+        "workflow": match.workflow,
+        "version": match.version,
+        "tenant": match.tenant,
+        "error": match.error or None,
+        "created_after": _epoch(match.created_after),
+        "created_before": _epoch(match.created_before),
+        "finished_after": _epoch(match.finished_after),
+        "finished_before": _epoch(match.finished_before),
+        "tags": tags_text(match.tags) if match.tags else None,
+    }
+
+
+def _epoch(at: datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
 
 
 def _tagged(tags: Mapping[str, str]) -> dict[str, str]:

@@ -66,6 +66,7 @@ from ..records import (
     Submitted,
     SweepRound,
     TaskFacts,
+    TaskFilter,
     TaskOutcome,
     TaskRecord,
     TicksMade,
@@ -130,6 +131,9 @@ class ReadPort(Protocol):
         version: int | None = None,
         tenant: str | None = None,
         tags: Mapping[str, str] | None = None,
+    ) -> list[TaskRecord]: ...
+    async def select_tasks(
+        self, match: TaskFilter, *, after: str = "", limit: int = 100
     ) -> list[TaskRecord]: ...
     async def count_tasks(self) -> dict[TaskState, int]: ...
     async def client_unfinished(self, client: str) -> int: ...
@@ -199,6 +203,9 @@ class ApplicationPort(WakeupPort, Protocol):
         version: int | None = None,
         tenant: str | None = None,
         tags: Mapping[str, str] | None = None,
+    ) -> list[TaskRecord]: ...
+    async def select_tasks(
+        self, match: TaskFilter, *, after: str = "", limit: int = 100
     ) -> list[TaskRecord]: ...
     async def list_agents(self) -> list[AgentInstance]: ...
     async def list_schedulers(self) -> list[SchedulerInstance]: ...

@@ -99,7 +99,8 @@ NOTIFY_LIMIT = 7000
 """Bytes per notification payload (PostgreSQL refuses 8000 and more)."""
 UNPREPARED = frozenset(
     {"list_tasks", "events", "history", "outbox_read", "find_tasks", "version_backlog",
-     "savepoint_dependents", "rollback_dependents", "list_tagged_tasks", "find_tagged_tasks"}
+     "savepoint_dependents", "rollback_dependents", "list_tagged_tasks", "find_tagged_tasks",
+     "select_tasks"}
 )  # fmt: skip
 """Queries with optional filters: planned for the filters each call has, not prepared; and
 statements PostgreSQL cannot prepare (savepoints)."""

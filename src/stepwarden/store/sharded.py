@@ -57,6 +57,7 @@ from ..records import (
     Submission,
     Submitted,
     TaskFacts,
+    TaskFilter,
     TaskRecord,
     TenantWeight,
     VersionBacklog,
@@ -512,6 +513,12 @@ class ShardedStore:
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
         return list(itertools.islice(merged, limit))
+
+    async def select_tasks(
+        self, match: TaskFilter, *, after: str = "", limit: int = 100
+    ) -> list[TaskRecord]:
+        found = await self._each(lambda p: p.select_tasks(match, after=after, limit=limit))
+        return list(itertools.islice(heapq.merge(*found, key=lambda t: t.task_id), limit))
 
     async def find_tasks(
         self,

@@ -1119,6 +1119,32 @@ WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
 ORDER BY created_at, task_id
 LIMIT %(limit)s
 
+-- name: select_tasks
+-- The tasks a filter matches (records.TaskFilter, for a bulk action), by task id (bytewise, so
+-- that shards merge in the same order) from after the cursor after; states a JSON array (NULL:
+-- any), tags a JSON object (NULL: none asked), times as epochs (run unprepared).
+SELECT * FROM stepwarden_tasks AS t
+WHERE t.task_id COLLATE "C" > %(after)s::text
+  AND (%(states)s::json IS NULL
+       OR t.process_state IN (SELECT json_array_elements_text(%(states)s::json)))
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+  AND (%(error)s::text IS NULL OR strpos(t.error, %(error)s::text) > 0)
+  AND (%(created_after)s::float8 IS NULL OR t.created_at >= to_timestamp(%(created_after)s::float8))
+  AND (%(created_before)s::float8 IS NULL OR t.created_at < to_timestamp(%(created_before)s::float8))
+  AND (%(finished_after)s::float8 IS NULL
+       OR t.finished_at >= to_timestamp(%(finished_after)s::float8))
+  AND (%(finished_before)s::float8 IS NULL
+       OR t.finished_at < to_timestamp(%(finished_before)s::float8))
+  AND (%(tags)s::json IS NULL OR NOT EXISTS (
+        SELECT 1 FROM json_each_text(%(tags)s::json) AS w
+        WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                          WHERE m.task_id = t.task_id AND m.key = w.key
+                            AND m.value = w.value)))
+ORDER BY t.task_id COLLATE "C"
+LIMIT %(limit)s
+
 -- name: list_tagged_tasks
 -- list_tasks (and its tenant) of the tasks that have every tag of the JSON object tags, read through the
 -- tags' index on (key, value) from one of them (key, value) (run unprepared).

@@ -757,6 +757,29 @@ WHERE (:state IS NULL OR process_state = :state)
 ORDER BY created_at, task_id
 LIMIT :limit
 
+-- name: select_tasks
+-- The tasks a filter matches (records.TaskFilter, for a bulk action), by task id from after :after
+-- (a cursor: each batch goes on from the last id of the one before); :states a JSON array
+-- (NULL: any), :tags a JSON object (NULL: none asked), times as epochs.
+SELECT * FROM stepwarden_tasks AS t
+WHERE t.task_id > :after
+  AND (:states IS NULL OR t.process_state IN (SELECT value FROM json_each(:states)))
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND (:tenant IS NULL OR t.tenant = :tenant)
+  AND (:error IS NULL OR instr(t.error, :error) > 0)
+  AND (:created_after IS NULL OR t.created_at >= :created_after)
+  AND (:created_before IS NULL OR t.created_at < :created_before)
+  AND (:finished_after IS NULL OR t.finished_at >= :finished_after)
+  AND (:finished_before IS NULL OR t.finished_at < :finished_before)
+  AND (:tags IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
+                                    WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
+                                                      WHERE m.task_id = t.task_id
+                                                        AND m.key = w.key
+                                                        AND m.value = w.value)))
+ORDER BY t.task_id
+LIMIT :limit
+
 -- name: list_tagged_tasks
 -- list_tasks (and its tenant) of the tasks that have every tag of :tags (a JSON object), read through the
 -- tags' index on (key, value) from one of them (:key, :value).
