@@ -148,3 +148,21 @@ async def test_a_resubmit_is_the_same_across_a_rotation_of_the_digest_key(store_
         assert await app.submit_async("order", {"n": secret}, task_id="o-1") == "o-1"
         with pytest.raises(sw.SubmitConflict, match="another input"):
             await app.submit_async("order", {"n": sw.Secret("0000")}, task_id="o-1")
+
+
+@pytest.mark.parametrize(
+    "value", [{"$secret": "PIN-7391", "extra": 1}, {"$sealed": "k1:AAAA"}], ids=["beside", "sealed"]
+)
+async def test_an_object_with_a_reserved_key_is_refused_in_python_too(
+    app: sw.App, value: dict[str, Any]
+) -> None:
+    """An input of an App's own (not read from a request) holding `{"$secret": ..., "extra":
+    ...}` would be stored as a plain object, its value shown wherever the input is; and a
+    `{"$sealed": ...}` of its own is the store's to write: each is refused with an error that
+    says why and shows no value, and nothing is stored."""
+    with pytest.raises(sw.PayloadError, match="reserved key") as raised:
+        await app.submit_async("order", {"id": 1, "pin": value}, task_id="o-1")
+    assert "PIN-7391" not in str(raised.value)
+    with pytest.raises(sw.PayloadError, match="reserved key"):  # however deep it is
+        app.new_task("order", [{"n": [value]}], task_id="o-2")
+    assert await app.tasks_async() == []
