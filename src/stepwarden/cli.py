@@ -594,8 +594,10 @@ def worker(
             alert_webhooks=alert_webhooks,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
-            metrics_tenants=frozenset(
-                t.strip() for t in (metrics_tenants or "").split(",") if t.strip()
+            metrics_tenants=(
+                frozenset(t.strip() for t in metrics_tenants.split(",") if t.strip())
+                if metrics_tenants
+                else None
             ),
             agent_url=agent_url,
             agent_token=agent_token,

@@ -78,9 +78,10 @@ class WorkerOptions:
     """Serve the worker's metrics (`Worker.metrics`) at http://HOST:PORT/metrics (0: a free
     port, said in the log); None serves none (they are counted all the same)."""
     metrics_host: str = "127.0.0.1"
-    metrics_tenants: frozenset[str] = frozenset()
+    metrics_tenants: frozenset[str] | None = None
     """Tenants the metrics name in their `tenant` label (`Metrics.tenant_label`): every other
-    is counted as `_other`, so that the label's values are bounded by this setting."""
+    is counted as `_other`, so that the label's values are bounded by this setting (None:
+    none named)."""
     brokers: Brokers | None = None
     """The credentials of the brokers status messages are relayed to (`relay.py`); None
     reads the file `STEPWARDEN_BROKERS` names, if any."""
@@ -125,7 +126,7 @@ class Worker:
         self.options = options or WorkerOptions()
         self.instance = uuid.uuid4().hex[:16]
         self.stop = asyncio.Event()
-        self.metrics = Metrics(self.options.metrics_tenants)
+        self.metrics = Metrics(self.options.metrics_tenants or ())
         """This worker's metrics, in a registry of its own (`metrics.registry`)."""
         opts = self.options
         if opts.agents is not None:

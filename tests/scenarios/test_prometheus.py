@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,17 @@ def running_prometheus(workdir: Path, config: dict[str, Any]) -> Iterator[Promet
             stderr=subprocess.STDOUT,
         )
     try:
-        yield Prometheus(f"http://127.0.0.1:{port}", proc, log)
+        url = f"http://127.0.0.1:{port}"
+        # Until its storage is open it answers 503 to queries: wait until it says it is ready.
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/-/ready", timeout=5).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "Prometheus not ready within 60 s"
+            time.sleep(0.1)
+        yield Prometheus(url, proc, log)
     finally:
         proc.terminate()
         try:
