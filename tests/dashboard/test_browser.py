@@ -19,7 +19,7 @@ from stepwarden.dashboard._data import WAITING_EVERY
 from tests.cli.helpers import sql
 
 from ..support.dashboard import AGENTS
-from .conftest import TOKEN, Served, run_async, wait_for
+from .conftest import TOKEN, Served, run_async, submit_orders, wait_for
 from .dash_app import CARD, build, order
 
 STEP_COUNTS = (
@@ -178,6 +178,36 @@ def test_the_agents_page_shows_the_worker_s_agent_instance(served: Served, page:
     [counts] = sql(served.store_url, STEP_COUNTS)
     cells = page.locator("#operations tr", has_text="desk.stamp").locator("td")
     expect(cells).to_have_text(["desk.stamp", *(str(n) for n in counts), "0"])
+
+
+LINES = """(selector) => [...document.querySelectorAll(selector)].map((e) => {
+  const range = document.createRange();
+  range.selectNodeContents(e);
+  return [e.textContent.trim(), range.getClientRects().length];
+})"""
+"""Each element `selector` finds, with the number of lines its text is laid out on."""
+
+
+def test_ids_and_tile_names_are_never_cut_in_two(served: Served, page: Page) -> None:
+    """A generated-looking id stays on one line in every table (cut at its hyphen it reads
+    as two ids), and a tile's state name is never broken inside a word, on a narrow window
+    too."""
+    long_id = "signup-49c0e1a7b3d24f5e8a6b1c9d0e2f"
+    submit_orders(served.store_url, {long_id: 3})
+    for width in (1280, 700, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(served.url + "/")
+        expect(page.locator(".card[data-state=compensation_failed] .label")).to_be_visible()
+        labels = page.evaluate(LINES, ".card .label")
+        assert {name for name, _ in labels} >= {"compensating", "compensation_failed"}
+        assert [name for name, lines in labels if lines != 1] == [], (width, labels)
+        page.goto(served.url + "/tasks")
+        expect(page.get_by_role("link", name=long_id, exact=True)).to_be_visible()
+        ids = page.evaluate(LINES, "td a")
+        assert [name for name, lines in ids if lines != 1] == [], (width, ids)
+        page.goto(served.url + "/agents")
+        instances = page.evaluate(LINES, "code.id")
+        assert instances and [n for n, lines in instances if lines != 1] == [], instances
 
 
 def _submit_processed(served: Served, task_id: str, n: int, **options: Any) -> None:

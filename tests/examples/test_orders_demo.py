@@ -4,6 +4,8 @@ some orders undone by their compensations."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +88,37 @@ def test_demo_with_the_typescript_shipping_agent(sqlite_url: str, tmp_path: Path
     )
     served = [row[0] for row in shipped]
     assert served and all(by.startswith("shipper/") for by in served), served
+
+
+def _noted_lines(text: str) -> dict[str, str]:
+    """The summary's lines that have an explanation: name -> explanation."""
+    found = re.findall(r"^  ([a-z][a-z ]*?)\s{2,}\S+\s+(\(.*\))$", text, re.M)
+    return {name: note for name, note in found}
+
+
+def test_demo_explains_its_lines_as_the_home_page_shows_and_removes_its_work_folder(
+    tmp_path: Path,
+) -> None:
+    """The home page's summary is the real one: each line explained there is explained so
+    by the demo; after a good run its temporary work folder is gone, and kept with --keep."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    cmd = [
+        sys.executable, "-m", "examples.orders.demo",
+        "--orders", "10", "--workers", "1", "--no-kill", "--no-faults", "--timeout", "60",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    page = (ROOT / "docs" / "index.md").read_text()
+    [shown] = re.findall(r"```\n(  submitted.*?)```", page, re.S)
+    assert _noted_lines(shown) == _noted_lines(run.stdout), run.stdout
+    assert "OK: nothing lost, nothing applied twice" in run.stdout
+    assert list(tmp_path.glob("stepwarden-demo-*")) == [], run.stdout
+    assert "workdir" not in run.stdout
+
+    kept = subprocess.run(
+        [*cmd, "--keep"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert kept.returncode == 0, f"{kept.stdout}\n{kept.stderr}"
+    [folder] = tmp_path.glob("stepwarden-demo-*")
+    assert (folder / "shop.db").exists()
+    assert re.search(rf"^  workdir\s+{re.escape(str(folder))}$", kept.stdout, re.M), kept.stdout

@@ -86,6 +86,49 @@ def test_a_killed_schedulers_tasks_resume_within_its_gone_after(cluster: Cluster
         assert all(e.kind != "expired" for e in c.app.show(task.task_id).events), why
 
 
+def test_a_killed_workers_task_is_released_once_and_its_resumed_run_ends_as_its_own(
+    cluster: Cluster,
+) -> None:
+    """A worker holding tasks whose steps its own agents run is killed: each task is given
+    back once (its scheduler gone), and the run of the scheduler that resumes it is not
+    taken from it when the step is reassigned."""
+    c = cluster
+    quick = (*QUICK_SCHEDULERS, "--agent-heartbeat", "0.2", "--agent-gone-after", "2")
+    doomed = c.start("worker-a", *quick)
+    ids = [f"k1-{i:02d}" for i in range(12)]
+    gate = c.workdir / "gate"
+    for task_id in ids:
+        c.submit(task_id, [{"block_until": str(gate), "idempotent": True}, {"work": 0.1}])
+    doomed_name = f"scheduler-{doomed.instance()}"
+
+    def doomed_holds_tasks() -> list[str]:
+        return [t.task_id for t in c.app.tasks(limit=100) if t.locked_by == doomed_name]
+
+    c.wait_until(lambda: len(doomed_holds_tasks()) >= 3, "worker-a to hold tasks")
+    survivor = c.start("worker-b", *quick)
+    c.kill(doomed)
+    gate.touch()
+
+    def all_finished() -> list[sw.TaskRecord] | None:
+        tasks = c.app.tasks(limit=100)
+        return tasks if len(tasks) == len(ids) and all(t.finished_at for t in tasks) else None
+
+    tasks = c.wait_until(all_finished, "every task to finish", timeout=DEADLINE)
+    released = {
+        t.task_id: [e.detail for e in c.app.show(t.task_id).events if e.kind == "released"]
+        for t in tasks
+    }
+    reassigned = [
+        t.task_id for t in tasks for e in c.app.show(t.task_id).events if e.kind == "reassigned"
+    ]
+    why = c.why(f"released {released}\nreassigned {reassigned}")
+    assert all(t.process_state == PROCESSED for t in tasks), why
+    # Both happened: tasks given back for their scheduler, steps for their agent instance.
+    assert any(released.values()) and reassigned, why
+    assert all(len(r) <= 1 for r in released.values()), why
+    assert "outcome discarded" not in survivor.log(), why
+
+
 def test_work_caught_by_a_database_outage_goes_on_when_it_is_back(
     own_pg_cluster: tuple[Cluster, OwnPostgres],
 ) -> None:

@@ -894,7 +894,10 @@ export class Agent {
     for (const call of lost) {
       const hold = byKey.get(keyOf(call));
       if (hold !== undefined && hold.cancelled === null) {
-        this.#log.info(`${hold.request.idempotency_key} attempt ${hold.request.attempt}: aborting the call: ${call.why}`);
+        const which = `${hold.request.idempotency_key} attempt ${hold.request.attempt}`;
+        // A call whose outcome was refused has returned already: there is nothing to abort.
+        if (hold.answered) this.#log.info(`${which}: its outcome came once the step was no longer its own: ${call.why}`);
+        else this.#log.info(`${which}: aborting the call: ${call.why}`);
         hold.lose(call.why);
       }
     }
