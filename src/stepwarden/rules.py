@@ -648,6 +648,17 @@ class FairShare:
     clock: float
 
 
+def claim_fairly(*, last_claimed: int | None, last_asked: int) -> bool:
+    """Whether a scheduler's next claim is shared among the tenants waiting (`fair_shares`)
+    or made by rank alone (one statement, no read of the tenants first). Fairly after a
+    claim that took all it asked for (there may be more waiting than it takes: a backlog,
+    whose share is the tenants'), and for a scheduler's first (`last_claimed` None); by
+    rank after one that took fewer: it took every task there was, so the next finds only
+    those submitted since, and while claims keep finding fewer than they ask, none waits for
+    another's share. At most one claim in a row is made by rank once a backlog builds up."""
+    return last_claimed is None or last_claimed >= last_asked
+
+
 def fair_shares(turns: Sequence[TenantTurn], clock: float, limit: int) -> FairShare:
     """Stride scheduling: each claim goes, one at a time, to the tenant of least pass, whose
     pass then moves on by 1 / weight; ties by name. A tenant's pass is never below the

@@ -26,7 +26,7 @@ from .errors import StoreError, TransientStoreError
 from .metrics import Metrics
 from .records import Held, Released, SchedulerBeat, StepDispatch, TaskOutcome, step_of_key
 from .retry import after_store_failure
-from .rules import unrunnable
+from .rules import claim_fairly, unrunnable
 from .store import CHANNEL_RESULTS, CHANNEL_TASKS, Subscription
 from .store.ports import SchedulerPort
 from .workflow import Workflow
@@ -267,6 +267,8 @@ class Scheduler:
         sub = self.store.subscribe(CHANNEL_TASKS)
         names = sorted(self.workflows)  # (workflow, version): the tasks this one may run
         failures = 0
+        last_claimed: int | None = None  # what the last claim took, of what it asked for
+        last_asked = 0
         await sleep_unless(stop, spread())  # not at the instant the process's agents claim
         try:
             while not stop.is_set():
@@ -291,7 +293,11 @@ class Scheduler:
                             continue
                         limit = admitted
                     claimed_at = asyncio.get_running_loop().time()
-                    claimed = await self.store.claim_tasks(self.instance, names, limit)
+                    fairly = claim_fairly(last_claimed=last_claimed, last_asked=last_asked)
+                    claimed = await self.store.claim_tasks(
+                        self.instance, names, limit, fairly=fairly
+                    )
+                    last_claimed, last_asked = len(claimed), limit
                     if self._room_left is not None:
                         self._room_left -= len(claimed)
                     failures = 0

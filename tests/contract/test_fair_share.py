@@ -88,3 +88,15 @@ async def test_priorities_hold_within_a_tenant(store: Store) -> None:
     acme = [c.task.priority for c in claimed if c.task.tenant == "acme"]
     assert acme[:10] == [5] * 10 and set(acme[10:]) == {0}, acme
     assert abs(sum(1 for c in claimed if c.task.tenant == "globex") / 40 - 0.5) <= 0.1
+
+
+async def test_a_claim_by_rank_alone_takes_the_oldest_whatever_their_tenant(store: Store) -> None:
+    """A scheduler's claim after one that found fewer tasks than it asked for is made by rank
+    alone (`rules.claim_fairly`): the oldest first, whoever's they are, and no pass moves."""
+    await _backlog(store, "acme", 6)
+    await _backlog(store, "globex", 6)
+    claimed = await store.claim_tasks("s1", WORKFLOW, 4, fairly=False)
+    assert [c.task.tenant for c in claimed] == ["acme"] * 4  # acme's were submitted first
+    assert await store.tenant_weights() == []  # no tenant's pass was written
+    fair = Counter(c.task.tenant for c in await store.claim_tasks("s1", WORKFLOW, 4))
+    assert fair == {"acme": 2, "globex": 2}

@@ -642,11 +642,17 @@ class Store(abc.ABC):
 
     # -- the scheduler --------------------------------------------------------------------
     async def claim_tasks(
-        self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
+        self,
+        scheduler: str,
+        workflows: Sequence[str | tuple[str, int]],
+        limit: int,
+        *,
+        fairly: bool = True,
     ) -> list[ClaimedTask]:
         """Claim up to `limit` eligible tasks of these (workflow, version) pairs (a workflow
         named alone is its version 1), shared among the tenants waiting by their weights
-        (`rules.fair_shares`), by priority with aging within each (`rules.head_start`),
+        (`rules.fair_shares`; by rank alone when not `fairly`: `rules.claim_fairly`), by
+        priority with aging within each (`rules.head_start`),
         exclusively: pending ones
         become processing, compensating ones not held stay compensating; each gets locked_by,
         a new attempt and complete_by = now + complete_within."""
@@ -654,7 +660,9 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
-        rows = await self._write(lambda wake: policy.claim_fair_tasks(scheduler, workflows, limit))
+        rows = await self._write(
+            lambda wake: policy.claim_fair_tasks(scheduler, workflows, limit, fairly)
+        )
         again = policy.replayed(rows)
         step_rows: Rows = []
         wait_rows: Rows = []

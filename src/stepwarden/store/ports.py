@@ -257,7 +257,12 @@ class SchedulerPort(PollingPort, Protocol):
     ) -> list[VersionBacklog]: ...
     async def agent_room(self) -> int | None: ...
     async def claim_tasks(
-        self, scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
+        self,
+        scheduler: str,
+        workflows: Sequence[str | tuple[str, int]],
+        limit: int,
+        *,
+        fairly: bool = True,
     ) -> list[ClaimedTask]: ...
     async def advance(
         self,

@@ -53,12 +53,16 @@ def claim_tasks(scheduler: str, workflows: Sequence[str | tuple[str, int]], limi
 
 
 def claim_fair_tasks(
-    scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int
+    scheduler: str, workflows: Sequence[str | tuple[str, int]], limit: int, fairly: bool = True
 ) -> Flow[Rows]:
     """`claim_tasks`, shared fairly among the tenants with pending tasks of these pairs
     (`rules.fair_shares`: each tenant in proportion to its weight, by rank within it). With
-    one tenant waiting, or none, the claim is `claim_tasks` itself and writes no pass: there
-    is no other to be fair to. The passes of the tenants served move on by what they got."""
+    one tenant waiting, or none, or not `fairly` (`rules.claim_fairly`), the claim is
+    `claim_tasks` itself and writes no pass. The passes of the tenants served move on by what
+    they got."""
+    if not fairly:
+        [rows] = yield [claim_tasks(scheduler, workflows, limit)]
+        return rows
     pairs = claim_pairs(workflows)
     found = yield from fetch("fair_tenants", **pairs)
     if len(found) <= 1:
