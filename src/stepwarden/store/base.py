@@ -660,7 +660,10 @@ class Store(abc.ABC):
             return []
         if not await self._worth_writing("any_pending", **policy.claim_pairs(workflows)):
             return []
-        rows = await self._write(
+        # By rank alone the claim is one statement, which owes no wake-up: on its own, without
+        # BEGIN and COMMIT where the dialect can.
+        write = self._write if fairly else self._write_alone
+        rows = await write(
             lambda wake: policy.claim_fair_tasks(scheduler, workflows, limit, fairly)
         )
         again = policy.replayed(rows)
