@@ -1846,14 +1846,6 @@ def bulk(
         raise click.ClickException(f"{ended.refused} task(s) refused (they moved meanwhile)")
 
 
-_STEP_PLANS = {
-    "kept": "kept",
-    "same_key": "run again, same key",
-    "new_key": "run again, new key",
-    "undone": "undone first",
-}
-
-
 def _echo_bulk_plan(plan: BulkPlan) -> None:
     """A bulk action's plan: the count, per workflow and version, per move, the steps, the
     sample."""
@@ -1865,9 +1857,7 @@ def _echo_bulk_plan(plan: BulkPlan) -> None:
     if plan.skipped:
         _echo(f"  forked before: {plan.skipped}")
     if plan.steps:
-        steps = ", ".join(
-            f"{plan.steps[k]} {_STEP_PLANS[k]}" for k in _STEP_PLANS if k in plan.steps
-        )
+        steps = ", ".join(f"{plan.steps[k]} {_PLANS[k]}" for k in _PLANS if k in plan.steps)
         _echo(f"  steps: {steps}")
     if plan.sample:
         _echo(f"  first: {' '.join(plan.sample)}")
