@@ -7,6 +7,7 @@ is no divergence for the tasks it runs already."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -240,7 +241,9 @@ async def _until_waiting(app: sw.App, task_id: str) -> None:
     raise AssertionError(f"{task_id} never waited")
 
 
-MANY = 200_000
+MANY = int(os.environ.get("STEPWARDEN_TEST_TAGGED_TASKS", "200000"))
+"""How many tasks the plan test writes: 200,000 in the suite; the issue's 1,000,000 with
+STEPWARDEN_TEST_TAGGED_TASKS=1000000 (docs/PERFORMANCE.md, "A filter by tag")."""
 
 
 async def test_a_filter_by_tag_reads_through_the_index_among_many_tasks(
