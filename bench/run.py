@@ -31,6 +31,7 @@ import psutil
 import psycopg
 
 from . import agent_http as agent_http_mod
+from . import fair_share as fair_share_mod
 from . import fanout as fanout_mod
 from . import idle_fleet as idle_fleet_mod
 from . import recovery as recovery_mod
@@ -857,6 +858,9 @@ def table(result: dict[str, Any]) -> str:
             result["fanout"], settings.get("fanout_n", 0), settings.get("runs", 0)
         )
         lines.append("")
+    if result.get("fair_share"):
+        lines += fair_share_mod.table_lines(result["fair_share"])
+        lines.append("")
     for name, kinds in result.get("recovery", {}).items():
         for kind, rec in kinds.items():
             if "error" in rec:
@@ -1184,6 +1188,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="skip the tracing cost (W1 one at a time and W2 of stepwarden-postgres, traced "
         "four ways: bench/tracing.py)",
     )
+    p.add_argument(
+        "--no-fair-share",
+        action="store_true",
+        help="skip the fair share of claims across tenants, end to end (bench/fair_share.py)",
+    )
+    fair_share_mod.add_arguments(p)
     p.add_argument("--no-sweep", action="store_true", help="skip the sweep measurement")
     p.add_argument("--no-recovery", action="store_true", help="skip the recovery measurement")
     p.add_argument(
@@ -1250,6 +1260,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.runs = args.runs or (1 if args.quick else 3)
     args.sweep_finished = args.sweep_finished or (100_000 if args.quick else 1_000_000)
     args.fanout_n = args.fanout_n or (1_000 if args.quick else 10_000)
+    fair_share_mod.settle_arguments(args, args.quick)
     why = cannot_make_clusters()
     if args.shard_servers == "own" and why is not None:
         p.error(f"--shard-servers own: {why}")
@@ -1617,6 +1628,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             result["fanout"] = run_fanout(args, res, log_dir, outcomes)
         if not args.no_tracing:
             result["tracing"] = run_tracing(args, res, log_dir)
+        fair_stores = [
+            store for store, name in fair_share_mod.STORES.items() if name in args.systems
+        ]
+        if not args.no_fair_share and fair_stores:
+            result["fair_share"] = fair_share_mod.run(res, args, fair_stores, log_dir)
         if not args.no_recovery:
             result["recovery"] = run_recovery(args, res, log_dir)
         if not args.no_sweep:
@@ -1645,6 +1661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if isinstance(v, dict) and v.get("errors")
             ]
             + [f"tracing/{n}" for n, v in result.get("tracing", {}).items() if v["errors"]]
+            + [
+                f"fair_share/{n}"
+                for n, v in result.get("fair_share", {}).items()
+                if n != "settings" and v.get("errors")
+            ]
             + [f"sweep/{n}" for n, v in result.get("sweep", {}).items() if "error" in v]
             + [
                 f"recovery/{n}/{kind}"
