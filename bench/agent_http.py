@@ -129,9 +129,7 @@ async def _measure(url: str, n: int, n_latency: int) -> dict[str, Any]:
     }
 
 
-def run(
-    res: Resources, *, n: int, n_latency: int, runs: int, log_dir: Path
-) -> dict[str, Any]:
+def run(res: Resources, *, n: int, n_latency: int, runs: int, log_dir: Path) -> dict[str, Any]:
     """Each mode `runs` times, alternating; the medians and each run's figures."""
     found: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     errors: list[str] = []

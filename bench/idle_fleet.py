@@ -141,9 +141,7 @@ def _life(
             )
         if idle > 0:
             time.sleep(SETTLE)  # the window's start: a length of time, what is measured
-            meter = CpuMeter(
-                [c.pid for c in children], server=postgres_server(admin_url, url)
-            )
+            meter = CpuMeter([c.pid for c in children], server=postgres_server(admin_url, url))
             meter.start()
             time.sleep(idle)
             cpu = meter.stop()

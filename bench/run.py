@@ -617,9 +617,7 @@ def shards_summary(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         out[variant] = {
             "wf_per_s_x": ratio(b["wf_per_s"], a["wf_per_s"]),
             "commits_per_wf_x": ratio(b.get("commits_per_wf"), a.get("commits_per_wf")),
-            "cpu_total_per_wf_x": ratio(
-                b["cpu_s_per_wf"]["total_s"], a["cpu_s_per_wf"]["total_s"]
-            ),
+            "cpu_total_per_wf_x": ratio(b["cpu_s_per_wf"]["total_s"], a["cpu_s_per_wf"]["total_s"]),
             "cpu_server_per_wf_x": ratio(
                 b["cpu_s_per_wf"]["server_s"], a["cpu_s_per_wf"]["server_s"]
             ),
