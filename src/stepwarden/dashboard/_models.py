@@ -252,6 +252,19 @@ class BulkFilterRequest(_Closed):
     entry). Resumable: the tasks acted on no longer match, so the same request again goes
     on with the rest (with `after`: after that task id only)."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"properties": {"action": {"const": "fork"}}, "required": ["fork"]},
+                {
+                    "properties": {"action": {"enum": list(BULK_ACTIONS)}},
+                    "not": {"required": ["fork"]},
+                },
+            ]
+        },
+    )
+
     action: Literal["retry", "cancel", "compensate", "pause", "resume", "fork"]
     filter: TaskFilter = Field(default_factory=TaskFilter)
     plan: Flag = Field(default=False, description="Answer the plan only; change nothing.")
@@ -261,12 +274,17 @@ class BulkFilterRequest(_Closed):
     after: Annotated[str, Field(max_length=MAX_NAME)] = Field(
         default="", description="Only the tasks whose id comes after this one (a cursor: last)."
     )
-    fork: BulkFork | None = Field(default=None, description="A fork's, and a fork's only.")
+    # Left out, not sent as null: SkipJsonSchema keeps None out of the schema.
+    fork: SkipJsonSchema[None] | BulkFork = Field(
+        default=None, description="A fork's, and a fork's only."
+    )
     reason: Reason | None = None
     by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
 
     @model_validator(mode="after")
     def _fork_alone(self) -> BulkFilterRequest:
+        if "fork" in self.model_fields_set and self.fork is None:
+            raise ValueError("fork may be left out, not null")
         if (self.action == "fork") != (self.fork is not None):
             raise ValueError("a bulk fork, and it alone, takes fork (from, as)")
         return self
