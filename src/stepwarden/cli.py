@@ -1117,6 +1117,10 @@ def why(obj: _Ctx, task_id: str, as_json: bool) -> None:
         _echo(f"           {_gate_line(s.gate)}")
 
 
+def _tenant(name: str | None) -> str:
+    return f"tenant {name}" if name else "no tenant"
+
+
 def _when(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
 
@@ -1147,7 +1151,15 @@ def _gate_line(g: Gate) -> str:
             + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
         ),
         r.RANKED: lambda: (
-            f"its turn: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.schedulers)
+            f"its turn: rank {g.rank}, behind {g.ahead}"
+            + (
+                ""
+                if g.share is None
+                else f" ({g.tenant_ahead} of {_tenant(g.tenant)}, whose share of the claims "
+                f"is {g.share:.0%})"
+            )
+            + ", for "
+            + ", ".join(g.schedulers)
         ),
         r.HELD: lambda: (
             f"{g.holder}, which holds it"

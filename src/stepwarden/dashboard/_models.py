@@ -583,6 +583,12 @@ class Gate(_Closed):
     schedulers: list[str] = Field(description="The alive schedulers that run the task's version.")
     ahead: int | None = Field(description="Tasks (or requests of the agent) before it.")
     rank: int | None = Field(description="Its place in the claim order (ahead + 1).")
+    tenant: str | None = Field(description='A pending task\'s tenant ("": none), for its share.')
+    tenant_ahead: int | None = Field(description="Of its own tenant's tasks, those before it.")
+    share: float | None = Field(
+        description="The part of the claims its tenant gets while every tenant with tasks of "
+        "its (workflow, version) waiting has work: its weight over theirs added up.",
+    )
     holder: str | None = Field(description="The instance that holds it.")
     holder_alive: bool | None
     beat_age: float | None = Field(description="Seconds since the holder's last beat.")

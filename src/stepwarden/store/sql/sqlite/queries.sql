@@ -1571,9 +1571,24 @@ UPDATE stepwarden_outbox SET detail = :doc WHERE id = :id AND detail = :old
 
 -- name: why_task
 -- A task, the store's clock, and how many tasks of its (workflow, version) are ahead of it in
--- the claim order (pending, or compensating and unheld, eligible now, ranked before it): the
--- facts of `rules.task_gate`, read through the claim indexes.
+-- the claim order (pending, or compensating and unheld, eligible now, ranked before it); for
+-- a pending task, how many of its own tenant's are ahead of it, its tenant's weight, and the
+-- weights of the tenants with pending tasks of its (workflow, version) eligible now, its own
+-- among them, added up (`rules.fair_shares`): the facts of `rules.task_gate`, read through
+-- the claim indexes.
 SELECT t.*, :now AS now,
+       (SELECT count(*) FROM stepwarden_tasks AS x
+        WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+          AND x.version = t.version AND x.tenant = t.tenant AND x.eligible_at <= :now
+          AND x.ranked_at < t.ranked_at) AS tenant_ahead,
+       coalesce((SELECT n.weight FROM stepwarden_tenants AS n WHERE n.tenant = t.tenant), 1)
+         AS tenant_weight,
+       (SELECT sum(coalesce(n.weight, 1))
+        FROM (SELECT DISTINCT x.tenant FROM stepwarden_tasks AS x
+              WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+                AND x.version = t.version AND x.eligible_at <= :now
+              UNION SELECT t.tenant) AS d
+        LEFT JOIN stepwarden_tenants AS n ON n.tenant = d.tenant) AS weights,
        (SELECT count(*) FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_pending
         WHERE x.process_state = 'pending' AND x.workflow = t.workflow
           AND x.version = t.version AND x.eligible_at <= :now AND x.ranked_at < t.ranked_at)
