@@ -183,6 +183,12 @@ async def test_a_weaker_token_or_another_origin_is_refused_and_changes_nothing(
         refused = await _bulk(served, body, **cross)
         assert refused.status_code == 403, refused.text
     assert await served.states() == before
+    # A signed-in session's cookie without its CSRF token (what a forged form would send).
+    signed_in = await served.client.post("/login", data={"token": TOKEN})
+    assert signed_in.status_code == 303, signed_in.text
+    forged = await served.client.post("/api/bulk", json=body)
+    assert forged.status_code == 403, forged.text
+    assert await served.states() == before
     # The same request from the dashboard's own origin does act.
     same = await _bulk(served, body, **{"Sec-Fetch-Site": "same-origin"})
     assert same.status_code == 200 and same.json()["progress"]["acted"] == 4, same.text
