@@ -1282,14 +1282,12 @@ class App:
 
     # -- bulk actions by filter ------------------------------------------------------------
     @staticmethod
-    def _bulk_filter(match: TaskFilter, action: str) -> TaskFilter | None:
-        """`match` checked, narrowed to the states `action` moves (`rules.bulk_states`); None
-        when it leaves none."""
+    def check_filter(match: TaskFilter) -> TaskFilter:
+        """`match` checked as every read and bulk action by filter checks it (each name, the
+        tenant, the times with their zone, the tags), its tags as the store keeps them;
+        ConfigurationError names the first field that is wrong."""
         if not isinstance(match, TaskFilter):
-            raise ConfigurationError(f"a bulk action takes a TaskFilter, not {_check.shown(match)}")
-        if not isinstance(action, str) or action not in BULK_ACTIONS:
-            known = ", ".join(BULK_ACTIONS)
-            raise ConfigurationError(f"unknown bulk action {_check.shown(action)} (known: {known})")
+            raise ConfigurationError(f"a filter is a TaskFilter, not {_check.shown(match)}")
         for s in match.states:
             _check.state(s)
         if match.workflow is not None:
@@ -1304,10 +1302,39 @@ class App:
             if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
                 raise ConfigurationError(f"{what} must be a datetime with its time zone")
         tags = None if match.tags is None else _check.tags(match.tags)
-        states = bulk_states(action, frozenset(TaskState(s) for s in match.states))
+        states = frozenset(TaskState(s) for s in match.states)
+        return dataclasses.replace(match, states=states, tags=tags)
+
+    @classmethod
+    def _bulk_filter(cls, match: TaskFilter, action: str) -> TaskFilter | None:
+        """`match` checked, narrowed to the states `action` moves (`rules.bulk_states`); None
+        when it leaves none."""
+        if not isinstance(match, TaskFilter):
+            raise ConfigurationError(f"a bulk action takes a TaskFilter, not {_check.shown(match)}")
+        if not isinstance(action, str) or action not in BULK_ACTIONS:
+            known = ", ".join(BULK_ACTIONS)
+            raise ConfigurationError(f"unknown bulk action {_check.shown(action)} (known: {known})")
+        checked = cls.check_filter(match)
+        states = bulk_states(action, checked.states)
         if not states:
             return None
-        return dataclasses.replace(match, states=states, tags=tags)
+        return dataclasses.replace(checked, states=states)
+
+    async def tasks_matching_async(
+        self, match: TaskFilter, *, after: str | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        """The tasks `match` matches (a `TaskFilter`, as `bulk_async` takes), oldest first
+        (by created time, then task id), at most `limit`; with `after`, those after that task
+        only (the last of the page before: TaskNotFound when no task has that id)."""
+        checked = self.check_filter(match)
+        _check.integer("limit", limit, 1)
+        if after is not None:
+            _check.text("after", after)
+        return await (await self.store()).list_matching(checked, after=after, limit=limit)
+
+    def tasks_matching(self, match: TaskFilter, **kwargs: Any) -> list[TaskRecord]:
+        """The blocking form of `tasks_matching_async`."""
+        return self._call(self.tasks_matching_async(match, **kwargs))
 
     @staticmethod
     def _bulk_fork(action: str, fork: BulkFork | None) -> BulkFork | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -26,7 +27,7 @@ from collections.abc import (
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import click
 import orjson
@@ -94,6 +95,16 @@ class _Ctx:
                 raise click.BadParameter(_one_line(exc), param_hint="--store") from exc
             app.store_url = self.store
         return app
+
+    def store_app(self) -> App:
+        """An App of the store alone (no workflow of its own), for the commands that read or
+        act on the store's tasks; a bad store URL is refused in one line (exit code 1), as
+        the store's own errors are."""
+        url = self.store_url()
+        try:
+            return App("stepwarden-cli", store=url, auto_migrate=False)
+        except StepwardenError as exc:
+            raise click.ClickException(_one_line(exc)) from exc
 
     def store_url(self) -> str:
         if self.store:
@@ -191,6 +202,100 @@ def _tags(
         return _check.tag_texts(given)
     except StepwardenError as exc:
         raise click.BadParameter(_one_line(exc), ctx=ctx, param=param) from exc
+
+
+def _time_option(name: str, help: str) -> Callable[[F], F]:
+    return _opt(
+        name,
+        envvar="STEPWARDEN_" + name[2:].upper().replace("-", "_"),
+        default=None,
+        metavar="TIME",
+        callback=lambda ctx, param, text: None if text is None else _datetime(text, name),
+        help=f"{help} (ISO 8601, with its time zone).",
+    )
+
+
+_FILTER_PARAMS = (
+    "states",
+    "workflow",
+    "workflow_version",
+    "error",
+    "created_after",
+    "created_before",
+    "finished_after",
+    "finished_before",
+    "tenant",
+    "tags",
+)
+
+
+def _filter_options(states_note: str = "") -> Callable[[F], F]:
+    """The options of a filter of tasks (a `TaskFilter`), one definition for each command
+    that takes one (`tasks`, `bulk`): the command is given them as one argument, `match`."""
+    options = [
+        _opt(
+            "--state",
+            "states",
+            envvar="STEPWARDEN_STATE",
+            multiple=True,
+            type=click.Choice([s.value for s in TaskState]),
+            help=f"Only tasks in this state; given again for more.{states_note}",
+        ),
+        _opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow."),
+        _opt(
+            "--version",
+            "workflow_version",
+            envvar="STEPWARDEN_WORKFLOW_VERSION",
+            default=None,
+            type=click.IntRange(min=1, max=_check.MAX_INT),
+            metavar="N",
+            help="Only the tasks that run this version of their workflow.",
+        ),
+        _opt(
+            "--error",
+            envvar="STEPWARDEN_ERROR",
+            default=None,
+            metavar="TEXT",
+            help="Only the tasks whose error contains this text (case-sensitive).",
+        ),
+        _time_option("--created-after", "Only the tasks created at or after this time"),
+        _time_option("--created-before", "Only the tasks created before this time"),
+        _time_option("--finished-after", "Only the tasks that finished at or after this time"),
+        _time_option("--finished-before", "Only the tasks that finished before this time"),
+        _opt(
+            "--tenant",
+            envvar="STEPWARDEN_TENANT",
+            default=None,
+            metavar="NAME",
+            help='Only the tasks of this tenant ("": those of none).',
+        ),
+        _tag_option("Only the tasks that have this tag (and every other one given)."),
+    ]
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def filtered(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in _FILTER_PARAMS}
+            kwargs["match"] = TaskFilter(
+                states=frozenset(TaskState(s) for s in given["states"]),
+                workflow=given["workflow"],
+                version=given["workflow_version"],
+                error=given["error"],
+                created_after=given["created_after"],
+                created_before=given["created_before"],
+                finished_after=given["finished_after"],
+                finished_before=given["finished_before"],
+                tenant=given["tenant"],
+                tags=given["tags"],
+            )
+            return fn(*args, **kwargs)
+
+        wrapped: Any = filtered
+        for option in reversed(options):
+            wrapped = option(wrapped)
+        return cast(F, wrapped)
+
+    return decorate
 
 
 def _destinations_option(what: str) -> Callable[[F], F]:
@@ -747,30 +852,7 @@ def submit(
 
 
 @cli.command()
-@_opt(
-    "--state",
-    envvar="STEPWARDEN_STATE",
-    default=None,
-    type=click.Choice([s.value for s in TaskState]),
-    help="Only tasks in this state.",
-)
-@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
-@_opt(
-    "--version",
-    "workflow_version",
-    envvar="STEPWARDEN_WORKFLOW_VERSION",
-    default=None,
-    type=click.IntRange(min=1, max=_check.MAX_INT),
-    metavar="N",
-    help="Only the tasks that run this version of their workflow.",
-)
-@_opt(
-    "--tenant",
-    envvar="STEPWARDEN_TENANT",
-    default=None,
-    metavar="NAME",
-    help='Only the tasks of this tenant ("": those of none).',
-)
+@_filter_options()
 @_opt(
     "--limit",
     envvar="STEPWARDEN_LIMIT",
@@ -779,47 +861,37 @@ def submit(
     type=click.IntRange(min=1, max=_check.MAX_INT),
     help="At most this many tasks.",
 )
-@_tag_option("Only the tasks that have this tag (and every other one given).")
+@_opt(
+    "--after",
+    envvar="STEPWARDEN_AFTER",
+    default=None,
+    metavar="TASK",
+    help="Only the tasks listed after this one: the last task of the page before.",
+)
 @_opt("--json", "as_json", envvar="STEPWARDEN_JSON", is_flag=True, help="One JSON object a line.")
 @click.pass_obj
-def tasks(
-    obj: _Ctx,
-    state: str | None,
-    workflow: str | None,
-    workflow_version: int | None,
-    tenant: str | None,
-    limit: int,
-    tags: dict[str, str] | None,
-    as_json: bool,
-) -> None:
-    """List tasks, oldest first, with a count per state (of every task); with --tag, those
-    that have the tags given, looked up by the tags' index."""
-    url = obj.store_url()
+def tasks(obj: _Ctx, match: TaskFilter, limit: int, after: str | None, as_json: bool) -> None:
+    """List the tasks that match the filter (every task, without one), oldest first, with a
+    count per state (of every task); the same filter as `stepwarden bulk` takes. With --tag,
+    they are looked up by the tags' index. A page holds --limit tasks at most; when it is
+    full, the next is listed with --after and the last task id of this one (as the line after
+    the list says)."""
+    app = obj.store_app()
 
     async def go() -> tuple[list[TaskRecord], dict[TaskState, int]]:
-        if workflow is not None:
-            _check.name("workflow", workflow)
-        if tenant:
-            _check.tenant(tenant)
-        store = open_store(url)
-        await store.open(migrate=False)
         try:
-            found = await store.list_tasks(
-                state=TaskState(state) if state else None,
-                workflow=workflow,
-                version=workflow_version,
-                tenant=tenant,
-                limit=limit,
-                tags=tags,
-            )
-            return found, await store.count_tasks()
+            found = await app.tasks_matching_async(match, after=after, limit=limit)
+            return found, await (await app.store()).count_tasks()
         finally:
-            await store.close()
+            await app.aclose()
 
     found, counts = _run(go())
+    more = len(found) == limit
     if as_json:
         for t in found:
             _echo_json(_json.display(_task_dict(t)))
+        if more:
+            _echo(f"more: --after {found[-1].task_id}", err=True)
         return
     _echo("  ".join(f"{s.value}: {n}" for s, n in counts.items()))
     ids = _width(28, (t.task_id for t in found))
@@ -837,6 +909,8 @@ def tasks(
             f"{t.process_state.value:<11} {t.failure_count:>4} {t.attempt:>3} "
             f"{t.tenant or '-':<{tenants}}  {_time(t.updated_at)}{waiting}"
         )
+    if more:
+        _echo(f"more: --after {found[-1].task_id}", err=True)
 
 
 def _width(least: int, values: Iterable[str]) -> int:
@@ -1021,11 +1095,7 @@ def why(obj: _Ctx, task_id: str, as_json: bool) -> None:
     its operation's concurrency or rate full, no free slot, its rank in the queue, the
     instance that runs it). With --app, the App's operation limits are known too; with
     --store alone, no limit is judged."""
-    app = (
-        obj.app()
-        if obj.app_ref
-        else App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
-    )
+    app = obj.app() if obj.app_ref else obj.store_app()
 
     async def go() -> Why:
         try:
@@ -1045,6 +1115,10 @@ def why(obj: _Ctx, task_id: str, as_json: bool) -> None:
     for s in found.steps:
         _echo(f"  step {s.seq} {s.name} ({s.agent}.{s.operation}, {s.state.value})")
         _echo(f"           {_gate_line(s.gate)}")
+
+
+def _tenant(name: str | None) -> str:
+    return f"tenant {name}" if name else "no tenant"
 
 
 def _when(value: datetime | None) -> str:
@@ -1077,7 +1151,15 @@ def _gate_line(g: Gate) -> str:
             + (f" since {_when(g.since)}" if g.since else " (none in the registry)")
         ),
         r.RANKED: lambda: (
-            f"its turn: rank {g.rank}, behind {g.ahead}, for " + ", ".join(g.schedulers)
+            f"its turn: rank {g.rank}, behind {g.ahead}"
+            + (
+                ""
+                if g.share is None
+                else f" ({g.tenant_ahead} of {_tenant(g.tenant)}, whose share of the claims "
+                f"is {g.share:.0%})"
+            )
+            + ", for "
+            + ", ".join(g.schedulers)
         ),
         r.HELD: lambda: (
             f"{g.holder}, which holds it"
@@ -1428,7 +1510,7 @@ def _operate(
         raise click.UsageError("name tasks, or filter with --state/--workflow, not both")
     if not task_ids and not (state or workflow):
         raise click.UsageError("name the task(s), or filter with --state and/or --workflow")
-    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    app = obj.store_app()
 
     async def go() -> list[ActionOutcome]:
         try:
@@ -1489,7 +1571,7 @@ def retry(obj: _Ctx, /, task_ids: tuple[str, ...], plan: bool, **options: Any) -
         raise click.UsageError(
             "--plan takes the tasks by name (the plan of a filter: stepwarden bulk retry --plan)"
         )
-    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    app = obj.store_app()
 
     async def go() -> list[Redrive]:
         try:
@@ -1559,7 +1641,7 @@ def fork(
     it run again under the original's idempotency keys (or new ones from --new-keys-from).
     Prints the plan per step, then what it did (nothing with --plan); exit code 1 when the
     fork is refused."""
-    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    app = obj.store_app()
 
     async def go() -> Redrive:
         try:
@@ -1639,57 +1721,12 @@ def cancel(obj: _Ctx, /, task_ids: tuple[str, ...], compensate: bool, **options:
     _operate(obj, "compensate" if compensate else "cancel", task_ids, **options)
 
 
-def _time_option(name: str, help: str) -> Callable[[F], F]:
-    return _opt(
-        name,
-        envvar="STEPWARDEN_" + name[2:].upper().replace("-", "_"),
-        default=None,
-        metavar="TIME",
-        callback=lambda ctx, param, text: None if text is None else _datetime(text, name),
-        help=f"{help} (ISO 8601, with its time zone).",
-    )
-
-
 @cli.command()
 @click.argument("action", type=click.Choice(BULK_ACTIONS))
-@_opt(
-    "--state",
-    "states",
-    envvar="STEPWARDEN_STATE",
-    multiple=True,
-    type=click.Choice([s.value for s in TaskState]),
-    help="Only tasks in this state; given again for more. Only those in a state the action "
-    "moves are reached (retry: error, compensation_failed; resume: paused; ...).",
+@_filter_options(
+    " Only those in a state the action moves are reached (retry: error, "
+    "compensation_failed; resume: paused; ...)."
 )
-@_opt("--workflow", envvar="STEPWARDEN_WORKFLOW", default=None, help="Only this workflow.")
-@_opt(
-    "--version",
-    "workflow_version",
-    envvar="STEPWARDEN_WORKFLOW_VERSION",
-    default=None,
-    type=click.IntRange(min=1, max=_check.MAX_INT),
-    metavar="N",
-    help="Only the tasks that run this version of their workflow.",
-)
-@_opt(
-    "--error",
-    envvar="STEPWARDEN_ERROR",
-    default=None,
-    metavar="TEXT",
-    help="Only the tasks whose error contains this text (case-sensitive).",
-)
-@_time_option("--created-after", "Only the tasks created at or after this time")
-@_time_option("--created-before", "Only the tasks created before this time")
-@_time_option("--finished-after", "Only the tasks that finished at or after this time")
-@_time_option("--finished-before", "Only the tasks that finished before this time")
-@_opt(
-    "--tenant",
-    envvar="STEPWARDEN_TENANT",
-    default=None,
-    metavar="NAME",
-    help='Only the tasks of this tenant ("": those of none).',
-)
-@_tag_option("Only the tasks that have this tag (and every other one given).")
 @_opt(
     "--plan",
     envvar="STEPWARDEN_PLAN",
@@ -1760,16 +1797,7 @@ def _time_option(name: str, help: str) -> Callable[[F], F]:
 def bulk(
     obj: _Ctx,
     action: str,
-    states: tuple[str, ...],
-    workflow: str | None,
-    workflow_version: int | None,
-    error: str | None,
-    created_after: datetime | None,
-    created_before: datetime | None,
-    finished_after: datetime | None,
-    finished_before: datetime | None,
-    tenant: str | None,
-    tags: dict[str, str] | None,
+    match: TaskFilter,
     plan: bool,
     yes: bool,
     batch: int,
@@ -1799,19 +1827,7 @@ def bulk(
         fork = BulkFork(start=start, name=fork_name, new_keys_from=new_keys_from)
     elif start is not None or fork_name is not None or new_keys_from is not None:
         raise click.UsageError("--from, --as and --new-keys-from are a bulk fork's")
-    match = TaskFilter(
-        states=frozenset(TaskState(s) for s in states),
-        workflow=workflow,
-        version=workflow_version,
-        error=error,
-        created_after=created_after,
-        created_before=created_before,
-        finished_after=finished_after,
-        finished_before=finished_before,
-        tenant=tenant,
-        tags=tags,
-    )
-    app = App("stepwarden-cli", store=obj.store_url(), auto_migrate=False)
+    app = obj.store_app()
 
     def counts(p: BulkProgress) -> str:
         before = f", {p.skipped} forked before" if action == "fork" else ""

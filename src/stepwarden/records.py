@@ -1120,7 +1120,11 @@ class WaitReason(StrEnum):
       `workflow`, `version`, `since` (the last beat of one that ran it; None when the registry
       holds none).
     - `ranked`: Pending, for the alive schedulers named in `schedulers`, behind `ahead` others
-      of its (workflow, version) in the claim order (`rank` = ahead + 1).
+      of its (workflow, version) in the claim order (`rank` = ahead + 1). A pending task's
+      also: its `tenant` ("" for none), `tenant_ahead` (those of its own tenant ahead of it:
+      a claim shared among tenants takes each tenant's by rank), and `share`, the part of the
+      claims its tenant gets while the tenants with tasks of that (workflow, version) waiting
+      now all have work (its weight over theirs added up, `rules.fair_shares`; 1.0 alone).
     - `held`: A scheduler instance (the task) or an agent instance (a running step) holds it.
       Facts: `holder`, `holder_alive`, `beat_age` (seconds since its last beat), `until` (when
       the supervisor takes it back at the latest: its complete_by, or sooner once the holder's
@@ -1211,6 +1215,9 @@ class Gate:
     schedulers: tuple[str, ...] = ()
     ahead: int | None = None
     rank: int | None = None
+    tenant: str | None = None
+    tenant_ahead: int | None = None
+    share: float | None = None
     holder: str | None = None
     holder_alive: bool | None = None
     beat_age: float | None = None
@@ -1238,6 +1245,11 @@ class TaskFacts:
     waits: tuple[WaitFact, ...]
     children: tuple[ChildFact, ...]
     paused: PauseFact | None
+    tenant_ahead: int = 0
+    """Of its own tenant's pending tasks, those ahead of it."""
+    share: float = 1.0
+    """Its tenant's weight over the weights of the tenants with pending tasks of its
+    (workflow, version) eligible now, its own among them."""
     alert: str | None
     schedulers: tuple[SchedulerInstance, ...]
 

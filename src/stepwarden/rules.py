@@ -1189,7 +1189,17 @@ def task_gate(f: TaskFacts) -> Gate:
             version=t.version,
             since=_last_beat(running),
         )
-    return Gate(reason=WaitReason.RANKED, schedulers=alive, ahead=f.ahead, rank=f.ahead + 1)
+    if state != TaskState.PENDING:  # a compensating task is claimed by rank alone
+        return Gate(reason=WaitReason.RANKED, schedulers=alive, ahead=f.ahead, rank=f.ahead + 1)
+    return Gate(
+        reason=WaitReason.RANKED,
+        schedulers=alive,
+        ahead=f.ahead,
+        rank=f.ahead + 1,
+        tenant=t.tenant or "",
+        tenant_ahead=f.tenant_ahead,
+        share=f.share,
+    )
 
 
 def step_gate(f: StepFacts) -> Gate:

@@ -8,6 +8,7 @@ import asyncio
 import orjson
 
 import stepwarden as sw
+from stepwarden.records import SchedulerBeat
 
 from ..support.why import ROLES, until
 from ..support.worker import running
@@ -58,3 +59,41 @@ def test_why_says_what_holds_a_task_and_its_steps(migrated_url: str) -> None:
 async def _no_agent(app: sw.App, task_id: str) -> bool:
     why = await app.why_async(task_id)
     return why.holding.reason == sw.WaitReason.NO_AGENT
+
+
+def test_why_says_a_ranked_task_s_place_in_its_tenant_and_its_tenant_s_share(
+    migrated_url: str,
+) -> None:
+    url = migrated_url
+
+    async def two_tenants_waiting() -> None:
+        app = cli_app.build(url)
+        try:
+            for n, tenant in enumerate(("acme", "globex", "acme")):
+                await app.submit_async("process", {"n": n}, task_id=f"t{n}", tenant=tenant)
+            store = await app.store()
+            beat = SchedulerBeat(
+                instance="sched-1",
+                workflows=("process",),
+                capacity=10,
+                held=0,
+                versions=(("process", 1),),
+            )
+            await store.beat_schedulers([beat], ttl=60)
+        finally:
+            await app.aclose()
+
+    asyncio.run(two_tenants_waiting())
+    assert_ok(invoke("--store", url, "tenants", "weight", "acme", "3"))
+    text = assert_ok(invoke("--store", url, "why", "t2"))
+    assert (
+        "[ranked] its turn: rank 3, behind 2 (1 of tenant acme, whose share of the claims is "
+        "75%), for sched-1" in text
+    ), text
+    gate = orjson.loads(assert_ok(invoke("--store", url, "why", "t1", "--json")))["gate"]
+    assert (gate["tenant"], gate["ahead"], gate["tenant_ahead"], gate["share"]) == (
+        "globex",
+        1,
+        0,
+        0.25,
+    )

@@ -415,3 +415,29 @@ async def test_a_bulk_action_reaches_the_matching_tasks_of_every_shard_by_id(
     assert (rest.acted, rest.last, rest.done) == (2, "b-10", True)
     states = {t.task_id: t.process_state for t in await sharded.tasks_async(limit=100)}
     assert {t for t, s in states.items() if s == sw.TaskState.PAUSED} == set(ids[::2])
+
+
+async def test_tasks_are_listed_by_filter_a_page_at_a_time_across_the_shards(
+    sharded: sw.App, shard_urls: list[str]
+) -> None:
+    """Oldest first over every shard, each page going on after the last task of the one
+    before, whichever shard holds that task; by tag too."""
+    ids = [f"p-{i:02}" for i in range(12)]
+    for i, task_id in enumerate(ids):
+        await sharded.submit_async("twice", i, task_id=task_id, tags={"half": str(i % 2)})
+    assert {ids_on(url).isdisjoint(ids) for url in shard_urls[:2]} == {False}  # both hold some
+    pages: list[list[str]] = []
+    after = None
+    while True:
+        page = await sharded.tasks_matching_async(sw.TaskFilter(), after=after, limit=5)
+        pages.append([t.task_id for t in page])
+        if len(page) < 5:
+            break
+        after = page[-1].task_id
+    assert pages == [ids[:5], ids[5:10], ids[10:]]
+    even = sw.TaskFilter(tags={"half": "0"}, states=frozenset({sw.TaskState.PENDING}))
+    first = await sharded.tasks_matching_async(even, limit=2)
+    rest = await sharded.tasks_matching_async(even, after=first[-1].task_id)
+    assert [t.task_id for t in [*first, *rest]] == ids[::2]
+    with pytest.raises(sw.TaskNotFound, match="no task 'gone'"):
+        await sharded.tasks_matching_async(sw.TaskFilter(), after="gone")

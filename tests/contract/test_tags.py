@@ -303,6 +303,16 @@ def _plan(store_url: str, query: str, search: str) -> str:
         "key": "'customer'",
         "value": "'c-42'",
         "tags": '\'{"customer": "c-42"}\'',
+        # The longer names first: ":after_at" is replaced before ":after", ":states" before
+        # ":state".
+        "after_at": "NULL",
+        "after": "NULL",
+        "states": "NULL",
+        "error": "NULL",
+        "created_after": "NULL",
+        "created_before": "NULL",
+        "finished_after": "NULL",
+        "finished_before": "NULL",
         "state": "NULL",
         "workflow": "NULL",
         "version": "NULL",

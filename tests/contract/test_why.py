@@ -180,6 +180,35 @@ async def test_a_pending_task_is_ranked_behind_those_before_it(store_url: str) -
     assert first.gate.schedulers == ("sched-1",)
     assert (first.gate.ahead, first.gate.rank) == (0, 1)
     assert (last.gate.ahead, last.gate.rank) == (2, 3)
+    # Of no tenant, alone: every claim is theirs.
+    assert (last.gate.tenant, last.gate.tenant_ahead, last.gate.share) == ("", 2, 1.0)
+
+
+async def test_a_ranked_task_says_its_rank_in_its_tenant_and_its_tenant_s_share(
+    store_url: str,
+) -> None:
+    """acme (weight 3) and globex (weight 1, unset) wait with tasks of one workflow: acme's
+    share of the claims is 3/4, globex's 1/4; each task's own tenant's tasks ahead of it are
+    counted apart from every task ahead."""
+    async with desk(store_url) as d:
+        for n, tenant in enumerate(("acme", "globex", "acme", "globex", "acme")):
+            await d.app.submit_async("quick", n, task_id=f"t{n}", tenant=tenant)
+        await beat_scheduler(store_url, "sched-1", (("quick", 1),))
+        store = await d.app.store()
+        await store.set_tenant_weight("acme", 3)
+        whys = {f"t{n}": (await d.why(f"t{n}")).gate for n in range(5)}
+        # A task of no tenant: its own share (weight 1) beside acme's and globex's.
+        await d.app.submit_async("quick", 9, task_id="mine")
+        mine = (await d.why("mine")).gate
+    assert all(g.reason == R.RANKED for g in whys.values())
+    assert [(g.tenant, g.ahead, g.tenant_ahead, g.share) for g in whys.values()] == [
+        ("acme", 0, 0, 0.75),
+        ("globex", 1, 0, 0.25),
+        ("acme", 2, 1, 0.75),
+        ("globex", 3, 1, 0.25),
+        ("acme", 4, 2, 0.75),
+    ]
+    assert (mine.tenant, mine.ahead, mine.tenant_ahead, mine.share) == ("", 5, 0, 0.2)
 
 
 async def test_a_delayed_start_a_timer_and_an_event_say_until_when(store_url: str) -> None:

@@ -207,6 +207,7 @@ def test_the_api_matches_its_openapi_document(served: Served) -> None:
         "POST /api/tasks/{task_id}/{action}",
         "POST /api/tasks/{task_id}/skip",
         "POST /api/actions",
+        "POST /api/bulk",
         "GET /api/alerts",
         "GET /api/agents",
         "GET /metrics",

@@ -89,9 +89,15 @@ def test_a_pending_task_goes_to_the_alive_schedulers_of_its_version_only() -> No
     assert (g.reason, g.since) == (R.NO_SCHEDULER, gone.heartbeat_at)
     g = task_gate(facts(task(), schedulers=(gone, scheduler("s1")), ahead=4))
     assert (g.reason, g.schedulers, g.ahead, g.rank) == (R.RANKED, ("s1",), 4, 5)
-    # An unheld compensating task is claimed as a pending one; its backoff comes first.
+    # A pending task's tenant: its own tasks ahead, and its share of the claims.
+    theirs = task(tenant="acme")
+    g = task_gate(facts(theirs, schedulers=(scheduler("s1"),), ahead=4, tenant_ahead=1, share=0.75))
+    assert (g.tenant, g.tenant_ahead, g.share) == ("acme", 1, 0.75)
+    # An unheld compensating task is claimed as a pending one, by rank alone (no tenant's
+    # share); its backoff comes first.
     comp = task(process_state=TaskState.COMPENSATING)
-    assert task_gate(facts(comp, schedulers=(scheduler("s1"),))).reason == R.RANKED
+    g = task_gate(facts(comp, schedulers=(scheduler("s1"),)))
+    assert (g.reason, g.tenant, g.tenant_ahead, g.share) == (R.RANKED, None, None, None)
     g = task_gate(facts(comp, eligible_at=NOW + timedelta(seconds=9)))
     assert (g.reason, g.until) == (R.BACKOFF, NOW + timedelta(seconds=9))
 

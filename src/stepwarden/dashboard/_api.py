@@ -21,7 +21,7 @@ from .. import _check, _json
 from .._text import SAFE_PATTERN, TENANT_PATTERN
 from ..app import App
 from ..errors import EventRefused, StepwardenError, StoreError, TaskNotFound, UnknownNameError
-from ..records import ActionOutcome
+from ..records import ActionOutcome, BulkFork, BulkPlan, BulkProgress, TaskFilter
 from ..states import TaskState
 from . import _metrics
 from ._auth import MAX_FAILURES, Guard
@@ -35,6 +35,8 @@ from ._models import (
     AgentsAnswer,
     AlertsAnswer,
     BulkAnswer,
+    BulkFilterAnswer,
+    BulkFilterRequest,
     BulkRequest,
     Error,
     ForkRequest,
@@ -498,6 +500,63 @@ def router(
             }
         )
 
+    @api.post(
+        "/api/bulk",
+        operation_id="bulkByFilter",
+        summary="A bulk action (retry, cancel, compensate, pause, resume, fork) on the tasks a "
+        "filter matches, as `stepwarden bulk` does: with plan, what it would do (the same "
+        "plan as `stepwarden bulk --plan`), changing nothing; otherwise at most batch tasks, "
+        "by task id, each as the action on one task would. The same request again goes on "
+        "with the rest, until done.",
+        openapi_extra={"security": SECURED},
+        responses=_answers(
+            r200=(BulkFilterAnswer, "The plan, or what this request did."),
+            r400=BAD,
+            r401=UNAUTHORISED,
+            r403=FORBIDDEN,
+            r429=THROTTLED,
+        ),
+    )
+    async def bulk_by_filter(body: BulkFilterRequest, identity: Identity) -> Response:
+        given = body.filter
+        match = TaskFilter(
+            states=frozenset(given.states),
+            workflow=given.workflow,
+            version=given.version,
+            error=given.error,
+            created_after=given.created_after,
+            created_before=given.created_before,
+            finished_after=given.finished_after,
+            finished_before=given.finished_before,
+            tenant=given.tenant,
+            tags=given.tags,
+        )
+        fork = None
+        if body.fork is not None:
+            fork = BulkFork(
+                start=body.fork.start, name=body.fork.name, new_keys_from=body.fork.new_keys_from
+            )
+        try:
+            if body.plan:
+                plan = await app.bulk_plan_async(match, body.action, after=body.after, fork=fork)
+                return json_response({"action": body.action, "plan": _plan(plan), "progress": None})
+            progress = await app.bulk_async(
+                match,
+                body.action,
+                batch=body.batch,
+                limit=body.batch,
+                after=body.after,
+                fork=fork,
+                reason=body.reason,
+                by=DEFAULT_BY if body.by is None else body.by,
+                identity=identity,
+            )
+        except StoreError:
+            raise
+        except StepwardenError as exc:
+            raise BadRequest(str(exc)) from None
+        return json_response({"action": body.action, "plan": None, "progress": _done(progress)})
+
     @api.get(
         "/api/alerts",
         operation_id="listAlerts",
@@ -574,6 +633,30 @@ def router(
         return Response(await _metrics.render(app), media_type=_metrics.CONTENT_TYPE)
 
     return api
+
+
+def _plan(plan: BulkPlan) -> dict[str, Any]:
+    return {
+        "matched": plan.matched,
+        "by_workflow": [
+            {"workflow": name, "version": version, "tasks": n}
+            for (name, version), n in sorted(plan.by_workflow.items())
+        ],
+        "moves": dict(sorted(plan.moves.items())),
+        "steps": dict(plan.steps),
+        "sample": list(plan.sample),
+        "skipped": plan.skipped,
+    }
+
+
+def _done(progress: BulkProgress) -> dict[str, Any]:
+    return {
+        "acted": progress.acted,
+        "refused": progress.refused,
+        "skipped": progress.skipped,
+        "last": progress.last,
+        "done": progress.done,
+    }
 
 
 def _checked(what: str, value: str) -> None:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -27,7 +28,7 @@ from .._check import (
     MAX_TAGS,
     TAG_KEY_PATTERN,
 )
-from .._text import SAFE_PATTERN
+from .._text import SAFE_PATTERN, TENANT_PATTERN
 from ..records import WaitReason
 from ..states import StepState, TaskState
 
@@ -35,6 +36,8 @@ TASK_ACTIONS = ("retry", "skip", "pause", "resume", "cancel", "compensate")
 BULK_ACTIONS = ("retry", "pause", "resume", "cancel", "compensate")
 MAX_LIST = 1000
 MAX_BULK = 10_000
+MAX_BULK_BATCH = 1000
+"""The most tasks one request of `POST /api/bulk` acts on: a larger bulk is called again."""
 MAX_EVENT_ID = 2**63 - 1
 API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
@@ -200,6 +203,93 @@ class BulkRequest(_Closed):
         return self
 
 
+class TaskFilter(_Closed):
+    """Which tasks a bulk action reaches (`stepwarden.TaskFilter`, as `stepwarden bulk`
+    takes it): each field given narrows them, and a task matches when it meets every one."""
+
+    states: list[TaskState] = Field(
+        default_factory=list,
+        max_length=len(TaskState),
+        description="Any of these states (none: any state); only those in a state the "
+        "action moves are reached (retry: error, compensation_failed; resume: paused; ...).",
+    )
+    workflow: Name | None = None
+    version: StepNumber | None = Field(  # type: ignore[valid-type]
+        default=None, description="Only the tasks that run this version of their workflow."
+    )
+    error: Reason | None = Field(
+        default=None, description="Only the tasks whose error contains this text (case-sensitive)."
+    )
+    created_after: AwareDatetime | None = Field(
+        default=None, description="Created at or after this time (with its time zone)."
+    )
+    created_before: AwareDatetime | None = Field(default=None, description="Created before it.")
+    finished_after: AwareDatetime | None = Field(
+        default=None, description="Finished at or after this time (an unfinished task: never)."
+    )
+    finished_before: AwareDatetime | None = Field(default=None, description="Finished before it.")
+    tenant: Annotated[str, Field(pattern=f"^({TENANT_PATTERN.pattern})?$")] | None = Field(
+        default=None, description='Only the tasks of this tenant ("": those of none).'
+    )
+    tags: Tags | None = Field(default=None, description="Only the tasks that have every tag.")
+
+
+class BulkFork(_Closed):
+    """A bulk fork's: each task forked from `from` under the id TASK~`as` (the same `as`
+    again forks no task twice), as `POST /api/tasks/{id}/fork` does."""
+
+    start: Name = Field(alias="from", description="The place of the first step that runs again.")
+    name: Name = Field(alias="as", description="Each fork's id is TASK~NAME.")
+    new_keys_from: StepNumber | None = Field(  # type: ignore[valid-type]
+        default=None, description="The steps of this seq and after run under new keys."
+    )
+
+
+class BulkFilterRequest(_Closed):
+    """A bulk action by filter, as `stepwarden bulk ACTION` does it: with plan, what it would
+    do (the same plan as `stepwarden bulk --plan`), changing nothing; otherwise at most
+    `batch` tasks by task id, each as the action on one task would (its rules, its history
+    entry). Resumable: the tasks acted on no longer match, so the same request again goes
+    on with the rest (with `after`: after that task id only)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"properties": {"action": {"const": "fork"}}, "required": ["fork"]},
+                {
+                    "properties": {"action": {"enum": list(BULK_ACTIONS)}},
+                    "not": {"required": ["fork"]},
+                },
+            ]
+        },
+    )
+
+    action: Literal["retry", "cancel", "compensate", "pause", "resume", "fork"]
+    filter: TaskFilter = Field(default_factory=TaskFilter)
+    plan: Flag = Field(default=False, description="Answer the plan only; change nothing.")
+    batch: _int(1, MAX_BULK_BATCH) = Field(  # type: ignore[valid-type]
+        default=100, description=f"Tasks acted on in this request, at most (1 to {MAX_BULK_BATCH})."
+    )
+    after: Annotated[str, Field(max_length=MAX_NAME)] = Field(
+        default="", description="Only the tasks whose id comes after this one (a cursor: last)."
+    )
+    # Left out, not sent as null: SkipJsonSchema keeps None out of the schema.
+    fork: SkipJsonSchema[None] | BulkFork = Field(
+        default=None, description="A fork's, and a fork's only."
+    )
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who acts (default: dashboard).")
+
+    @model_validator(mode="after")
+    def _fork_alone(self) -> BulkFilterRequest:
+        if "fork" in self.model_fields_set and self.fork is None:
+            raise ValueError("fork may be left out, not null")
+        if (self.action == "fork") != (self.fork is not None):
+            raise ValueError("a bulk fork, and it alone, takes fork (from, as)")
+        return self
+
+
 # -- answers ------------------------------------------------------------------------------
 
 
@@ -225,6 +315,46 @@ class BulkAnswer(_Closed):
     applied: int = Field(description="Tasks changed (in a dry run: that would be).")
     refused: int
     outcomes: list[Outcome]
+
+
+class WorkflowCount(_Closed):
+    workflow: str
+    version: int
+    tasks: int
+
+
+class BulkPlanAnswer(_Closed):
+    """What the bulk action would do, changing nothing (`stepwarden.BulkPlan`)."""
+
+    matched: int = Field(description="The tasks that match, in a state the action moves.")
+    by_workflow: list[WorkflowCount] = Field(description="By workflow, then version.")
+    moves: dict[str, int] = Field(
+        description='Per move: "error -> pending"; a fork\'s "processed -> fork", or '
+        '"refused" for a task the fork refuses.'
+    )
+    steps: dict[Literal["kept", "same_key", "new_key", "undone"], int] = Field(
+        description="A retry's or a fork's: the recorded steps of them all, per plan."
+    )
+    sample: list[str] = Field(description="The first 5 task ids, by id.")
+    skipped: int = Field(description="A bulk fork's: the tasks forked so before.")
+
+
+class BulkProgressAnswer(_Closed):
+    """What this request did (`stepwarden.BulkProgress`)."""
+
+    acted: int
+    refused: int = Field(description="Moved meanwhile: left as they are.")
+    skipped: int = Field(description="A bulk fork's: the tasks forked so before.")
+    last: str | None = Field(description="The last task id reached; after it, the rest.")
+    done: bool = Field(
+        description="None was left to reach; false: call again (with after=last) for more."
+    )
+
+
+class BulkFilterAnswer(_Closed):
+    action: str
+    plan: BulkPlanAnswer | None = Field(description="With plan: what it would do.")
+    progress: BulkProgressAnswer | None = Field(description="Without plan: what it did.")
 
 
 class TaskSummary(_Closed):
@@ -453,6 +583,12 @@ class Gate(_Closed):
     schedulers: list[str] = Field(description="The alive schedulers that run the task's version.")
     ahead: int | None = Field(description="Tasks (or requests of the agent) before it.")
     rank: int | None = Field(description="Its place in the claim order (ahead + 1).")
+    tenant: str | None = Field(description='A pending task\'s tenant ("": none), for its share.')
+    tenant_ahead: int | None = Field(description="Of its own tenant's tasks, those before it.")
+    share: float | None = Field(
+        description="The part of the claims its tenant gets while every tenant with tasks of "
+        "its (workflow, version) waiting has work: its weight over theirs added up.",
+    )
     holder: str | None = Field(description="The instance that holds it.")
     holder_alive: bool | None
     beat_age: float | None = Field(description="Seconds since the holder's last beat.")

@@ -443,6 +443,8 @@ def task_facts(
         now=at(row["now"]),
         eligible_at=at(row["eligible_at"]),
         ahead=int(row["ahead"]),
+        tenant_ahead=int(row["tenant_ahead"]),
+        share=float(row["tenant_weight"]) / float(row["weights"]),
         waits=tuple(wait_fact(w) for w in waits),
         children=child_facts(waits),
         paused=pause_fact(marks),

@@ -29,7 +29,13 @@ import orjson
 from .._aio import first
 from .._batch import Batcher
 from .._json import holds_secret, tags_text
-from ..errors import ConfigurationError, KeyringError, SchemaVersionError, TransientStoreError
+from ..errors import (
+    ConfigurationError,
+    KeyringError,
+    SchemaVersionError,
+    TaskNotFound,
+    TransientStoreError,
+)
 from ..records import (
     ActionOutcome,
     Activity,
@@ -490,17 +496,38 @@ class Store(abc.ABC):
     ) -> list[TaskRecord]:
         """Tasks, optionally of one state, one workflow, one version and one tenant ("":
         the tasks of none), and having every tag of `tags`, oldest first."""
-        filters = {
-            "state": None if state is None else str(state),
-            "workflow": workflow,
-            "tenant": tenant,
-        }
-        if tags:
-            rows = await self._read_one(
-                "list_tagged_tasks", **filters, **_tagged(tags), version=version, limit=limit
-            )
+        match = TaskFilter(
+            states=frozenset() if state is None else frozenset({state}),
+            workflow=workflow,
+            version=version,
+            tenant=tenant,
+            tags=tags or None,
+        )
+        return await self.list_matching(match, limit=limit)
+
+    async def list_matching(
+        self,
+        match: TaskFilter,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        after_at: datetime | None = None,
+    ) -> list[TaskRecord]:
+        """The tasks `match` matches, oldest first (by created_at, then task id), those after
+        the task `after` only (a cursor: the last task of the page before). `after_at` is
+        that task's created_at, for a store that does not hold it (a shard); without it, an
+        `after` that names no task is TaskNotFound. Tags are read through their index."""
+        if after is not None and after_at is None:
+            cursor = await self.get_task(after)
+            if cursor is None:
+                raise TaskNotFound(f"no task {after!r} to list the tasks after")
+            after_at = cursor.created_at
+        params = {**_filtered(match), "after": after, "after_at": _epoch(after_at)}
+        if match.tags:
+            params.update(_tagged(match.tags))
+            rows = await self._read_one("list_tagged_tasks", **params, limit=limit)
         else:
-            rows = await self._read_one("list_tasks", **filters, version=version, limit=limit)
+            rows = await self._read_one("list_tasks", **params, limit=limit)
         return [_rows.task_record(r, self.keys) for r in rows]
 
     async def select_tasks(

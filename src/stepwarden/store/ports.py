@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from ..records import (
@@ -135,6 +136,14 @@ class ReadPort(Protocol):
     async def select_tasks(
         self, match: TaskFilter, *, after: str = "", limit: int = 100
     ) -> list[TaskRecord]: ...
+    async def list_matching(
+        self,
+        match: TaskFilter,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        after_at: datetime | None = None,
+    ) -> list[TaskRecord]: ...
     async def count_tasks(self) -> dict[TaskState, int]: ...
     async def client_unfinished(self, client: str) -> int: ...
     async def find_tasks(
@@ -206,6 +215,14 @@ class ApplicationPort(WakeupPort, Protocol):
     ) -> list[TaskRecord]: ...
     async def select_tasks(
         self, match: TaskFilter, *, after: str = "", limit: int = 100
+    ) -> list[TaskRecord]: ...
+    async def list_matching(
+        self,
+        match: TaskFilter,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        after_at: datetime | None = None,
     ) -> list[TaskRecord]: ...
     async def list_agents(self) -> list[AgentInstance]: ...
     async def list_schedulers(self) -> list[SchedulerInstance]: ...

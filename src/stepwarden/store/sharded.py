@@ -27,11 +27,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError, TransientStoreError
+from ..errors import ConfigurationError, TaskNotFound, TransientStoreError
 from ..placement import Generation, ShardMap
 from ..records import (
     ActionOutcome,
@@ -510,6 +511,25 @@ class ShardedStore:
                 tenant=tenant,
                 tags=tags,
             )
+        )
+        merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
+        return list(itertools.islice(merged, limit))
+
+    async def list_matching(
+        self,
+        match: TaskFilter,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        after_at: datetime | None = None,
+    ) -> list[TaskRecord]:
+        if after is not None and after_at is None:
+            cursor = await self.get_task(after)
+            if cursor is None:
+                raise TaskNotFound(f"no task {after!r} to list the tasks after")
+            after_at = cursor.created_at  # the other shards compare with it
+        found = await self._each(
+            lambda p: p.list_matching(match, after=after, limit=limit, after_at=after_at)
         )
         merged = heapq.merge(*found, key=lambda t: (t.created_at, t.task_id))
         return list(itertools.islice(merged, limit))

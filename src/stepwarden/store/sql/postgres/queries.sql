@@ -1109,14 +1109,33 @@ ON CONFLICT DO NOTHING
 SELECT * FROM stepwarden_steps WHERE task_id = %(task_id)s ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state, one workflow, one version and one tenant, oldest first (run
--- unprepared).
-SELECT * FROM stepwarden_tasks
-WHERE (%(state)s::text IS NULL OR process_state = %(state)s::text)
-  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
-  AND (%(version)s::int IS NULL OR version = %(version)s::int)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-ORDER BY created_at, task_id
+-- The tasks a filter matches (records.TaskFilter, for `stepwarden tasks`), oldest first
+-- (created_at, then task id bytewise, so that shards merge in the same order), those after the
+-- cursor after only (NULL: from the first): a task id, whose created_at is read here, or
+-- taken from after_at (an epoch) on a shard that does not hold it; states a JSON array (NULL:
+-- any), times as epochs (run unprepared).
+SELECT * FROM stepwarden_tasks AS t
+WHERE (%(after)s::text IS NULL
+       OR t.created_at > coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                   WHERE a.task_id = %(after)s::text),
+                                  to_timestamp(%(after_at)s::float8))
+       OR (t.created_at = coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                    WHERE a.task_id = %(after)s::text),
+                                   to_timestamp(%(after_at)s::float8))
+           AND t.task_id COLLATE "C" > %(after)s::text))
+  AND (%(states)s::json IS NULL
+       OR t.process_state IN (SELECT json_array_elements_text(%(states)s::json)))
+  AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+  AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+  AND (%(error)s::text IS NULL OR strpos(t.error, %(error)s::text) > 0)
+  AND (%(created_after)s::float8 IS NULL OR t.created_at >= to_timestamp(%(created_after)s::float8))
+  AND (%(created_before)s::float8 IS NULL OR t.created_at < to_timestamp(%(created_before)s::float8))
+  AND (%(finished_after)s::float8 IS NULL
+       OR t.finished_at >= to_timestamp(%(finished_after)s::float8))
+  AND (%(finished_before)s::float8 IS NULL
+       OR t.finished_at < to_timestamp(%(finished_before)s::float8))
+ORDER BY t.created_at, t.task_id COLLATE "C"
 LIMIT %(limit)s
 
 -- name: select_tasks
@@ -1146,20 +1165,36 @@ ORDER BY t.task_id COLLATE "C"
 LIMIT %(limit)s
 
 -- name: list_tagged_tasks
--- list_tasks (and its tenant) of the tasks that have every tag of the JSON object tags, read through the
+-- list_tasks of the tasks that have every tag of the JSON object tags, read through the
 -- tags' index on (key, value) from one of them (key, value) (run unprepared).
 SELECT t.* FROM stepwarden_task_tags AS g
 JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
 WHERE g.key = %(key)s::text AND g.value = %(value)s::text
-  AND (%(state)s::text IS NULL OR t.process_state = %(state)s::text)
+  AND (%(after)s::text IS NULL
+       OR t.created_at > coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                   WHERE a.task_id = %(after)s::text),
+                                  to_timestamp(%(after_at)s::float8))
+       OR (t.created_at = coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                    WHERE a.task_id = %(after)s::text),
+                                   to_timestamp(%(after_at)s::float8))
+           AND t.task_id COLLATE "C" > %(after)s::text))
+  AND (%(states)s::json IS NULL
+       OR t.process_state IN (SELECT json_array_elements_text(%(states)s::json)))
   AND (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
   AND (%(version)s::int IS NULL OR t.version = %(version)s::int)
   AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+  AND (%(error)s::text IS NULL OR strpos(t.error, %(error)s::text) > 0)
+  AND (%(created_after)s::float8 IS NULL OR t.created_at >= to_timestamp(%(created_after)s::float8))
+  AND (%(created_before)s::float8 IS NULL OR t.created_at < to_timestamp(%(created_before)s::float8))
+  AND (%(finished_after)s::float8 IS NULL
+       OR t.finished_at >= to_timestamp(%(finished_after)s::float8))
+  AND (%(finished_before)s::float8 IS NULL
+       OR t.finished_at < to_timestamp(%(finished_before)s::float8))
   AND NOT EXISTS (SELECT 1 FROM json_each_text(%(tags)s::json) AS w
                   WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
                                     WHERE m.task_id = t.task_id AND m.key = w.key
                                       AND m.value = w.value))
-ORDER BY t.created_at, t.task_id
+ORDER BY t.created_at, t.task_id COLLATE "C"
 LIMIT %(limit)s
 
 -- name: client_unfinished
@@ -2034,9 +2069,24 @@ WHERE o.id = d.id AND o.detail::text = d.old
 
 -- name: why_task
 -- A task, the store's clock, and how many tasks of its (workflow, version) are ahead of it in
--- the claim order (pending, or compensating and unheld, eligible now, ranked before it): the
--- facts of `rules.task_gate`, read through the claim indexes.
+-- the claim order (pending, or compensating and unheld, eligible now, ranked before it); for
+-- a pending task, how many of its own tenant's are ahead of it, its tenant's weight, and the
+-- weights of the tenants with pending tasks of its (workflow, version) eligible now, its own
+-- among them, added up (`rules.fair_shares`): the facts of `rules.task_gate`, read through
+-- the claim indexes.
 SELECT t.*, now() AS now,
+       (SELECT count(*) FROM stepwarden_tasks AS x
+        WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+          AND x.version = t.version AND x.tenant = t.tenant AND x.eligible_at <= now()
+          AND x.ranked_at < t.ranked_at) AS tenant_ahead,
+       coalesce((SELECT n.weight FROM stepwarden_tenants AS n WHERE n.tenant = t.tenant), 1)
+         AS tenant_weight,
+       (SELECT sum(coalesce(n.weight, 1))
+        FROM (SELECT DISTINCT x.tenant FROM stepwarden_tasks AS x
+              WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+                AND x.version = t.version AND x.eligible_at <= now()
+              UNION SELECT t.tenant) AS d
+        LEFT JOIN stepwarden_tenants AS n ON n.tenant = d.tenant) AS weights,
        (SELECT count(*) FROM stepwarden_tasks AS x
         WHERE x.process_state = 'pending' AND x.workflow = t.workflow
           AND x.version = t.version AND x.eligible_at <= now() AND x.ranked_at < t.ranked_at)

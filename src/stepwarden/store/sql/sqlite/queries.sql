@@ -748,13 +748,28 @@ ON CONFLICT DO NOTHING
 SELECT * FROM stepwarden_steps WHERE task_id = :task_id ORDER BY seq
 
 -- name: list_tasks
--- Tasks, optionally of one state, one workflow, one version and one tenant, oldest first.
-SELECT * FROM stepwarden_tasks
-WHERE (:state IS NULL OR process_state = :state)
-  AND (:workflow IS NULL OR workflow = :workflow)
-  AND (:version IS NULL OR version = :version)
-  AND (:tenant IS NULL OR tenant = :tenant)
-ORDER BY created_at, task_id
+-- The tasks a filter matches (records.TaskFilter, for `stepwarden tasks`), oldest first
+-- (created_at, then task id), those after the cursor :after only (NULL: from the first): a
+-- task id, whose created_at is read here, or taken from :after_at on a shard that does not
+-- hold it; :states a JSON array (NULL: any), times as epochs.
+SELECT * FROM stepwarden_tasks AS t
+WHERE 1
+  AND (:after IS NULL
+       OR t.created_at > coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                   WHERE a.task_id = :after), :after_at)
+       OR (t.created_at = coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                    WHERE a.task_id = :after), :after_at)
+           AND t.task_id > :after))
+  AND (:states IS NULL OR t.process_state IN (SELECT value FROM json_each(:states)))
+  AND (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:version IS NULL OR t.version = :version)
+  AND (:tenant IS NULL OR t.tenant = :tenant)
+  AND (:error IS NULL OR instr(t.error, :error) > 0)
+  AND (:created_after IS NULL OR t.created_at >= :created_after)
+  AND (:created_before IS NULL OR t.created_at < :created_before)
+  AND (:finished_after IS NULL OR t.finished_at >= :finished_after)
+  AND (:finished_before IS NULL OR t.finished_at < :finished_before)
+ORDER BY t.created_at, t.task_id
 LIMIT :limit
 
 -- name: select_tasks
@@ -781,15 +796,26 @@ ORDER BY t.task_id
 LIMIT :limit
 
 -- name: list_tagged_tasks
--- list_tasks (and its tenant) of the tasks that have every tag of :tags (a JSON object), read through the
+-- list_tasks of the tasks that have every tag of :tags (a JSON object), read through the
 -- tags' index on (key, value) from one of them (:key, :value).
 SELECT t.* FROM stepwarden_task_tags AS g INDEXED BY stepwarden_task_tags_key_value
 JOIN stepwarden_tasks AS t ON t.task_id = g.task_id
 WHERE g.key = :key AND g.value = :value
-  AND (:state IS NULL OR t.process_state = :state)
+  AND (:after IS NULL
+       OR t.created_at > coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                   WHERE a.task_id = :after), :after_at)
+       OR (t.created_at = coalesce((SELECT a.created_at FROM stepwarden_tasks AS a
+                                    WHERE a.task_id = :after), :after_at)
+           AND t.task_id > :after))
+  AND (:states IS NULL OR t.process_state IN (SELECT value FROM json_each(:states)))
   AND (:workflow IS NULL OR t.workflow = :workflow)
   AND (:version IS NULL OR t.version = :version)
   AND (:tenant IS NULL OR t.tenant = :tenant)
+  AND (:error IS NULL OR instr(t.error, :error) > 0)
+  AND (:created_after IS NULL OR t.created_at >= :created_after)
+  AND (:created_before IS NULL OR t.created_at < :created_before)
+  AND (:finished_after IS NULL OR t.finished_at >= :finished_after)
+  AND (:finished_before IS NULL OR t.finished_at < :finished_before)
   AND NOT EXISTS (SELECT 1 FROM json_each(:tags) AS w
                   WHERE NOT EXISTS (SELECT 1 FROM stepwarden_task_tags AS m
                                     WHERE m.task_id = t.task_id AND m.key = w.key
@@ -1545,9 +1571,24 @@ UPDATE stepwarden_outbox SET detail = :doc WHERE id = :id AND detail = :old
 
 -- name: why_task
 -- A task, the store's clock, and how many tasks of its (workflow, version) are ahead of it in
--- the claim order (pending, or compensating and unheld, eligible now, ranked before it): the
--- facts of `rules.task_gate`, read through the claim indexes.
+-- the claim order (pending, or compensating and unheld, eligible now, ranked before it); for
+-- a pending task, how many of its own tenant's are ahead of it, its tenant's weight, and the
+-- weights of the tenants with pending tasks of its (workflow, version) eligible now, its own
+-- among them, added up (`rules.fair_shares`): the facts of `rules.task_gate`, read through
+-- the claim indexes.
 SELECT t.*, :now AS now,
+       (SELECT count(*) FROM stepwarden_tasks AS x
+        WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+          AND x.version = t.version AND x.tenant = t.tenant AND x.eligible_at <= :now
+          AND x.ranked_at < t.ranked_at) AS tenant_ahead,
+       coalesce((SELECT n.weight FROM stepwarden_tenants AS n WHERE n.tenant = t.tenant), 1)
+         AS tenant_weight,
+       (SELECT sum(coalesce(n.weight, 1))
+        FROM (SELECT DISTINCT x.tenant FROM stepwarden_tasks AS x
+              WHERE x.process_state = 'pending' AND x.workflow = t.workflow
+                AND x.version = t.version AND x.eligible_at <= :now
+              UNION SELECT t.tenant) AS d
+        LEFT JOIN stepwarden_tenants AS n ON n.tenant = d.tenant) AS weights,
        (SELECT count(*) FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_pending
         WHERE x.process_state = 'pending' AND x.workflow = t.workflow
           AND x.version = t.version AND x.eligible_at <= :now AND x.ranked_at < t.ranked_at)
