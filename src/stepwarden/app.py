@@ -1350,29 +1350,44 @@ class App:
         return fork
 
     async def bulk_plan_async(
-        self, match: TaskFilter, action: str, *, after: str = "", fork: BulkFork | None = None
+        self,
+        match: TaskFilter,
+        action: str,
+        *,
+        after: str = "",
+        fork: BulkFork | None = None,
+        limit: int | None = None,
     ) -> BulkPlan:
         """What `bulk_async(match, action)` would do, changing nothing: the tasks `match`
         matches in a state `action` moves (a filter of other states alone matches none), their
         count per (workflow, version) and per move, for a retry or a fork the plan of their
         recorded steps summed (`retry_plan`, `fork(plan=True)`), and the first 5 task ids;
-        with `after`, of the tasks whose id comes after it only (as `bulk_async`)."""
+        with `after`, of the tasks whose id comes after it only (as `bulk_async`). With
+        `limit`, of the first `limit` of them by id only: the plan's `last` is the last id
+        it read, and `done` False when there may be more (`after=last` plans the next ones)."""
         _check.text("after", after)
+        if limit is not None:
+            _check.integer("limit", limit, 1)
         narrowed = self._bulk_filter(match, action)
         forking = self._bulk_fork(action, fork)
         store = await self.store()
-        matched = skipped = 0
+        matched = skipped = skipped_forks = 0
         by_workflow: dict[tuple[str, int], int] = {}
         moves: dict[str, int] = {}
         steps: dict[str, int] = {}
         sample: list[str] = []
+        last: str | None = None
+        done = True
         while narrowed is not None:
-            found = await store.select_tasks(narrowed, after=after, limit=500)
+            page = 500 if limit is None else min(500, limit - matched - skipped_forks)
+            found = await store.select_tasks(narrowed, after=after, limit=page)
             for t in found:
+                last = t.task_id
                 planned: Sequence[StepPlan] = ()
                 if forking is not None:
                     new_id = bulk_fork_id(t.task_id, forking.name)
                     if new_id is None:
+                        skipped_forks += 1
                         continue  # a fork this bulk made
                     if await store.get_task(new_id) is not None:
                         move = None
@@ -1399,17 +1414,27 @@ class App:
                     sample.append(t.task_id)
                 for p in planned:
                     steps[p.plan] = steps.get(p.plan, 0) + 1
-            if len(found) < 500:
+            if len(found) < page:
                 break
             after = found[-1].task_id
+            if limit is not None and matched + skipped_forks >= limit:
+                done = False
+                break
         return BulkPlan(action=action, matched=matched, by_workflow=by_workflow, moves=moves,
-                        steps=steps, sample=tuple(sample), skipped=skipped)  # fmt: skip
+                        steps=steps, sample=tuple(sample), skipped=skipped, last=last,
+                        done=done)  # fmt: skip
 
     def bulk_plan(
-        self, match: TaskFilter, action: str, *, after: str = "", fork: BulkFork | None = None
+        self,
+        match: TaskFilter,
+        action: str,
+        *,
+        after: str = "",
+        fork: BulkFork | None = None,
+        limit: int | None = None,
     ) -> BulkPlan:
         """The blocking form of `bulk_plan_async`."""
-        return self._call(self.bulk_plan_async(match, action, after=after, fork=fork))
+        return self._call(self.bulk_plan_async(match, action, after=after, fork=fork, limit=limit))
 
     async def bulk_async(
         self,

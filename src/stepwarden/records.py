@@ -1077,6 +1077,11 @@ class BulkPlan:
     skipped: int = 0
     """A bulk fork's: the tasks whose fork is there already (counted in `matched`, and in no
     move)."""
+    last: str | None = None
+    """The last task id the plan read (None: it read none); with a limit, the next plan goes
+    on after it."""
+    done: bool = True
+    """False when a limit stopped the plan before the tasks that match ran out."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -87,6 +87,8 @@ async def test_a_bulk_retry_s_plan_counts_the_matching_tasks_and_changes_nothing
         moves={"error -> pending": 3},
         steps={"kept": 3, "same_key": 3},  # reserve kept, charge run again under its key
         sample=("o-1", "o-2", "o-4"),
+        last="o-4",
+        done=True,
     )
     assert await _states(app) == before
     # A filter of states the action does not move matches nothing.
@@ -97,6 +99,29 @@ async def test_a_bulk_retry_s_plan_counts_the_matching_tasks_and_changes_nothing
     assert anywhere.matched == 4
     assert anywhere.by_workflow == {("order", 1): 3, ("refund", 1): 1}
     assert anywhere.sample == ("o-1", "o-2", "o-4", "r-1")
+
+
+async def test_a_plan_with_a_limit_plans_that_many_and_goes_on_after_its_last(
+    shop: sw.App,
+) -> None:
+    """A plan of the first `limit` tasks by id only (the dashboard's `POST /api/bulk` plans
+    at most 10,000 a request): it says where it stopped, and the next plan goes on after it,
+    until done; the pages add up to the whole plan."""
+    app = shop
+    await _failed_orders(app)
+    anywhere = sw.TaskFilter(error="declined")
+    pages = []
+    after = ""
+    while True:
+        page = await app.bulk_plan_async(anywhere, "retry", after=after, limit=3)
+        pages.append((page.matched, page.last, page.done))
+        if page.done:
+            break
+        assert page.last is not None
+        after = page.last
+    assert pages == [(3, "o-4", False), (1, "r-1", True)]
+    with pytest.raises(sw.ConfigurationError):
+        await app.bulk_plan_async(anywhere, "retry", limit=0)
 
 
 async def test_a_bulk_retry_stopped_at_a_limit_then_run_again_acts_on_each_task_once(
@@ -197,6 +222,7 @@ async def test_a_bulk_fork_forks_each_matching_task_once_and_leaves_its_forks_al
         moves={"error -> fork": 3},
         steps={"kept": 3, "new_key": 3},
         sample=("o-1", "o-2", "o-4"),
+        last="o-4",
     )
     assert len(await _states(app)) == 6  # nothing made
     first = await app.bulk_async(declined, "fork", fork=fork, limit=2, by="ops")

@@ -94,6 +94,8 @@ async def test_the_plan_is_the_command_line_s_and_changes_nothing(served: Served
             "steps": {"same_key": 3},
             "sample": ["o-1", "o-2", "o-4"],
             "skipped": 0,
+            "last": "o-4",
+            "done": True,
         },
         "progress": None,
     }

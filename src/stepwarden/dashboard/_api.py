@@ -28,6 +28,7 @@ from ._auth import MAX_FAILURES, Guard
 from ._data import Reader
 from ._models import (
     MAX_BULK,
+    MAX_BULK_PLAN,
     MAX_EVENT_ID,
     MAX_LIST,
     TAG_PATTERN,
@@ -538,7 +539,9 @@ def router(
             )
         try:
             if body.plan:
-                plan = await app.bulk_plan_async(match, body.action, after=body.after, fork=fork)
+                plan = await app.bulk_plan_async(
+                    match, body.action, after=body.after, fork=fork, limit=MAX_BULK_PLAN
+                )
                 return json_response({"action": body.action, "plan": _plan(plan), "progress": None})
             progress = await app.bulk_async(
                 match,
@@ -646,6 +649,8 @@ def _plan(plan: BulkPlan) -> dict[str, Any]:
         "steps": dict(plan.steps),
         "sample": list(plan.sample),
         "skipped": plan.skipped,
+        "last": plan.last,
+        "done": plan.done,
     }
 
 

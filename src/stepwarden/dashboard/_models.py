@@ -38,6 +38,9 @@ MAX_LIST = 1000
 MAX_BULK = 10_000
 MAX_BULK_BATCH = 1000
 """The most tasks one request of `POST /api/bulk` acts on: a larger bulk is called again."""
+MAX_BULK_PLAN = 10_000
+"""The most tasks one request of `POST /api/bulk` plans: a plan of more is asked again
+with `after` its `last`, until `done`."""
 MAX_EVENT_ID = 2**63 - 1
 API_BODY = 2 * 1024 * 1024
 """The largest body of an API request, in bytes (a skipped step's result may be 1 MiB)."""
@@ -337,6 +340,11 @@ class BulkPlanAnswer(_Closed):
     )
     sample: list[str] = Field(description="The first 5 task ids, by id.")
     skipped: int = Field(description="A bulk fork's: the tasks forked so before.")
+    last: str | None = Field(description="The last task id planned; after it, the rest.")
+    done: bool = Field(
+        description=f"False: more than {MAX_BULK_PLAN:,} tasks were left to plan; ask again "
+        "with after=last for the plan of the next ones."
+    )
 
 
 class BulkProgressAnswer(_Closed):
