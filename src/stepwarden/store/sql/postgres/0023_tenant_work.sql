@@ -2,7 +2,7 @@
 -- (`fair_tenants`) to find the few tenants of least pass it serves (`rules.fair_shares` gives
 -- claims only to the `limit` tenants of least pass), instead of walking the index of
 -- migration 0021 one probe a tenant. A row says that the tenant may have pending tasks of
--- the pair; the trigger below writes it in the statement that makes a task pending (a
+-- the pair; the triggers below write it in the statement that makes a task pending (a
 -- submit, a release, a delayed start come due), and a claim that finds a row with no
 -- pending task behind it deletes it. Its `pass` is the tenant's pass as the claims order
 -- them, never above the tenant's own (max(fair clock, stepwarden_tenants.pass)): the
@@ -27,30 +27,51 @@ CREATE TABLE stepwarden_tenant_work (
 CREATE INDEX stepwarden_tenant_work_pass
     ON stepwarden_tenant_work (workflow, version, pass, tenant);
 
-CREATE FUNCTION stepwarden_tenant_work_pending() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A (tenant, workflow, version) noted as one with work waiting, in the transaction that
+-- makes one of its tasks pending: its row held (FOR KEY SHARE) until the commit, or written
+-- when there is none (at the pass the claims would give it now). A row a claim deletes
+-- meanwhile is written again.
+CREATE FUNCTION stepwarden_tenant_work_note(t text, w text, v integer) RETURNS void
+LANGUAGE plpgsql AS $$
 BEGIN
     LOOP
-        PERFORM 1 FROM stepwarden_tenant_work w
-        WHERE w.tenant = NEW.tenant AND w.workflow = NEW.workflow AND w.version = NEW.version
+        PERFORM 1 FROM stepwarden_tenant_work k
+        WHERE k.tenant = t AND k.workflow = w AND k.version = v
         FOR KEY SHARE;
         EXIT WHEN FOUND;
         INSERT INTO stepwarden_tenant_work (tenant, workflow, version, pass)
-        SELECT NEW.tenant, NEW.workflow, NEW.version, greatest(c.vtime, n.pass)
-        FROM stepwarden_fair_clock c LEFT JOIN stepwarden_tenants n ON n.tenant = NEW.tenant
+        SELECT t, w, v, greatest(c.vtime, n.pass)
+        FROM stepwarden_fair_clock c LEFT JOIN stepwarden_tenants n ON n.tenant = t
         WHERE c.id = 1
         ON CONFLICT DO NOTHING;
         EXIT WHEN FOUND;
     END LOOP;
+END $$;
+-- A submit's tasks: noted once a statement, each (tenant, workflow, version) once, in their
+-- order, so that submits side by side that name the same new tenants never wait for each
+-- other in a cycle.
+CREATE FUNCTION stepwarden_tenant_work_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM stepwarden_tenant_work_note(d.tenant, d.workflow, d.version)
+    FROM (SELECT DISTINCT tenant, workflow, version FROM new_tasks
+          WHERE process_state = 'pending' ORDER BY tenant, workflow, version) AS d;
     RETURN NULL;
 END $$;
 CREATE TRIGGER stepwarden_tenant_work_inserted AFTER INSERT ON stepwarden_tasks
-FOR EACH ROW WHEN (NEW.process_state = 'pending')
-EXECUTE FUNCTION stepwarden_tenant_work_pending();
+REFERENCING NEW TABLE AS new_tasks
+FOR EACH STATEMENT EXECUTE FUNCTION stepwarden_tenant_work_inserted();
+-- A task pending again (given back, released after its deadline, a delayed start come
+-- due), or moved to another (workflow, version) or tenant while pending.
+CREATE FUNCTION stepwarden_tenant_work_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM stepwarden_tenant_work_note(NEW.tenant, NEW.workflow, NEW.version);
+    RETURN NULL;
+END $$;
 CREATE TRIGGER stepwarden_tenant_work_updated
 AFTER UPDATE OF process_state, workflow, version, tenant ON stepwarden_tasks
 FOR EACH ROW WHEN (NEW.process_state = 'pending' AND (OLD.process_state <> 'pending'
     OR OLD.workflow <> NEW.workflow OR OLD.version <> NEW.version OR OLD.tenant <> NEW.tenant))
-EXECUTE FUNCTION stepwarden_tenant_work_pending();
+EXECUTE FUNCTION stepwarden_tenant_work_updated();
 
 INSERT INTO stepwarden_tenant_work (tenant, workflow, version, pass)
 SELECT t.tenant, t.workflow, t.version, greatest(c.vtime, n.pass)
