@@ -1,15 +1,19 @@
 """A fair claim reads only the few tenants of least pass (from the tenants with work
 waiting, migration 0023), and shares exactly as `rules.fair_shares` over every tenant
 waiting would: over many tenants of several weights, each draining in its turn and one
-coming back; and a task given back makes its tenant one with work waiting again."""
+coming back; a task given back makes its tenant one with work waiting again; and submits
+and claims side by side lose no tenant waiting."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from stepwarden.records import Submission
 from stepwarden.rules import TenantTurn, fair_shares
 from stepwarden.store import Store
+
+from ..rawsql import sql
 
 WORKFLOW = ["wf"]
 
@@ -78,3 +82,34 @@ async def test_a_task_given_back_makes_its_tenant_wait_again(store: Store) -> No
     await store.release_held("s2")  # solo's task is pending again
     back = Counter(c.task.tenant for c in await store.claim_tasks("s1", WORKFLOW, 3))
     assert back["solo"] == 1 and solo.task.task_id == "solo-0", back
+
+
+async def test_submits_and_claims_side_by_side_lose_no_tenant_waiting(
+    store: Store, store_url: str
+) -> None:
+    """Claims that drain tenants (and delete their rows of the tenants waiting) while those
+    tenants submit again, side by side: every tenant left with a task pending is one with
+    work waiting, and every task is claimed."""
+
+    async def submitter(tenant: str) -> None:
+        for i in range(40):
+            await _backlog(store, tenant, 1, start=i)
+
+    claimed: list[str] = []
+
+    async def claimer(name: str) -> None:
+        for _ in range(60):
+            claimed.extend(c.task.task_id for c in await store.claim_tasks(name, WORKFLOW, 2))
+
+    tenants = [f"t{i}" for i in range(4)]
+    await asyncio.gather(*(submitter(t) for t in tenants), claimer("s1"), claimer("s2"))
+    lost = sql(
+        store_url,
+        "SELECT DISTINCT t.tenant FROM stepwarden_tasks t WHERE t.process_state = 'pending'"
+        " AND NOT EXISTS (SELECT 1 FROM stepwarden_tenant_work k WHERE k.tenant = t.tenant"
+        " AND k.workflow = t.workflow AND k.version = t.version)",
+    )
+    assert lost == []
+    while batch := await store.claim_tasks("s1", WORKFLOW, 10):
+        claimed.extend(c.task.task_id for c in batch)
+    assert sorted(claimed) == sorted(f"{t}-{i}" for t in tenants for i in range(40))
