@@ -681,6 +681,52 @@ def fair_shares(turns: Sequence[TenantTurn], clock: float, limit: int) -> FairSh
     return FairShare({n: c for n, c in counts.items() if c}, max(clock, now))
 
 
+@dataclass(frozen=True, slots=True)
+class TenantWork:
+    """A row of the tenants with work waiting for one (workflow, version) `pair`, as a claim
+    reads it (`fair_tenants`): its `key`, the pass it is ordered by (never above the
+    tenant's pass as `fair_shares` takes it, max(clock, pass)); whether the tenant has
+    pending tasks of the pair (`live`), its `weight` and `pass_` (None: no row)."""
+
+    tenant: str
+    pair: tuple[str, int]
+    key: float
+    live: bool
+    weight: float
+    pass_: float | None
+
+
+def least_pass(
+    rows: Sequence[TenantWork], clock: float, count: int, scan: int
+) -> list[TenantTurn] | None:
+    """The `count` tenants of least pass (max(clock, pass), ties by name) with pending tasks,
+    from the first `scan` rows of each pair by (key, tenant). `fair_shares` of a claim of
+    `limit` gives claims only to the `limit` tenants of least pass (one after them gets a
+    claim only once each of them has had one), and the fair clock is the least of them: so
+    these `count` (at least the limit) make the claim exactly as every tenant waiting would.
+    None when the rows read may not hold them: a pair has rows unread (its `scan` all read)
+    that may come before the last of these, or there are fewer than `count`; a larger
+    `scan` then reads on. A row's key is never above its tenant's pass, so a row unread comes
+    after the last one read of its pair, and after the clock."""
+    turns: dict[str, TenantTurn] = {}
+    last: dict[tuple[str, int], tuple[float, str]] = {}
+    read: dict[tuple[str, int], int] = {}
+    for r in rows:
+        read[r.pair] = read.get(r.pair, 0) + 1
+        last[r.pair] = max(last.get(r.pair, (r.key, r.tenant)), (r.key, r.tenant))
+        if r.live:
+            turns[r.tenant] = TenantTurn(r.tenant, r.weight, r.pass_)
+
+    def order(t: TenantTurn) -> tuple[float, str]:
+        return (max(clock, t.pass_ if t.pass_ is not None else clock), t.tenant)
+
+    least = sorted(turns.values(), key=order)[:count]
+    unread = [max(last[p], (clock, "")) for p, n in read.items() if n >= scan]
+    if unread and (len(least) < count or order(least[-1]) >= min(unread)):
+        return None
+    return least
+
+
 # -- agents: claims within limits ---------------------------------------------------------
 
 SCAN = 1000

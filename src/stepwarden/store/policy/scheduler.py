@@ -21,12 +21,13 @@ from ...records import (
 from ...rules import (
     AlertReason,
     FinishPlan,
-    TenantTurn,
+    TenantWork,
     abandoned_error,
     compensable_tasks,
     error_text,
     fair_shares,
     head_start,
+    least_pass,
     plan_finish,
     plan_set_aside,
     with_tag,
@@ -58,21 +59,39 @@ def claim_fair_tasks(
     """`claim_tasks`, shared fairly among the tenants with pending tasks of these pairs
     (`rules.fair_shares`: each tenant in proportion to its weight, by rank within it). With
     one tenant waiting, or none, or not `fairly` (`rules.claim_fairly`), the claim is
-    `claim_tasks` itself and writes no pass. The passes of the tenants served move on by what
-    they got."""
+    `claim_tasks` itself and writes no pass. It reads only the tenants of least pass it may
+    serve (`rules.least_pass`, from the table of the tenants with work waiting, migration
+    0023). The passes of the tenants served move on by what they got; the rows of that table
+    found behind are moved up, and those found with no pending task are deleted."""
     if not fairly:
         [rows] = yield [claim_tasks(scheduler, workflows, limit)]
         return rows
     pairs = claim_pairs(workflows)
-    found = yield from fetch("fair_tenants", **pairs)
-    if len(found) <= 1:
+    count = max(limit, 2)
+    scan = count + FAIR_SCAN_MARGIN
+    while True:
+        found = yield from fetch("fair_tenants", **pairs, scan=scan)
+        read = [
+            TenantWork(
+                r["tenant"],
+                (r["workflow"], int(r["version"])),
+                float(r["key"]),
+                bool(r["live"]),
+                float(r["weight"]),
+                None if r["pass"] is None else float(r["pass"]),
+            )
+            for r in found
+        ]
+        clock = float(found[0]["clock"]) if found else 0.0
+        turns = least_pass(read, clock, count, scan)
+        if turns is not None:
+            break
+        scan *= 2
+    idle = sorted({(w.tenant, w.pair) for w in read if not w.live})
+    if len(turns) <= 1:
         [rows] = yield [claim_tasks(scheduler, workflows, limit)]
+        yield from _drop_idle(idle)
         return rows
-    clock = float(found[0]["clock"] or 0.0)
-    turns = [
-        TenantTurn(r["tenant"], float(r["weight"]), None if r["pass"] is None else float(r["pass"]))
-        for r in found
-    ]
     share = fair_shares(turns, clock, limit)
     tenants = sorted(share.counts)
     [rows] = yield [
@@ -96,8 +115,47 @@ def claim_fair_tasks(
     writes = [Query("advance_fair_clock", {"clock": share.clock})]
     if served:
         writes.append(Query("advance_tenants", {"floor": share.clock}, each=served))
+    behind = {
+        w.tenant
+        for w in read
+        if w.live and w.key < max(clock, clock if w.pass_ is None else w.pass_)
+    }
+    lift = sorted(set(got) | behind)
+    if lift:
+        writes.append(Query("lift_tenant_work", {"tenants": lift}))
     yield writes
+    yield from _drop_idle(idle)
     return rows
+
+
+FAIR_SCAN_MARGIN = 8
+"""How many rows of each pair a fair claim reads past the tenants it may serve, at first
+(those of tenants whose tasks have all gone, deleted as it reads them); twice as many each
+time that was not enough (`rules.least_pass`)."""
+
+
+def _drop_idle(idle: Sequence[tuple[str, tuple[str, int]]]) -> Flow[None]:
+    """Delete the rows of the tenants with work waiting that a claim found no pending task
+    behind: first held (never one a submit holds), then deleted if still without one."""
+    if not idle:
+        return
+    held = yield from fetch(
+        "hold_idle_tenant_work",
+        tenant=[t for t, _ in idle],
+        workflow=[w for _, (w, _) in idle],
+        version=[v for _, (_, v) in idle],
+    )
+    if held:
+        yield [
+            Query(
+                "drop_idle_tenant_work",
+                {
+                    "tenant": [r["tenant"] for r in held],
+                    "workflow": [r["workflow"] for r in held],
+                    "version": [int(r["version"]) for r in held],
+                },
+            )
+        ]
 
 
 def replayed(rows: Rows) -> list[str]:

@@ -162,32 +162,40 @@ WHERE task_id IN (SELECT task_id FROM pick)
 RETURNING *, extract(epoch FROM complete_by - now())::float8 AS remaining
 
 -- name: fair_tenants
--- The tenants with pending tasks of the given (workflow, version) pairs, with their weights
--- and passes (none without a row: weight 1), and the fair clock: the index of migration 0021
--- walked from one tenant to the next (one probe a tenant, never a read of their tasks).
-WITH RECURSIVE w AS MATERIALIZED (
+-- The tenants with work waiting for the given (workflow, version) pairs (the arrays
+-- workflows and versions, side by side; migration 0023), of least pass first: the first
+-- `scan` rows of each pair by (pass, tenant), read through the index on (workflow, version,
+-- pass, tenant). With each, whether the tenant has pending tasks of the pair (`live`: one
+-- probe of the index of migration 0021), its weight and pass (none without a row: weight
+-- 1), and the fair clock: one probe each (LIMIT 1: never a hash of the pending tasks nor of
+-- every tenant's row). `rules.least_pass` takes from them the tenants a claim serves, or
+-- asks for a larger `scan`.
+WITH w AS MATERIALIZED (
     SELECT DISTINCT workflow, version
     FROM unnest(%(workflows)s::text[], %(versions)s::int[]) AS w(workflow, version)
     LIMIT cardinality(%(workflows)s::text[])
-), t AS (
-    SELECT w.workflow, w.version,
-           (SELECT x.tenant FROM stepwarden_tasks x
-            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
-              AND x.version = w.version
-            ORDER BY x.tenant LIMIT 1) AS tenant
-    FROM w
-    UNION ALL
-    SELECT t.workflow, t.version,
-           (SELECT x.tenant FROM stepwarden_tasks x
-            WHERE x.process_state = 'pending' AND x.workflow = t.workflow
-              AND x.version = t.version AND x.tenant > t.tenant
-            ORDER BY x.tenant LIMIT 1)
-    FROM t WHERE t.tenant IS NOT NULL
+), r AS MATERIALIZED (
+    SELECT x.* FROM w CROSS JOIN LATERAL (
+        SELECT k.tenant, k.workflow, k.version, k.pass AS key
+        FROM stepwarden_tenant_work k
+        WHERE k.workflow = w.workflow AND k.version = w.version
+        ORDER BY k.pass, k.tenant
+        LIMIT %(scan)s
+    ) AS x
 )
-SELECT DISTINCT t.tenant, coalesce(n.weight, 1)::float8 AS weight, n.pass,
+SELECT r.tenant, r.workflow, r.version, r.key, l.live IS NOT NULL AS live,
+       coalesce(n.weight, 1)::float8 AS weight, n.pass,
        (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
-FROM t LEFT JOIN stepwarden_tenants n ON n.tenant = t.tenant
-WHERE t.tenant IS NOT NULL
+FROM r
+LEFT JOIN LATERAL (
+    SELECT true AS live FROM stepwarden_tasks t
+    WHERE t.process_state = 'pending' AND t.workflow = r.workflow
+      AND t.version = r.version AND t.tenant = r.tenant
+    LIMIT 1
+) AS l ON true
+LEFT JOIN LATERAL (
+    SELECT n.weight, n.pass FROM stepwarden_tenants n WHERE n.tenant = r.tenant LIMIT 1
+) AS n ON true
 
 -- name: claim_fair
 -- claim_tasks with each tenant's share (rules.fair_shares: the arrays tenants and counts,
@@ -254,6 +262,61 @@ SET pass = greatest(n.pass, %(floor)s::float8) + (excluded.pass - %(floor)s::flo
 -- name: advance_fair_clock
 -- The fair clock moves on (never back) to the least pass of the tenants a claim found.
 UPDATE stepwarden_fair_clock SET vtime = greatest(vtime, %(clock)s) WHERE id = 1
+
+-- name: lift_tenant_work
+-- The rows of the given tenants with work waiting (migration 0023), of every pair: each
+-- pass moves up (never down) to the tenant's as the claims order them, max(fair clock,
+-- its pass); after a claim moved the passes of the tenants it served and the clock (the
+-- claims write these one at a time: each waits for the fair clock's row first). The LIMIT
+-- of d tells the plan kept for all calls that the tenants are few (read by key).
+WITH d AS MATERIALIZED (
+    SELECT DISTINCT d.tenant FROM unnest(%(tenants)s::text[]) AS d(tenant)
+    LIMIT cardinality(%(tenants)s::text[])
+), p AS MATERIALIZED (
+    SELECT d.tenant,
+           greatest((SELECT vtime FROM stepwarden_fair_clock WHERE id = 1),
+                    (SELECT n.pass FROM stepwarden_tenants n WHERE n.tenant = d.tenant)) AS pass
+    FROM d
+)
+UPDATE stepwarden_tenant_work AS k SET pass = p.pass
+FROM p
+WHERE k.tenant = p.tenant AND k.pass < p.pass
+
+-- name: hold_idle_tenant_work
+-- Of the given rows of tenants with work waiting (the arrays tenant, workflow and version,
+-- side by side), those a claim found no pending task behind: held, but never one a submit
+-- holds (SKIP LOCKED: that one has a task on its way), for drop_idle_tenant_work next.
+WITH d AS MATERIALIZED (
+    SELECT * FROM unnest(%(tenant)s::text[], %(workflow)s::text[], %(version)s::int[])
+        AS d(tenant, workflow, version)
+    LIMIT cardinality(%(tenant)s::text[])
+)
+SELECT k.tenant, k.workflow, k.version
+FROM d CROSS JOIN LATERAL (
+    SELECT k.tenant, k.workflow, k.version FROM stepwarden_tenant_work k
+    WHERE k.tenant = d.tenant AND k.workflow = d.workflow AND k.version = d.version
+    FOR UPDATE SKIP LOCKED
+) AS k
+
+-- name: drop_idle_tenant_work
+-- The rows held by hold_idle_tenant_work, each deleted if its tenant has no pending task of
+-- its pair: read in this statement, after the hold, so that a task a submit made pending
+-- before is seen (a submit after finds the row gone and writes it again).
+WITH d AS MATERIALIZED (
+    SELECT d.* FROM unnest(%(tenant)s::text[], %(workflow)s::text[], %(version)s::int[])
+        AS d(tenant, workflow, version)
+    LEFT JOIN LATERAL (
+        SELECT true AS live FROM stepwarden_tasks t
+        WHERE t.process_state = 'pending' AND t.workflow = d.workflow
+          AND t.version = d.version AND t.tenant = d.tenant
+        LIMIT 1
+    ) AS l ON true
+    WHERE l.live IS NULL
+    LIMIT cardinality(%(tenant)s::text[])
+)
+DELETE FROM stepwarden_tenant_work AS k
+USING d
+WHERE k.tenant = d.tenant AND k.workflow = d.workflow AND k.version = d.version
 
 -- name: set_tenant_weight
 -- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).

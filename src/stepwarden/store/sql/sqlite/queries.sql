@@ -76,32 +76,32 @@ WHERE task_id IN (SELECT task_id FROM candidates ORDER BY ranked_at LIMIT :limit
 RETURNING *, complete_by - :now AS remaining
 
 -- name: fair_tenants
--- The tenants with pending tasks of the given (workflow, version) pairs (the JSON arrays
--- workflows and versions, side by side), with their weights and passes (none without a row:
--- weight 1), and the fair clock: the index of migration 0021 walked from one tenant to the
--- next (one probe a tenant, never a read of their tasks).
-WITH RECURSIVE w AS (
+-- The tenants with work waiting for the given (workflow, version) pairs (the JSON arrays
+-- workflows and versions, side by side; migration 0023), of least pass first: the first
+-- `scan` rows of each pair by (pass, tenant), read through the index on (workflow, version,
+-- pass, tenant). With each, whether the tenant has pending tasks of the pair (`live`: one
+-- probe of the index of migration 0021), its weight and pass (none without a row: weight
+-- 1), and the fair clock. `rules.least_pass` takes from them the tenants a claim serves, or
+-- asks for a larger `scan`.
+WITH w AS (
     SELECT DISTINCT n.value AS workflow, v.value AS version
     FROM json_each(:workflows) AS n JOIN json_each(:versions) AS v ON v.key = n.key
-), walk(workflow, version, tenant) AS (
-    SELECT w.workflow, w.version,
-           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
-            WHERE x.process_state = 'pending' AND x.workflow = w.workflow
-              AND x.version = w.version
-            ORDER BY x.tenant LIMIT 1)
-    FROM w
-    UNION ALL
-    SELECT walk.workflow, walk.version,
-           (SELECT x.tenant FROM stepwarden_tasks AS x INDEXED BY stepwarden_tasks_fair
-            WHERE x.process_state = 'pending' AND x.workflow = walk.workflow
-              AND x.version = walk.version AND x.tenant > walk.tenant
-            ORDER BY x.tenant LIMIT 1)
-    FROM walk WHERE walk.tenant IS NOT NULL
+), r AS (
+    SELECT k.tenant, k.workflow, k.version, k.pass AS key
+    FROM w JOIN stepwarden_tenant_work AS k ON (k.tenant, k.workflow, k.version) IN (
+        SELECT x.tenant, x.workflow, x.version
+        FROM stepwarden_tenant_work AS x INDEXED BY stepwarden_tenant_work_pass
+        WHERE x.workflow = w.workflow AND x.version = w.version
+        ORDER BY x.pass, x.tenant
+        LIMIT :scan)
 )
-SELECT DISTINCT walk.tenant, coalesce(n.weight, 1.0) AS weight, n.pass,
+SELECT r.tenant, r.workflow, r.version, r.key,
+       EXISTS (SELECT 1 FROM stepwarden_tasks AS t INDEXED BY stepwarden_tasks_fair
+               WHERE t.process_state = 'pending' AND t.workflow = r.workflow
+                 AND t.version = r.version AND t.tenant = r.tenant) AS live,
+       coalesce(n.weight, 1.0) AS weight, n.pass,
        (SELECT vtime FROM stepwarden_fair_clock WHERE id = 1) AS clock
-FROM walk LEFT JOIN stepwarden_tenants AS n ON n.tenant = walk.tenant
-WHERE walk.tenant IS NOT NULL
+FROM r LEFT JOIN stepwarden_tenants AS n ON n.tenant = r.tenant
 
 -- name: claim_fair
 -- claim_tasks with each tenant's share (rules.fair_shares: the JSON arrays tenants and
@@ -152,6 +152,46 @@ ON CONFLICT (tenant) DO UPDATE SET pass = max(pass, :floor) + :delta
 -- name: advance_fair_clock
 -- The fair clock moves on (never back) to the least pass of the tenants a claim found.
 UPDATE stepwarden_fair_clock SET vtime = max(vtime, :clock) WHERE id = 1
+
+-- name: lift_tenant_work
+-- The rows of the given tenants with work waiting (the JSON array tenants; migration 0023),
+-- of every pair: each pass moves up (never down) to the tenant's as the claims order them,
+-- max(fair clock, its pass); after a claim moved the passes of the tenants it served and
+-- the clock.
+UPDATE stepwarden_tenant_work AS k
+SET pass = max((SELECT vtime FROM stepwarden_fair_clock WHERE id = 1),
+               coalesce((SELECT n.pass FROM stepwarden_tenants AS n WHERE n.tenant = k.tenant),
+                        0.0))
+WHERE k.tenant IN (SELECT value FROM json_each(:tenants))
+  AND k.pass < max((SELECT vtime FROM stepwarden_fair_clock WHERE id = 1),
+                   coalesce((SELECT n.pass FROM stepwarden_tenants AS n
+                             WHERE n.tenant = k.tenant), 0.0))
+
+-- name: hold_idle_tenant_work
+-- Of the given rows of tenants with work waiting (the JSON arrays tenant, workflow and
+-- version, side by side), those a claim found no pending task behind, for
+-- drop_idle_tenant_work next (one writer at a time: every one of them).
+SELECT k.tenant, k.workflow, k.version
+FROM json_each(:tenant) AS a
+JOIN json_each(:workflow) AS b ON b.key = a.key
+JOIN json_each(:version) AS v ON v.key = a.key
+JOIN stepwarden_tenant_work AS k
+  ON k.tenant = a.value AND k.workflow = b.value AND k.version = v.value
+
+-- name: drop_idle_tenant_work
+-- The rows held by hold_idle_tenant_work, each deleted if its tenant has no pending task of
+-- its pair.
+DELETE FROM stepwarden_tenant_work
+WHERE (tenant, workflow, version) IN (
+        SELECT a.value, b.value, v.value
+        FROM json_each(:tenant) AS a
+        JOIN json_each(:workflow) AS b ON b.key = a.key
+        JOIN json_each(:version) AS v ON v.key = a.key)
+  AND NOT EXISTS (SELECT 1 FROM stepwarden_tasks AS t INDEXED BY stepwarden_tasks_fair
+                  WHERE t.process_state = 'pending'
+                    AND t.workflow = stepwarden_tenant_work.workflow
+                    AND t.version = stepwarden_tenant_work.version
+                    AND t.tenant = stepwarden_tenant_work.tenant)
 
 -- name: set_tenant_weight
 -- A tenant's weight, kept with its pass (a new tenant's pass: the fair clock's).
