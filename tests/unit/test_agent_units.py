@@ -126,6 +126,7 @@ def test_a_fair_claim_picks_each_share_first_then_what_the_limits_leave_by_rank(
     # big's key x runs one at a time: the claim of 4 is small's 3 and big's 1.
     one = {"a": OpLimit(concurrency=1)}
     shares = {"big": 2, "small": 2}
-    assert pick_within_limits(queued, one, {}, {}, 4, tenants=tenants, shares=shares) == [0, 3, 4, 5]
+    picked = pick_within_limits(queued, one, {}, {}, 4, tenants=tenants, shares=shares)
+    assert picked == [0, 3, 4, 5]
     # Without shares, by rank alone.
     assert pick_within_limits(queued, free, {}, {}, 3, tenants=tenants) == [0, 1, 2]
