@@ -8,7 +8,9 @@ another instance may already be retrying the step.
 Each runner registers in the store's agent registry and heartbeats there (its operations,
 capacity, calls in flight and circuit breaker). It claims only as many requests as it has
 free slots, none while its breaker is open (an instance whose service answers takes them),
-and only within the operations' limits. An instance that stops heartbeating is gone: the
+and only within the operations' limits. With the requests of several tenants queued, a
+claim after one that took all it asked for (a backlog) is shared among them by their weights
+(`rules.claim_fairly`, `rules.fair_shares`). An instance that stops heartbeating is gone: the
 supervisor hands its running steps to another.
 
 Once per poll interval (at once on a wake-up naming one of their tasks) it asks the store, in

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 
 from stepwarden.records import OpLimit, Request, Submission
+from stepwarden.remote import RemoteAgentPort
 from stepwarden.store import Store
 from stepwarden.store.ports import AgentPort
 
+from ..agentserver import agent_server
 from ..dispatching import step_dispatch
 from ..support.store import A1
 
@@ -163,3 +166,26 @@ async def test_a_claim_by_rank_alone_takes_the_oldest_whatever_their_tenant(
     assert [r.task_id for r in claimed] == ["acme"] * 4  # acme's were queued first
     fair = await store.claim_requests(A1, AGENT, [OPERATION], 4)
     assert _tenants(fair) == {"acme": 2, "globex": 2}
+
+
+async def test_over_http_the_server_decides_from_the_last_claim_it_answered(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """An instance over HTTP gets what one claiming from the store gets
+    (`rules.claim_fairly`, decided by the server, whatever the client asks): its first claim
+    is shared; after one that took fewer than it asked for, the next goes by rank alone;
+    once one takes all it asked for, the next is shared again."""
+    queue = Queue(store)
+    with agent_server(store_url, (AGENT,), tmp_path) as served:
+        port = RemoteAgentPort(served.url, served.token)
+        try:
+            await queue.add("acme", 2)
+            assert len(await port.claim_requests(A1, AGENT, [OPERATION], 4)) == 2  # short
+            await queue.add("acme", 6)
+            await queue.add("globex", 6)
+            by_rank = await port.claim_requests(A1, AGENT, [OPERATION], 4)
+            assert _tenants(by_rank) == {"acme": 4}  # acme's were queued first
+            fair = await port.claim_requests(A1, AGENT, [OPERATION], 4)
+            assert _tenants(fair) == {"acme": 2, "globex": 2}
+        finally:
+            await port.aclose()
