@@ -823,7 +823,7 @@ class Store(abc.ABC):
         locked_by the agent instance. An operation in `limits` is claimed only within them:
         its concurrency and rate across every process (per limit key; claims of one agent's
         limited operations are serialised), and its `room` in this instance; such a claim is
-        always shared among the tenants (`policy.claim_within_limits`)."""
+        shared by what it reads, whatever `fairly` says (`policy.claim_within_limits`)."""
         if limit <= 0 or not operations:
             return []
         if not await self._worth_writing("any_request", agent=agent, operations=list(operations)):

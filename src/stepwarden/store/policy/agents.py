@@ -104,28 +104,32 @@ def claim_within_limits(
 ) -> Flow[Rows]:
     """`claim_requests`, the operations in `limits` only within them
     (`rules.pick_within_limits`), the claims of one agent's limited operations one at a
-    time. With the requests of several tenants queued, each tenant's share
-    (`rules.fair_shares`) is picked first from its own requests, read through the tenants'
-    index, and what the limits leave goes by rank (`rules.pick_within_limits`). Such a claim
-    reads several statements whatever the backlog, so it always reads the tenants (in its
-    first round): a claim its limits hold to fewer requests than it asks for is no sign that
-    the queue is empty."""
+    time. With the requests of several tenants among the candidates (or more candidates
+    than it reads: a backlog), each tenant's share (`rules.fair_shares`) is picked first from
+    its own requests, read through the tenants' index, and what the limits leave goes by
+    rank. Such a claim decides by what it reads, not by the last claim
+    (`rules.claim_fairly`): one that its limits hold to fewer requests than it asks for is no
+    sign that the queue is empty. With one tenant's requests alone, fewer than it reads, it
+    reads nothing more."""
     params = {"instance": instance, "agent": agent, "operations": list(operations)}
     rated = [{"operation": op, "per": float(lim.per)}
              for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
-    _, found, running, _, started, waiting = yield [
+    _, found, running, _, started = yield [
         Query("limits_lock", params),
         Query("limited_candidates", {**params, "scan": SCAN}),
         Query("running_counts", params),
         Query("forget_starts", params, each=rated),
         Query("start_counts", params, each=rated),
-        Query("fair_request_tenants", {"agent": agent, "operations": list(operations)}),
     ]
     share: FairShare | None = None
     turns: list[TenantTurn] = []
-    if len(waiting) > 1:
-        turns, clock = _turns(waiting)
-        share = fair_shares(turns, clock, limit)
+    backlog = len(found) >= SCAN  # more may wait than were read, of other tenants too
+    if backlog or len({r["tenant"] for r in found}) > 1:
+        waiting = yield from fetch("fair_request_tenants", agent=agent, operations=list(operations))
+        if len(waiting) > 1:
+            turns, clock = _turns(waiting)
+            share = fair_shares(turns, clock, limit)
+    if share is not None and backlog:  # the shares' requests may be past those read
         tenants = sorted(share.counts)
         scan = max(limit, SCAN // len(tenants))
         [theirs] = yield [
