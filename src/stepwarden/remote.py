@@ -189,7 +189,12 @@ class RemoteAgentPort:
         operations: Sequence[str],
         limit: int,
         limits: Mapping[str, OpLimit] | None = None,
+        *,
+        fairly: bool = True,
     ) -> list[Request]:
+        # Whether the claim is shared among the tenants is the server's to decide, from the
+        # claims of this instance it answered (`dashboard._agent_api.LastClaims`): `fairly`
+        # is not sent.
         if limit <= 0 or not operations:
             return []
         body = {

@@ -739,33 +739,56 @@ def pick_within_limits(
     running: Mapping[tuple[str, str], int],
     started: Mapping[tuple[str, str], int],
     limit: int,
+    *,
+    tenants: Sequence[str] | None = None,
+    shares: Mapping[str, int] | None = None,
 ) -> list[int]:
     """Which of the queued requests (operation, limit key), in claim order, may start now:
     the positions of at most `limit` of them that keep each operation within its limits,
     given the steps `running` and the starts within each rate's period (`started`), both by
-    (operation, key) with "" for no key. Requests of an operation with no limits all may."""
+    (operation, key) with "" for no key. Requests of an operation with no limits all may.
+
+    With `shares` (a fair claim's counts by tenant, `fair_shares`; `tenants` the tenant of
+    each candidate), each tenant's share is picked first, of its own requests in claim order;
+    what the limits leave of the claim then goes to the others in claim order, whoever's they
+    are: a limit binds before a share (a tenant's share it holds back goes to a tenant it does
+    not), and the claim takes as much as the limits allow."""
     running = dict(running)
     started = dict(started)
     room = {op: lim.room for op, lim in limits.items() if lim.room is not None}
-    chosen: list[int] = []
+    chosen: set[int] = set()
+
+    def fits(op: str, key: str | None) -> bool:
+        lim = limits.get(op)
+        if lim is None:
+            return True
+        k = (op, key or "")
+        if op in room and room[op] <= 0:
+            return False
+        if lim.concurrency is not None and running.get(k, 0) >= lim.concurrency:
+            return False
+        if lim.rate is not None and started.get(k, 0) >= lim.rate:
+            return False
+        running[k] = running.get(k, 0) + 1
+        started[k] = started.get(k, 0) + 1
+        if op in room:
+            room[op] -= 1
+        return True
+
+    if shares is not None and tenants is not None:
+        left = dict(shares)
+        for i, (op, key) in enumerate(candidates):
+            if len(chosen) >= limit:
+                break
+            if left.get(tenants[i], 0) > 0 and fits(op, key):
+                left[tenants[i]] -= 1
+                chosen.add(i)
     for i, (op, key) in enumerate(candidates):
         if len(chosen) >= limit:
             break
-        lim = limits.get(op)
-        if lim is not None:
-            k = (op, key or "")
-            if op in room and room[op] <= 0:
-                continue
-            if lim.concurrency is not None and running.get(k, 0) >= lim.concurrency:
-                continue
-            if lim.rate is not None and started.get(k, 0) >= lim.rate:
-                continue
-            running[k] = running.get(k, 0) + 1
-            started[k] = started.get(k, 0) + 1
-            if op in room:
-                room[op] -= 1
-        chosen.append(i)
-    return chosen
+        if i not in chosen and fits(op, key):
+            chosen.add(i)
+    return sorted(chosen)
 
 
 # -- the operator -------------------------------------------------------------------------

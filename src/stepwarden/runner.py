@@ -8,7 +8,9 @@ another instance may already be retrying the step.
 Each runner registers in the store's agent registry and heartbeats there (its operations,
 capacity, calls in flight and circuit breaker). It claims only as many requests as it has
 free slots, none while its breaker is open (an instance whose service answers takes them),
-and only within the operations' limits. An instance that stops heartbeating is gone: the
+and only within the operations' limits. With the requests of several tenants queued, a
+claim after one that took all it asked for (a backlog) is shared among them by their weights
+(`rules.claim_fairly`, `rules.fair_shares`). An instance that stops heartbeating is gone: the
 supervisor hands its running steps to another.
 
 Once per poll interval (at once on a wake-up naming one of their tasks) it asks the store, in
@@ -52,7 +54,7 @@ from .records import (
     idempotency_key,
 )
 from .retry import after_store_failure, answered
-from .rules import describe
+from .rules import claim_fairly, describe
 from .sealing import Binding
 from .states import StepState
 from .store import CHANNEL_CALLS, CHANNEL_REQUESTS, Subscription
@@ -498,6 +500,9 @@ class AgentRunner:
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch_calls(stop))
         failures = 0
+        # The last claim: how many it took of how many it asked for (`rules.claim_fairly`).
+        last_claimed: int | None = None
+        last_asked = 0
         self._accepting = True
         await sleep_unless(stop, spread())  # not at the instant the process's other roles claim
         try:
@@ -524,7 +529,9 @@ class AgentRunner:
                 self._claiming += 1
                 delay: float | None = None
                 try:
-                    requests = await self._claim(operations, free, limits)
+                    fairly = claim_fairly(last_claimed=last_claimed, last_asked=last_asked)
+                    requests = await self._claim(operations, free, limits, fairly)
+                    last_claimed, last_asked = len(requests), free
                     for request in requests:
                         self._start(request)
                 except StoreError as exc:
@@ -655,15 +662,18 @@ class AgentRunner:
             span.end()
 
     async def _claim(
-        self, operations: Sequence[str], free: int, limits: dict[str, OpLimit]
+        self, operations: Sequence[str], free: int, limits: dict[str, OpLimit], fairly: bool
     ) -> list[Request]:
-        """The store's claim of up to `free` requests, given up when the breaker opens
+        """The store's claim of up to `free` requests (shared among the tenants waiting when
+        `fairly`: `rules.claim_fairly`), given up when the breaker opens
         meanwhile: a claim that waits for work (the agent protocol's long poll) would
         otherwise take back the very request this instance has just handed back for its
         open breaker. A claim given up may have been made all the same (its answer lost):
         the next beats look at the steps this instance holds."""
         claim = asyncio.ensure_future(
-            self.store.claim_requests(self.instance, self.agent.name, operations, free, limits)
+            self.store.claim_requests(
+                self.instance, self.agent.name, operations, free, limits, fairly=fairly
+            )
         )
         if self.breaker is None:
             return await claim

@@ -317,3 +317,49 @@ async def test_tasks_stored_before_input_digests_get_theirs_when_migrated(
             assert task.input_digest == digest
     finally:
         await store.close()
+
+
+async def test_requests_queued_before_tenants_of_steps_are_shared_by_their_tasks_tenants(
+    empty_store_url: str,
+) -> None:
+    """A store upgraded to the fair share of the agents' queue (0024): each step it held gets
+    its task's tenant, so that the requests queued before it are shared among those tenants
+    at once: acme's four, queued first, and globex's four, two each to a claim of four."""
+    url = empty_store_url
+    build_at(url, 22)
+    sqlite = is_sqlite(url)
+
+    def ago(seconds: int) -> str:
+        if sqlite:
+            return f"((julianday('now') - 2440587.5) * 86400.0 - {seconds})"
+        return f"(now() - interval '{seconds} seconds')"
+
+    for tenant in ("acme", "globex"):
+        sql(
+            url,
+            "INSERT INTO stepwarden_tasks (task_id, workflow, input, process_state, max_failures,"
+            " complete_within, eligible_at, created_at, updated_at, attempt, locked_by, tenant)"
+            f" VALUES ('{tenant}', 'wf', '{{}}', 'processing', 3, 30, {ago(60)}, {ago(60)},"
+            f" {ago(60)}, 1, 's0', '{tenant}')",
+        )
+    for tenant, age in (("acme", 40), ("globex", 20)):
+        for seq in range(1, 5):
+            sql(
+                url,
+                "INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state,"
+                " attempt, task_attempt, priority, complete_by, idempotency_key, input,"
+                " created_at, dispatched_at, ranked_at) VALUES"
+                f" ('{tenant}', {seq}, 'pay.charge', 'pay', 'charge', 'not_started', 1, 1, 0,"
+                f" {ago(-60)}, '{tenant}/{seq}', '[]', {ago(age)}, {ago(age)}, {ago(age - seq)})",
+            )
+    store = open_one(url)
+    await store.open(migrate=True)
+    try:
+        requests = await store.claim_requests("a1", "pay", ["charge"], 4)
+        assert sorted((r.task_id, r.seq) for r in requests) == [
+            ("acme", 1), ("acme", 2), ("globex", 1), ("globex", 2)
+        ]  # fmt: skip
+        tenants = sql(url, "SELECT DISTINCT task_id, tenant FROM stepwarden_steps")
+        assert sorted(tenants) == [("acme", "acme"), ("globex", "globex")]
+    finally:
+        await store.close()

@@ -112,3 +112,21 @@ def test_claims_pick_in_order_within_every_limit() -> None:
     assert pick_within_limits(queued, rated, {}, {("a", "k1"): 1}, 10) == [0, 2, 3, 4, 5]
     roomy = {"a": OpLimit(room=2)}
     assert pick_within_limits(queued, roomy, {}, {}, 10) == [0, 1, 3, 4]
+
+
+def test_a_fair_claim_picks_each_share_first_then_what_the_limits_leave_by_rank() -> None:
+    """Shares (`rules.fair_shares`' counts) go first, each tenant's of its own requests in
+    claim order; a share a limit holds back goes to the others, by rank."""
+    queued = [("a", "x"), ("a", "x"), ("a", "x"), ("a", "y"), ("a", "z"), ("a", "w")]
+    tenants = ["big", "big", "big", "small", "small", "small"]
+    free = {"a": OpLimit(concurrency=10)}
+    shares = {"big": 1, "small": 2}
+    picked = pick_within_limits(queued, free, {}, {}, 3, tenants=tenants, shares=shares)
+    assert picked == [0, 3, 4]
+    # big's key x runs one at a time: the claim of 4 is small's 3 and big's 1.
+    one = {"a": OpLimit(concurrency=1)}
+    shares = {"big": 2, "small": 2}
+    picked = pick_within_limits(queued, one, {}, {}, 4, tenants=tenants, shares=shares)
+    assert picked == [0, 3, 4, 5]
+    # Without shares, by rank alone.
+    assert pick_within_limits(queued, free, {}, {}, 3, tenants=tenants) == [0, 1, 2]

@@ -44,6 +44,7 @@ from ..records import (
 from ..records import (
     Request as StepRequest,
 )
+from ..rules import claim_fairly
 from ..sealing import Binding
 from ..states import StepState
 from ..store import CHANNEL_CALLS, CHANNEL_REQUESTS, Store
@@ -170,6 +171,29 @@ class Held:
         return mine
 
 
+class LastClaims:
+    """The last claim this server made for each agent instance (agent, instance -> how
+    many requests it took, of how many it asked for), which decides whether the next is
+    shared among the tenants waiting or made by rank alone (`rules.claim_fairly`), as an
+    instance claiming from the store itself decides from its own: an instance over HTTP gets
+    the same fair share, whatever its client says. Forgotten when the instance leaves; an
+    instance that claims through several servers is judged by each on its own claims."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def fairly(self, agent: str, instance: str) -> bool:
+        claimed, asked = self.last.get((agent, instance), (None, 0))
+        return claim_fairly(last_claimed=claimed, last_asked=asked)
+
+    def took(self, agent: str, instance: str, claimed: int, asked: int) -> None:
+        self.last[(agent, instance)] = (claimed, asked)
+
+    def left(self, instance: str, agents: Iterable[str]) -> None:
+        for agent in agents:
+            self.last.pop((agent, instance), None)
+
+
 def _request_dict(r: StepRequest) -> dict[str, Any]:
     return {
         "task_id": r.task_id,
@@ -202,6 +226,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
     api = APIRouter()
     quotas = quotas or Quotas(app.destinations)
     held_by = Held()
+    last_claims = LastClaims()
     scoped = _scoped("agent:{agent}")
     names: Any = Literal[tuple(sorted(app.agents))] if app.agents else str
     AgentName = Annotated[names, Path(description="An agent the App declares.")]
@@ -285,6 +310,7 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
         _mine(client, body.instance)
         await db.leave(body.instance, [agent])
         held_by.left(body.instance, [agent])
+        last_claims.left(body.instance, [agent])
         return Response(status_code=204)
 
     @api.post(
@@ -333,9 +359,11 @@ def router(app: App, stopping: asyncio.Event, quotas: Quotas | None = None) -> A
             handed back at once rather than held by an instance that will never call it."""
             if await request.is_disconnected():
                 return []
+            fairly = last_claims.fairly(agent, body.instance)
             found = await db.claim_requests(
-                body.instance, agent, body.operations, body.limit, limits
+                body.instance, agent, body.operations, body.limit, limits, fairly=fairly
             )
+            last_claims.took(agent, body.instance, len(found), body.limit)
             if found and await request.is_disconnected():
                 await db.hand_back(
                     [

@@ -840,12 +840,17 @@ class Store(abc.ABC):
         operations: Sequence[str],
         limit: int,
         limits: Mapping[str, OpLimit] | None = None,
+        *,
+        fairly: bool = True,
     ) -> list[Request]:
-        """Claim up to `limit` queued requests in time for these operations, by priority with
-        aging (`rules.head_start`): the steps go from not_started to running, locked_by the
-        agent instance. An operation in `limits` is claimed only within them: its
-        concurrency and rate across every process (per limit key; claims of one agent's
-        limited operations are serialised), and its `room` in this instance."""
+        """Claim up to `limit` queued requests in time for these operations, shared among
+        the tenants waiting by their weights (`rules.fair_shares`, with this agent's passes;
+        by rank alone when not `fairly`: `rules.claim_fairly`), by priority with aging
+        within each (`rules.head_start`): the steps go from not_started to running,
+        locked_by the agent instance. An operation in `limits` is claimed only within them:
+        its concurrency and rate across every process (per limit key; claims of one agent's
+        limited operations are serialised), and its `room` in this instance; such a claim is
+        shared by what it reads, whatever `fairly` says (`policy.claim_within_limits`)."""
         if limit <= 0 or not operations:
             return []
         if not await self._worth_writing("any_request", agent=agent, operations=list(operations)):
@@ -854,6 +859,10 @@ class Store(abc.ABC):
         if limits:
             flow = partial(policy.claim_within_limits, instance, agent, operations, limit, limits)
             return policy.requests(await self._write(flow), self.keys)
+        if fairly:
+            fair = partial(policy.claim_fair_requests, instance, agent, operations, limit)
+            return policy.requests(await self._write(fair), self.keys)
+        # By rank alone the claim is one statement, which owes no wake-up.
         return policy.requests(
             await self._write_one(policy.claim_requests(instance, agent, operations, limit)),
             self.keys,

@@ -396,6 +396,8 @@ class AgentPort(PollingPort, Protocol):
         operations: Sequence[str],
         limit: int,
         limits: Mapping[str, OpLimit] | None = None,
+        *,
+        fairly: bool = True,
     ) -> list[Request]: ...
     async def held_steps(self, instance: str, agent: str) -> list[Request]: ...
     async def lost_calls(

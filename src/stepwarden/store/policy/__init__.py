@@ -16,6 +16,7 @@ from .agents import advance as advance
 from .agents import advance_alone as advance_alone
 from .agents import beat as beat
 from .agents import call_facts as call_facts
+from .agents import claim_fair_requests as claim_fair_requests
 from .agents import claim_requests as claim_requests
 from .agents import claim_within_limits as claim_within_limits
 from .agents import complete_steps as complete_steps

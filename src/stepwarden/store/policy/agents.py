@@ -3,6 +3,7 @@ the writes that depend on them, hand-backs, heartbeats, registry beats, stops of
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from ...records import (
@@ -20,8 +21,11 @@ from ...records import (
 )
 from ...rules import (
     SCAN,
+    FairShare,
+    TenantTurn,
     call_lost,
     error_text,
+    fair_shares,
     holds_up_compensation,
     outcome_recorded,
     pick_within_limits,
@@ -37,9 +41,57 @@ from .scheduler import dispatch_steps, finish_tasks
 
 def claim_requests(instance: str, agent: str, operations: Sequence[str], limit: int) -> Query:
     """Claim up to `limit` queued requests of these operations, in claim order (priority
-    with aging, `rules.head_start`)."""
+    with aging, `rules.head_start`), whoever's they are: one statement."""
     params = {"instance": instance, "agent": agent, "operations": list(operations)}
     return Query("claim_requests", {**params, "limit": limit})
+
+
+def _turns(found: Rows) -> tuple[list[TenantTurn], float]:
+    """The tenants `fair_request_tenants` found, as the claim reads them, and the agent's
+    fair clock."""
+    clock = float(found[0]["clock"] or 0.0) if found else 0.0
+    turns = [
+        TenantTurn(r["tenant"], float(r["weight"]), None if r["pass"] is None else float(r["pass"]))
+        for r in found
+    ]
+    return turns, clock
+
+
+def _advance(agent: str, turns: Sequence[TenantTurn], share: FairShare, rows: Rows) -> list[Query]:
+    """The writes of a fair claim: the agent's fair clock moves on, and the passes of the
+    tenants served by what they got (`rows`, the requests claimed, with their tenants)."""
+    got = Counter(r["tenant"] for r in rows)
+    weights = {t.tenant: t.weight for t in turns}
+    served = [{"tenant": t, "delta": n / weights.get(t, 1.0)} for t, n in sorted(got.items())]
+    writes = [Query("advance_agent_clock", {"agent": agent, "clock": share.clock})]
+    if served:
+        writes.append(
+            Query("advance_agent_tenants", {"agent": agent, "floor": share.clock}, each=served)
+        )
+    return writes
+
+
+def claim_fair_requests(
+    instance: str, agent: str, operations: Sequence[str], limit: int, wake: Wakeups
+) -> Flow[Rows]:
+    """`claim_requests`, shared fairly among the tenants with requests queued for these
+    operations (`rules.fair_shares`: each in proportion to its weight, by rank within it),
+    with the passes of this agent (not the task claim's: what is shared is the agent's
+    capacity). With one tenant waiting, or none, the claim is `claim_requests` itself and
+    writes no pass. The passes of the tenants served move on by what they got."""
+    params = {"instance": instance, "agent": agent, "operations": list(operations)}
+    found = yield from fetch("fair_request_tenants", agent=agent, operations=list(operations))
+    if len(found) <= 1:
+        [rows] = yield [claim_requests(instance, agent, operations, limit)]
+        return rows
+    turns, clock = _turns(found)
+    share = fair_shares(turns, clock, limit)
+    tenants = sorted(share.counts)
+    counts = [share.counts[t] for t in tenants]
+    fair = {**params, "limit": limit, "tenants": tenants, "counts": counts}
+    [rows] = yield [Query("claim_fair_requests", fair)]
+    yield _advance(agent, turns, share, rows)
+    return rows
 
 
 def claim_within_limits(
@@ -52,7 +104,13 @@ def claim_within_limits(
 ) -> Flow[Rows]:
     """`claim_requests`, the operations in `limits` only within them
     (`rules.pick_within_limits`), the claims of one agent's limited operations one at a
-    time."""
+    time. With the requests of several tenants among the candidates (or more candidates
+    than it reads: a backlog), each tenant's share (`rules.fair_shares`) is picked first from
+    its own requests, read through the tenants' index, and what the limits leave goes by
+    rank. Such a claim decides by what it reads, not by the last claim
+    (`rules.claim_fairly`): one that its limits hold to fewer requests than it asks for is no
+    sign that the queue is empty. With one tenant's requests alone, fewer than it reads, it
+    reads nothing more."""
     params = {"instance": instance, "agent": agent, "operations": list(operations)}
     rated = [{"operation": op, "per": float(lim.per)}
              for op, lim in limits.items() if lim.rate is not None]  # fmt: skip
@@ -63,18 +121,41 @@ def claim_within_limits(
         Query("forget_starts", params, each=rated),
         Query("start_counts", params, each=rated),
     ]
+    share: FairShare | None = None
+    turns: list[TenantTurn] = []
+    backlog = len(found) >= SCAN  # more may wait than were read, of other tenants too
+    if backlog or len({r["tenant"] for r in found}) > 1:
+        waiting = yield from fetch("fair_request_tenants", agent=agent, operations=list(operations))
+        if len(waiting) > 1:
+            turns, clock = _turns(waiting)
+            share = fair_shares(turns, clock, limit)
+    if share is not None and backlog:  # the shares' requests may be past those read
+        tenants = sorted(share.counts)
+        scan = max(limit, SCAN // len(tenants))
+        [theirs] = yield [
+            Query("limited_fair_candidates", {**params, "tenants": tenants, "scan": scan})
+        ]
+        seen = {(r["task_id"], r["seq"]) for r in found}
+        found = sorted(
+            [*found, *(r for r in theirs if (r["task_id"], r["seq"]) not in seen)],
+            key=lambda r: r["ranked_at"],
+        )
     chosen = pick_within_limits(
         [(r["operation"], r["limit_key"]) for r in found],
         limits,
         {(r["operation"], r["limit_key"]): r["n"] for r in running},
         {(r["operation"], r["limit_key"]): r["n"] for r in started},
         limit,
+        tenants=[r["tenant"] for r in found],
+        shares=None if share is None else share.counts,
     )
     if not chosen:
         return []
     picked = [{"task_id": found[i]["task_id"], "seq": found[i]["seq"]} for i in chosen]
     rate_limited = {**params, "rated": [r["operation"] for r in rated]}
     [rows] = yield [Query("claim_chosen", rate_limited, each=picked)]
+    if share is not None:
+        yield _advance(agent, turns, share, rows)
     return rows
 
 

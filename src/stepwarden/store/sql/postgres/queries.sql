@@ -343,7 +343,8 @@ ORDER BY task_id, seq
 -- name: dispatch_new
 -- Record steps while their tasks are held under these attempts (task rows share-locked):
 -- queued (not_started), or taken at once by the agent instance named in claimed_by (running);
--- ranked for claims at now less their priority's head start.
+-- ranked for claims at now less their priority's head start, with their task's tenant (the
+-- fair share of the agents' queue).
 WITH d AS (
     SELECT * FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(task_attempt)s::int[],
                          %(scheduler)s::text[], %(name)s::text[], %(agent)s::text[],
@@ -360,13 +361,13 @@ WITH d AS (
              compensates, pickup_within, total_within, limit_key, position, claimed_by,
              head_start, trace_context)
 ), t AS MATERIALIZED (
-    SELECT task_id, attempt, locked_by, complete_by FROM stepwarden_tasks
+    SELECT task_id, attempt, locked_by, complete_by, tenant FROM stepwarden_tasks
     WHERE task_id IN (SELECT task_id FROM d) AND process_state IN ('processing', 'compensating')
     ORDER BY task_id
     FOR SHARE
 ), c AS MATERIALIZED (
     -- Of the dispatches of one step that pass the fence, the first (as one at a time).
-    SELECT DISTINCT ON (d.task_id, d.seq) d.*, t.complete_by AS task_complete_by
+    SELECT DISTINCT ON (d.task_id, d.seq) d.*, t.complete_by AS task_complete_by, t.tenant
     FROM d JOIN t ON t.task_id = d.task_id AND t.attempt = d.task_attempt
                  AND t.locked_by = d.scheduler
     ORDER BY d.task_id, d.seq, d.ord
@@ -376,7 +377,7 @@ WITH d AS (
                                   created_at, dispatched_at, compensation, compensation_input,
                                   compensates, complete_within, pickup_within, give_up_by,
                                   limit_key, position, locked_by, claimed_at, ranked_at,
-                                  trace_context)
+                                  trace_context, tenant)
     SELECT task_id, seq, name, agent, operation,
            CASE WHEN claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, task_attempt,
            priority,
@@ -387,7 +388,7 @@ WITH d AS (
            compensates, complete_within, pickup_within,
            now() + make_interval(secs => total_within), limit_key, position, claimed_by,
            CASE WHEN claimed_by IS NOT NULL THEN now() END,
-           now() - make_interval(secs => head_start), trace_context
+           now() - make_interval(secs => head_start), trace_context, tenant
     FROM c
     ORDER BY ord
     ON CONFLICT (task_id, seq) DO NOTHING
@@ -544,19 +545,131 @@ RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempote
           extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id) AS workflow
 
+-- name: fair_request_tenants
+-- The tenants with requests queued at an agent for the given operations, with their weights
+-- (stepwarden_tenants; 1 without a row), their passes at this agent (none without a row) and
+-- the agent's fair clock: the index of migration 0024 walked from one tenant to the next,
+-- for each operation (one probe a tenant, never a read of their requests).
+WITH RECURSIVE o AS MATERIALIZED (
+    SELECT DISTINCT operation FROM unnest(%(operations)s::text[]) AS o(operation)
+    LIMIT cardinality(%(operations)s::text[])
+), t AS (
+    SELECT o.operation,
+           (SELECT x.tenant FROM stepwarden_steps x
+            WHERE x.state = 'not_started' AND x.agent = %(agent)s AND x.operation = o.operation
+            ORDER BY x.tenant LIMIT 1) AS tenant
+    FROM o
+    UNION ALL
+    SELECT t.operation,
+           (SELECT x.tenant FROM stepwarden_steps x
+            WHERE x.state = 'not_started' AND x.agent = %(agent)s
+              AND x.operation = t.operation AND x.tenant > t.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+)
+SELECT DISTINCT t.tenant, coalesce(n.weight, 1)::float8 AS weight, p.pass,
+       (SELECT vtime FROM stepwarden_agent_clock WHERE agent = %(agent)s) AS clock
+FROM t
+LEFT JOIN stepwarden_tenants n ON n.tenant = t.tenant
+LEFT JOIN stepwarden_agent_tenants p ON p.agent = %(agent)s AND p.tenant = t.tenant
+WHERE t.tenant IS NOT NULL
+
+-- name: claim_fair_requests
+-- claim_requests with each tenant's share (rules.fair_shares: the arrays tenants and counts,
+-- side by side): of each tenant, up to its count of its requests queued in time, by rank,
+-- through the index of migration 0024, skipping rows others hold; up to the limit in all.
+WITH a AS MATERIALIZED (
+    SELECT * FROM unnest(%(tenants)s::text[], %(counts)s::int[]) AS a(tenant, n)
+), o AS MATERIALIZED (
+    SELECT DISTINCT operation FROM unnest(%(operations)s::text[]) AS o(operation)
+    LIMIT cardinality(%(operations)s::text[])
+), p AS MATERIALIZED (
+    SELECT x.*, a.tenant AS share_of, a.n FROM a CROSS JOIN o CROSS JOIN LATERAL (
+        SELECT task_id, seq, ranked_at FROM stepwarden_steps s
+        WHERE s.state = 'not_started' AND s.agent = %(agent)s AND s.operation = o.operation
+          AND s.tenant = a.tenant AND s.complete_by > now()
+          AND (s.pickup_within IS NULL
+               OR s.dispatched_at + make_interval(secs => s.pickup_within) > now())
+        ORDER BY s.ranked_at
+        LIMIT a.n
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+), pick AS MATERIALIZED (
+    SELECT task_id, seq FROM (
+        SELECT task_id, seq, ranked_at, n,
+               row_number() OVER (PARTITION BY share_of ORDER BY ranked_at) AS r
+        FROM p
+    ) AS q
+    WHERE q.r <= q.n
+    ORDER BY ranked_at
+    LIMIT %(limit)s
+)
+UPDATE stepwarden_steps s
+SET state = 'running', locked_by = %(instance)s, claimed_at = now()
+FROM pick
+WHERE s.task_id = pick.task_id AND s.seq = pick.seq AND s.state = 'not_started'
+RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
+          s.complete_by, s.ranked_at, s.compensates, s.trace_context, s.tenant,
+          extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+          extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
+          (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id) AS workflow
+
+-- name: advance_agent_tenants
+-- Each tenant served by a claim of an agent's requests: its pass at the agent moves on by
+-- its claims over its weight (delta), from the agent's fair clock at least (floor). In the
+-- order of the tenants, so that claims side by side lock their rows in one order.
+INSERT INTO stepwarden_agent_tenants AS n (agent, tenant, pass)
+SELECT %(agent)s, d.tenant, %(floor)s::float8 + d.delta
+FROM unnest(%(tenant)s::text[], %(delta)s::float8[]) AS d(tenant, delta)
+ORDER BY d.tenant
+ON CONFLICT (agent, tenant) DO UPDATE
+SET pass = greatest(n.pass, %(floor)s::float8) + (excluded.pass - %(floor)s::float8)
+
+-- name: advance_agent_clock
+-- An agent's fair clock moves on (never back) to the least pass of the tenants a claim found.
+INSERT INTO stepwarden_agent_clock AS c (agent, vtime) VALUES (%(agent)s, %(clock)s)
+ON CONFLICT (agent) DO UPDATE SET vtime = greatest(c.vtime, excluded.vtime)
+
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time, until commit.
 SELECT pg_advisory_xact_lock(hashtextextended('stepwarden.limits:' || %(agent)s, 0))
 
 -- name: limited_candidates
 -- Queued requests of an agent in claim order, for a claim within the operations' limits.
-SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
+SELECT task_id, seq, operation, limit_key, tenant, ranked_at FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = %(agent)s AND complete_by > now()
   AND operation = ANY(%(operations)s::text[])
   AND (pickup_within IS NULL OR dispatched_at + make_interval(secs => pickup_within) > now())
 ORDER BY ranked_at
 LIMIT %(scan)s
 FOR UPDATE SKIP LOCKED
+
+-- name: limited_fair_candidates
+-- Queued requests of an agent of each of the given tenants, up to scan of each in claim
+-- order, through the index of migration 0024, skipping rows others hold: a fair claim within
+-- the operations' limits picks each tenant's share from them.
+WITH a AS MATERIALIZED (
+    SELECT DISTINCT tenant FROM unnest(%(tenants)s::text[]) AS a(tenant)
+    LIMIT cardinality(%(tenants)s::text[])
+), o AS MATERIALIZED (
+    SELECT DISTINCT operation FROM unnest(%(operations)s::text[]) AS o(operation)
+    LIMIT cardinality(%(operations)s::text[])
+)
+SELECT task_id, seq, operation, limit_key, tenant, ranked_at FROM (
+    SELECT x.*, row_number() OVER (PARTITION BY x.tenant ORDER BY x.ranked_at) AS r
+    FROM a CROSS JOIN o CROSS JOIN LATERAL (
+        SELECT s.task_id, s.seq, s.operation, s.limit_key, s.tenant, s.ranked_at
+        FROM stepwarden_steps s
+        WHERE s.state = 'not_started' AND s.agent = %(agent)s AND s.operation = o.operation
+          AND s.tenant = a.tenant AND s.complete_by > now()
+          AND (s.pickup_within IS NULL
+               OR s.dispatched_at + make_interval(secs => s.pickup_within) > now())
+        ORDER BY s.ranked_at
+        LIMIT %(scan)s
+        FOR UPDATE SKIP LOCKED
+    ) AS x
+) AS q
+WHERE q.r <= %(scan)s
 
 -- name: running_counts
 -- Steps running now, by operation and limit key ('' for none).
@@ -593,7 +706,7 @@ WITH c AS (
     WHERE s.task_id = c.task_id AND s.seq = c.seq AND s.state = 'not_started'
     RETURNING s.task_id, s.seq, s.attempt, s.agent, s.operation, s.input, s.idempotency_key,
               s.complete_by, s.ranked_at, s.compensates, s.limit_key, s.trace_context,
-              extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+              s.tenant, extract(epoch FROM s.complete_by - now())::float8 AS remaining,
               extract(epoch FROM now() - s.dispatched_at)::float8 AS queued,
               (SELECT t.workflow FROM stepwarden_tasks t WHERE t.task_id = s.task_id)
                   AS workflow
@@ -1136,15 +1249,17 @@ INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attem
                               task_attempt, priority, complete_by, idempotency_key, input,
                               result, tries, created_at, dispatched_at, claimed_at,
                               finished_at, compensation, compensation_input, complete_within,
-                              position, ranked_at, limit_key)
+                              position, ranked_at, limit_key, tenant)
 SELECT d.new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
        s.complete_by, s.idempotency_key, d.input::json, d.result::json, s.tries, s.created_at,
        s.dispatched_at, s.claimed_at, s.finished_at, s.compensation,
-       d.compensation_input::json, s.complete_within, s.position, s.ranked_at, s.limit_key
+       d.compensation_input::json, s.complete_within, s.position, s.ranked_at, s.limit_key,
+       coalesce(f.tenant, s.tenant)
 FROM unnest(%(task_id)s::text[], %(seq)s::int[], %(new_id)s::text[], %(input)s::text[],
             %(result)s::text[], %(compensation_input)s::text[])
      AS d(task_id, seq, new_id, input, result, compensation_input)
 JOIN stepwarden_steps AS s ON s.task_id = d.task_id AND s.seq = d.seq
+LEFT JOIN stepwarden_tasks AS f ON f.task_id = d.new_id
 
 -- name: get_task
 -- One task.

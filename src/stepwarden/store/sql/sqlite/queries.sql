@@ -217,13 +217,13 @@ ORDER BY task_id, seq
 -- name: dispatch_new
 -- Record a step and queue its request (not_started), or hand it at once to the agent instance
 -- named in claimed_by (running), only while the task is held under this attempt; ranked for
--- claims at now less its priority's head start. The step's complete_by never passes the
--- task's.
+-- claims at now less its priority's head start, with its task's tenant (the fair share of
+-- the agents' queue). The step's complete_by never passes the task's.
 INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attempt, task_attempt,
                               priority, complete_by, idempotency_key, input, created_at,
                               dispatched_at, compensation, compensation_input, compensates,
                               complete_within, pickup_within, give_up_by, limit_key, position,
-                              locked_by, claimed_at, ranked_at, trace_context)
+                              locked_by, claimed_at, ranked_at, trace_context, tenant)
 SELECT :task_id, :seq, :name, :agent, :operation,
        CASE WHEN :claimed_by IS NULL THEN 'not_started' ELSE 'running' END, 1, :task_attempt,
        :priority,
@@ -232,7 +232,7 @@ SELECT :task_id, :seq, :name, :agent, :operation,
        :idempotency_key, :input, :now, :now, :compensation, :compensation_input, :compensates,
        :complete_within, :pickup_within, :now + :total_within, :limit_key, :position,
        :claimed_by, CASE WHEN :claimed_by IS NOT NULL THEN :now END, :now - :head_start,
-       :trace_context
+       :trace_context, t.tenant
 FROM stepwarden_tasks t
 WHERE t.task_id = :task_id AND t.attempt = :task_attempt AND t.locked_by = :scheduler
   AND t.process_state IN ('processing', 'compensating')
@@ -344,6 +344,79 @@ RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, compl
           (SELECT t.workflow FROM stepwarden_tasks t
            WHERE t.task_id = stepwarden_steps.task_id) AS workflow
 
+-- name: fair_request_tenants
+-- The tenants with requests queued at an agent for the given operations (the JSON array
+-- operations), with their weights (stepwarden_tenants; 1 without a row), their passes at this
+-- agent (none without a row) and the agent's fair clock: the index of migration 0024 walked
+-- from one tenant to the next, for each operation (one probe a tenant, never a read of their
+-- requests).
+WITH RECURSIVE o AS (
+    SELECT DISTINCT value AS operation FROM json_each(:operations)
+), walk(operation, tenant) AS (
+    SELECT o.operation,
+           (SELECT x.tenant FROM stepwarden_steps AS x INDEXED BY stepwarden_steps_fair
+            WHERE x.state = 'not_started' AND x.agent = :agent AND x.operation = o.operation
+            ORDER BY x.tenant LIMIT 1)
+    FROM o
+    UNION ALL
+    SELECT walk.operation,
+           (SELECT x.tenant FROM stepwarden_steps AS x INDEXED BY stepwarden_steps_fair
+            WHERE x.state = 'not_started' AND x.agent = :agent
+              AND x.operation = walk.operation AND x.tenant > walk.tenant
+            ORDER BY x.tenant LIMIT 1)
+    FROM walk WHERE walk.tenant IS NOT NULL
+)
+SELECT DISTINCT walk.tenant, coalesce(n.weight, 1.0) AS weight, p.pass,
+       (SELECT vtime FROM stepwarden_agent_clock WHERE agent = :agent) AS clock
+FROM walk
+LEFT JOIN stepwarden_tenants AS n ON n.tenant = walk.tenant
+LEFT JOIN stepwarden_agent_tenants AS p ON p.agent = :agent AND p.tenant = walk.tenant
+WHERE walk.tenant IS NOT NULL
+
+-- name: claim_fair_requests
+-- claim_requests with each tenant's share (rules.fair_shares: the JSON arrays tenants and
+-- counts, side by side): of each tenant, up to its count of its requests queued in time, by
+-- rank, through the index of migration 0024; up to the limit in all.
+WITH a AS (
+    SELECT n.value AS tenant, c.value AS n
+    FROM json_each(:tenants) AS n JOIN json_each(:counts) AS c ON c.key = n.key
+), o AS (
+    SELECT DISTINCT value AS operation FROM json_each(:operations)
+), pick AS (
+    SELECT task_id, seq, ranked_at FROM (
+        SELECT s.task_id, s.seq, s.ranked_at, a.n,
+               row_number() OVER (PARTITION BY a.tenant ORDER BY s.ranked_at) AS r
+        FROM a JOIN o JOIN stepwarden_steps AS s ON s.rowid IN (
+            SELECT x.rowid FROM stepwarden_steps AS x INDEXED BY stepwarden_steps_fair
+            WHERE x.state = 'not_started' AND x.agent = :agent AND x.operation = o.operation
+              AND x.tenant = a.tenant AND x.complete_by > :now
+              AND (x.pickup_within IS NULL OR x.dispatched_at + x.pickup_within > :now)
+            ORDER BY x.ranked_at
+            LIMIT :limit)
+    ) AS q
+    WHERE q.r <= q.n
+)
+UPDATE stepwarden_steps
+SET state = 'running', locked_by = :instance, claimed_at = :now
+WHERE (task_id, seq) IN (SELECT task_id, seq FROM pick ORDER BY ranked_at LIMIT :limit)
+  AND state = 'not_started'
+RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
+          ranked_at, compensates, trace_context, tenant, complete_by - :now AS remaining,
+          :now - dispatched_at AS queued,
+          (SELECT t.workflow FROM stepwarden_tasks t
+           WHERE t.task_id = stepwarden_steps.task_id) AS workflow
+
+-- name: advance_agent_tenants
+-- A tenant served by a claim of an agent's requests: its pass at the agent moves on by its
+-- claims over its weight (delta), from the agent's fair clock at least (floor).
+INSERT INTO stepwarden_agent_tenants (agent, tenant, pass) VALUES (:agent, :tenant, :floor + :delta)
+ON CONFLICT (agent, tenant) DO UPDATE SET pass = max(pass, :floor) + :delta
+
+-- name: advance_agent_clock
+-- An agent's fair clock moves on (never back) to the least pass of the tenants a claim found.
+INSERT INTO stepwarden_agent_clock (agent, vtime) VALUES (:agent, :clock)
+ON CONFLICT (agent) DO UPDATE SET vtime = max(vtime, excluded.vtime)
+
 -- name: limits_lock
 -- Claims within limits of one agent's operations go one at a time: BEGIN IMMEDIATE already
 -- makes every write transaction exclusive.
@@ -351,12 +424,34 @@ SELECT 1 AS locked
 
 -- name: limited_candidates
 -- Queued requests of an agent in claim order, for a claim within the operations' limits.
-SELECT task_id, seq, operation, limit_key FROM stepwarden_steps
+SELECT task_id, seq, operation, limit_key, tenant, ranked_at FROM stepwarden_steps
 WHERE state = 'not_started' AND agent = :agent AND complete_by > :now
   AND operation IN (SELECT value FROM json_each(:operations))
   AND (pickup_within IS NULL OR dispatched_at + pickup_within > :now)
 ORDER BY ranked_at
 LIMIT :scan
+
+-- name: limited_fair_candidates
+-- Queued requests of an agent of each of the given tenants (the JSON array tenants), up to
+-- scan of each in claim order, through the index of migration 0024: a fair claim within the
+-- operations' limits picks each tenant's share from them.
+WITH a AS (
+    SELECT DISTINCT value AS tenant FROM json_each(:tenants)
+), o AS (
+    SELECT DISTINCT value AS operation FROM json_each(:operations)
+)
+SELECT task_id, seq, operation, limit_key, tenant, ranked_at FROM (
+    SELECT s.task_id, s.seq, s.operation, s.limit_key, s.tenant, s.ranked_at,
+           row_number() OVER (PARTITION BY a.tenant ORDER BY s.ranked_at) AS r
+    FROM a JOIN o JOIN stepwarden_steps AS s ON s.rowid IN (
+        SELECT x.rowid FROM stepwarden_steps AS x INDEXED BY stepwarden_steps_fair
+        WHERE x.state = 'not_started' AND x.agent = :agent AND x.operation = o.operation
+          AND x.tenant = a.tenant AND x.complete_by > :now
+          AND (x.pickup_within IS NULL OR x.dispatched_at + x.pickup_within > :now)
+        ORDER BY x.ranked_at
+        LIMIT :scan)
+) AS q
+WHERE q.r <= :scan
 
 -- name: running_counts
 -- Steps running now, by operation and limit key ('' for none).
@@ -382,8 +477,8 @@ UPDATE stepwarden_steps
 SET state = 'running', locked_by = :instance, claimed_at = :now
 WHERE task_id = :task_id AND seq = :seq AND state = 'not_started'
 RETURNING task_id, seq, attempt, agent, operation, input, idempotency_key, complete_by,
-          ranked_at, compensates, limit_key, trace_context, complete_by - :now AS remaining,
-          :now - dispatched_at AS queued,
+          ranked_at, compensates, limit_key, trace_context, tenant,
+          complete_by - :now AS remaining, :now - dispatched_at AS queued,
           (SELECT t.workflow FROM stepwarden_tasks t
            WHERE t.task_id = stepwarden_steps.task_id) AS workflow;
 INSERT INTO stepwarden_starts (agent, operation, limit_key, at)
@@ -759,11 +854,13 @@ INSERT INTO stepwarden_steps (task_id, seq, name, agent, operation, state, attem
                               task_attempt, priority, complete_by, idempotency_key, input,
                               result, tries, created_at, dispatched_at, claimed_at,
                               finished_at, compensation, compensation_input, complete_within,
-                              position, ranked_at, limit_key)
+                              position, ranked_at, limit_key, tenant)
 SELECT :new_id, s.seq, s.name, s.agent, s.operation, s.state, s.attempt, 0, s.priority,
        s.complete_by, s.idempotency_key, :input, :result, s.tries, s.created_at,
        s.dispatched_at, s.claimed_at, s.finished_at, s.compensation, :compensation_input,
-       s.complete_within, s.position, s.ranked_at, s.limit_key
+       s.complete_within, s.position, s.ranked_at, s.limit_key,
+       coalesce((SELECT f.tenant FROM stepwarden_tasks AS f WHERE f.task_id = :new_id),
+                s.tenant)
 FROM stepwarden_steps AS s
 WHERE s.task_id = :task_id AND s.seq = :seq
 
