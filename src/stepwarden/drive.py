@@ -75,6 +75,10 @@ T = TypeVar("T")
 
 RESULT_SLACK = 0.25
 """Seconds a drive waits past a step's complete_by for word of its result."""
+OVERDUE_LOOK = 2.0
+"""Seconds at most between two looks of a drive at a step it waits for past the step's
+complete_by, and at its hold of the task (`TaskDrive._result`): the looks start
+RESULT_SLACK apart and double."""
 RECORD_WITHIN = 0.005
 """Seconds the outcome of a step called in this process waits for the workflow's next write
 (which it then shares a transaction with) before it is written alone."""
@@ -530,26 +534,37 @@ class TaskDrive:
     async def _result(self, seq: int, future: asyncio.Future[Answer], remaining: float) -> Answer:
         """Wait for a step's result until its complete_by; while the step is still open for
         this attempt of the task with its complete_by moved on (a heartbeat, or its agent
-        instance gone and the step reassigned), wait on."""
+        instance gone and the step reassigned), wait on.
+
+        Open past its complete_by, the step is the supervisor's, which either fails it (its
+        pick-up or total timeout passed: the task stays held, and its workflow goes on from
+        the failure) or expires the task (the hold of this attempt ends). Which one depends
+        on when its sweep comes, so the drive waits for either: the failure wakes it like
+        any result; it looks at the step and its hold again OVERDUE_LOOK apart at most, and
+        stops once the task is no longer held by it (or at the task's complete_by)."""
+        look = RESULT_SLACK
         while True:
             try:
-                async with asyncio.timeout_at(
-                    Deadline.after(max(0.0, remaining) + RESULT_SLACK).at
-                ):
+                async with asyncio.timeout_at(Deadline.after(max(0.0, remaining) + look).at):
                     return await asyncio.shield(future)
             except TimeoutError:
                 pass
             found = await self._answered(
                 f"task {self.task_id}: cannot read step {seq}",
-                lambda: self.host.store.read_step(self.task_id, seq),
+                lambda: self.host.store.read_held_step(
+                    self.task_id, seq, self.held.attempt, self.instance
+                ),
             )
             if found is None:
                 raise Abandon
-            step, remaining = found
+            step, remaining, held = found
+            if not held:
+                raise Abandon
             if step.state in (StepState.COMPLETED, StepState.FAILED):
                 return Answer.of(step)
-            if remaining <= 0 or step.task_attempt != self.held.attempt:
+            if step.task_attempt != self.held.attempt:
                 raise Abandon
+            look = RESULT_SLACK if remaining > 0 else min(2 * look, OVERDUE_LOOK)
 
     async def _finished(self, seq: int) -> Answer:
         found = await self._answered(

@@ -750,6 +750,19 @@ class Store(abc.ABC):
             return None
         return _rows.step_record(rows[0], self.keys), float(rows[0]["remaining"])
 
+    async def read_held_step(
+        self, task_id: str, seq: int, attempt: int, scheduler: str
+    ) -> tuple[StepRecord, float, bool] | None:
+        """`read_step`, with whether the step's task is still held under `attempt` by
+        `scheduler` (processing or compensating): a drive's look at the step it waits for."""
+        rows = await self._read_one(
+            "read_held_step", task_id=task_id, seq=seq, attempt=attempt, scheduler=scheduler
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return _rows.step_record(row, self.keys), float(row["remaining"]), bool(row["held"])
+
     # -- the scheduler registry -----------------------------------------------------------
     async def beat_schedulers(self, beats: Sequence[SchedulerBeat], ttl: float) -> None:
         """Register or refresh scheduler instances; each is gone `ttl` seconds after its

@@ -910,6 +910,18 @@ ORDER BY agent, started_at, instance
 SELECT *, extract(epoch FROM complete_by - now())::float8 AS remaining FROM stepwarden_steps
 WHERE task_id = %(task_id)s AND seq = %(seq)s
 
+-- name: read_held_step
+-- A step, the seconds until its complete_by, and whether its task is still held under this
+-- attempt by this scheduler: a drive's look at a step it waits for, once its complete_by
+-- has passed (the supervisor then either fails the step or takes the task from the drive).
+SELECT s.*, extract(epoch FROM s.complete_by - now())::float8 AS remaining,
+       EXISTS (SELECT 1 FROM stepwarden_tasks t
+               WHERE t.task_id = s.task_id AND t.attempt = %(attempt)s
+                 AND t.locked_by = %(scheduler)s
+                 AND t.process_state IN ('processing', 'compensating')) AS held
+FROM stepwarden_steps s
+WHERE s.task_id = %(task_id)s AND s.seq = %(seq)s
+
 -- name: gone_holders
 -- Running steps in time whose agent instance is gone, whatever the state of their task
 -- (held, released, waiting, paused...), with that task's state, holder and attempt, and

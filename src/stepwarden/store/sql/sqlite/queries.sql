@@ -636,6 +636,18 @@ SELECT *, expires_at > :now AS alive FROM stepwarden_agents ORDER BY agent, star
 SELECT *, complete_by - :now AS remaining FROM stepwarden_steps
 WHERE task_id = :task_id AND seq = :seq
 
+-- name: read_held_step
+-- A step, the seconds until its complete_by, and whether its task is still held under this
+-- attempt by this scheduler: a drive's look at a step it waits for, once its complete_by
+-- has passed (the supervisor then either fails the step or takes the task from the drive).
+SELECT s.*, s.complete_by - :now AS remaining,
+       EXISTS (SELECT 1 FROM stepwarden_tasks t
+               WHERE t.task_id = s.task_id AND t.attempt = :attempt
+                 AND t.locked_by = :scheduler
+                 AND t.process_state IN ('processing', 'compensating')) AS held
+FROM stepwarden_steps s
+WHERE s.task_id = :task_id AND s.seq = :seq
+
 -- name: gone_holders
 -- Running steps in time whose agent instance is gone, whatever the state of their task
 -- (held, released, waiting, paused...), with that task's state, holder and attempt, and
