@@ -10,6 +10,7 @@ import orjson
 import stepwarden as sw
 from stepwarden.records import SchedulerBeat
 
+from ..support.store import whole_store
 from ..support.why import ROLES, until
 from ..support.worker import running
 from . import cli_app
@@ -71,7 +72,6 @@ def test_why_says_a_ranked_task_s_place_in_its_tenant_and_its_tenant_s_share(
         try:
             for n, tenant in enumerate(("acme", "globex", "acme")):
                 await app.submit_async("process", {"n": n}, task_id=f"t{n}", tenant=tenant)
-            store = await app.store()
             beat = SchedulerBeat(
                 instance="sched-1",
                 workflows=("process",),
@@ -79,7 +79,8 @@ def test_why_says_a_ranked_task_s_place_in_its_tenant_and_its_tenant_s_share(
                 held=0,
                 versions=(("process", 1),),
             )
-            await store.beat_schedulers([beat], ttl=60)
+            async with whole_store(url) as store:
+                await store.beat_schedulers([beat], ttl=60)
         finally:
             await app.aclose()
 

@@ -15,6 +15,7 @@ import stepwarden as sw
 from stepwarden.records import AgentBeat, SchedulerBeat
 from stepwarden.store import open_one
 
+from ..support.store import whole_store
 from ..support.why import ROLES, until
 from ..support.worker import FAST, running
 
@@ -194,8 +195,8 @@ async def test_a_ranked_task_says_its_rank_in_its_tenant_and_its_tenant_s_share(
         for n, tenant in enumerate(("acme", "globex", "acme", "globex", "acme")):
             await d.app.submit_async("quick", n, task_id=f"t{n}", tenant=tenant)
         await beat_scheduler(store_url, "sched-1", (("quick", 1),))
-        store = await d.app.store()
-        await store.set_tenant_weight("acme", 3)
+        async with whole_store(store_url) as store:
+            await store.set_tenant_weight("acme", 3)
         whys = {f"t{n}": (await d.why(f"t{n}")).gate for n in range(5)}
         # A task of no tenant: its own share (weight 1) beside acme's and globex's.
         await d.app.submit_async("quick", 9, task_id="mine")

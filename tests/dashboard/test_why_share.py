@@ -12,6 +12,8 @@ import stepwarden as sw
 from stepwarden.dashboard import create_app
 from stepwarden.records import SchedulerBeat
 
+from ..support.store import whole_store
+
 TOKEN = "a-dashboard-token-of-why-share"
 
 
@@ -25,8 +27,6 @@ async def test_the_task_s_page_says_its_tenant_s_share(store_url: str) -> None:
     async with app:
         for n, tenant in enumerate(("acme", "globex", "acme")):
             await app.submit_async(quick, n, task_id=f"t{n}", tenant=tenant)
-        store = await app.store()
-        await store.set_tenant_weight("acme", 3)
         beat = SchedulerBeat(
             instance="sched-1",
             workflows=("quick",),
@@ -34,7 +34,9 @@ async def test_the_task_s_page_says_its_tenant_s_share(store_url: str) -> None:
             held=0,
             versions=(("quick", 1),),
         )
-        await store.beat_schedulers([beat], ttl=60)
+        async with whole_store(store_url) as store:
+            await store.set_tenant_weight("acme", 3)
+            await store.beat_schedulers([beat], ttl=60)
         web = create_app(app, token=TOKEN)
         transport = httpx.ASGITransport(app=web)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:

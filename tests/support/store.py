@@ -3,7 +3,9 @@ contract tests."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Literal
 
@@ -17,7 +19,7 @@ from stepwarden.records import (
 )
 from stepwarden.sealing import input_digest
 from stepwarden.states import StepState, TaskState
-from stepwarden.store import Store
+from stepwarden.store import Store, open_one
 from stepwarden.store.ports import AgentPort
 
 from ..agentserver import CLIENT
@@ -160,3 +162,16 @@ async def held_task(store: Store, task_id: str, *, within: float = 30) -> int:
     [claimed] = await store.claim_tasks("s1", ["wf"], 1)
     assert claimed.task.task_id == task_id
     return claimed.task.attempt
+
+
+@contextlib.asynccontextmanager
+async def whole_store(store_url: str) -> AsyncIterator[Store]:
+    """The store at `store_url` opened whole (the actors' and the operator's calls too, as a
+    worker or the command line opens it), for a test's setup: an App's own store
+    (`App.store`) is the application's part only."""
+    store = open_one(store_url)
+    await store.open(migrate=False)
+    try:
+        yield store
+    finally:
+        await store.close()
