@@ -301,7 +301,7 @@ def run_store(
     system = Stepwarden(res, workers=args.workers, log_dir=log_dir, postgres=postgres)
     errors: list[str] = []
     out: dict[str, Any] = {"errors": errors}
-    for weight_a in (1.0, 3.0):
+    for weight_a in (1.0, 3.0) if "shares" in args.fair_parts else ():
         key = f"shares_{weight_a:g}_1"
         runs = []
         for run in range(args.fair_runs):
@@ -319,7 +319,7 @@ def run_store(
             "expected": round(1 / (1 + weight_a), 4),
         }
     latency: dict[str, Any] = {}
-    for mode in ("alone", "fair", "one_tenant"):
+    for mode in ("alone", "fair", "one_tenant") if "latency" in args.fair_parts else ():
         samples: list[float] = []
         parts: list[dict[str, float]] = []
         runs = []
@@ -348,7 +348,7 @@ def run_store(
         }
     out["latency"] = latency
     w1: dict[str, Any] = {}
-    for variant in ("batch", "single"):
+    for variant in ("batch", "single") if "w1" in args.fair_parts else ():
         found: dict[str, list[float]] = {"one_tenant": [], "tenants": []}
         for run in range(args.fair_w1_runs):
             order = ["one_tenant", "tenants"] if run % 2 == 0 else ["tenants", "one_tenant"]
@@ -458,6 +458,10 @@ def table_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+PARTS = ("shares", "latency", "w1")
+"""What `--fair-parts` may name."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The sizes, shared by `python -m bench` and `python -m bench.fair_share`."""
     p.add_argument("--fair-a-n", type=int, default=None, help="tenant A's flood [10,000]")
@@ -479,6 +483,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fair-w1-runs", type=int, default=None, help="runs of W1 over tenants [3; quick 1]"
     )
+    p.add_argument(
+        "--fair-parts", default="shares,latency,w1",
+        help="what runs, comma-separated: shares, latency, w1 [all three]",
+    )  # fmt: skip
 
 
 def settle_arguments(args: argparse.Namespace, quick: bool = False) -> None:
@@ -489,6 +497,11 @@ def settle_arguments(args: argparse.Namespace, quick: bool = False) -> None:
     args.fair_latency_n = args.fair_latency_n or 200 // scale
     args.fair_w1_n = args.fair_w1_n or 1_000 // scale
     args.fair_w1_runs = args.fair_w1_runs or (1 if quick else 3)
+    parts = {x.strip() for x in args.fair_parts.split(",") if x.strip()}
+    unknown = parts - set(PARTS)
+    if unknown or not parts:
+        raise SystemExit(f"--fair-parts: {', '.join(sorted(unknown)) or 'none'}: of {PARTS}")
+    args.fair_parts = parts
 
 
 def main(argv: list[str] | None = None) -> int:
