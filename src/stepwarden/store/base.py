@@ -524,8 +524,14 @@ class Store(abc.ABC):
             after_at = cursor.created_at
         params = {**_filtered(match), "after": after, "after_at": _epoch(after_at)}
         if match.tags:
-            tagged = _tagged(match.tags)
-            rows = await self._read_one("list_tagged_tasks", **params, **tagged, limit=limit)
+            looked_up = _tagged(match.tags)  # its tags are in params already
+            rows = await self._read_one(
+                "list_tagged_tasks",
+                **params,
+                key=looked_up["key"],
+                value=looked_up["value"],
+                limit=limit,
+            )
         else:
             rows = await self._read_one("list_tasks", **params, limit=limit)
         return [_rows.task_record(r, self.keys) for r in rows]
