@@ -481,7 +481,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--fair-runs", type=int, default=1, help="runs of the shares and of B's latency [1]"
     )
     p.add_argument(
-        "--fair-w1-runs", type=int, default=None, help="runs of W1 over tenants [3; quick 1]"
+        "--fair-w1-runs",
+        type=int,
+        default=None,
+        help="runs of W1 over tenants [4; quick 1]: an even number, each side first as often",
     )
     p.add_argument(
         "--fair-parts", default="shares,latency,w1",
@@ -496,7 +499,7 @@ def settle_arguments(args: argparse.Namespace, quick: bool = False) -> None:
     args.fair_b_n = args.fair_b_n or 2_000 // scale
     args.fair_latency_n = args.fair_latency_n or 200 // scale
     args.fair_w1_n = args.fair_w1_n or 1_000 // scale
-    args.fair_w1_runs = args.fair_w1_runs or (1 if quick else 3)
+    args.fair_w1_runs = args.fair_w1_runs or (1 if quick else 4)
     parts = {x.strip() for x in args.fair_parts.split(",") if x.strip()}
     unknown = parts - set(PARTS)
     if unknown or not parts:
