@@ -67,6 +67,12 @@ def seconds_until(url: str, column: str) -> str:
     return f"extract(epoch FROM {column} - now())::float8"
 
 
+def custom_plan(db: psycopg.Connection[Any], query: str, params: Mapping[str, Any]) -> str:
+    """The PostgreSQL plan of `query` for these `params` (as a statement run once is
+    planned)."""
+    return "\n".join(r[0] for r in db.execute("EXPLAIN " + query, params).fetchall())
+
+
 def generic_plan(
     db: psycopg.Connection[Any],
     query: str,

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from typing import Any
 
 import psycopg
 
 from stepwarden.store import _sql, open_store
 
-from ..rawsql import generic_plan
+from ..rawsql import custom_plan, generic_plan
 
 TENANTS = 200
 QUEUED = 20_000
@@ -56,14 +55,13 @@ def test_postgres_fair_claims_of_requests_read_the_tenants_index(pg_url: str) ->
         db.execute("ANALYZE")
         queries = _sql.queries("postgres")
         for name in NAMES:
-            for plan in (_plan(db, queries[name], PARAMS), generic_plan(db, queries[name], PARAMS)):
+            for plan in (
+                custom_plan(db, queries[name], PARAMS),
+                generic_plan(db, queries[name], PARAMS),
+            ):
                 assert "using stepwarden_steps_fair on stepwarden_steps" in plan, (name, plan)
                 assert "Seq Scan on stepwarden_steps" not in plan, (name, plan)
                 assert not SORTED_STEPS.search(plan), (name, plan)
-
-
-def _plan(db: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
-    return "\n".join(r[0] for r in db.execute("EXPLAIN " + query, params).fetchall())
 
 
 def test_sqlite_fair_claims_of_requests_read_the_tenants_index(sqlite_url: str) -> None:

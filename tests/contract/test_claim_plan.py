@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from typing import Any
 
 import psycopg
 
 from stepwarden.store import _sql, open_store
 
-from ..rawsql import generic_plan
+from ..rawsql import custom_plan, generic_plan
 
 KEPT = 20_000
 WAITING = 3_000
@@ -59,17 +58,13 @@ def test_postgres_claims_read_the_claim_indexes_in_rank_order(pg_url: str) -> No
         ]:
             # The plan PostgreSQL makes for the call, and the generic one it keeps for all.
             for plan in (
-                _plan(db, queries[name], params),
+                custom_plan(db, queries[name], params),
                 generic_plan(db, queries[name], params),
             ):
                 # The walk of the index gives the rank's order: it stops at the limit, unsorted.
                 walk = rf"Limit .*\n\s*->  LockRows .*\n\s*->  Index Scan using {index} on {table}"
                 assert re.search(walk, plan), (name, plan)
                 assert f"Seq Scan on {table}" not in plan, (name, plan)
-
-
-def _plan(db: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
-    return "\n".join(r[0] for r in db.execute("EXPLAIN " + query, params).fetchall())
 
 
 def test_sqlite_claims_read_the_claim_indexes_in_rank_order(sqlite_url: str) -> None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from typing import Any
 
 import psycopg
 
 from stepwarden.store import _sql, open_store
 
-from ..rawsql import generic_plan
+from ..rawsql import custom_plan, generic_plan
 
 TENANTS = 2_000
 PENDING = 20_000
@@ -67,17 +66,16 @@ def test_postgres_fair_claims_read_the_indexes(pg_url: str) -> None:
         assert waiting == (TENANTS,)
         queries = _sql.queries("postgres")
         for name in QUERIES:
-            for plan in (_plan(db, queries[name], PARAMS), generic_plan(db, queries[name], PARAMS)):
+            for plan in (
+                custom_plan(db, queries[name], PARAMS),
+                generic_plan(db, queries[name], PARAMS),
+            ):
                 assert not re.search(r"Seq Scan on " + TABLES, plan), (name, plan)
                 assert not SORTED.search(plan), (name, plan)
                 if name == "fair_tenants":
                     assert "using stepwarden_tenant_work_pass on stepwarden_tenant_work" in plan
                 if name in ("fair_tenants", "claim_fair", "drop_idle_tenant_work"):
                     assert "stepwarden_tasks_fair on stepwarden_tasks" in plan, (name, plan)
-
-
-def _plan(db: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> str:
-    return "\n".join(r[0] for r in db.execute("EXPLAIN " + query, params).fetchall())
 
 
 def test_sqlite_fair_claims_read_the_indexes(sqlite_url: str) -> None:
